@@ -1,0 +1,354 @@
+//! The providers file: which plugins run as which providers, with what limits, hosts,
+//! secrets and trust.
+//!
+//! Parsed strictly: an unknown key in a host-side block is an error naming the key, so a
+//! typo never silently falls back to a default. Only the `config` block is free-form; it
+//! belongs to the plugin, which validates it in `validate-config`.
+
+use crate::plugin::policy::{AllowRule, RuleError};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The whole providers file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProvidersFile {
+    pub providers: Vec<ProviderEntry>,
+}
+
+/// One configured provider: a plugin plus everything the host gives it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProviderEntry {
+    /// What `Proxy.spec.provider` names; a DNS-1123 label.
+    pub name: String,
+    /// File name of the component in the plugin directory, e.g. `hetzner.wasm`.
+    pub plugin: String,
+    /// Replaces the plugin's default hosts when set (narrowing or redirecting, e.g. to an
+    /// emulator). `scheme://host[:port]`, `*.domain` allowed.
+    #[serde(default)]
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Added to the plugin's defaults (or to `allowedHosts`).
+    #[serde(default)]
+    pub additional_hosts: Vec<String>,
+    #[serde(default)]
+    pub limits: Limits,
+    /// Secret key -> file path (usually in an optional Secret mount). Read on every call.
+    #[serde(default)]
+    pub secrets: BTreeMap<String, PathBuf>,
+    #[serde(default)]
+    pub tls: Tls,
+    /// The plugin's own config block, handed over as JSON.
+    #[serde(default = "empty_object")]
+    pub config: serde_json::Value,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(Default::default())
+}
+
+/// Per-call limits. Defaults suit a provider that makes a handful of API requests per call.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Limits {
+    /// Wall-clock budget of one call, including every HTTP request it makes.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Wasm fuel (roughly instructions) for one call.
+    pub fuel: u64,
+    /// Linear memory of one instance, in MiB.
+    pub memory_mib: u32,
+    /// Concurrent calls into this provider; further calls wait.
+    pub concurrency: u32,
+    /// Bytes a call may leave in its `/tmp`, in MiB.
+    pub tmp_mib: u32,
+    /// Log lines (host `log` plus stdout/stderr lines) kept per call.
+    pub log_lines: u32,
+    /// Longest log line kept, in bytes; longer ones are cut.
+    pub log_line_bytes: u32,
+    pub http: HttpLimits,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: Duration::from_secs(60),
+            fuel: 5_000_000_000,
+            memory_mib: 64,
+            concurrency: 8,
+            tmp_mib: 16,
+            log_lines: 200,
+            log_line_bytes: 4096,
+            http: HttpLimits::default(),
+        }
+    }
+}
+
+/// Bounds on every outgoing HTTP request.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct HttpLimits {
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub first_byte_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub between_bytes_timeout: Duration,
+    /// Largest response body, in bytes.
+    pub max_response_bytes: u64,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            connect_timeout: Duration::from_secs(10),
+            first_byte_timeout: Duration::from_secs(30),
+            between_bytes_timeout: Duration::from_secs(10),
+            max_response_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+/// TLS trust for the backend.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Tls {
+    /// PEM bundle trusted instead of the system roots (a private CA).
+    pub ca_file: Option<PathBuf>,
+    /// Accept any certificate. For labs only; logged as a warning at startup.
+    #[serde(default)]
+    pub insecure_skip_tls_verify: bool,
+}
+
+/// A config error, always naming the provider and the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("providers file: {0}")]
+    Parse(String),
+    #[error("provider {index}: name {name:?} is not a DNS-1123 label (lowercase letters, digits and '-', at most 63, starting and ending alphanumeric)")]
+    BadName { index: usize, name: String },
+    #[error("provider {name:?} is configured twice")]
+    Duplicate { name: String },
+    #[error("provider {name:?}: plugin {plugin:?} must be a file name ending in .wasm, without directories")]
+    BadPlugin { name: String, plugin: String },
+    #[error("provider {name:?}: {field}: {source}")]
+    Host {
+        name: String,
+        field: &'static str,
+        source: RuleError,
+    },
+    #[error("provider {name:?}: limits.{field} = {value} is out of range ({range})")]
+    Limit {
+        name: String,
+        field: &'static str,
+        value: String,
+        range: &'static str,
+    },
+    #[error("provider {name:?}: secrets: key {key:?} must be non-empty and use only letters, digits, '-', '_' and '.'")]
+    SecretKey { name: String, key: String },
+}
+
+impl ProvidersFile {
+    /// Parses and validates a providers file (YAML or JSON).
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let file: ProvidersFile =
+            serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        file.validate()?;
+        Ok(file)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let mut seen = std::collections::HashSet::new();
+        for (index, p) in self.providers.iter().enumerate() {
+            if !is_dns1123_label(&p.name) {
+                return Err(ConfigError::BadName {
+                    index,
+                    name: p.name.clone(),
+                });
+            }
+            if !seen.insert(p.name.as_str()) {
+                return Err(ConfigError::Duplicate {
+                    name: p.name.clone(),
+                });
+            }
+            p.validate()?;
+        }
+        Ok(())
+    }
+}
+
+impl ProviderEntry {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let name = &self.name;
+        if !self.plugin.ends_with(".wasm")
+            || self.plugin.contains(['/', '\\'])
+            || self.plugin.starts_with('.')
+        {
+            return Err(ConfigError::BadPlugin {
+                name: name.clone(),
+                plugin: self.plugin.clone(),
+            });
+        }
+        for (field, hosts) in [
+            ("allowedHosts", self.allowed_hosts.as_deref().unwrap_or_default()),
+            ("additionalHosts", &self.additional_hosts[..]),
+        ] {
+            for h in hosts {
+                h.parse::<AllowRule>().map_err(|source| ConfigError::Host {
+                    name: name.clone(),
+                    field,
+                    source,
+                })?;
+            }
+        }
+        let l = &self.limits;
+        let limit = |field, value: String, range| ConfigError::Limit {
+            name: name.clone(),
+            field,
+            value,
+            range,
+        };
+        if l.timeout < Duration::from_millis(100) || l.timeout > Duration::from_secs(3600) {
+            return Err(limit("timeout", format!("{:?}", l.timeout), "100ms to 1h"));
+        }
+        if l.fuel < 1_000_000 {
+            return Err(limit("fuel", l.fuel.to_string(), "at least 1000000"));
+        }
+        if !(4..=1024).contains(&l.memory_mib) {
+            return Err(limit("memoryMib", l.memory_mib.to_string(), "4 to 1024"));
+        }
+        if !(1..=256).contains(&l.concurrency) {
+            return Err(limit("concurrency", l.concurrency.to_string(), "1 to 256"));
+        }
+        if l.tmp_mib > 1024 {
+            return Err(limit("tmpMib", l.tmp_mib.to_string(), "0 to 1024"));
+        }
+        if l.log_line_bytes < 80 {
+            return Err(limit("logLineBytes", l.log_line_bytes.to_string(), "at least 80"));
+        }
+        for key in self.secrets.keys() {
+            if key.is_empty()
+                || !key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return Err(ConfigError::SecretKey {
+                    name: name.clone(),
+                    key: key.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The allow-list this provider runs with: the plugin's defaults unless `allowedHosts`
+    /// replaces them, plus `additionalHosts`.
+    pub fn allow_rules(&self, plugin_defaults: &[String]) -> Result<Vec<AllowRule>, ConfigError> {
+        let base = self.allowed_hosts.as_deref().unwrap_or(plugin_defaults);
+        base.iter()
+            .chain(&self.additional_hosts)
+            .map(|h| {
+                h.parse::<AllowRule>().map_err(|source| ConfigError::Host {
+                    name: self.name.clone(),
+                    field: if self.allowed_hosts.is_none() && plugin_defaults.contains(h) {
+                        "plugin default-hosts"
+                    } else {
+                        "allowedHosts"
+                    },
+                    source,
+                })
+            })
+            .collect()
+    }
+}
+
+/// RFC 1123 label as Kubernetes checks it: the ProviderHealth object is named after it.
+pub fn is_dns1123_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+providers:
+  - name: hetzner-eu
+    plugin: hetzner.wasm
+    additionalHosts: ["http://127.0.0.1:8080"]
+    limits:
+      timeout: 30s
+      memoryMib: 32
+      http:
+        connectTimeout: 2s
+    secrets:
+      token: /etc/proxy-operator/secrets/hetzner/token
+    config:
+      locations: [fsn1]
+  - name: aws
+    plugin: ec2.wasm
+"#;
+
+    #[test]
+    fn parses_a_full_file() {
+        let f = ProvidersFile::parse(GOOD).unwrap();
+        assert_eq!(f.providers.len(), 2);
+        let h = &f.providers[0];
+        assert_eq!(h.limits.timeout, Duration::from_secs(30));
+        assert_eq!(h.limits.memory_mib, 32);
+        assert_eq!(h.limits.fuel, Limits::default().fuel);
+        assert_eq!(h.limits.http.connect_timeout, Duration::from_secs(2));
+        assert_eq!(h.config["locations"][0], "fsn1");
+        assert_eq!(f.providers[1].config, serde_json::json!({}));
+        let rules = h.allow_rules(&["https://api.hetzner.cloud".into()]).unwrap();
+        assert_eq!(rules.len(), 2);
+    }
+
+    #[test]
+    fn rejects_bad_input_naming_field_and_value() {
+        let cases = [
+            ("providers: [{name: a, plugin: a.wasm, colour: red}]", "colour"),
+            ("providers: [{name: a, plugin: a.wasm, limits: {fuell: 1}}]", "fuell"),
+            ("providers: [{name: Bad_Name, plugin: a.wasm}]", "\"Bad_Name\""),
+            ("providers: [{name: a, plugin: a.wasm}, {name: a, plugin: b.wasm}]", "configured twice"),
+            ("providers: [{name: a, plugin: ../a.wasm}]", "\"../a.wasm\""),
+            ("providers: [{name: a, plugin: a.cwasm}]", "\"a.cwasm\""),
+            ("providers: [{name: a, plugin: a.wasm, additionalHosts: [example.com]}]", "additionalHosts"),
+            ("providers: [{name: a, plugin: a.wasm, limits: {memoryMib: 2}}]", "limits.memoryMib = 2"),
+            ("providers: [{name: a, plugin: a.wasm, limits: {timeout: 1ms}}]", "limits.timeout"),
+            ("providers: [{name: a, plugin: a.wasm, limits: {concurrency: 0}}]", "limits.concurrency = 0"),
+            ("providers: [{name: a, plugin: a.wasm, secrets: {'a/b': /x}}]", "\"a/b\""),
+        ];
+        for (text, needle) in cases {
+            let err = ProvidersFile::parse(text).expect_err(text).to_string();
+            assert!(err.contains(needle), "{text}: error {err:?} lacks {needle:?}");
+        }
+    }
+
+    #[test]
+    fn allowed_hosts_replaces_defaults() {
+        let f = ProvidersFile::parse(
+            "providers: [{name: a, plugin: a.wasm, allowedHosts: ['http://127.0.0.1:1']}]",
+        )
+        .unwrap();
+        let rules = f.providers[0].allow_rules(&["https://x.example".into()]).unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].to_string(), "http://127.0.0.1:1");
+    }
+
+    #[test]
+    fn dns1123() {
+        for ok in ["a", "hetzner-eu", "a1", &"a".repeat(63)] {
+            assert!(is_dns1123_label(ok), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"a".repeat(64)] {
+            assert!(!is_dns1123_label(bad), "{bad}");
+        }
+    }
+}

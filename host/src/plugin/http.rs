@@ -1,0 +1,381 @@
+//! Outbound HTTP for plugins: the only way out of the sandbox.
+//!
+//! wasmtime-wasi-http parses the guest's request; this module decides whether it may be
+//! sent and sends it itself, so that every rule holds in one place:
+//! the URL must match the provider's allow-list ([`super::policy`]); every address the
+//! name resolves to is checked again and the connection goes to a vetted address (never to
+//! whatever a header says); connect, first-byte and between-bytes timeouts are clamped to
+//! the provider's limits; response bodies are capped; TLS uses the provider's trust. Each
+//! request is a child span of the provider operation that made it, with method, host,
+//! status and duration, and never headers or bodies.
+
+use super::policy::{AllowList, Decision, Target, address_allowed};
+use crate::config::HttpLimits;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, SizeHint};
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tracing::{Instrument, field};
+use wasmtime_wasi_http::io::TokioIo;
+use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
+
+type SendResult =
+    Result<(http::Response<WasiBody>, Box<dyn Future<Output = Result<(), Error>> + Send>), Error>;
+
+/// Per-provider HTTP settings, shared by its calls.
+pub struct HttpPolicy {
+    pub provider: String,
+    pub allow: AllowList,
+    pub limits: HttpLimits,
+    pub tls: Arc<rustls::ClientConfig>,
+}
+
+/// The hooks one call's Store uses.
+pub struct HttpHooks {
+    pub policy: Arc<HttpPolicy>,
+    /// Set while `validate-config` runs: a constructor must not dial.
+    pub deny_all: bool,
+}
+
+impl WasiHttpHooks for HttpHooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
+    ) -> Box<dyn Future<Output = SendResult> + Send> {
+        let policy = self.policy.clone();
+        let method = request.method().clone();
+        let host = request.uri().host().unwrap_or_default().to_string();
+        // Created here, synchronously inside the guest's host call, so that its parent is
+        // the provider operation's span even though wasmtime runs the future in a task.
+        let span = tracing::info_span!(
+            "http.request",
+            otel.kind = "client",
+            provider.name = policy.provider.as_str(),
+            http.request.method = %method,
+            server.address = %host,
+            server.port = field::Empty,
+            http.response.status_code = field::Empty,
+            error.type = field::Empty,
+            duration_ms = field::Empty,
+        );
+        let deny_all = self.deny_all;
+        Box::new(
+            async move {
+                let start = Instant::now();
+                let result = if deny_all {
+                    tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %host, "HTTP request refused: validate-config must not dial the backend");
+                    Err(Error::HttpRequestDenied)
+                } else {
+                    send(&policy, request, options).await
+                };
+                let span = tracing::Span::current();
+                span.record("duration_ms", start.elapsed().as_secs_f64() * 1000.0);
+                match &result {
+                    Ok((resp, _)) => {
+                        span.record("http.response.status_code", resp.status().as_u16());
+                    }
+                    Err(e) => {
+                        span.record("error.type", error_name(e));
+                    }
+                }
+                result
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// A short, stable name for an error: the span attribute and the log field.
+pub fn error_name(e: &Error) -> String {
+    let s = format!("{e:?}");
+    s.split(['(', ' ', '{']).next().unwrap_or_default().to_string()
+}
+
+fn min_opt(configured: Duration, requested: Option<Duration>) -> Duration {
+    requested.map_or(configured, |r| r.min(configured))
+}
+
+async fn send(
+    policy: &HttpPolicy,
+    mut request: http::Request<WasiBody>,
+    options: Option<RequestOptions>,
+) -> SendResult {
+    let uri = request.uri().clone();
+    let scheme = uri.scheme_str().unwrap_or_default();
+    let host = uri.host().unwrap_or_default();
+    let Some(target) = Target::from_parts(scheme, host, uri.port_u16()) else {
+        return Err(Error::HttpRequestUriInvalid);
+    };
+    tracing::Span::current().record("server.port", target.port);
+    let explicit = match policy.allow.decide(&target) {
+        Decision::Denied => {
+            tracing::warn!(target: "plugin", provider = policy.provider.as_str(), scheme, host, port = target.port, "HTTP request refused: not on the provider's allow-list");
+            return Err(Error::HttpRequestDenied);
+        }
+        Decision::Allowed { explicit } => explicit,
+    };
+    // The guest cannot set Host (a forbidden header), so it always equals the URL's
+    // authority; refuse anything else rather than trust that.
+    if let Some(h) = request.headers().get(http::header::HOST) {
+        let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
+        if !h.as_bytes().eq_ignore_ascii_case(authority.as_bytes()) {
+            tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host, "HTTP request refused: Host header differs from the URL");
+            return Err(Error::HttpRequestDenied);
+        }
+    }
+
+    let connect_timeout = min_opt(policy.limits.connect_timeout, options.and_then(|o| o.connect_timeout));
+    let first_byte_timeout = min_opt(policy.limits.first_byte_timeout, options.and_then(|o| o.first_byte_timeout));
+    let between_bytes_timeout =
+        min_opt(policy.limits.between_bytes_timeout, options.and_then(|o| o.between_bytes_timeout))
+            .max(Duration::from_millis(1));
+
+    let connect_deadline = tokio::time::Instant::now() + connect_timeout;
+    let addrs = resolve(host, target.port, connect_deadline).await?;
+    let vetted: Vec<SocketAddr> = addrs
+        .iter()
+        .copied()
+        .filter(|a| address_allowed(a.ip(), &explicit))
+        .collect();
+    if vetted.is_empty() {
+        tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host, addresses = ?addrs, "HTTP request refused: the name resolves only to internal addresses that the allow-list does not name");
+        return Err(Error::DestinationIpProhibited);
+    }
+    let stream = connect(&vetted, connect_deadline).await?;
+
+    let io: Box<dyn IoStream> = if target.scheme == super::policy::Scheme::Https {
+        let name = match host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+            Ok(ip) => rustls::pki_types::ServerName::IpAddress(ip.into()),
+            Err(_) => rustls::pki_types::ServerName::try_from(host.to_string()).map_err(Error::InvalidDnsNameError)?,
+        };
+        let connector = tokio_rustls::TlsConnector::from(policy.tls.clone());
+        let tls = tokio::time::timeout_at(connect_deadline, connector.connect(name, stream))
+            .await
+            .map_err(|_| Error::ConnectionTimeout)?
+            .map_err(Error::Tls)?;
+        Box::new(tls)
+    } else {
+        Box::new(stream)
+    };
+
+    let (mut sender, conn) = tokio::time::timeout_at(
+        connect_deadline,
+        hyper::client::conn::http1::Builder::new().handshake(TokioIo::new(io)),
+    )
+    .await
+    .map_err(|_| Error::ConnectionTimeout)??;
+
+    // Origin-form on the wire: scheme and authority only belong in requests to a proxy.
+    *request.uri_mut() = http::Uri::builder()
+        .path_and_query(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
+        .build()
+        .map_err(|_| Error::HttpRequestUriInvalid)?;
+
+    let conn_task = tokio::spawn(conn);
+    let response = tokio::time::timeout(first_byte_timeout, sender.send_request(request))
+        .await
+        .map_err(|_| Error::ConnectionReadTimeout)??;
+
+    let max = policy.limits.max_response_bytes;
+    if let Some(len) = response.body().size_hint().exact()
+        && len > max
+    {
+        conn_task.abort();
+        return Err(Error::HttpResponseBodySize(Some(len)));
+    }
+    let response = response.map(|incoming| {
+        CappedBody {
+            inner: incoming,
+            max,
+            seen: 0,
+            between_bytes: between_bytes_timeout,
+            timer: Box::pin(tokio::time::sleep(between_bytes_timeout)),
+        }
+        .boxed_unsync()
+    });
+    let io = async move {
+        match conn_task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Error::from(e)),
+            Err(_) => Ok(()),
+        }
+    };
+    Ok((response, Box::new(io)))
+}
+
+trait IoStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> IoStream for T {}
+
+async fn resolve(host: &str, port: u16, deadline: tokio::time::Instant) -> Result<Vec<SocketAddr>, Error> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let found = tokio::time::timeout_at(deadline, tokio::net::lookup_host((bare, port)))
+        .await
+        .map_err(|_| Error::DnsTimeout)?
+        .map_err(|e| Error::DnsError {
+            rcode: Some(e.kind().to_string()),
+            info_code: None,
+        })?;
+    let addrs: Vec<SocketAddr> = found.collect();
+    if addrs.is_empty() {
+        return Err(Error::DestinationNotFound);
+    }
+    Ok(addrs)
+}
+
+async fn connect(addrs: &[SocketAddr], deadline: tokio::time::Instant) -> Result<TcpStream, Error> {
+    let mut last = Error::ConnectionRefused;
+    for addr in addrs {
+        match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Ok(Err(e)) => last = Error::Connect(e),
+            Err(_) => return Err(Error::ConnectionTimeout),
+        }
+    }
+    Err(last)
+}
+
+/// A response body with a size cap and a between-bytes timeout.
+struct CappedBody {
+    inner: hyper::body::Incoming,
+    max: u64,
+    seen: u64,
+    between_bytes: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Body for CappedBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.seen += data.len() as u64;
+                    if self.seen > self.max {
+                        return Poll::Ready(Some(Err(Error::HttpResponseBodySize(None))));
+                    }
+                }
+                let next = tokio::time::Instant::now() + self.between_bytes;
+                self.timer.as_mut().reset(next);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Error::from(e)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => match self.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(Error::ConnectionReadTimeout))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// TLS trust for one provider: its CA file, or the system roots, or (insecure) none.
+pub fn tls_config(ca_file: Option<&std::path::Path>, insecure: bool) -> Result<Arc<rustls::ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    if insecure {
+        return Ok(Arc::new(
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
+                .with_no_client_auth(),
+        ));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| format!("tls.caFile {}: {e}", path.display()))?;
+            let mut added = 0;
+            for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+                let cert = cert.map_err(|e| format!("tls.caFile {}: {e}", path.display()))?;
+                roots.add(cert).map_err(|e| format!("tls.caFile {}: {e}", path.display()))?;
+                added += 1;
+            }
+            if added == 0 {
+                return Err(format!("tls.caFile {}: no PEM certificates in it", path.display()));
+            }
+        }
+        None => roots = system_roots().clone(),
+    }
+    Ok(Arc::new(builder.with_root_certificates(roots).with_no_client_auth()))
+}
+
+/// The system's CA roots, loaded once; the Mozilla set when the system has none (a
+/// distroless image may ship only the bundle rustls-native-certs does not find).
+fn system_roots() -> &'static rustls::RootCertStore {
+    static ROOTS: std::sync::OnceLock<rustls::RootCertStore> = std::sync::OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let mut roots = rustls::RootCertStore::empty();
+        let native = rustls_native_certs::load_native_certs();
+        for cert in native.certs {
+            let _ = roots.add(cert);
+        }
+        if roots.is_empty() {
+            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        }
+        roots
+    })
+}
+
+#[derive(Debug)]
+struct AcceptAnyCert(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAnyCert {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

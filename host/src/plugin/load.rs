@@ -1,0 +1,342 @@
+//! Turning `.wasm` files into loaded plugins and configured providers.
+
+use super::bindings::{self, WORLD_VERSION};
+use super::cache::CacheOutcome;
+use super::{Call, Reply, Runtime, WasmProvider, http, provider_shared};
+use crate::config::{Limits, ProviderEntry, ProvidersFile};
+use crate::provider::Op;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a plugin says about itself (`plugin.info`), read once at load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginInfo {
+    pub type_name: String,
+    pub version: String,
+    pub has_check: bool,
+    pub default_hosts: Vec<String>,
+    pub profile: Vec<(String, String)>,
+}
+
+/// A compiled, pre-linked plugin file.
+pub struct LoadedPlugin {
+    pub path: PathBuf,
+    pub sha256: String,
+    pub size: u64,
+    pub world_version: String,
+    pub info: PluginInfo,
+    pub cache: CacheOutcome,
+    /// Time to compile or deserialize, and to pre-link.
+    pub load_time: Duration,
+    pub(super) pre: bindings::ProviderPluginPre<super::CallState>,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("path", &self.path)
+            .field("sha256", &self.sha256)
+            .field("world_version", &self.world_version)
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a plugin file did not load. Every message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("plugin {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("plugin {path}: refusing precompiled native code; ship the .wasm component and the operator compiles it itself")]
+    Precompiled { path: PathBuf },
+    #[error("plugin {path}: {what}, not a WebAssembly component (build it for wasm32-wasip2)")]
+    NotAComponent { path: PathBuf, what: &'static str },
+    #[error("plugin {path}: does not compile: {message}")]
+    Compile { path: PathBuf, message: String },
+    #[error("plugin {path}: built for egress:provider@{found}, but this operator supports egress:provider@{supported}")]
+    Version { path: PathBuf, found: String, supported: &'static str },
+    #[error("plugin {path}: exports no egress:provider world (expected the interfaces egress:provider/plugin and egress:provider/provider)")]
+    NotAProvider { path: PathBuf },
+    #[error("plugin {path}: cannot be linked: {message}")]
+    Link { path: PathBuf, message: String },
+    #[error("plugin {path}: info() failed: {message}")]
+    Info { path: PathBuf, message: String },
+}
+
+/// Why a configured provider did not start. The other providers are unaffected.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderLoadError {
+    #[error("provider {provider:?}: plugin file {plugin:?} is not in the plugin directory")]
+    MissingPlugin { provider: String, plugin: String },
+    #[error("provider {provider:?}: {source}")]
+    Plugin {
+        provider: String,
+        #[source]
+        source: Arc<LoadError>,
+    },
+    #[error("provider {provider:?}: {message}")]
+    Config { provider: String, message: String },
+    #[error("{0}")]
+    Invalid(crate::provider::ProviderError),
+}
+
+impl ProviderLoadError {
+    pub fn provider(&self) -> &str {
+        match self {
+            ProviderLoadError::MissingPlugin { provider, .. }
+            | ProviderLoadError::Plugin { provider, .. }
+            | ProviderLoadError::Config { provider, .. } => provider,
+            ProviderLoadError::Invalid(e) => &e.provider,
+        }
+    }
+}
+
+/// Budget for the load-time calls (`info`, `validate-config`): they do no I/O.
+const LOAD_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+const WASM_MAGIC: &[u8] = b"\0asm";
+const ELF_MAGIC: &[u8] = b"\x7fELF";
+
+impl Runtime {
+    /// Loads one plugin file: checks it is a component, compiles it (or takes it from the
+    /// cache), checks its world version, pre-links it and reads its `info`.
+    pub async fn load_plugin(self: &Arc<Self>, path: &Path) -> Result<Arc<LoadedPlugin>, LoadError> {
+        let started = Instant::now();
+        let p = || path.to_path_buf();
+        if path.extension().is_some_and(|e| e == "cwasm") {
+            return Err(LoadError::Precompiled { path: p() });
+        }
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Io { path: p(), source })?;
+        if bytes.starts_with(ELF_MAGIC) {
+            return Err(LoadError::Precompiled { path: p() });
+        }
+        if !bytes.starts_with(WASM_MAGIC) || bytes.len() < 8 {
+            return Err(LoadError::NotAComponent { path: p(), what: "not WebAssembly at all" });
+        }
+        // Layer byte: 0 for a core module, 1 for a component.
+        if bytes[6..8] != [1, 0] {
+            return Err(LoadError::NotAComponent { path: p(), what: "a core WebAssembly module" });
+        }
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let (component, cache) = self
+            .cache
+            .component(&self.engine, &bytes, &sha256)
+            .map_err(|e| LoadError::Compile { path: p(), message: format!("{e:#}") })?;
+
+        let world_version = world_version(&self.engine, &component).ok_or(LoadError::NotAProvider { path: p() })?;
+        if world_version != WORLD_VERSION {
+            return Err(LoadError::Version { path: p(), found: world_version, supported: WORLD_VERSION });
+        }
+        let instance_pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::Link { path: p(), message: link_message(&e) })?;
+        let pre = bindings::ProviderPluginPre::new(instance_pre)
+            .map_err(|e| LoadError::Link { path: p(), message: format!("{e:#}") })?;
+        let load_time = started.elapsed();
+
+        let plugin = LoadedPlugin {
+            path: p(),
+            sha256,
+            size: bytes.len() as u64,
+            world_version,
+            info: PluginInfo {
+                type_name: String::new(),
+                version: String::new(),
+                has_check: false,
+                default_hosts: Vec::new(),
+                profile: Vec::new(),
+            },
+            cache,
+            load_time,
+            pre,
+        };
+        let label = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let shared_plugin = Arc::new(plugin);
+        let probe = self.sandbox(shared_plugin.clone(), &label, load_limits(), None, Vec::new(), no_tls());
+        let info = probe.invoke(Op::Load, "", &[], true, Call::Info).await;
+        drop(probe);
+        let Ok(mut plugin) = Arc::try_unwrap(shared_plugin) else {
+            unreachable!("the probe was the only other holder");
+        };
+        let info = match info {
+            Ok((Reply::Info(i), _)) => i,
+            Ok(_) => unreachable!("info returns Reply::Info"),
+            Err(e) => return Err(LoadError::Info { path: p(), message: e.message }),
+        };
+        plugin.info = PluginInfo {
+            type_name: info.type_name,
+            version: info.version,
+            has_check: info.has_check,
+            default_hosts: info.default_hosts,
+            profile: info.profile,
+        };
+        tracing::info!(
+            plugin = %path.display(),
+            r#type = %plugin.info.type_name,
+            version = %plugin.info.version,
+            world = %plugin.world_version,
+            size = plugin.size,
+            cache = ?plugin.cache,
+            load_ms = plugin.load_time.as_secs_f64() * 1000.0,
+            "plugin loaded"
+        );
+        Ok(Arc::new(plugin))
+    }
+
+    /// Makes a provider from a loaded plugin and its config entry: builds the allow-list
+    /// and TLS trust, and runs `validate-config` with HTTP denied.
+    pub async fn provider(
+        self: &Arc<Self>,
+        plugin: Arc<LoadedPlugin>,
+        entry: &ProviderEntry,
+    ) -> Result<WasmProvider, ProviderLoadError> {
+        let config_err = |message: String| ProviderLoadError::Config { provider: entry.name.clone(), message };
+        let rules = entry.allow_rules(&plugin.info.default_hosts).map_err(|e| config_err(e.to_string()))?;
+        if entry.tls.insecure_skip_tls_verify {
+            tracing::warn!(provider = %entry.name, "tls.insecureSkipTLSVerify is on: backend certificates are NOT verified");
+        }
+        let tls = http::tls_config(entry.tls.ca_file.as_deref(), entry.tls.insecure_skip_tls_verify).map_err(config_err)?;
+        let provider = self.sandbox(plugin, &entry.name, entry.limits.clone(), Some(entry), rules, tls);
+        let config = entry.config.to_string();
+        match provider.invoke(Op::Load, "", &[], true, Call::Validate(&config)).await {
+            Ok((Reply::Unit(Ok(())), _)) => Ok(provider),
+            Ok((Reply::Unit(Err(e)), _)) => Err(ProviderLoadError::Invalid(crate::provider::ProviderError {
+                class: super::class_of(e.class),
+                op: Op::Load,
+                provider: entry.name.clone(),
+                id: String::new(),
+                message: format!("invalid config: {}", e.message),
+                code: e.code,
+            })),
+            Ok(_) => unreachable!("validate-config returns Reply::Unit"),
+            Err(e) => Err(ProviderLoadError::Invalid(e)),
+        }
+    }
+
+    fn sandbox(
+        self: &Arc<Self>,
+        plugin: Arc<LoadedPlugin>,
+        name: &str,
+        limits: Limits,
+        entry: Option<&ProviderEntry>,
+        rules: Vec<super::policy::AllowRule>,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> WasmProvider {
+        let http = Arc::new(http::HttpPolicy {
+            provider: name.to_string(),
+            allow: super::policy::AllowList::new(rules),
+            limits: limits.http.clone(),
+            tls,
+        });
+        let permits = Arc::new(tokio::sync::Semaphore::new(limits.concurrency as usize));
+        WasmProvider {
+            runtime: self.clone(),
+            plugin,
+            shared: Arc::new(provider_shared(name, limits, entry)),
+            http,
+            permits,
+        }
+    }
+
+    /// Loads every `*.wasm` in `dir` (and reports every `*.cwasm` as refused), then makes a
+    /// provider for each entry of the providers file. A broken plugin or config stops only
+    /// the providers that use it.
+    pub async fn load(self: &Arc<Self>, dir: &Path, file: &ProvidersFile) -> LoadReport {
+        let mut report = LoadReport::default();
+        let mut plugins = std::collections::HashMap::new();
+        let entries = match std::fs::read_dir(dir) {
+            Ok(rd) => rd.flatten().map(|e| e.path()).collect::<Vec<_>>(),
+            Err(source) => {
+                report.plugin_errors.push(Arc::new(LoadError::Io { path: dir.to_path_buf(), source }));
+                Vec::new()
+            }
+        };
+        let mut paths: Vec<PathBuf> = entries
+            .into_iter()
+            .filter(|p| {
+                let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                // ConfigMap mounts hold `..data` links and dot-dirs: not plugins.
+                !name.starts_with('.') && (name.ends_with(".wasm") || name.ends_with(".cwasm"))
+            })
+            .collect();
+        paths.sort();
+        for path in paths {
+            let file_name = path.file_name().unwrap().to_string_lossy().into_owned();
+            match self.load_plugin(&path).await {
+                Ok(p) => {
+                    plugins.insert(file_name, Ok(p));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "plugin not loaded");
+                    let e = Arc::new(e);
+                    report.plugin_errors.push(e.clone());
+                    plugins.insert(file_name, Err(e));
+                }
+            }
+        }
+        for entry in &file.providers {
+            let result = match plugins.get(&entry.plugin) {
+                None => Err(ProviderLoadError::MissingPlugin { provider: entry.name.clone(), plugin: entry.plugin.clone() }),
+                Some(Err(e)) => Err(ProviderLoadError::Plugin { provider: entry.name.clone(), source: e.clone() }),
+                Some(Ok(plugin)) => self.provider(plugin.clone(), entry).await,
+            };
+            match result {
+                Ok(p) => report.providers.push(p),
+                Err(e) => {
+                    tracing::error!(error = %e, "provider not started");
+                    report.provider_errors.push(e);
+                }
+            }
+        }
+        report
+    }
+}
+
+/// The outcome of loading a plugin directory against a providers file.
+#[derive(Default)]
+pub struct LoadReport {
+    pub providers: Vec<WasmProvider>,
+    pub plugin_errors: Vec<Arc<LoadError>>,
+    pub provider_errors: Vec<ProviderLoadError>,
+}
+
+/// Load-time calls deny all HTTP; they still need a TLS config to build the policy.
+fn no_tls() -> Arc<rustls::ClientConfig> {
+    http::tls_config(None, false).expect("the system roots always make a config")
+}
+
+fn load_limits() -> Limits {
+    Limits { timeout: LOAD_CALL_TIMEOUT, concurrency: 1, ..Limits::default() }
+}
+
+/// The version of the `egress:provider` package the component exports, if any.
+fn world_version(engine: &wasmtime::Engine, component: &wasmtime::component::Component) -> Option<String> {
+    let ty = component.component_type();
+    let mut plugin = None;
+    let mut provider = None;
+    for (name, _) in ty.exports(engine) {
+        if let Some(v) = name.strip_prefix("egress:provider/plugin@") {
+            plugin = Some(v.to_string());
+        } else if let Some(v) = name.strip_prefix("egress:provider/provider@") {
+            provider = Some(v.to_string());
+        }
+    }
+    match (plugin, provider) {
+        (Some(a), Some(b)) if a == b => Some(a),
+        (Some(a), _) | (_, Some(a)) => Some(a),
+        _ => None,
+    }
+}
+
+/// wasmtime's link error names the missing import; add what it means here.
+fn link_message(e: &wasmtime::Error) -> String {
+    let text = format!("{e:#}");
+    if text.contains("wasi:sockets") {
+        format!("{text} (plugins get no sockets: outbound traffic goes through wasi:http to allow-listed hosts only)")
+    } else {
+        format!("{text} (the host provides egress:provider/host, wasi:http/outgoing-handler, and the wasi:cli, clocks, filesystem, io and random interfaces)")
+    }
+}

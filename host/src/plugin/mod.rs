@@ -1,0 +1,428 @@
+//! The plugin runtime: loads provider components and runs each call in a fresh sandbox.
+//!
+//! One [`Runtime`] per process holds the wasmtime engine, the linker (which decides what a
+//! plugin can import at all) and the compile cache. Each plugin file becomes a
+//! [`LoadedPlugin`] (compiled once, pre-linked); each configured provider becomes a
+//! [`WasmProvider`] that runs every call in a new Store with its own limits, `/tmp`, HTTP
+//! policy and redaction. A trap or limit in one call ends that call only.
+
+pub mod bindings;
+mod cache;
+mod engine;
+mod http;
+mod load;
+mod output;
+pub mod policy;
+pub mod redact;
+mod sandbox;
+
+pub use cache::CacheOutcome;
+pub use engine::EngineOptions;
+pub use load::{LoadError, LoadReport, LoadedPlugin, ProviderLoadError};
+
+use crate::config::{Limits, ProviderEntry, ProvidersFile};
+use crate::provider::{Class, Op, ProviderError};
+use bindings::exports::egress::provider::plugin as wit_plugin;
+use bindings::exports::egress::provider::provider as wit_provider;
+use bindings::egress::provider::types as wit;
+use sandbox::{CallState, LimitHit, MemoryLimiter, ProviderShared};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::{Engine, Store, Trap};
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+
+/// Where the runtime keeps its files and how big it may get.
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    pub engine: EngineOptions,
+    /// Compiled-plugin cache; `None` compiles on every load.
+    pub cache_dir: Option<PathBuf>,
+    /// Parent of the per-call `/tmp` directories (the pod's `/tmp` emptyDir).
+    pub scratch_dir: PathBuf,
+}
+
+impl RuntimeOptions {
+    /// Sized for a providers file: one pool slot per concurrent call of every provider,
+    /// plus a few for loading.
+    pub fn for_providers(file: &ProvidersFile, cache_dir: Option<PathBuf>, scratch_dir: PathBuf) -> Self {
+        let max_instances = file.providers.iter().map(|p| p.limits.concurrency).sum::<u32>() + 4;
+        let max_memory_mib = file
+            .providers
+            .iter()
+            .map(|p| p.limits.memory_mib)
+            .max()
+            .unwrap_or(Limits::default().memory_mib)
+            .max(Limits::default().memory_mib);
+        RuntimeOptions {
+            engine: EngineOptions {
+                max_instances,
+                max_memory_bytes: u64::from(max_memory_mib) << 20,
+                pooling: true,
+            },
+            cache_dir,
+            scratch_dir,
+        }
+    }
+}
+
+/// The process-wide plugin runtime.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<CallState>,
+    cache: cache::ArtifactCache,
+    pooling: bool,
+    max_memory_bytes: u64,
+    scratch_dir: PathBuf,
+    _ticker: engine::EpochTicker,
+}
+
+impl Runtime {
+    pub fn new(opts: RuntimeOptions) -> anyhow::Result<Arc<Self>> {
+        let (engine, pooling) = engine::build(&opts.engine).map_err(|e| anyhow::anyhow!("wasm engine: {e:#}"))?;
+        let cache = cache::ArtifactCache::open(&engine, opts.cache_dir.as_deref())?;
+        std::fs::create_dir_all(&opts.scratch_dir)
+            .map_err(|e| anyhow::anyhow!("scratch directory {}: {e}", opts.scratch_dir.display()))?;
+        let linker = linker(&engine).map_err(|e| anyhow::anyhow!("plugin linker: {e:#}"))?;
+        let ticker = engine::EpochTicker::start(&engine);
+        Ok(Arc::new(Runtime {
+            engine,
+            linker,
+            cache,
+            pooling,
+            max_memory_bytes: opts.engine.max_memory_bytes,
+            scratch_dir: opts.scratch_dir,
+            _ticker: ticker,
+        }))
+    }
+
+    /// Whether instances come from the pooling allocator.
+    pub fn pooling(&self) -> bool {
+        self.pooling
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+/// The imports a plugin may have. Anything not added here (notably `wasi:sockets`) makes a
+/// component fail to load with an error naming the import.
+fn linker(engine: &Engine) -> wasmtime::Result<Linker<CallState>> {
+    use wasmtime_wasi::cli::WasiCli;
+    use wasmtime_wasi::clocks::WasiClocks;
+    use wasmtime_wasi::filesystem::WasiFilesystem;
+    use wasmtime_wasi::p2::bindings::{cli, clocks, filesystem, random};
+    use wasmtime_wasi::random::WasiRandom;
+    use wasmtime_wasi::{WasiView, cli::WasiCliView, clocks::WasiClocksView, filesystem::WasiFilesystemView};
+    use wasmtime_wasi_io::bindings::wasi::io;
+
+    struct HasIo;
+    impl wasmtime::component::HasData for HasIo {
+        type Data<'a> = &'a mut ResourceTable;
+    }
+
+    let mut l = Linker::<CallState>::new(engine);
+    io::error::add_to_linker::<CallState, HasIo>(&mut l, |t| &mut t.table)?;
+    io::poll::add_to_linker::<CallState, HasIo>(&mut l, |t| &mut t.table)?;
+    io::streams::add_to_linker::<CallState, HasIo>(&mut l, |t| &mut t.table)?;
+    clocks::wall_clock::add_to_linker::<_, WasiClocks>(&mut l, CallState::clocks)?;
+    clocks::monotonic_clock::add_to_linker::<_, WasiClocks>(&mut l, CallState::clocks)?;
+    random::random::add_to_linker::<_, WasiRandom>(&mut l, |t| t.ctx().ctx.random())?;
+    random::insecure::add_to_linker::<_, WasiRandom>(&mut l, |t| t.ctx().ctx.random())?;
+    random::insecure_seed::add_to_linker::<_, WasiRandom>(&mut l, |t| t.ctx().ctx.random())?;
+    cli::exit::add_to_linker::<_, WasiCli>(&mut l, CallState::cli)?;
+    cli::environment::add_to_linker::<_, WasiCli>(&mut l, CallState::cli)?;
+    cli::stdin::add_to_linker::<_, WasiCli>(&mut l, CallState::cli)?;
+    cli::stdout::add_to_linker::<_, WasiCli>(&mut l, CallState::cli)?;
+    cli::stderr::add_to_linker::<_, WasiCli>(&mut l, CallState::cli)?;
+    cli::terminal_input::add_to_linker::<_, WasiCli>(&mut l, CallState::cli)?;
+    cli::terminal_output::add_to_linker::<_, WasiCli>(&mut l, CallState::cli)?;
+    cli::terminal_stdin::add_to_linker::<_, WasiCli>(&mut l, CallState::cli)?;
+    cli::terminal_stdout::add_to_linker::<_, WasiCli>(&mut l, CallState::cli)?;
+    cli::terminal_stderr::add_to_linker::<_, WasiCli>(&mut l, CallState::cli)?;
+    filesystem::preopens::add_to_linker::<_, WasiFilesystem>(&mut l, CallState::filesystem)?;
+    filesystem::types::add_to_linker::<_, WasiFilesystem>(&mut l, CallState::filesystem)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut l)?;
+    bindings::egress::provider::host::add_to_linker::<_, HasSelf<CallState>>(&mut l, |s| s)?;
+    Ok(l)
+}
+
+/// One call into a plugin. Borrowed inputs; the reply owns its data.
+pub(crate) enum Call<'a> {
+    Info,
+    Validate(&'a str),
+    Create(&'a wit::CreateRequest),
+    Get(&'a str),
+    Delete(&'a str),
+    List(&'a str),
+    Check,
+}
+
+pub(crate) enum Reply {
+    Info(wit::PluginInfo),
+    Unit(Result<(), wit::ProviderError>),
+    Id(Result<String, wit::ProviderError>),
+    Instance(Result<wit::Instance, wit::ProviderError>),
+    List(Result<Vec<wit::Instance>, wit::ProviderError>),
+    Check(Vec<wit::TargetStatus>),
+}
+
+async fn dispatch(
+    pre: &bindings::ProviderPluginPre<CallState>,
+    store: &mut Store<CallState>,
+    call: Call<'_>,
+) -> wasmtime::Result<Reply> {
+    let plugin = pre.instantiate_async(&mut *store).await?;
+    let p: &wit_plugin::Guest = plugin.egress_provider_plugin();
+    let v: &wit_provider::Guest = plugin.egress_provider_provider();
+    Ok(match call {
+        Call::Info => Reply::Info(p.call_info(&mut *store).await?),
+        Call::Validate(cfg) => Reply::Unit(p.call_validate_config(&mut *store, cfg).await?),
+        Call::Create(req) => Reply::Id(v.call_create(&mut *store, req).await?),
+        Call::Get(id) => Reply::Instance(v.call_get(&mut *store, id).await?),
+        Call::Delete(id) => Reply::Unit(v.call_delete(&mut *store, id).await?),
+        Call::List(inst) => Reply::List(v.call_list_by_tag(&mut *store, inst).await?),
+        Call::Check => Reply::Check(v.call_check(&mut *store).await?),
+    })
+}
+
+/// A configured provider backed by a plugin. Cheap to clone; calls may run concurrently up
+/// to `limits.concurrency`, further calls wait for a slot.
+#[derive(Clone)]
+pub struct WasmProvider {
+    runtime: Arc<Runtime>,
+    plugin: Arc<LoadedPlugin>,
+    shared: Arc<ProviderShared>,
+    http: Arc<http::HttpPolicy>,
+    permits: Arc<Semaphore>,
+}
+
+/// What a finished call reports besides its reply, for metrics and benchmarks.
+#[derive(Debug, Clone, Copy)]
+pub struct CallStats {
+    pub fuel_used: u64,
+    pub duration: Duration,
+}
+
+impl WasmProvider {
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    pub fn plugin(&self) -> &LoadedPlugin {
+        &self.plugin
+    }
+
+    pub fn info(&self) -> &load::PluginInfo {
+        &self.plugin.info
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.shared.limits
+    }
+
+    /// The allow-list in force, as `scheme://host:port` strings.
+    pub fn allowed_hosts(&self) -> Vec<String> {
+        self.http.allow.rules().iter().map(ToString::to_string).collect()
+    }
+
+    /// Runs one call in a fresh sandbox and turns every failure (guest error, trap, limit)
+    /// into a classified, scrubbed [`ProviderError`].
+    pub(crate) async fn invoke(
+        &self,
+        op: Op,
+        id: &str,
+        cloud_init: &[u8],
+        deny_http: bool,
+        call: Call<'_>,
+    ) -> Result<(Reply, CallStats), ProviderError> {
+        let limits = &self.shared.limits;
+        let fail = |class, msg: String| ProviderError::new(class, op, &self.shared.name, id, msg);
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| fail(Class::Transient, "provider is shutting down".into()))?;
+        let started = Instant::now();
+        let tmp = tempfile::Builder::new()
+            .prefix("call-")
+            .tempdir_in(&self.runtime.scratch_dir)
+            .map_err(|e| fail(Class::Transient, format!("cannot create the call's /tmp: {e}")))?;
+        let mut store = self
+            .new_store(tmp.path(), cloud_init, deny_http, started + limits.timeout)
+            .map_err(|e| fail(Class::Transient, format!("cannot set up the sandbox: {e}")))?;
+
+        let outcome = tokio::time::timeout(limits.timeout, dispatch(&self.plugin.pre, &mut store, call)).await;
+
+        let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
+        let state = store.data_mut();
+        if outcome.as_ref().is_ok_and(|r| r.is_ok()) {
+            // A call that finished between two ticks still must not leave too much behind.
+            state.tmp_over_cap();
+        }
+        state.flush_output();
+        let stats = CallStats {
+            fuel_used,
+            duration: started.elapsed(),
+        };
+        let result = match outcome {
+            Err(_elapsed) => Err(fail(Class::Transient, limit_message(LimitHit::Deadline, limits))),
+            Ok(Err(trap)) => Err(fail(Class::Transient, trap_message(&trap, state, limits))),
+            Ok(Ok(_)) if state.limit_hit == Some(LimitHit::Tmp) => {
+                Err(fail(Class::Transient, limit_message(LimitHit::Tmp, limits)))
+            }
+            Ok(Ok(reply)) => Ok((scrub_reply(reply, &state.redactor), stats)),
+        };
+        if let Err(e) = &result {
+            tracing::debug!(provider = %self.shared.name, op = %op, fuel_used, error = %e.message, "plugin call failed");
+        }
+        drop(store);
+        drop(tmp);
+        result
+    }
+
+    fn new_store(
+        &self,
+        tmp: &Path,
+        cloud_init: &[u8],
+        deny_http: bool,
+        deadline: Instant,
+    ) -> wasmtime::Result<Store<CallState>> {
+        let limits = &self.shared.limits;
+        let out_cap = (limits.log_lines as usize) * (limits.log_line_bytes as usize);
+        let stdout = output::CapturedOutput::new(out_cap);
+        let stderr = output::CapturedOutput::new(out_cap);
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .preopened_dir(tmp, "/tmp", FsPerms::ReadWrite)?;
+        let state = CallState {
+            wasi: wasi.build(),
+            http_ctx: wasmtime_wasi_http::WasiHttpCtx::new(),
+            table: ResourceTable::new(),
+            hooks: http::HttpHooks {
+                policy: self.http.clone(),
+                deny_all: deny_http,
+            },
+            limiter: MemoryLimiter {
+                max_memory: (u64::from(limits.memory_mib) << 20).min(self.runtime.max_memory_bytes) as usize,
+                hit: false,
+            },
+            redactor: self.shared.redactor(cloud_init),
+            cloud_init: cloud_init.into(),
+            shared: self.shared.clone(),
+            log_lines: 0,
+            log_dropped: 0,
+            deadline,
+            tmp: tmp.to_path_buf(),
+            tmp_cap: u64::from(limits.tmp_mib) << 20,
+            limit_hit: None,
+            stdout,
+            stderr,
+        };
+        let mut store = Store::new(&self.runtime.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        store.set_fuel(limits.fuel)?;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|mut ctx| ctx.data_mut().on_tick());
+        Ok(store)
+    }
+}
+
+fn limit_message(hit: LimitHit, limits: &Limits) -> String {
+    match hit {
+        LimitHit::Deadline => format!(
+            "plugin call ran past its wall-clock budget (limits.timeout = {}) and was stopped",
+            humantime::format_duration(limits.timeout)
+        ),
+        LimitHit::Memory => format!(
+            "plugin hit its memory cap (limits.memoryMib = {}) and was stopped",
+            limits.memory_mib
+        ),
+        LimitHit::Tmp => format!(
+            "plugin wrote more than its /tmp cap (limits.tmpMib = {}) and was stopped",
+            limits.tmp_mib
+        ),
+    }
+}
+
+/// Says which limit stopped the guest, or what the trap was. Always Transient: the next
+/// call gets a fresh instance, and the limit names what to raise if it keeps happening.
+fn trap_message(err: &wasmtime::Error, state: &CallState, limits: &Limits) -> String {
+    if let Some(hit) = state.limit_hit {
+        return limit_message(hit, limits);
+    }
+    if state.limiter.hit {
+        return limit_message(LimitHit::Memory, limits);
+    }
+    match err.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => format!(
+            "plugin used up its fuel budget (limits.fuel = {}) and was stopped: a runaway loop or far too much work in one call",
+            limits.fuel
+        ),
+        Some(Trap::StackOverflow) => "plugin overflowed its stack (runaway recursion) and was stopped".to_string(),
+        Some(Trap::UnreachableCodeReached) => {
+            let tail = state.stderr_tail();
+            if tail.is_empty() {
+                "plugin panicked (trap: unreachable)".to_string()
+            } else {
+                format!("plugin panicked: {tail}")
+            }
+        }
+        Some(trap) => format!("plugin trapped: {trap}"),
+        None => state.redactor.scrub(&format!("plugin failed: {err:#}")),
+    }
+}
+
+/// Every string a guest returns passes through the call's redactor.
+fn scrub_reply(reply: Reply, r: &redact::Redactor) -> Reply {
+    let err = |e: wit::ProviderError| wit::ProviderError {
+        class: e.class,
+        message: r.scrub(&e.message),
+        code: e.code.map(|c| r.scrub(&c)),
+    };
+    match reply {
+        Reply::Info(i) => Reply::Info(i),
+        Reply::Unit(res) => Reply::Unit(res.map_err(err)),
+        Reply::Id(res) => Reply::Id(res.map_err(err)),
+        Reply::Instance(res) => Reply::Instance(res.map_err(err)),
+        Reply::List(res) => Reply::List(res.map_err(err)),
+        Reply::Check(targets) => Reply::Check(
+            targets
+                .into_iter()
+                .map(|t| wit::TargetStatus {
+                    target: r.scrub(&t.target),
+                    ready: t.ready,
+                    reason: r.scrub(&t.reason),
+                    message: r.scrub(&t.message),
+                    details: t.details.into_iter().map(|(k, v)| (r.scrub(&k), r.scrub(&v))).collect(),
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// Builds the shared state of a provider. Used for real providers and for the anonymous
+/// sandbox that reads a plugin's `info` at load.
+fn provider_shared(name: &str, limits: Limits, entry: Option<&ProviderEntry>) -> ProviderShared {
+    ProviderShared {
+        name: name.to_string(),
+        config_json: entry.map_or_else(|| "{}".to_string(), |e| e.config.to_string()),
+        secrets: entry.map(|e| e.secrets.clone()).unwrap_or_default(),
+        limits,
+        cache: Mutex::new(sandbox::KvCache::new()),
+        known_secrets: Mutex::new(Vec::new()),
+    }
+}
+
+pub(crate) fn class_of(c: wit::ErrorClass) -> Class {
+    match c {
+        wit::ErrorClass::NotFound => Class::NotFound,
+        wit::ErrorClass::QuotaExceeded => Class::QuotaExceeded,
+        wit::ErrorClass::Transient => Class::Transient,
+        wit::ErrorClass::Permanent => Class::Permanent,
+    }
+}

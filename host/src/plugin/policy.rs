@@ -1,0 +1,376 @@
+//! Pure outbound-HTTP policy: which URLs a provider may request and which addresses it may
+//! connect to. No I/O here, so every rule is a table test.
+//!
+//! Two checks, because a name can resolve anywhere: the allow-list is matched against the
+//! request's scheme, host and port before anything is sent, and every resolved address is
+//! checked again before connecting. Loopback, private, link-local (cloud metadata) and other
+//! internal ranges are refused unless the matching allow-list entry is that IP literal, so a
+//! plugin allowed `api.example.com` cannot reach the cluster network by DNS tricks.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// One allow-list entry: scheme, host (or `*.` suffix pattern, or IP literal) and port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowRule {
+    pub scheme: Scheme,
+    pub host: HostPattern,
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    fn default_port(self) -> u16 {
+        match self {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        }
+    }
+
+    fn parse(s: &str) -> Option<Scheme> {
+        match s.to_ascii_lowercase().as_str() {
+            "http" => Some(Scheme::Http),
+            "https" => Some(Scheme::Https),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    /// An exact DNS name, lowercase.
+    Name(String),
+    /// `*.example.com`: any name with at least one more label in front.
+    Suffix(String),
+    /// An IP literal: also permits connecting to that address even when it is internal.
+    Ip(IpAddr),
+}
+
+/// Why an allow-list entry did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("allow-list entry {entry:?}: {reason}")]
+pub struct RuleError {
+    pub entry: String,
+    pub reason: &'static str,
+}
+
+impl std::str::FromStr for AllowRule {
+    type Err = RuleError;
+
+    /// Accepts `scheme://host[:port]`; the scheme is required so that `http` is never
+    /// allowed by accident where `https` was meant.
+    fn from_str(entry: &str) -> Result<Self, RuleError> {
+        let err = |reason| RuleError {
+            entry: entry.to_string(),
+            reason,
+        };
+        let (scheme, rest) = entry
+            .split_once("://")
+            .ok_or_else(|| err("expected scheme://host[:port]"))?;
+        let scheme = Scheme::parse(scheme).ok_or_else(|| err("scheme must be http or https"))?;
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        if rest.contains(['/', '?', '#', '@']) {
+            return Err(err("only scheme, host and port are allowed (no path or user)"));
+        }
+        let (host, port) = split_host_port(rest).ok_or_else(|| err("bad port"))?;
+        let port = port.unwrap_or(scheme.default_port());
+        if host.is_empty() {
+            return Err(err("empty host"));
+        }
+        let host = if let Some(ip) = parse_ip(host) {
+            HostPattern::Ip(ip)
+        } else if let Some(suffix) = host.strip_prefix("*.") {
+            if !valid_dns_name(suffix) || !suffix.contains('.') {
+                return Err(err("wildcard needs a domain with at least two labels after *."));
+            }
+            HostPattern::Suffix(suffix.to_ascii_lowercase())
+        } else if valid_dns_name(host) {
+            HostPattern::Name(host.to_ascii_lowercase())
+        } else {
+            return Err(err("host is neither a DNS name nor an IP address"));
+        };
+        Ok(AllowRule { scheme, host, port })
+    }
+}
+
+impl std::fmt::Display for AllowRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = match self.scheme {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        };
+        match &self.host {
+            HostPattern::Name(n) => write!(f, "{scheme}://{n}:{}", self.port),
+            HostPattern::Suffix(s) => write!(f, "{scheme}://*.{s}:{}", self.port),
+            HostPattern::Ip(IpAddr::V6(ip)) => write!(f, "{scheme}://[{ip}]:{}", self.port),
+            HostPattern::Ip(ip) => write!(f, "{scheme}://{ip}:{}", self.port),
+        }
+    }
+}
+
+fn split_host_port(s: &str) -> Option<(&str, Option<u16>)> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        return match after.strip_prefix(':') {
+            Some(p) => Some((host, Some(p.parse().ok()?))),
+            None if after.is_empty() => Some((host, None)),
+            None => None,
+        };
+    }
+    match s.rsplit_once(':') {
+        Some((h, p)) => Some((h, Some(p.parse().ok()?))),
+        None => Some((s, None)),
+    }
+}
+
+fn parse_ip(host: &str) -> Option<IpAddr> {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()
+}
+
+fn valid_dns_name(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// The request as the policy sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target<'a> {
+    pub scheme: Scheme,
+    pub host: &'a str,
+    pub port: u16,
+}
+
+impl<'a> Target<'a> {
+    /// From the parts of a request URI; `None` when the URI lacks a usable scheme or host.
+    pub fn from_parts(scheme: &str, host: &'a str, port: Option<u16>) -> Option<Self> {
+        let scheme = Scheme::parse(scheme)?;
+        if host.is_empty() {
+            return None;
+        }
+        Some(Target {
+            scheme,
+            host,
+            port: port.unwrap_or(scheme.default_port()),
+        })
+    }
+}
+
+/// A provider's allow-list. Deny by default: an empty list allows nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllowList {
+    rules: Vec<AllowRule>,
+}
+
+/// The decision for a request target, before any DNS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Not on the allow-list.
+    Denied,
+    /// Allowed; connect only to addresses that pass [`AllowList::address_allowed`].
+    Allowed {
+        /// IP literals named by the matching entries: the only internal addresses allowed.
+        explicit: Vec<IpAddr>,
+    },
+}
+
+impl AllowList {
+    pub fn new(rules: Vec<AllowRule>) -> Self {
+        AllowList { rules }
+    }
+
+    pub fn rules(&self) -> &[AllowRule] {
+        &self.rules
+    }
+
+    pub fn decide(&self, target: &Target<'_>) -> Decision {
+        let host = target.host.trim_start_matches('[').trim_end_matches(']');
+        let host_ip = parse_ip(host);
+        let host_lower = host.to_ascii_lowercase();
+        let host_lower = host_lower.strip_suffix('.').unwrap_or(&host_lower);
+        let mut allowed = false;
+        let mut explicit = Vec::new();
+        for rule in &self.rules {
+            if rule.scheme != target.scheme || rule.port != target.port {
+                continue;
+            }
+            let matches = match (&rule.host, host_ip) {
+                (HostPattern::Ip(ip), Some(host_ip)) => *ip == host_ip,
+                (HostPattern::Ip(_), None) => false,
+                (_, Some(_)) => false,
+                (HostPattern::Name(n), None) => n == host_lower,
+                (HostPattern::Suffix(s), None) => host_lower
+                    .strip_suffix(s.as_str())
+                    .is_some_and(|front| front.len() > 1 && front.ends_with('.')),
+            };
+            if matches {
+                allowed = true;
+                if let HostPattern::Ip(ip) = rule.host {
+                    explicit.push(ip);
+                }
+            }
+        }
+        if allowed {
+            Decision::Allowed { explicit }
+        } else {
+            Decision::Denied
+        }
+    }
+}
+
+/// Whether a resolved address may be connected to: public addresses always, internal ones
+/// only when an allow-list entry names them literally.
+pub fn address_allowed(addr: IpAddr, explicit: &[IpAddr]) -> bool {
+    explicit.contains(&addr) || !is_internal(addr)
+}
+
+/// Addresses a plugin must not reach by name: the host itself, the pod and cluster
+/// networks, cloud metadata services, and anything not globally routable.
+pub fn is_internal(addr: IpAddr) -> bool {
+    match addr {
+        IpAddr::V4(v4) => is_internal_v4(v4),
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_internal_v4(v4);
+            }
+            is_internal_v6(v6)
+        }
+    }
+}
+
+fn is_internal_v4(ip: Ipv4Addr) -> bool {
+    let o = ip.octets();
+    ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_private()
+        || ip.is_link_local() // 169.254/16, including the metadata service
+        || ip.is_broadcast()
+        || ip.is_multicast()
+        || ip.is_documentation()
+        || o[0] == 0 // "this network"
+        || (o[0] == 100 && (64..128).contains(&o[1])) // shared address space (CGNAT)
+        || (o[0] == 192 && o[1] == 0 && o[2] == 0) // IETF protocol assignments
+        || (o[0] == 198 && (18..20).contains(&o[1])) // benchmarking
+        || o[0] >= 240 // reserved
+}
+
+fn is_internal_v6(ip: Ipv6Addr) -> bool {
+    let s = ip.segments();
+    ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || ip.is_unique_local() // fc00::/7, including AWS's fd00:ec2::254 metadata
+        || ip.is_unicast_link_local() // fe80::/10
+        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+        || (s[0] == 0x0064 && s[1] == 0xff9b) // NAT64 can reach IPv4 internals
+        || (s[0] == 0 && s[1] == 0 && s[2] == 0 && s[3] == 0 && s[4] == 0 && s[5] == 0) // IPv4-compatible
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(entries: &[&str]) -> AllowList {
+        AllowList::new(entries.iter().map(|e| e.parse().unwrap()).collect())
+    }
+
+    #[test]
+    fn parse_rules() {
+        let cases: &[(&str, Result<&str, &str>)] = &[
+            ("https://api.hetzner.cloud", Ok("https://api.hetzner.cloud:443")),
+            ("http://Example.COM:8080/", Ok("http://example.com:8080")),
+            ("https://*.amazonaws.com", Ok("https://*.amazonaws.com:443")),
+            ("http://127.0.0.1:9000", Ok("http://127.0.0.1:9000")),
+            ("http://[::1]:9000", Ok("http://[::1]:9000")),
+            ("api.hetzner.cloud", Err("expected scheme://host[:port]")),
+            ("ftp://x.example", Err("scheme must be http or https")),
+            ("https://x.example/path", Err("only scheme, host and port are allowed (no path or user)")),
+            ("https://user@x.example", Err("only scheme, host and port are allowed (no path or user)")),
+            ("https://x.example:99999", Err("bad port")),
+            ("https://*.com", Err("wildcard needs a domain with at least two labels after *.")),
+            ("https://bad_name.example", Err("host is neither a DNS name nor an IP address")),
+            ("https://", Err("empty host")),
+        ];
+        for (entry, want) in cases {
+            let got = entry.parse::<AllowRule>();
+            match (got, want) {
+                (Ok(rule), Ok(text)) => assert_eq!(rule.to_string(), *text, "{entry}"),
+                (Err(e), Err(reason)) => {
+                    assert_eq!(e.reason, *reason, "{entry}");
+                    assert!(e.to_string().contains(entry), "error names the entry: {e}");
+                }
+                (got, want) => panic!("{entry}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn decide() {
+        let l = list(&[
+            "https://api.hetzner.cloud",
+            "https://*.amazonaws.com",
+            "http://127.0.0.1:8080",
+        ]);
+        let t = |scheme, host, port| Target::from_parts(scheme, host, port).unwrap();
+        let allowed = Decision::Allowed { explicit: vec![] };
+        let cases = [
+            (t("https", "api.hetzner.cloud", None), allowed.clone()),
+            (t("https", "API.Hetzner.Cloud.", Some(443)), allowed.clone()),
+            (t("http", "api.hetzner.cloud", None), Decision::Denied), // scheme differs
+            (t("https", "api.hetzner.cloud", Some(8443)), Decision::Denied), // port differs
+            (t("https", "evil.example", None), Decision::Denied),
+            (t("https", "ec2.eu-west-1.amazonaws.com", None), allowed.clone()),
+            (t("https", "amazonaws.com", None), Decision::Denied), // wildcard needs a label
+            (t("https", "evilamazonaws.com", None), Decision::Denied),
+            (
+                t("http", "127.0.0.1", Some(8080)),
+                Decision::Allowed {
+                    explicit: vec!["127.0.0.1".parse().unwrap()],
+                },
+            ),
+            (t("http", "127.0.0.1", Some(8081)), Decision::Denied),
+            (t("http", "localhost", Some(8080)), Decision::Denied), // a name is not the IP entry
+        ];
+        for (target, want) in cases {
+            assert_eq!(l.decide(&target), want, "{target:?}");
+        }
+        assert_eq!(AllowList::default().decide(&t("https", "x.example", None)), Decision::Denied);
+    }
+
+    #[test]
+    fn internal_addresses() {
+        let internal = [
+            "127.0.0.1", "127.1.2.3", "10.0.0.1", "172.16.5.4", "192.168.1.1", "169.254.169.254",
+            "0.0.0.0", "100.64.0.1", "255.255.255.255", "224.0.0.1", "192.0.0.1", "198.18.0.1",
+            "::1", "::", "fd00:ec2::254", "fe80::1", "::ffff:127.0.0.1", "::ffff:10.1.1.1",
+            "64:ff9b::a00:1", "::127.0.0.1",
+        ];
+        for a in internal {
+            assert!(is_internal(a.parse().unwrap()), "{a} should be internal");
+        }
+        for a in ["1.1.1.1", "95.216.1.2", "52.94.1.1", "2a01:4f8::1", "::ffff:1.1.1.1"] {
+            assert!(!is_internal(a.parse().unwrap()), "{a} should be public");
+        }
+    }
+
+    #[test]
+    fn address_allowed_only_when_listed_or_public() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        assert!(!address_allowed(lo, &[]));
+        assert!(address_allowed(lo, &[lo]));
+        assert!(!address_allowed("10.0.0.1".parse().unwrap(), &[lo]));
+        assert!(address_allowed("8.8.8.8".parse().unwrap(), &[]));
+    }
+}

@@ -1,0 +1,367 @@
+//! What one call's Store holds, and the limits enforced while the guest runs.
+//!
+//! Every call gets a fresh [`CallState`]: a WASI context with no environment, no arguments,
+//! captured stdio and a new `/tmp`; the HTTP hooks with this provider's allow-list; the host
+//! API with this provider's config, secrets and cache; and a resource limiter. Nothing in it
+//! outlives the call except what the host deliberately shares (the per-provider cache and
+//! the set of secret values to redact).
+
+use super::bindings::egress::provider::host as wit_host;
+use super::http::HttpHooks;
+use super::output::CapturedOutput;
+use super::redact::Redactor;
+use crate::config::Limits;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use wasmtime::ResourceLimiter;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+/// Which limit stopped a call. Set by the host when it cuts a call short, so the error can
+/// say exactly why instead of showing a bare trap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitHit {
+    Deadline,
+    Memory,
+    Tmp,
+}
+
+/// Per-provider state shared by all its calls.
+pub struct ProviderShared {
+    pub name: String,
+    pub config_json: String,
+    pub secrets: BTreeMap<String, PathBuf>,
+    pub limits: Limits,
+    pub cache: Mutex<KvCache>,
+    /// Every secret value handed to this provider so far: scrubbed from all its output.
+    pub known_secrets: Mutex<Vec<Vec<u8>>>,
+}
+
+impl ProviderShared {
+    pub fn redactor(&self, cloud_init: &[u8]) -> Redactor {
+        let secrets = self.known_secrets.lock().unwrap();
+        Redactor::new(secrets.iter().map(Vec::as_slice), cloud_init)
+    }
+}
+
+/// The small per-provider key-value cache behind `cache-get`/`cache-set`.
+pub struct KvCache {
+    entries: HashMap<String, (Vec<u8>, Instant)>,
+    bytes: usize,
+}
+
+impl KvCache {
+    const MAX_ENTRIES: usize = 256;
+    const MAX_BYTES: usize = 1 << 20;
+
+    pub fn new() -> Self {
+        KvCache {
+            entries: HashMap::new(),
+            bytes: 0,
+        }
+    }
+
+    pub fn get(&mut self, key: &str, now: Instant) -> Option<Vec<u8>> {
+        match self.entries.get(key) {
+            Some((v, exp)) if *exp > now => Some(v.clone()),
+            Some(_) => {
+                self.remove(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    pub fn set(&mut self, key: String, value: Vec<u8>, ttl: Duration, now: Instant) {
+        self.remove(&key);
+        let size = key.len() + value.len();
+        if size > Self::MAX_BYTES / 4 || ttl.is_zero() {
+            return;
+        }
+        self.entries.retain(|_, (_, exp)| *exp > now);
+        self.bytes = self.entries.iter().map(|(k, (v, _))| k.len() + v.len()).sum();
+        while self.entries.len() >= Self::MAX_ENTRIES || self.bytes + size > Self::MAX_BYTES {
+            // Evict the entry closest to expiry.
+            let Some(victim) = self.entries.iter().min_by_key(|(_, (_, exp))| *exp).map(|(k, _)| k.clone()) else {
+                break;
+            };
+            self.remove(&victim);
+        }
+        self.bytes += size;
+        self.entries.insert(key, (value, now + ttl));
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some((v, _)) = self.entries.remove(key) {
+            self.bytes -= key.len() + v.len();
+        }
+    }
+}
+
+impl Default for KvCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The Store's data for one call.
+pub struct CallState {
+    pub(super) wasi: WasiCtx,
+    pub(super) http_ctx: WasiHttpCtx,
+    pub(super) table: ResourceTable,
+    pub(super) hooks: HttpHooks,
+    pub(super) limiter: MemoryLimiter,
+    pub(super) shared: Arc<ProviderShared>,
+    pub(super) redactor: Redactor,
+    pub(super) cloud_init: Arc<[u8]>,
+    pub(super) log_lines: u32,
+    pub(super) log_dropped: u32,
+    pub(super) deadline: Instant,
+    pub(super) tmp: PathBuf,
+    pub(super) tmp_cap: u64,
+    pub(super) limit_hit: Option<LimitHit>,
+    pub(super) stdout: CapturedOutput,
+    pub(super) stderr: CapturedOutput,
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for CallState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http_ctx,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+/// Caps linear memory and tables; remembers a refused growth so the error names the limit.
+pub struct MemoryLimiter {
+    pub max_memory: usize,
+    pub hit: bool,
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.max_memory {
+            self.hit = true;
+            return Err(wasmtime::format_err!(
+                "memory cap reached: growing to {desired} bytes exceeds limits.memoryMib ({} bytes)",
+                self.max_memory
+            ));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 1_000_000)
+    }
+
+    fn instances(&self) -> usize {
+        64
+    }
+
+    fn tables(&self) -> usize {
+        64
+    }
+
+    fn memories(&self) -> usize {
+        16
+    }
+}
+
+/// Bytes under `dir`, not following symlinks. Cheap for the handful of files a call makes.
+pub fn dir_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for entry in rd.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}
+
+impl CallState {
+    /// Called on every epoch tick while the guest runs: enforce the wall-clock deadline
+    /// and the `/tmp` cap, and otherwise let other tasks run.
+    pub(super) fn on_tick(&mut self) -> wasmtime::Result<wasmtime::UpdateDeadline> {
+        if Instant::now() >= self.deadline {
+            self.limit_hit = Some(LimitHit::Deadline);
+            return Err(wasmtime::format_err!("call deadline reached"));
+        }
+        if self.tmp_over_cap() {
+            return Err(wasmtime::format_err!("/tmp cap reached"));
+        }
+        Ok(wasmtime::UpdateDeadline::Yield(1))
+    }
+
+    pub(super) fn tmp_over_cap(&mut self) -> bool {
+        if dir_size(&self.tmp) > self.tmp_cap {
+            self.limit_hit = Some(LimitHit::Tmp);
+            return true;
+        }
+        false
+    }
+
+    /// Emits one guest log line, scrubbed and capped.
+    fn emit(&mut self, level: wit_host::Level, message: &str) {
+        let limits = &self.shared.limits;
+        if self.log_lines >= limits.log_lines {
+            self.log_dropped += 1;
+            return;
+        }
+        self.log_lines += 1;
+        let text = truncate(&self.redactor.scrub(message), limits.log_line_bytes as usize);
+        let provider = self.shared.name.as_str();
+        use wit_host::Level;
+        match level {
+            Level::Trace => tracing::trace!(target: "plugin", provider, "{text}"),
+            Level::Debug => tracing::debug!(target: "plugin", provider, "{text}"),
+            Level::Info => tracing::info!(target: "plugin", provider, "{text}"),
+            Level::Warn => tracing::warn!(target: "plugin", provider, "{text}"),
+            Level::Error => tracing::error!(target: "plugin", provider, "{text}"),
+        }
+    }
+
+    /// Logs what the guest printed, then how much was dropped. Runs when the call ends,
+    /// whatever way it ended.
+    pub(super) fn flush_output(&mut self) {
+        for (stream, out) in [("stdout", self.stdout.clone()), ("stderr", self.stderr.clone())] {
+            let (bytes, dropped) = out.take();
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                self.emit(wit_host::Level::Info, &format!("[{stream}] {line}"));
+            }
+            if dropped > 0 {
+                tracing::warn!(target: "plugin", provider = self.shared.name.as_str(), stream, dropped_bytes = dropped, "plugin output past the capture cap was dropped");
+            }
+        }
+        if self.log_dropped > 0 {
+            tracing::warn!(
+                target: "plugin",
+                provider = self.shared.name.as_str(),
+                dropped_lines = self.log_dropped,
+                limit = self.shared.limits.log_lines,
+                "plugin log lines past limits.logLines were dropped"
+            );
+            self.log_dropped = 0;
+        }
+    }
+
+    /// The last lines the guest wrote to stderr (a panic message lands there), scrubbed.
+    pub(super) fn stderr_tail(&self) -> String {
+        // Scrub the whole capture before cutting: a cut could split a secret and defeat the match.
+        let bytes = self.stderr.tail(usize::MAX);
+        let text = self.redactor.scrub_bytes(&bytes);
+        let last: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        truncate(&last[last.len().saturating_sub(2)..].join(" / "), 512)
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes cut)", &s[..end], s.len() - end)
+}
+
+impl wit_host::Host for CallState {
+    fn log(&mut self, level: wit_host::Level, message: String) {
+        self.emit(level, &message);
+    }
+
+    fn config(&mut self) -> String {
+        self.shared.config_json.clone()
+    }
+
+    fn read_secret(&mut self, key: String) -> Result<Vec<u8>, wit_host::SecretError> {
+        let Some(path) = self.shared.secrets.get(&key) else {
+            return Err(wit_host::SecretError::NotConfigured);
+        };
+        match std::fs::read(path) {
+            Ok(value) => {
+                if !value.is_empty() {
+                    let mut known = self.shared.known_secrets.lock().unwrap();
+                    if !known.contains(&value) {
+                        known.push(value.clone());
+                    }
+                    self.redactor = Redactor::new(known.iter().map(Vec::as_slice), &self.cloud_init);
+                }
+                Ok(value)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(wit_host::SecretError::Missing(format!(
+                "secret {key:?}: file {} does not exist (is the Secret mounted?)",
+                path.display()
+            ))),
+            Err(e) => Err(wit_host::SecretError::Unreadable(format!(
+                "secret {key:?}: cannot read {}: {}",
+                path.display(),
+                e.kind()
+            ))),
+        }
+    }
+
+    fn cache_get(&mut self, key: String) -> Option<Vec<u8>> {
+        self.shared.cache.lock().unwrap().get(&key, Instant::now())
+    }
+
+    fn cache_set(&mut self, key: String, value: Vec<u8>, ttl_seconds: u32) {
+        self.shared.cache.lock().unwrap().set(
+            key,
+            value,
+            Duration::from_secs(ttl_seconds.into()),
+            Instant::now(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_cache_expires_and_stays_bounded() {
+        let now = Instant::now();
+        let mut c = KvCache::new();
+        c.set("a".into(), b"1".to_vec(), Duration::from_secs(10), now);
+        assert_eq!(c.get("a", now), Some(b"1".to_vec()));
+        assert_eq!(c.get("a", now + Duration::from_secs(11)), None);
+        for i in 0..1000 {
+            c.set(format!("k{i}"), vec![0; 100], Duration::from_secs(60 + i), now);
+        }
+        assert!(c.entries.len() <= KvCache::MAX_ENTRIES);
+        assert!(c.bytes <= KvCache::MAX_BYTES);
+        // The newest survive.
+        assert!(c.get("k999", now).is_some());
+        c.set("huge".into(), vec![0; KvCache::MAX_BYTES], Duration::from_secs(1), now);
+        assert_eq!(c.get("huge", now), None);
+    }
+
+    #[test]
+    fn truncate_on_char_boundary() {
+        assert_eq!(truncate("abc", 5), "abc");
+        assert!(truncate("ééé", 3).starts_with("é…"));
+    }
+}

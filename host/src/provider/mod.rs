@@ -1,0 +1,123 @@
+//! What the operator's loops call: the [`Provider`] trait and its value types.
+//!
+//! The loops (reconciler, orphan GC, health monitor) only ever see this trait. Plugins sit
+//! behind it through [`crate::plugin::WasmProvider`]; tests can put an in-process fake behind it.
+//! Everything here is plain data so the decision code above it can be tested without Wasm.
+
+mod error;
+mod instrument;
+mod name;
+mod wasm;
+
+pub use error::{Class, Op, ProviderError};
+pub use instrument::{Instrumented, ProviderMetrics};
+pub use name::name_from_uid;
+
+use async_trait::async_trait;
+use std::time::SystemTime;
+
+/// Mark keys written on every instance a provider creates (labels or tags on the backend).
+/// Orphan GC finds instances only through them.
+pub const MARK_MANAGED: &str = "egress.proxy-operator.dev/managed";
+/// Value of [`MARK_MANAGED`].
+pub const MARK_MANAGED_YES: &str = "true";
+/// The owning Proxy's UID.
+pub const MARK_UID: &str = "egress.proxy-operator.dev/uid";
+/// The installation identity: GC only lists instances of its own installation.
+pub const MARK_INSTALLATION: &str = "egress.proxy-operator.dev/installation";
+
+/// Lifecycle of an instance, as far as the reconciler cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum State {
+    Provisioning,
+    Running,
+    Stopped,
+    Terminated,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Provisioning => "Provisioning",
+            State::Running => "Running",
+            State::Stopped => "Stopped",
+            State::Terminated => "Terminated",
+        }
+    }
+}
+
+/// Where and what to run; copied one to one from the Proxy spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Placement {
+    pub region: String,
+    pub zone: String,
+    pub machine_type: String,
+    pub image: String,
+}
+
+/// Everything Create needs. `name` is the idempotency key (see [`name_from_uid`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct CreateRequest {
+    pub name: String,
+    pub uid: String,
+    pub namespace: String,
+    pub proxy_name: String,
+    pub installation: String,
+    pub placement: Placement,
+    /// Resolved user data. May hold secrets: it is deliberately left out of `Debug`.
+    pub cloud_init: Vec<u8>,
+    pub port: u16,
+}
+
+impl std::fmt::Debug for CreateRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreateRequest")
+            .field("name", &self.name)
+            .field("uid", &self.uid)
+            .field("namespace", &self.namespace)
+            .field("proxy_name", &self.proxy_name)
+            .field("installation", &self.installation)
+            .field("placement", &self.placement)
+            .field("cloud_init_bytes", &self.cloud_init.len())
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+/// An instance as the backend reports it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    pub id: String,
+    pub ip: String,
+    pub state: State,
+    /// Read back from the backend's mark; empty when the mark carries no UID.
+    pub uid: String,
+    /// `None` counts as very old for orphan GC.
+    pub created_at: Option<SystemTime>,
+}
+
+/// One independently failing part of a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetStatus {
+    pub target: String,
+    pub ready: bool,
+    pub reason: String,
+    pub message: String,
+    pub details: Vec<(String, String)>,
+}
+
+/// The operations the operator's loops need from a backend.
+///
+/// Implementations must be safe for concurrent use, including two calls for the same
+/// instance (the reconciler and GC can race on Delete).
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// The configured provider name (what `Proxy.spec.provider` refers to).
+    fn name(&self) -> &str;
+    async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError>;
+    async fn get(&self, id: &str) -> Result<Instance, ProviderError>;
+    async fn delete(&self, id: &str) -> Result<(), ProviderError>;
+    async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError>;
+    /// `None` when the provider has no health check: reported as unsupported, not failed.
+    async fn check(&self) -> Option<Vec<TargetStatus>>;
+}
