@@ -4,4 +4,5 @@
 pub mod config;
 pub mod plugin;
 pub mod provider;
+pub mod telemetry;
 pub mod testing;

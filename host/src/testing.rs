@@ -33,7 +33,10 @@ pub struct EventRecord {
 
 impl EventRecord {
     pub fn message(&self) -> &str {
-        self.fields.get("message").map(String::as_str).unwrap_or_default()
+        self.fields
+            .get("message")
+            .map(String::as_str)
+            .unwrap_or_default()
     }
 }
 
@@ -80,17 +83,23 @@ pub struct CaptureLayer {
 impl CaptureLayer {
     pub fn new() -> (Self, Captured) {
         let captured = Captured::default();
-        (CaptureLayer { captured: captured.clone() }, captured)
+        (
+            CaptureLayer {
+                captured: captured.clone(),
+            },
+            captured,
+        )
     }
 }
 
-/// Installs a capturing subscriber for the current thread until the guard drops.
+/// Installs a capturing subscriber for the current thread until the guard drops. It uses
+/// the operator's own filter ([`crate::telemetry::env_filter`]) at `trace` for everything
+/// else, so a leak check sees everything production could ever log.
 pub fn capture() -> (tracing::subscriber::DefaultGuard, Captured) {
     use tracing_subscriber::prelude::*;
     let (layer, captured) = CaptureLayer::new();
     let subscriber = tracing_subscriber::registry()
-        .with(layer)
-        .with(tracing_subscriber::filter::LevelFilter::TRACE);
+        .with(layer.with_filter(crate::telemetry::env_filter("trace")));
     (tracing::subscriber::set_default(subscriber), captured)
 }
 
@@ -98,7 +107,8 @@ struct FieldVisitor<'a>(&'a mut HashMap<String, String>);
 
 impl Visit for FieldVisitor<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_string(), format!("{value:?}"));
+        self.0
+            .insert(field.name().to_string(), format!("{value:?}"));
     }
     fn record_str(&mut self, field: &Field, value: &str) {
         self.0.insert(field.name().to_string(), value.to_string());

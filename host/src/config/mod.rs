@@ -127,11 +127,15 @@ pub struct Tls {
 pub enum ConfigError {
     #[error("providers file: {0}")]
     Parse(String),
-    #[error("provider {index}: name {name:?} is not a DNS-1123 label (lowercase letters, digits and '-', at most 63, starting and ending alphanumeric)")]
+    #[error(
+        "provider {index}: name {name:?} is not a DNS-1123 label (lowercase letters, digits and '-', at most 63, starting and ending alphanumeric)"
+    )]
     BadName { index: usize, name: String },
     #[error("provider {name:?} is configured twice")]
     Duplicate { name: String },
-    #[error("provider {name:?}: plugin {plugin:?} must be a file name ending in .wasm, without directories")]
+    #[error(
+        "provider {name:?}: plugin {plugin:?} must be a file name ending in .wasm, without directories"
+    )]
     BadPlugin { name: String, plugin: String },
     #[error("provider {name:?}: {field}: {source}")]
     Host {
@@ -146,7 +150,9 @@ pub enum ConfigError {
         value: String,
         range: &'static str,
     },
-    #[error("provider {name:?}: secrets: key {key:?} must be non-empty and use only letters, digits, '-', '_' and '.'")]
+    #[error(
+        "provider {name:?}: secrets: key {key:?} must be non-empty and use only letters, digits, '-', '_' and '.'"
+    )]
     SecretKey { name: String, key: String },
 }
 
@@ -192,7 +198,10 @@ impl ProviderEntry {
             });
         }
         for (field, hosts) in [
-            ("allowedHosts", self.allowed_hosts.as_deref().unwrap_or_default()),
+            (
+                "allowedHosts",
+                self.allowed_hosts.as_deref().unwrap_or_default(),
+            ),
             ("additionalHosts", &self.additional_hosts[..]),
         ] {
             for h in hosts {
@@ -226,7 +235,11 @@ impl ProviderEntry {
             return Err(limit("tmpMib", l.tmp_mib.to_string(), "0 to 1024"));
         }
         if l.log_line_bytes < 80 {
-            return Err(limit("logLineBytes", l.log_line_bytes.to_string(), "at least 80"));
+            return Err(limit(
+                "logLineBytes",
+                l.log_line_bytes.to_string(),
+                "at least 80",
+            ));
         }
         for key in self.secrets.keys() {
             if key.is_empty()
@@ -268,7 +281,8 @@ impl ProviderEntry {
 pub fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -306,28 +320,60 @@ providers:
         assert_eq!(h.limits.http.connect_timeout, Duration::from_secs(2));
         assert_eq!(h.config["locations"][0], "fsn1");
         assert_eq!(f.providers[1].config, serde_json::json!({}));
-        let rules = h.allow_rules(&["https://api.hetzner.cloud".into()]).unwrap();
+        let rules = h
+            .allow_rules(&["https://api.hetzner.cloud".into()])
+            .unwrap();
         assert_eq!(rules.len(), 2);
     }
 
     #[test]
     fn rejects_bad_input_naming_field_and_value() {
         let cases = [
-            ("providers: [{name: a, plugin: a.wasm, colour: red}]", "colour"),
-            ("providers: [{name: a, plugin: a.wasm, limits: {fuell: 1}}]", "fuell"),
-            ("providers: [{name: Bad_Name, plugin: a.wasm}]", "\"Bad_Name\""),
-            ("providers: [{name: a, plugin: a.wasm}, {name: a, plugin: b.wasm}]", "configured twice"),
+            (
+                "providers: [{name: a, plugin: a.wasm, colour: red}]",
+                "colour",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, limits: {fuell: 1}}]",
+                "fuell",
+            ),
+            (
+                "providers: [{name: Bad_Name, plugin: a.wasm}]",
+                "\"Bad_Name\"",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm}, {name: a, plugin: b.wasm}]",
+                "configured twice",
+            ),
             ("providers: [{name: a, plugin: ../a.wasm}]", "\"../a.wasm\""),
             ("providers: [{name: a, plugin: a.cwasm}]", "\"a.cwasm\""),
-            ("providers: [{name: a, plugin: a.wasm, additionalHosts: [example.com]}]", "additionalHosts"),
-            ("providers: [{name: a, plugin: a.wasm, limits: {memoryMib: 2}}]", "limits.memoryMib = 2"),
-            ("providers: [{name: a, plugin: a.wasm, limits: {timeout: 1ms}}]", "limits.timeout"),
-            ("providers: [{name: a, plugin: a.wasm, limits: {concurrency: 0}}]", "limits.concurrency = 0"),
-            ("providers: [{name: a, plugin: a.wasm, secrets: {'a/b': /x}}]", "\"a/b\""),
+            (
+                "providers: [{name: a, plugin: a.wasm, additionalHosts: [example.com]}]",
+                "additionalHosts",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, limits: {memoryMib: 2}}]",
+                "limits.memoryMib = 2",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, limits: {timeout: 1ms}}]",
+                "limits.timeout",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, limits: {concurrency: 0}}]",
+                "limits.concurrency = 0",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, secrets: {'a/b': /x}}]",
+                "\"a/b\"",
+            ),
         ];
         for (text, needle) in cases {
             let err = ProvidersFile::parse(text).expect_err(text).to_string();
-            assert!(err.contains(needle), "{text}: error {err:?} lacks {needle:?}");
+            assert!(
+                err.contains(needle),
+                "{text}: error {err:?} lacks {needle:?}"
+            );
         }
     }
 
@@ -337,7 +383,9 @@ providers:
             "providers: [{name: a, plugin: a.wasm, allowedHosts: ['http://127.0.0.1:1']}]",
         )
         .unwrap();
-        let rules = f.providers[0].allow_rules(&["https://x.example".into()]).unwrap();
+        let rules = f.providers[0]
+            .allow_rules(&["https://x.example".into()])
+            .unwrap();
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0].to_string(), "http://127.0.0.1:1");
     }

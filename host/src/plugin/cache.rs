@@ -84,7 +84,10 @@ impl ArtifactCache {
         let reason = if !meta.is_dir() {
             Some("is not a directory (or is a symlink)".to_string())
         } else if meta.uid() != me {
-            Some(format!("is owned by uid {}, not by this process (uid {me})", meta.uid()))
+            Some(format!(
+                "is owned by uid {}, not by this process (uid {me})",
+                meta.uid()
+            ))
         } else if meta.permissions().mode() & 0o022 != 0 {
             Some(format!(
                 "is writable by group or others (mode {:o})",
@@ -106,7 +109,12 @@ impl ArtifactCache {
     }
 
     /// A compiled component for `bytes`, from the cache when possible.
-    pub fn component(&self, engine: &Engine, bytes: &[u8], sha256: &str) -> wasmtime::Result<(Component, CacheOutcome)> {
+    pub fn component(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+        sha256: &str,
+    ) -> wasmtime::Result<(Component, CacheOutcome)> {
         let Some(dir) = &self.dir else {
             return Ok((Component::new(engine, bytes)?, CacheOutcome::Uncached));
         };
@@ -117,11 +125,17 @@ impl ArtifactCache {
             // operator produced with a compatible engine; wasmtime still checks the header.
             match unsafe { Component::deserialize_file(engine, &path) } {
                 Ok(c) => return Ok((c, CacheOutcome::Hit)),
-                Err(e) => tracing::warn!(path = %path.display(), error = %e, "ignoring unusable cached plugin artifact"),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "ignoring unusable cached plugin artifact")
+                }
             }
         }
         let component = Component::new(engine, bytes)?;
-        match component.serialize().map_err(std::io::Error::other).and_then(|art| store(dir, &path, &art)) {
+        match component
+            .serialize()
+            .map_err(std::io::Error::other)
+            .and_then(|art| store(dir, &path, &art))
+        {
             Ok(()) => Ok((component, CacheOutcome::Miss)),
             Err(e) => {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not write plugin compile cache");
@@ -132,8 +146,13 @@ impl ArtifactCache {
 }
 
 fn store(dir: &Path, path: &Path, artifact: &[u8]) -> std::io::Result<()> {
-    let tmp = tempfile::Builder::new().prefix(".partial-").tempfile_in(dir)?;
-    let mut f = std::fs::OpenOptions::new().write(true).mode(0o600).open(tmp.path())?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".partial-")
+        .tempfile_in(dir)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .mode(0o600)
+        .open(tmp.path())?;
     f.write_all(artifact)?;
     f.sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
@@ -149,7 +168,9 @@ mod tests {
         let engine = Engine::default();
         let d = tempfile::tempdir().unwrap();
         std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-        let err = ArtifactCache::open(&engine, Some(d.path())).unwrap_err().to_string();
+        let err = ArtifactCache::open(&engine, Some(d.path()))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("writable by group or others"), "{err}");
         std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
         ArtifactCache::open(&engine, Some(d.path())).unwrap();

@@ -57,7 +57,9 @@ pub fn build(opts: &EngineOptions) -> wasmtime::Result<(Engine, bool)> {
         cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         match Engine::new(&cfg) {
             Ok(engine) => return Ok((engine, true)),
-            Err(e) => tracing::warn!(error = %e, "pooling allocator unavailable, using on-demand instance allocation"),
+            Err(e) => {
+                tracing::warn!(error = %e, "pooling allocator unavailable, using on-demand instance allocation")
+            }
         }
     }
     Ok((Engine::new(&base_config())?, false))

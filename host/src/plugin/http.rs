@@ -25,8 +25,13 @@ use tracing::{Instrument, field};
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
-type SendResult =
-    Result<(http::Response<WasiBody>, Box<dyn Future<Output = Result<(), Error>> + Send>), Error>;
+type SendResult = Result<
+    (
+        http::Response<WasiBody>,
+        Box<dyn Future<Output = Result<(), Error>> + Send>,
+    ),
+    Error,
+>;
 
 /// Per-provider HTTP settings, shared by its calls.
 pub struct HttpPolicy {
@@ -41,6 +46,9 @@ pub struct HttpHooks {
     pub policy: Arc<HttpPolicy>,
     /// Set while `validate-config` runs: a constructor must not dial.
     pub deny_all: bool,
+    /// The provider operation's span: every request is its child, whatever spans the
+    /// runtime's own instrumentation opens in between.
+    pub parent: tracing::Span,
 }
 
 impl WasiHttpHooks for HttpHooks {
@@ -53,9 +61,9 @@ impl WasiHttpHooks for HttpHooks {
         let policy = self.policy.clone();
         let method = request.method().clone();
         let host = request.uri().host().unwrap_or_default().to_string();
-        // Created here, synchronously inside the guest's host call, so that its parent is
-        // the provider operation's span even though wasmtime runs the future in a task.
+        // wasmtime runs the request in a task of its own: the parent is set explicitly.
         let span = tracing::info_span!(
+            parent: &self.parent,
             "http.request",
             otel.kind = "client",
             provider.name = policy.provider.as_str(),
@@ -96,7 +104,10 @@ impl WasiHttpHooks for HttpHooks {
 /// A short, stable name for an error: the span attribute and the log field.
 pub fn error_name(e: &Error) -> String {
     let s = format!("{e:?}");
-    s.split(['(', ' ', '{']).next().unwrap_or_default().to_string()
+    s.split(['(', ' ', '{'])
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn min_opt(configured: Duration, requested: Option<Duration>) -> Duration {
@@ -132,11 +143,19 @@ async fn send(
         }
     }
 
-    let connect_timeout = min_opt(policy.limits.connect_timeout, options.and_then(|o| o.connect_timeout));
-    let first_byte_timeout = min_opt(policy.limits.first_byte_timeout, options.and_then(|o| o.first_byte_timeout));
-    let between_bytes_timeout =
-        min_opt(policy.limits.between_bytes_timeout, options.and_then(|o| o.between_bytes_timeout))
-            .max(Duration::from_millis(1));
+    let connect_timeout = min_opt(
+        policy.limits.connect_timeout,
+        options.and_then(|o| o.connect_timeout),
+    );
+    let first_byte_timeout = min_opt(
+        policy.limits.first_byte_timeout,
+        options.and_then(|o| o.first_byte_timeout),
+    );
+    let between_bytes_timeout = min_opt(
+        policy.limits.between_bytes_timeout,
+        options.and_then(|o| o.between_bytes_timeout),
+    )
+    .max(Duration::from_millis(1));
 
     let connect_deadline = tokio::time::Instant::now() + connect_timeout;
     let addrs = resolve(host, target.port, connect_deadline).await?;
@@ -152,9 +171,14 @@ async fn send(
     let stream = connect(&vetted, connect_deadline).await?;
 
     let io: Box<dyn IoStream> = if target.scheme == super::policy::Scheme::Https {
-        let name = match host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+        let name = match host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+        {
             Ok(ip) => rustls::pki_types::ServerName::IpAddress(ip.into()),
-            Err(_) => rustls::pki_types::ServerName::try_from(host.to_string()).map_err(Error::InvalidDnsNameError)?,
+            Err(_) => rustls::pki_types::ServerName::try_from(host.to_string())
+                .map_err(Error::InvalidDnsNameError)?,
         };
         let connector = tokio_rustls::TlsConnector::from(policy.tls.clone());
         let tls = tokio::time::timeout_at(connect_deadline, connector.connect(name, stream))
@@ -214,7 +238,11 @@ async fn send(
 trait IoStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> IoStream for T {}
 
-async fn resolve(host: &str, port: u16, deadline: tokio::time::Instant) -> Result<Vec<SocketAddr>, Error> {
+async fn resolve(
+    host: &str,
+    port: u16,
+    deadline: tokio::time::Instant,
+) -> Result<Vec<SocketAddr>, Error> {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     if let Ok(ip) = bare.parse::<IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, port)]);
@@ -261,7 +289,10 @@ impl Body for CappedBody {
     type Data = Bytes;
     type Error = Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
@@ -293,7 +324,10 @@ impl Body for CappedBody {
 }
 
 /// TLS trust for one provider: its CA file, or the system roots, or (insecure) none.
-pub fn tls_config(ca_file: Option<&std::path::Path>, insecure: bool) -> Result<Arc<rustls::ClientConfig>, String> {
+pub fn tls_config(
+    ca_file: Option<&std::path::Path>,
+    insecure: bool,
+) -> Result<Arc<rustls::ClientConfig>, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -309,20 +343,28 @@ pub fn tls_config(ca_file: Option<&std::path::Path>, insecure: bool) -> Result<A
     let mut roots = rustls::RootCertStore::empty();
     match ca_file {
         Some(path) => {
-            let pem = std::fs::read(path).map_err(|e| format!("tls.caFile {}: {e}", path.display()))?;
+            let pem =
+                std::fs::read(path).map_err(|e| format!("tls.caFile {}: {e}", path.display()))?;
             let mut added = 0;
             for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
                 let cert = cert.map_err(|e| format!("tls.caFile {}: {e}", path.display()))?;
-                roots.add(cert).map_err(|e| format!("tls.caFile {}: {e}", path.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("tls.caFile {}: {e}", path.display()))?;
                 added += 1;
             }
             if added == 0 {
-                return Err(format!("tls.caFile {}: no PEM certificates in it", path.display()));
+                return Err(format!(
+                    "tls.caFile {}: no PEM certificates in it",
+                    path.display()
+                ));
             }
         }
         None => roots = system_roots().clone(),
     }
-    Ok(Arc::new(builder.with_root_certificates(roots).with_no_client_auth()))
+    Ok(Arc::new(
+        builder.with_root_certificates(roots).with_no_client_auth(),
+    ))
 }
 
 /// The system's CA roots, loaded once; the Mozilla set when the system has none (a
@@ -363,7 +405,12 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyCert {
         cert: &rustls::pki_types::CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -372,7 +419,12 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyCert {
         cert: &rustls::pki_types::CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {

@@ -48,16 +48,29 @@ impl std::fmt::Debug for LoadedPlugin {
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("plugin {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("plugin {path}: refusing precompiled native code; ship the .wasm component and the operator compiles it itself")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "plugin {path}: refusing precompiled native code; ship the .wasm component and the operator compiles it itself"
+    )]
     Precompiled { path: PathBuf },
     #[error("plugin {path}: {what}, not a WebAssembly component (build it for wasm32-wasip2)")]
     NotAComponent { path: PathBuf, what: &'static str },
     #[error("plugin {path}: does not compile: {message}")]
     Compile { path: PathBuf, message: String },
-    #[error("plugin {path}: built for egress:provider@{found}, but this operator supports egress:provider@{supported}")]
-    Version { path: PathBuf, found: String, supported: &'static str },
-    #[error("plugin {path}: exports no egress:provider world (expected the interfaces egress:provider/plugin and egress:provider/provider)")]
+    #[error(
+        "plugin {path}: built for egress:provider@{found}, but this operator supports egress:provider@{supported}"
+    )]
+    Version {
+        path: PathBuf,
+        found: String,
+        supported: &'static str,
+    },
+    #[error(
+        "plugin {path}: exports no egress:provider world (expected the interfaces egress:provider/plugin and egress:provider/provider)"
+    )]
     NotAProvider { path: PathBuf },
     #[error("plugin {path}: cannot be linked: {message}")]
     Link { path: PathBuf, message: String },
@@ -93,16 +106,16 @@ impl ProviderLoadError {
     }
 }
 
-/// Budget for the load-time calls (`info`, `validate-config`): they do no I/O.
-const LOAD_CALL_TIMEOUT: Duration = Duration::from_secs(5);
-
 const WASM_MAGIC: &[u8] = b"\0asm";
 const ELF_MAGIC: &[u8] = b"\x7fELF";
 
 impl Runtime {
     /// Loads one plugin file: checks it is a component, compiles it (or takes it from the
     /// cache), checks its world version, pre-links it and reads its `info`.
-    pub async fn load_plugin(self: &Arc<Self>, path: &Path) -> Result<Arc<LoadedPlugin>, LoadError> {
+    pub async fn load_plugin(
+        self: &Arc<Self>,
+        path: &Path,
+    ) -> Result<Arc<LoadedPlugin>, LoadError> {
         let started = Instant::now();
         let p = || path.to_path_buf();
         if path.extension().is_some_and(|e| e == "cwasm") {
@@ -113,28 +126,47 @@ impl Runtime {
             return Err(LoadError::Precompiled { path: p() });
         }
         if !bytes.starts_with(WASM_MAGIC) || bytes.len() < 8 {
-            return Err(LoadError::NotAComponent { path: p(), what: "not WebAssembly at all" });
+            return Err(LoadError::NotAComponent {
+                path: p(),
+                what: "not WebAssembly at all",
+            });
         }
         // Layer byte: 0 for a core module, 1 for a component.
         if bytes[6..8] != [1, 0] {
-            return Err(LoadError::NotAComponent { path: p(), what: "a core WebAssembly module" });
+            return Err(LoadError::NotAComponent {
+                path: p(),
+                what: "a core WebAssembly module",
+            });
         }
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let (component, cache) = self
             .cache
             .component(&self.engine, &bytes, &sha256)
-            .map_err(|e| LoadError::Compile { path: p(), message: format!("{e:#}") })?;
+            .map_err(|e| LoadError::Compile {
+                path: p(),
+                message: format!("{e:#}"),
+            })?;
 
-        let world_version = world_version(&self.engine, &component).ok_or(LoadError::NotAProvider { path: p() })?;
+        let world_version =
+            world_version(&self.engine, &component).ok_or(LoadError::NotAProvider { path: p() })?;
         if world_version != WORLD_VERSION {
-            return Err(LoadError::Version { path: p(), found: world_version, supported: WORLD_VERSION });
+            return Err(LoadError::Version {
+                path: p(),
+                found: world_version,
+                supported: WORLD_VERSION,
+            });
         }
-        let instance_pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| LoadError::Link { path: p(), message: link_message(&e) })?;
-        let pre = bindings::ProviderPluginPre::new(instance_pre)
-            .map_err(|e| LoadError::Link { path: p(), message: format!("{e:#}") })?;
+        let instance_pre =
+            self.linker
+                .instantiate_pre(&component)
+                .map_err(|e| LoadError::Link {
+                    path: p(),
+                    message: link_message(&e),
+                })?;
+        let pre = bindings::ProviderPluginPre::new(instance_pre).map_err(|e| LoadError::Link {
+            path: p(),
+            message: format!("{e:#}"),
+        })?;
         let load_time = started.elapsed();
 
         let plugin = LoadedPlugin {
@@ -153,9 +185,19 @@ impl Runtime {
             load_time,
             pre,
         };
-        let label = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let label = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let shared_plugin = Arc::new(plugin);
-        let probe = self.sandbox(shared_plugin.clone(), &label, load_limits(), None, Vec::new(), no_tls());
+        let probe = self.sandbox(
+            shared_plugin.clone(),
+            &label,
+            load_limits(),
+            None,
+            Vec::new(),
+            no_tls(),
+        );
         let info = probe.invoke(Op::Load, "", &[], true, Call::Info).await;
         drop(probe);
         let Ok(mut plugin) = Arc::try_unwrap(shared_plugin) else {
@@ -164,7 +206,12 @@ impl Runtime {
         let info = match info {
             Ok((Reply::Info(i), _)) => i,
             Ok(_) => unreachable!("info returns Reply::Info"),
-            Err(e) => return Err(LoadError::Info { path: p(), message: e.message }),
+            Err(e) => {
+                return Err(LoadError::Info {
+                    path: p(),
+                    message: e.message,
+                });
+            }
         };
         plugin.info = PluginInfo {
             type_name: info.type_name,
@@ -193,24 +240,45 @@ impl Runtime {
         plugin: Arc<LoadedPlugin>,
         entry: &ProviderEntry,
     ) -> Result<WasmProvider, ProviderLoadError> {
-        let config_err = |message: String| ProviderLoadError::Config { provider: entry.name.clone(), message };
-        let rules = entry.allow_rules(&plugin.info.default_hosts).map_err(|e| config_err(e.to_string()))?;
+        let config_err = |message: String| ProviderLoadError::Config {
+            provider: entry.name.clone(),
+            message,
+        };
+        let rules = entry
+            .allow_rules(&plugin.info.default_hosts)
+            .map_err(|e| config_err(e.to_string()))?;
         if entry.tls.insecure_skip_tls_verify {
             tracing::warn!(provider = %entry.name, "tls.insecureSkipTLSVerify is on: backend certificates are NOT verified");
         }
-        let tls = http::tls_config(entry.tls.ca_file.as_deref(), entry.tls.insecure_skip_tls_verify).map_err(config_err)?;
-        let provider = self.sandbox(plugin, &entry.name, entry.limits.clone(), Some(entry), rules, tls);
+        let tls = http::tls_config(
+            entry.tls.ca_file.as_deref(),
+            entry.tls.insecure_skip_tls_verify,
+        )
+        .map_err(config_err)?;
+        let provider = self.sandbox(
+            plugin,
+            &entry.name,
+            entry.limits.clone(),
+            Some(entry),
+            rules,
+            tls,
+        );
         let config = entry.config.to_string();
-        match provider.invoke(Op::Load, "", &[], true, Call::Validate(&config)).await {
+        match provider
+            .invoke(Op::Load, "", &[], true, Call::Validate(&config))
+            .await
+        {
             Ok((Reply::Unit(Ok(())), _)) => Ok(provider),
-            Ok((Reply::Unit(Err(e)), _)) => Err(ProviderLoadError::Invalid(crate::provider::ProviderError {
-                class: super::class_of(e.class),
-                op: Op::Load,
-                provider: entry.name.clone(),
-                id: String::new(),
-                message: format!("invalid config: {}", e.message),
-                code: e.code,
-            })),
+            Ok((Reply::Unit(Err(e)), _)) => {
+                Err(ProviderLoadError::Invalid(crate::provider::ProviderError {
+                    class: super::class_of(e.class),
+                    op: Op::Load,
+                    provider: entry.name.clone(),
+                    id: String::new(),
+                    message: format!("invalid config: {}", e.message),
+                    code: e.code,
+                }))
+            }
             Ok(_) => unreachable!("validate-config returns Reply::Unit"),
             Err(e) => Err(ProviderLoadError::Invalid(e)),
         }
@@ -250,14 +318,20 @@ impl Runtime {
         let entries = match std::fs::read_dir(dir) {
             Ok(rd) => rd.flatten().map(|e| e.path()).collect::<Vec<_>>(),
             Err(source) => {
-                report.plugin_errors.push(Arc::new(LoadError::Io { path: dir.to_path_buf(), source }));
+                report.plugin_errors.push(Arc::new(LoadError::Io {
+                    path: dir.to_path_buf(),
+                    source,
+                }));
                 Vec::new()
             }
         };
         let mut paths: Vec<PathBuf> = entries
             .into_iter()
             .filter(|p| {
-                let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let name = p
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
                 // ConfigMap mounts hold `..data` links and dot-dirs: not plugins.
                 !name.starts_with('.') && (name.ends_with(".wasm") || name.ends_with(".cwasm"))
             })
@@ -279,8 +353,14 @@ impl Runtime {
         }
         for entry in &file.providers {
             let result = match plugins.get(&entry.plugin) {
-                None => Err(ProviderLoadError::MissingPlugin { provider: entry.name.clone(), plugin: entry.plugin.clone() }),
-                Some(Err(e)) => Err(ProviderLoadError::Plugin { provider: entry.name.clone(), source: e.clone() }),
+                None => Err(ProviderLoadError::MissingPlugin {
+                    provider: entry.name.clone(),
+                    plugin: entry.plugin.clone(),
+                }),
+                Some(Err(e)) => Err(ProviderLoadError::Plugin {
+                    provider: entry.name.clone(),
+                    source: e.clone(),
+                }),
                 Some(Ok(plugin)) => self.provider(plugin.clone(), entry).await,
             };
             match result {
@@ -309,11 +389,18 @@ fn no_tls() -> Arc<rustls::ClientConfig> {
 }
 
 fn load_limits() -> Limits {
-    Limits { timeout: LOAD_CALL_TIMEOUT, concurrency: 1, ..Limits::default() }
+    Limits {
+        timeout: super::LOAD_CALL_TIMEOUT,
+        concurrency: 1,
+        ..Limits::default()
+    }
 }
 
 /// The version of the `egress:provider` package the component exports, if any.
-fn world_version(engine: &wasmtime::Engine, component: &wasmtime::component::Component) -> Option<String> {
+fn world_version(
+    engine: &wasmtime::Engine,
+    component: &wasmtime::component::Component,
+) -> Option<String> {
     let ty = component.component_type();
     let mut plugin = None;
     let mut provider = None;
@@ -335,8 +422,12 @@ fn world_version(engine: &wasmtime::Engine, component: &wasmtime::component::Com
 fn link_message(e: &wasmtime::Error) -> String {
     let text = format!("{e:#}");
     if text.contains("wasi:sockets") {
-        format!("{text} (plugins get no sockets: outbound traffic goes through wasi:http to allow-listed hosts only)")
+        format!(
+            "{text} (plugins get no sockets: outbound traffic goes through wasi:http to allow-listed hosts only)"
+        )
     } else {
-        format!("{text} (the host provides egress:provider/host, wasi:http/outgoing-handler, and the wasi:cli, clocks, filesystem, io and random interfaces)")
+        format!(
+            "{text} (the host provides egress:provider/host, wasi:http/outgoing-handler, and the wasi:cli, clocks, filesystem, io and random interfaces)"
+        )
     }
 }

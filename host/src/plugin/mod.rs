@@ -22,9 +22,9 @@ pub use load::{LoadError, LoadReport, LoadedPlugin, ProviderLoadError};
 
 use crate::config::{Limits, ProviderEntry, ProvidersFile};
 use crate::provider::{Class, Op, ProviderError};
+use bindings::egress::provider::types as wit;
 use bindings::exports::egress::provider::plugin as wit_plugin;
 use bindings::exports::egress::provider::provider as wit_provider;
-use bindings::egress::provider::types as wit;
 use sandbox::{CallState, LimitHit, MemoryLimiter, ProviderShared};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -47,8 +47,17 @@ pub struct RuntimeOptions {
 impl RuntimeOptions {
     /// Sized for a providers file: one pool slot per concurrent call of every provider,
     /// plus a few for loading.
-    pub fn for_providers(file: &ProvidersFile, cache_dir: Option<PathBuf>, scratch_dir: PathBuf) -> Self {
-        let max_instances = file.providers.iter().map(|p| p.limits.concurrency).sum::<u32>() + 4;
+    pub fn for_providers(
+        file: &ProvidersFile,
+        cache_dir: Option<PathBuf>,
+        scratch_dir: PathBuf,
+    ) -> Self {
+        let max_instances = file
+            .providers
+            .iter()
+            .map(|p| p.limits.concurrency)
+            .sum::<u32>()
+            + 4;
         let max_memory_mib = file
             .providers
             .iter()
@@ -81,10 +90,12 @@ pub struct Runtime {
 
 impl Runtime {
     pub fn new(opts: RuntimeOptions) -> anyhow::Result<Arc<Self>> {
-        let (engine, pooling) = engine::build(&opts.engine).map_err(|e| anyhow::anyhow!("wasm engine: {e:#}"))?;
+        let (engine, pooling) =
+            engine::build(&opts.engine).map_err(|e| anyhow::anyhow!("wasm engine: {e:#}"))?;
         let cache = cache::ArtifactCache::open(&engine, opts.cache_dir.as_deref())?;
-        std::fs::create_dir_all(&opts.scratch_dir)
-            .map_err(|e| anyhow::anyhow!("scratch directory {}: {e}", opts.scratch_dir.display()))?;
+        std::fs::create_dir_all(&opts.scratch_dir).map_err(|e| {
+            anyhow::anyhow!("scratch directory {}: {e}", opts.scratch_dir.display())
+        })?;
         let linker = linker(&engine).map_err(|e| anyhow::anyhow!("plugin linker: {e:#}"))?;
         let ticker = engine::EpochTicker::start(&engine);
         Ok(Arc::new(Runtime {
@@ -116,7 +127,9 @@ fn linker(engine: &Engine) -> wasmtime::Result<Linker<CallState>> {
     use wasmtime_wasi::filesystem::WasiFilesystem;
     use wasmtime_wasi::p2::bindings::{cli, clocks, filesystem, random};
     use wasmtime_wasi::random::WasiRandom;
-    use wasmtime_wasi::{WasiView, cli::WasiCliView, clocks::WasiClocksView, filesystem::WasiFilesystemView};
+    use wasmtime_wasi::{
+        WasiView, cli::WasiCliView, clocks::WasiClocksView, filesystem::WasiFilesystemView,
+    };
     use wasmtime_wasi_io::bindings::wasi::io;
 
     struct HasIo;
@@ -226,7 +239,12 @@ impl WasmProvider {
 
     /// The allow-list in force, as `scheme://host:port` strings.
     pub fn allowed_hosts(&self) -> Vec<String> {
-        self.http.allow.rules().iter().map(ToString::to_string).collect()
+        self.http
+            .allow
+            .rules()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
     }
 
     /// Runs one call in a fresh sandbox and turns every failure (guest error, trap, limit)
@@ -240,6 +258,12 @@ impl WasmProvider {
         call: Call<'_>,
     ) -> Result<(Reply, CallStats), ProviderError> {
         let limits = &self.shared.limits;
+        // Load-time calls do no I/O: they get a short budget of their own.
+        let timeout = if op == Op::Load {
+            limits.timeout.min(LOAD_CALL_TIMEOUT)
+        } else {
+            limits.timeout
+        };
         let fail = |class, msg: String| ProviderError::new(class, op, &self.shared.name, id, msg);
         let _permit = self
             .permits
@@ -250,12 +274,18 @@ impl WasmProvider {
         let tmp = tempfile::Builder::new()
             .prefix("call-")
             .tempdir_in(&self.runtime.scratch_dir)
-            .map_err(|e| fail(Class::Transient, format!("cannot create the call's /tmp: {e}")))?;
+            .map_err(|e| {
+                fail(
+                    Class::Transient,
+                    format!("cannot create the call's /tmp: {e}"),
+                )
+            })?;
         let mut store = self
-            .new_store(tmp.path(), cloud_init, deny_http, started + limits.timeout)
+            .new_store(tmp.path(), cloud_init, deny_http, started + timeout)
             .map_err(|e| fail(Class::Transient, format!("cannot set up the sandbox: {e}")))?;
 
-        let outcome = tokio::time::timeout(limits.timeout, dispatch(&self.plugin.pre, &mut store, call)).await;
+        let outcome =
+            tokio::time::timeout(timeout, dispatch(&self.plugin.pre, &mut store, call)).await;
 
         let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
         let state = store.data_mut();
@@ -263,19 +293,28 @@ impl WasmProvider {
             // A call that finished between two ticks still must not leave too much behind.
             state.tmp_over_cap();
         }
-        state.flush_output();
         let stats = CallStats {
             fuel_used,
             duration: started.elapsed(),
         };
+        // The error is built before the output is flushed: a panic message is read from
+        // the captured stderr.
         let result = match outcome {
-            Err(_elapsed) => Err(fail(Class::Transient, limit_message(LimitHit::Deadline, limits))),
-            Ok(Err(trap)) => Err(fail(Class::Transient, trap_message(&trap, state, limits))),
-            Ok(Ok(_)) if state.limit_hit == Some(LimitHit::Tmp) => {
-                Err(fail(Class::Transient, limit_message(LimitHit::Tmp, limits)))
-            }
+            Err(_elapsed) => Err(fail(
+                Class::Transient,
+                limit_message(LimitHit::Deadline, limits, timeout),
+            )),
+            Ok(Err(trap)) => Err(fail(
+                Class::Transient,
+                trap_message(&trap, state, limits, timeout),
+            )),
+            Ok(Ok(_)) if state.limit_hit == Some(LimitHit::Tmp) => Err(fail(
+                Class::Transient,
+                limit_message(LimitHit::Tmp, limits, timeout),
+            )),
             Ok(Ok(reply)) => Ok((scrub_reply(reply, &state.redactor), stats)),
         };
+        state.flush_output();
         if let Err(e) = &result {
             tracing::debug!(provider = %self.shared.name, op = %op, fuel_used, error = %e.message, "plugin call failed");
         }
@@ -306,9 +345,11 @@ impl WasmProvider {
             hooks: http::HttpHooks {
                 policy: self.http.clone(),
                 deny_all: deny_http,
+                parent: tracing::Span::current(),
             },
             limiter: MemoryLimiter {
-                max_memory: (u64::from(limits.memory_mib) << 20).min(self.runtime.max_memory_bytes) as usize,
+                max_memory: (u64::from(limits.memory_mib) << 20).min(self.runtime.max_memory_bytes)
+                    as usize,
                 hit: false,
             },
             redactor: self.shared.redactor(cloud_init),
@@ -332,8 +373,15 @@ impl WasmProvider {
     }
 }
 
-fn limit_message(hit: LimitHit, limits: &Limits) -> String {
+/// Budget of the load-time calls (`info`, `validate-config`), which must not do I/O.
+pub const LOAD_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn limit_message(hit: LimitHit, limits: &Limits, timeout: Duration) -> String {
     match hit {
+        LimitHit::Deadline if timeout < limits.timeout => format!(
+            "plugin call ran past the load-time wall-clock budget ({}) and was stopped",
+            humantime::format_duration(timeout)
+        ),
         LimitHit::Deadline => format!(
             "plugin call ran past its wall-clock budget (limits.timeout = {}) and was stopped",
             humantime::format_duration(limits.timeout)
@@ -351,12 +399,17 @@ fn limit_message(hit: LimitHit, limits: &Limits) -> String {
 
 /// Says which limit stopped the guest, or what the trap was. Always Transient: the next
 /// call gets a fresh instance, and the limit names what to raise if it keeps happening.
-fn trap_message(err: &wasmtime::Error, state: &CallState, limits: &Limits) -> String {
+fn trap_message(
+    err: &wasmtime::Error,
+    state: &CallState,
+    limits: &Limits,
+    timeout: Duration,
+) -> String {
     if let Some(hit) = state.limit_hit {
-        return limit_message(hit, limits);
+        return limit_message(hit, limits, timeout);
     }
     if state.limiter.hit {
-        return limit_message(LimitHit::Memory, limits);
+        return limit_message(LimitHit::Memory, limits, timeout);
     }
     match err.downcast_ref::<Trap>() {
         Some(Trap::OutOfFuel) => format!(
@@ -364,6 +417,11 @@ fn trap_message(err: &wasmtime::Error, state: &CallState, limits: &Limits) -> St
             limits.fuel
         ),
         Some(Trap::StackOverflow) => "plugin overflowed its stack (runaway recursion) and was stopped".to_string(),
+        // A Rust guest keeps its stack in linear memory: overflowing it shows up as an
+        // access below address zero rather than as a native stack overflow.
+        Some(Trap::MemoryOutOfBounds) => {
+            "plugin made an out-of-bounds memory access (typically a stack overflow from runaway recursion) and was stopped".to_string()
+        }
         Some(Trap::UnreachableCodeReached) => {
             let tail = state.stderr_tail();
             if tail.is_empty() {
@@ -398,7 +456,11 @@ fn scrub_reply(reply: Reply, r: &redact::Redactor) -> Reply {
                     ready: t.ready,
                     reason: r.scrub(&t.reason),
                     message: r.scrub(&t.message),
-                    details: t.details.into_iter().map(|(k, v)| (r.scrub(&k), r.scrub(&v))).collect(),
+                    details: t
+                        .details
+                        .into_iter()
+                        .map(|(k, v)| (r.scrub(&k), r.scrub(&v)))
+                        .collect(),
                 })
                 .collect(),
         ),

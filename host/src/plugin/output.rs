@@ -34,7 +34,10 @@ impl CapturedOutput {
     /// The bytes kept and how many were dropped past the cap.
     pub fn take(&self) -> (Vec<u8>, u64) {
         let mut inner = self.inner.lock().unwrap();
-        (std::mem::take(&mut inner.bytes), std::mem::take(&mut inner.dropped))
+        (
+            std::mem::take(&mut inner.bytes),
+            std::mem::take(&mut inner.dropped),
+        )
     }
 
     /// The last `max` bytes kept, without taking them.
@@ -62,10 +65,42 @@ impl StdoutStream for CapturedOutput {
     fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
         Box::new(self.clone())
     }
+
+    /// Synchronous, unlike the default adapter (which writes from a background task): a
+    /// guest that panics right after printing must still have its last words captured
+    /// when the trap is reported.
+    fn p2_stream(&self) -> Box<dyn wasmtime_wasi::p2::OutputStream> {
+        Box::new(self.clone())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl wasmtime_wasi::p2::Pollable for CapturedOutput {
+    async fn ready(&mut self) {}
+}
+
+#[wasmtime_wasi::async_trait]
+impl wasmtime_wasi::p2::OutputStream for CapturedOutput {
+    fn write(&mut self, bytes: bytes::Bytes) -> wasmtime_wasi::p2::StreamResult<()> {
+        self.push(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> wasmtime_wasi::p2::StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> wasmtime_wasi::p2::StreamResult<usize> {
+        Ok(64 * 1024)
+    }
 }
 
 impl AsyncWrite for CapturedOutput {
-    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         self.push(buf);
         Poll::Ready(Ok(buf.len()))
     }

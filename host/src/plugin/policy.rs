@@ -74,7 +74,9 @@ impl std::str::FromStr for AllowRule {
         let scheme = Scheme::parse(scheme).ok_or_else(|| err("scheme must be http or https"))?;
         let rest = rest.strip_suffix('/').unwrap_or(rest);
         if rest.contains(['/', '?', '#', '@']) {
-            return Err(err("only scheme, host and port are allowed (no path or user)"));
+            return Err(err(
+                "only scheme, host and port are allowed (no path or user)",
+            ));
         }
         let (host, port) = split_host_port(rest).ok_or_else(|| err("bad port"))?;
         let port = port.unwrap_or(scheme.default_port());
@@ -85,7 +87,9 @@ impl std::str::FromStr for AllowRule {
             HostPattern::Ip(ip)
         } else if let Some(suffix) = host.strip_prefix("*.") {
             if !valid_dns_name(suffix) || !suffix.contains('.') {
-                return Err(err("wildcard needs a domain with at least two labels after *."));
+                return Err(err(
+                    "wildcard needs a domain with at least two labels after *.",
+                ));
             }
             HostPattern::Suffix(suffix.to_ascii_lowercase())
         } else if valid_dns_name(host) {
@@ -139,7 +143,9 @@ fn valid_dns_name(name: &str) -> bool {
         && name.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
@@ -289,18 +295,33 @@ mod tests {
     #[test]
     fn parse_rules() {
         let cases: &[(&str, Result<&str, &str>)] = &[
-            ("https://api.hetzner.cloud", Ok("https://api.hetzner.cloud:443")),
+            (
+                "https://api.hetzner.cloud",
+                Ok("https://api.hetzner.cloud:443"),
+            ),
             ("http://Example.COM:8080/", Ok("http://example.com:8080")),
             ("https://*.amazonaws.com", Ok("https://*.amazonaws.com:443")),
             ("http://127.0.0.1:9000", Ok("http://127.0.0.1:9000")),
             ("http://[::1]:9000", Ok("http://[::1]:9000")),
             ("api.hetzner.cloud", Err("expected scheme://host[:port]")),
             ("ftp://x.example", Err("scheme must be http or https")),
-            ("https://x.example/path", Err("only scheme, host and port are allowed (no path or user)")),
-            ("https://user@x.example", Err("only scheme, host and port are allowed (no path or user)")),
+            (
+                "https://x.example/path",
+                Err("only scheme, host and port are allowed (no path or user)"),
+            ),
+            (
+                "https://user@x.example",
+                Err("only scheme, host and port are allowed (no path or user)"),
+            ),
             ("https://x.example:99999", Err("bad port")),
-            ("https://*.com", Err("wildcard needs a domain with at least two labels after *.")),
-            ("https://bad_name.example", Err("host is neither a DNS name nor an IP address")),
+            (
+                "https://*.com",
+                Err("wildcard needs a domain with at least two labels after *."),
+            ),
+            (
+                "https://bad_name.example",
+                Err("host is neither a DNS name nor an IP address"),
+            ),
             ("https://", Err("empty host")),
         ];
         for (entry, want) in cases {
@@ -329,9 +350,15 @@ mod tests {
             (t("https", "api.hetzner.cloud", None), allowed.clone()),
             (t("https", "API.Hetzner.Cloud.", Some(443)), allowed.clone()),
             (t("http", "api.hetzner.cloud", None), Decision::Denied), // scheme differs
-            (t("https", "api.hetzner.cloud", Some(8443)), Decision::Denied), // port differs
+            (
+                t("https", "api.hetzner.cloud", Some(8443)),
+                Decision::Denied,
+            ), // port differs
             (t("https", "evil.example", None), Decision::Denied),
-            (t("https", "ec2.eu-west-1.amazonaws.com", None), allowed.clone()),
+            (
+                t("https", "ec2.eu-west-1.amazonaws.com", None),
+                allowed.clone(),
+            ),
             (t("https", "amazonaws.com", None), Decision::Denied), // wildcard needs a label
             (t("https", "evilamazonaws.com", None), Decision::Denied),
             (
@@ -346,21 +373,46 @@ mod tests {
         for (target, want) in cases {
             assert_eq!(l.decide(&target), want, "{target:?}");
         }
-        assert_eq!(AllowList::default().decide(&t("https", "x.example", None)), Decision::Denied);
+        assert_eq!(
+            AllowList::default().decide(&t("https", "x.example", None)),
+            Decision::Denied
+        );
     }
 
     #[test]
     fn internal_addresses() {
         let internal = [
-            "127.0.0.1", "127.1.2.3", "10.0.0.1", "172.16.5.4", "192.168.1.1", "169.254.169.254",
-            "0.0.0.0", "100.64.0.1", "255.255.255.255", "224.0.0.1", "192.0.0.1", "198.18.0.1",
-            "::1", "::", "fd00:ec2::254", "fe80::1", "::ffff:127.0.0.1", "::ffff:10.1.1.1",
-            "64:ff9b::a00:1", "::127.0.0.1",
+            "127.0.0.1",
+            "127.1.2.3",
+            "10.0.0.1",
+            "172.16.5.4",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "255.255.255.255",
+            "224.0.0.1",
+            "192.0.0.1",
+            "198.18.0.1",
+            "::1",
+            "::",
+            "fd00:ec2::254",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.1.1.1",
+            "64:ff9b::a00:1",
+            "::127.0.0.1",
         ];
         for a in internal {
             assert!(is_internal(a.parse().unwrap()), "{a} should be internal");
         }
-        for a in ["1.1.1.1", "95.216.1.2", "52.94.1.1", "2a01:4f8::1", "::ffff:1.1.1.1"] {
+        for a in [
+            "1.1.1.1",
+            "95.216.1.2",
+            "52.94.1.1",
+            "2a01:4f8::1",
+            "::ffff:1.1.1.1",
+        ] {
             assert!(!is_internal(a.parse().unwrap()), "{a} should be public");
         }
     }

@@ -73,7 +73,10 @@ impl Redactor {
         match &self.matcher {
             None => text.to_string(),
             Some(m) => {
-                let bytes = m.replace_all_bytes(text.as_bytes(), &[REDACTED.as_bytes()].repeat(m.patterns_len()));
+                let bytes = m.replace_all_bytes(
+                    text.as_bytes(),
+                    &[REDACTED.as_bytes()].repeat(m.patterns_len()),
+                );
                 String::from_utf8_lossy(&bytes).into_owned()
             }
         }
@@ -98,15 +101,25 @@ mod tests {
         let cases = [
             ("token tok-SECRET-5678 here", "token [REDACTED] here"),
             ("nothing to see", "nothing to see"),
-            ("line - echo SENTINEL-CLOUD-INIT-1234 > /etc/x!", "line [REDACTED]!"),
+            (
+                "line - echo SENTINEL-CLOUD-INIT-1234 > /etc/x!",
+                "line [REDACTED]!",
+            ),
             ("runcmd: stays", "runcmd: stays"),
         ];
         for (input, want) in cases {
             assert_eq!(r.scrub(input), want);
         }
-        for leak in [b64_secret, b64_ci, String::from_utf8_lossy(cloud_init).into_owned()] {
+        for leak in [
+            b64_secret,
+            b64_ci,
+            String::from_utf8_lossy(cloud_init).into_owned(),
+        ] {
             let out = r.scrub(&format!("x{leak}y"));
-            assert!(!out.contains("SENTINEL") && !out.contains("SECRET"), "{out}");
+            assert!(
+                !out.contains("SENTINEL") && !out.contains("SECRET"),
+                "{out}"
+            );
             assert!(out.contains(REDACTED), "{out}");
         }
     }

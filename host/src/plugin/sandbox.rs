@@ -82,10 +82,19 @@ impl KvCache {
             return;
         }
         self.entries.retain(|_, (_, exp)| *exp > now);
-        self.bytes = self.entries.iter().map(|(k, (v, _))| k.len() + v.len()).sum();
+        self.bytes = self
+            .entries
+            .iter()
+            .map(|(k, (v, _))| k.len() + v.len())
+            .sum();
         while self.entries.len() >= Self::MAX_ENTRIES || self.bytes + size > Self::MAX_BYTES {
             // Evict the entry closest to expiry.
-            let Some(victim) = self.entries.iter().min_by_key(|(_, (_, exp))| *exp).map(|(k, _)| k.clone()) else {
+            let Some(victim) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (_, exp))| *exp)
+                .map(|(k, _)| k.clone())
+            else {
                 break;
             };
             self.remove(&victim);
@@ -153,7 +162,12 @@ pub struct MemoryLimiter {
 }
 
 impl ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if desired > self.max_memory {
             self.hit = true;
             return Err(wasmtime::format_err!(
@@ -164,7 +178,12 @@ impl ResourceLimiter for MemoryLimiter {
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= 1_000_000)
     }
 
@@ -186,7 +205,9 @@ pub fn dir_size(dir: &Path) -> u64 {
     let mut total = 0;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for entry in rd.flatten() {
             let Ok(meta) = entry.metadata() else { continue };
             if meta.is_dir() {
@@ -229,7 +250,10 @@ impl CallState {
             return;
         }
         self.log_lines += 1;
-        let text = truncate(&self.redactor.scrub(message), limits.log_line_bytes as usize);
+        let text = truncate(
+            &self.redactor.scrub(message),
+            limits.log_line_bytes as usize,
+        );
         let provider = self.shared.name.as_str();
         use wit_host::Level;
         match level {
@@ -244,7 +268,10 @@ impl CallState {
     /// Logs what the guest printed, then how much was dropped. Runs when the call ends,
     /// whatever way it ended.
     pub(super) fn flush_output(&mut self) {
-        for (stream, out) in [("stdout", self.stdout.clone()), ("stderr", self.stderr.clone())] {
+        for (stream, out) in [
+            ("stdout", self.stdout.clone()),
+            ("stderr", self.stderr.clone()),
+        ] {
             let (bytes, dropped) = out.take();
             let text = String::from_utf8_lossy(&bytes).into_owned();
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -307,14 +334,17 @@ impl wit_host::Host for CallState {
                     if !known.contains(&value) {
                         known.push(value.clone());
                     }
-                    self.redactor = Redactor::new(known.iter().map(Vec::as_slice), &self.cloud_init);
+                    self.redactor =
+                        Redactor::new(known.iter().map(Vec::as_slice), &self.cloud_init);
                 }
                 Ok(value)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(wit_host::SecretError::Missing(format!(
-                "secret {key:?}: file {} does not exist (is the Secret mounted?)",
-                path.display()
-            ))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(wit_host::SecretError::Missing(format!(
+                    "secret {key:?}: file {} does not exist (is the Secret mounted?)",
+                    path.display()
+                )))
+            }
             Err(e) => Err(wit_host::SecretError::Unreadable(format!(
                 "secret {key:?}: cannot read {}: {}",
                 path.display(),
@@ -349,13 +379,23 @@ mod tests {
         assert_eq!(c.get("a", now), Some(b"1".to_vec()));
         assert_eq!(c.get("a", now + Duration::from_secs(11)), None);
         for i in 0..1000 {
-            c.set(format!("k{i}"), vec![0; 100], Duration::from_secs(60 + i), now);
+            c.set(
+                format!("k{i}"),
+                vec![0; 100],
+                Duration::from_secs(60 + i),
+                now,
+            );
         }
         assert!(c.entries.len() <= KvCache::MAX_ENTRIES);
         assert!(c.bytes <= KvCache::MAX_BYTES);
         // The newest survive.
         assert!(c.get("k999", now).is_some());
-        c.set("huge".into(), vec![0; KvCache::MAX_BYTES], Duration::from_secs(1), now);
+        c.set(
+            "huge".into(),
+            vec![0; KvCache::MAX_BYTES],
+            Duration::from_secs(1),
+            now,
+        );
         assert_eq!(c.get("huge", now), None);
     }
 

@@ -119,12 +119,18 @@ impl<P: Provider> Provider for Instrumented<P> {
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
-        self.run("create", "provider.create", &req.name, self.inner.create(req))
-            .await
+        self.run(
+            "create",
+            "provider.create",
+            &req.name,
+            self.inner.create(req),
+        )
+        .await
     }
 
     async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
-        self.run("get", "provider.get", id, self.inner.get(id)).await
+        self.run("get", "provider.get", id, self.inner.get(id))
+            .await
     }
 
     async fn delete(&self, id: &str) -> Result<(), ProviderError> {
@@ -133,8 +139,13 @@ impl<P: Provider> Provider for Instrumented<P> {
     }
 
     async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        self.run("list", "provider.list", "", self.inner.list_by_tag(installation))
-            .await
+        self.run(
+            "list",
+            "provider.list",
+            "",
+            self.inner.list_by_tag(installation),
+        )
+        .await
     }
 
     /// Health checks run under the monitor's own span and feed their own gauges.

@@ -42,7 +42,10 @@ mod tests {
         for (uid, name) in [
             ("", "proxy-4oymiquy7qobjgx3"),
             ("a", "proxy-zklycewkdo64v6wc"),
-            ("0d9e6f0c-4b9e-4a39-8f55-6a1c6c0f3e21", "proxy-cy6mh3pfs5bxaplz"),
+            (
+                "0d9e6f0c-4b9e-4a39-8f55-6a1c6c0f3e21",
+                "proxy-cy6mh3pfs5bxaplz",
+            ),
         ] {
             assert_eq!(name_from_uid(uid), name, "uid {uid:?}");
         }

@@ -29,7 +29,8 @@ fn instance_of(i: wit::Instance) -> Instance {
         state,
         uid: i.uid,
         created_at: i.created_at.and_then(|t| {
-            SystemTime::UNIX_EPOCH.checked_add(Duration::new(t.seconds, t.nanoseconds.min(999_999_999)))
+            SystemTime::UNIX_EPOCH
+                .checked_add(Duration::new(t.seconds, t.nanoseconds.min(999_999_999)))
         }),
     }
 }
@@ -51,14 +52,24 @@ impl WasmProvider {
         }
     }
 
-    async fn call(&self, op: Op, id: &str, cloud_init: &[u8], call: Call<'_>) -> Result<Reply, ProviderError> {
-        self.invoke(op, id, cloud_init, false, call).await.map(|(reply, _)| reply)
+    async fn call(
+        &self,
+        op: Op,
+        id: &str,
+        cloud_init: &[u8],
+        call: Call<'_>,
+    ) -> Result<Reply, ProviderError> {
+        self.invoke(op, id, cloud_init, false, call)
+            .await
+            .map(|(reply, _)| reply)
     }
 
     /// A call that does nothing in the guest but `check` (with an empty config): what the
     /// overhead benchmark measures. Returns the host-side statistics.
     pub async fn bench_call(&self) -> Result<crate::plugin::CallStats, ProviderError> {
-        self.invoke(Op::Check, "", &[], false, Call::Check).await.map(|(_, stats)| stats)
+        self.invoke(Op::Check, "", &[], false, Call::Check)
+            .await
+            .map(|(_, stats)| stats)
     }
 }
 
@@ -84,7 +95,10 @@ impl Provider for WasmProvider {
             cloud_init: req.cloud_init.clone(),
             port: req.port,
         };
-        match self.call(Op::Create, &req.name, &req.cloud_init, Call::Create(&wreq)).await? {
+        match self
+            .call(Op::Create, &req.name, &req.cloud_init, Call::Create(&wreq))
+            .await?
+        {
             Reply::Id(Ok(id)) if id.is_empty() => Err(ProviderError::new(
                 Class::Transient,
                 Op::Create,
@@ -115,7 +129,10 @@ impl Provider for WasmProvider {
     }
 
     async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        match self.call(Op::List, "", &[], Call::List(installation)).await? {
+        match self
+            .call(Op::List, "", &[], Call::List(installation))
+            .await?
+        {
             Reply::List(Ok(list)) => Ok(list.into_iter().map(instance_of).collect()),
             Reply::List(Err(e)) => Err(self.wrap(Op::List, "", e)),
             _ => unreachable!("list-by-tag returns Reply::List"),
@@ -161,14 +178,26 @@ mod tests {
             ip: String::new(),
             state: wit::State::Running,
             uid: "u".into(),
-            created_at: Some(wit::Datetime { seconds: 10, nanoseconds: 5 }),
+            created_at: Some(wit::Datetime {
+                seconds: 10,
+                nanoseconds: 5,
+            }),
         };
         let i = instance_of(base.clone());
         assert_eq!(i.state, State::Provisioning);
-        assert_eq!(i.created_at, Some(SystemTime::UNIX_EPOCH + Duration::new(10, 5)));
-        let i = instance_of(wit::Instance { ip: "1.2.3.4".into(), ..base.clone() });
+        assert_eq!(
+            i.created_at,
+            Some(SystemTime::UNIX_EPOCH + Duration::new(10, 5))
+        );
+        let i = instance_of(wit::Instance {
+            ip: "1.2.3.4".into(),
+            ..base.clone()
+        });
         assert_eq!(i.state, State::Running);
-        let i = instance_of(wit::Instance { state: wit::State::Stopped, ..base });
+        let i = instance_of(wit::Instance {
+            state: wit::State::Stopped,
+            ..base
+        });
         assert_eq!(i.state, State::Stopped);
     }
 }

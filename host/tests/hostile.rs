@@ -1,0 +1,454 @@
+//! Hostile plugins against the sandbox: every attack ends in a classified error that names
+//! the limit (or in a scrubbed log), within its limit, while a well-behaved provider keeps
+//! answering, and the host process survives them all in one run.
+
+mod support;
+
+use proxy_operator::config::Limits;
+use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, ProviderError};
+use std::time::{Duration, Instant};
+
+/// What an attack must end in.
+enum Expect {
+    /// A Transient error whose message contains this text.
+    Limit(&'static str),
+    /// A guest-reported error with one of these codes (the wasi:http error or the
+    /// plugin's own) or, for errors that wasi:http reports mid-body without a code, with
+    /// one of these texts in its message.
+    Code(&'static [&'static str]),
+    /// Success, with this IP field (the hostile plugin reports its findings there).
+    Ok(&'static str),
+}
+
+struct Case {
+    attack: String,
+    limits: &'static str,
+    expect: Expect,
+    within: Duration,
+}
+
+/// The hostile provider's entry: defaults for every limit the case does not set.
+fn hostile_yaml(port: u16, limits: &str) -> String {
+    let mut all: Vec<String> = limits
+        .split(", ")
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    for default in [
+        "timeout: 5s",
+        "fuel: 500000000",
+        "memoryMib: 32",
+        "tmpMib: 1",
+    ] {
+        let key = default.split(':').next().unwrap();
+        if !limits.contains(&format!("{key}:")) {
+            all.push(default.to_string());
+        }
+    }
+    format!(
+        r#"name: hostile
+plugin: hostile.wasm
+additionalHosts: ["http://127.0.0.1:{port}", "http://localhost:{port}"]
+limits: {{{}}}"#,
+        all.join(", ")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
+    let _dir = plugins_or_skip!();
+    let server = support::TestServer::start().await;
+    let rt = support::runtime();
+    let u = |p: &str| server.url(p);
+    let s = Duration::from_secs;
+    let ms = Duration::from_millis;
+    let cases = vec![
+        Case {
+            attack: "loop".into(),
+            limits: "fuel: 200000000",
+            expect: Expect::Limit("fuel budget (limits.fuel = 200000000)"),
+            within: s(3),
+        },
+        Case {
+            attack: "loop".into(),
+            limits: "fuel: 1000000000000, timeout: 1s",
+            expect: Expect::Limit("wall-clock budget (limits.timeout = 1s)"),
+            within: s(3),
+        },
+        Case {
+            attack: "sleep:60000".into(),
+            limits: "timeout: 1s",
+            expect: Expect::Limit("wall-clock budget (limits.timeout = 1s)"),
+            within: s(3),
+        },
+        Case {
+            attack: "memory".into(),
+            limits: "memoryMib: 16",
+            expect: Expect::Limit("memory cap (limits.memoryMib = 16)"),
+            within: s(3),
+        },
+        Case {
+            attack: "recurse".into(),
+            limits: "fuel: 100000000000",
+            expect: Expect::Limit("stack overflow"),
+            within: s(3),
+        },
+        Case {
+            attack: "panic".into(),
+            limits: "logLines: 10",
+            expect: Expect::Limit("hostile panic"),
+            within: s(2),
+        },
+        Case {
+            attack: "http:http://example.invalid/".into(),
+            limits: "logLines: 10",
+            expect: Expect::Code(&["HttpRequestDenied"]),
+            within: s(2),
+        },
+        Case {
+            attack: format!("http:http://127.0.0.1:{}/ok", server.port + 1),
+            limits: "logLines: 10",
+            expect: Expect::Code(&["HttpRequestDenied"]),
+            within: s(2),
+        },
+        Case {
+            attack: format!("http:{}", u("/ok").replace("127.0.0.1", "localhost")),
+            limits: "logLines: 10",
+            expect: Expect::Code(&["DestinationIpProhibited"]),
+            within: s(2),
+        },
+        Case {
+            attack: format!("http:{}", u("/ok")),
+            limits: "logLines: 10",
+            expect: Expect::Ok("200"),
+            within: s(2),
+        },
+        Case {
+            attack: format!("host-header:{}", u("/ok")),
+            limits: "logLines: 10",
+            expect: Expect::Code(&["HeaderForbidden", "HttpRequestDenied"]),
+            within: s(2),
+        },
+        Case {
+            attack: "read:/etc/passwd".into(),
+            limits: "logLines: 10",
+            expect: Expect::Code(&["IoError"]),
+            within: s(2),
+        },
+        Case {
+            attack: "read:/tmp/../etc/passwd".into(),
+            limits: "logLines: 10",
+            expect: Expect::Code(&["IoError"]),
+            within: s(2),
+        },
+        Case {
+            attack: "write:/etc/evil".into(),
+            limits: "logLines: 10",
+            expect: Expect::Code(&["IoError"]),
+            within: s(2),
+        },
+        Case {
+            attack: "write:/evil".into(),
+            limits: "logLines: 10",
+            expect: Expect::Code(&["IoError"]),
+            within: s(2),
+        },
+        Case {
+            attack: "write:/tmp/fine".into(),
+            limits: "logLines: 10",
+            expect: Expect::Ok("wrote"),
+            within: s(2),
+        },
+        Case {
+            attack: "symlink:/etc/passwd".into(),
+            limits: "logLines: 10",
+            expect: Expect::Code(&["SymlinkError", "IoError"]),
+            within: s(2),
+        },
+        Case {
+            attack: "symlink:../../../../etc/passwd".into(),
+            limits: "logLines: 10",
+            expect: Expect::Code(&["SymlinkError", "IoError"]),
+            within: s(2),
+        },
+        Case {
+            attack: "fill-tmp:33554432".into(),
+            limits: "tmpMib: 1",
+            expect: Expect::Limit("/tmp cap (limits.tmpMib = 1)"),
+            within: s(4),
+        },
+        Case {
+            attack: format!("http:{}", u("/big")),
+            limits: "http: {maxResponseBytes: 1048576}",
+            expect: Expect::Code(&["HttpResponseBodySize", "body size exceeds limit"]),
+            within: s(3),
+        },
+        Case {
+            attack: format!("http:{}", u("/big-chunked")),
+            limits: "http: {maxResponseBytes: 1048576}",
+            expect: Expect::Code(&["HttpResponseBodySize", "body size exceeds limit"]),
+            within: s(3),
+        },
+        Case {
+            attack: format!("http:{}", u("/slow")),
+            limits: "http: {firstByteTimeout: 500ms}",
+            expect: Expect::Code(&["ConnectionReadTimeout", "HttpResponseTimeout"]),
+            within: ms(2500),
+        },
+        Case {
+            attack: format!("http:{}", u("/drip")),
+            limits: "http: {betweenBytesTimeout: 500ms}",
+            expect: Expect::Code(&[
+                "ConnectionReadTimeout",
+                "HttpResponseTimeout",
+                "connection read timeout",
+            ]),
+            within: ms(4500),
+        },
+        Case {
+            attack: "log-flood".into(),
+            limits: "fuel: 100000000000, timeout: 20s",
+            expect: Expect::Ok("127.0.0.1"),
+            within: s(20),
+        },
+    ];
+
+    // A well-behaved provider answering all along.
+    let good = support::provider(
+        &rt,
+        "hostile.wasm",
+        &hostile_yaml(server.port, "logLines: 10").replace("name: hostile", "name: good"),
+    )
+    .await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let good_calls = {
+        let stop = stop.clone();
+        let good = good.clone();
+        let url = format!("http:{}", u("/ok"));
+        tokio::spawn(async move {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let i = good
+                    .get(&url)
+                    .await
+                    .unwrap_or_else(|e| panic!("good provider failed during attacks: {e}"));
+                assert_eq!(i.ip, "200");
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            n
+        })
+    };
+
+    let mut handles = Vec::new();
+    for (i, case) in cases.into_iter().enumerate() {
+        let yaml = hostile_yaml(server.port, case.limits)
+            .replace("name: hostile", &format!("name: hostile-{i}"));
+        let p = support::provider(&rt, "hostile.wasm", &yaml).await;
+        handles.push(tokio::spawn(async move {
+            let start = Instant::now();
+            let result = p.get(&case.attack).await;
+            let took = start.elapsed();
+            (case, result, took)
+        }));
+    }
+    let mut failures = Vec::new();
+    for h in handles {
+        let (case, result, took) = h.await.expect("the host survives every attack");
+        if let Err(why) = check(&case, &result, took) {
+            failures.push(format!("{}: {why}", case.attack));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let n = good_calls.await.expect("good provider task");
+    assert!(
+        n >= 5,
+        "the good provider answered only {n} times during the attacks"
+    );
+    assert!(
+        failures.is_empty(),
+        "attacks not contained:\n{}",
+        failures.join("\n")
+    );
+}
+
+fn check(
+    case: &Case,
+    result: &Result<proxy_operator::provider::Instance, ProviderError>,
+    took: Duration,
+) -> Result<(), String> {
+    if took > case.within {
+        return Err(format!(
+            "took {took:?}, limit {:?} (result {result:?})",
+            case.within
+        ));
+    }
+    match (&case.expect, result) {
+        (Expect::Limit(text), Err(e))
+            if e.class == Class::Transient && e.message.contains(text) =>
+        {
+            Ok(())
+        }
+        (Expect::Code(codes), Err(e))
+            if e.code.as_deref().is_some_and(|c| codes.contains(&c))
+                || codes.iter().any(|c| e.message.contains(c)) =>
+        {
+            Ok(())
+        }
+        (Expect::Ok(ip), Ok(i)) if i.ip.starts_with(ip) => Ok(()),
+        _ => Err(format!("unexpected result {result:?}")),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_config_cannot_hang_or_dial() {
+    let _dir = plugins_or_skip!();
+    let rt = support::runtime();
+    let plugin = support::load(&rt, "hostile.wasm").await;
+    let cases = [
+        ("{validate: loop}", "fuel budget"),
+        ("{validate: sleep}", "load-time wall-clock budget (5s)"),
+        (
+            "{validate: http, url: 'http://127.0.0.1:9/'}",
+            "HttpRequestDenied",
+        ),
+    ];
+    for (config, want) in cases {
+        let entry = support::entry(&format!(
+            "name: v\nplugin: hostile.wasm\nadditionalHosts: ['http://127.0.0.1:9']\nconfig: {config}"
+        ));
+        let start = Instant::now();
+        let err = rt
+            .provider(plugin.clone(), &entry)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{config}: loaded"));
+        let text = err.to_string();
+        assert!(text.contains(want), "{config}: {text}");
+        assert!(
+            text.contains("provider \"v\""),
+            "{config}: names the provider: {text}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "{config}: took {:?}",
+            start.elapsed()
+        );
+    }
+    // The good config still loads on the same runtime.
+    rt.provider(plugin, &support::entry("name: v\nplugin: hostile.wasm"))
+        .await
+        .unwrap();
+}
+
+/// One cloud-init sentinel and one secret sentinel, leaked by the plugin every way it can;
+/// neither reaches a log line, an error string or a span attribute.
+#[tokio::test]
+async fn sentinels_never_leave_the_sandbox() {
+    let _dir = plugins_or_skip!();
+    const CI_SENTINEL: &str = "CLOUDINIT-SENTINEL-7f3a9c";
+    const SECRET_SENTINEL: &str = "SECRET-SENTINEL-c41d2e";
+    let secrets = tempfile::tempdir().unwrap();
+    let token = secrets.path().join("token");
+    std::fs::write(&token, format!("{SECRET_SENTINEL}\n")).unwrap();
+    let (_guard, captured) = proxy_operator::testing::capture();
+    let rt = support::runtime();
+    let p = support::provider(
+        &rt,
+        "hostile.wasm",
+        &format!(
+            "name: leaky\nplugin: hostile.wasm\nsecrets: {{token: {}}}",
+            token.display()
+        ),
+    )
+    .await;
+    let p = proxy_operator::provider::Instrumented::new(p, Default::default());
+    let req = CreateRequest {
+        name: "proxy-aaaaaaaaaaaaaaaa".into(),
+        uid: "uid-1".into(),
+        namespace: "ns".into(),
+        proxy_name: "px".into(),
+        installation: "test".into(),
+        placement: Placement::default(),
+        cloud_init: format!("#cloud-config\nwrite_files:\n  - content: {CI_SENTINEL}\n")
+            .into_bytes(),
+        port: 3128,
+    };
+    let err = p.create(&req).await.expect_err("the leaky create fails");
+    let targets = p.check().await.expect("has a check");
+    let mut seen = format!("{err}\n{err:?}\n{:?}\n{}", targets, captured.all_text());
+    seen.push_str(&format!("{req:?}"));
+    for sentinel in [CI_SENTINEL, SECRET_SENTINEL] {
+        assert!(!seen.contains(sentinel), "{sentinel} leaked:\n{seen}");
+    }
+    assert!(
+        err.message.contains("[REDACTED]"),
+        "the error kept its shape: {err}"
+    );
+    assert!(
+        captured
+            .events()
+            .iter()
+            .any(|e| e.target == "plugin" && e.message().contains("[REDACTED]")),
+        "the plugin's log lines were kept, scrubbed"
+    );
+    assert_eq!(Limits::default().log_lines, 200);
+}
+
+/// The provider operation span is the parent of one child span per HTTP request, which
+/// carries method, host, status and duration.
+#[tokio::test]
+async fn http_requests_are_child_spans_of_the_operation() {
+    let _dir = plugins_or_skip!();
+    let server = support::TestServer::start().await;
+    let (_guard, captured) = proxy_operator::testing::capture();
+    let rt = support::runtime();
+    let p = support::provider(
+        &rt,
+        "hostile.wasm",
+        &hostile_yaml(server.port, "logLines: 10"),
+    )
+    .await;
+    let metrics = proxy_operator::provider::ProviderMetrics::default();
+    let p = proxy_operator::provider::Instrumented::new(p, metrics.clone());
+    p.get(&format!("http:{}", server.url("/ok"))).await.unwrap();
+    let denied = p.get("http:http://example.invalid/").await.unwrap_err();
+    assert_eq!(denied.code.as_deref(), Some("HttpRequestDenied"));
+
+    let spans = captured.spans();
+    let ops: Vec<_> = spans.iter().filter(|s| s.name == "provider.get").collect();
+    assert_eq!(ops.len(), 2, "{spans:#?}");
+    let http: Vec<_> = spans.iter().filter(|s| s.name == "http.request").collect();
+    assert_eq!(http.len(), 2, "{spans:#?}");
+    for (op, child) in ops.iter().zip(&http) {
+        assert_eq!(
+            child.parent,
+            Some(op.id),
+            "http span is a child of its operation"
+        );
+        assert_eq!(child.fields["http.request.method"], "GET");
+        assert!(child.fields.contains_key("duration_ms"));
+    }
+    assert_eq!(http[0].fields["http.response.status_code"], "200");
+    assert_eq!(http[0].fields["server.address"], "127.0.0.1");
+    assert_eq!(http[1].fields["error.type"], "HttpRequestDenied");
+    assert_eq!(ops[0].fields["provider.result"], "ok");
+    assert_eq!(ops[1].fields["provider.result"], "transient");
+    assert_eq!(ops[0].fields["provider.name"], "hostile");
+
+    let mut text = String::new();
+    let mut reg = prometheus_client::registry::Registry::default();
+    reg.register(
+        "proxy_operator_provider_requests",
+        "",
+        metrics.requests.clone(),
+    );
+    prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+    assert!(
+        text.contains(
+            r#"proxy_operator_provider_requests_total{provider="hostile",op="get",result="ok"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains(r#"proxy_operator_provider_requests_total{provider="hostile",op="get",result="transient"} 1"#), "{text}");
+}

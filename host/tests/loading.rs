@@ -1,0 +1,195 @@
+//! Loading plugins: version checks, refusals, the compile cache, and one broken plugin or
+//! config stopping only its own provider.
+
+mod support;
+
+use proxy_operator::config::ProvidersFile;
+use proxy_operator::plugin::{CacheOutcome, LoadError};
+use proxy_operator::provider::Provider;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loads_components_and_reads_info() {
+    let dir = plugins_or_skip!();
+    for pooling in [true, false] {
+        let rt = support::runtime_with(pooling);
+        assert_eq!(rt.pooling(), pooling);
+        let example = rt.load_plugin(&dir.join("example.wasm")).await.unwrap();
+        assert_eq!(example.world_version, "0.1.0");
+        assert_eq!(example.info.type_name, "example");
+        assert!(example.info.has_check);
+        let hostile = rt
+            .load_plugin(&dir.join("testing/hostile.wasm"))
+            .await
+            .unwrap();
+        assert_eq!(hostile.info.type_name, "hostile");
+        // A no-op call works in both allocation modes.
+        let p = rt
+            .provider(hostile, &support::entry("name: h\nplugin: hostile.wasm"))
+            .await
+            .unwrap();
+        assert_eq!(p.get("ok").await.unwrap().ip, "127.0.0.1");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_what_is_not_a_current_provider_component() {
+    let dir = plugins_or_skip!();
+    let rt = support::runtime();
+    let scratch = tempfile::tempdir().unwrap();
+    let write = |name: &str, bytes: &[u8]| {
+        let p = scratch.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    };
+    let elf = write(
+        "native.wasm",
+        b"\x7fELF\x02\x01\x01\0rest-of-a-shared-object",
+    );
+    let cwasm = write("example.cwasm", b"\x7fELF\x02\x01\x01\0");
+    let core = write("core.wasm", b"\0asm\x01\0\0\0");
+    let junk = write("junk.wasm", b"hello world");
+
+    let cases: Vec<(std::path::PathBuf, &[&str])> = vec![
+        (
+            dir.join("testing/sockets.wasm"),
+            &["sockets.wasm", "wasi:sockets", "plugins get no sockets"],
+        ),
+        (
+            dir.join("testing/future-version.wasm"),
+            &[
+                "future-version.wasm",
+                "egress:provider@9.0.0",
+                "egress:provider@0.1.0",
+            ],
+        ),
+        (elf, &["native.wasm", "refusing precompiled native code"]),
+        (
+            cwasm,
+            &["example.cwasm", "refusing precompiled native code"],
+        ),
+        (core, &["core.wasm", "a core WebAssembly module"]),
+        (junk, &["junk.wasm", "not WebAssembly at all"]),
+    ];
+    for (path, needles) in cases {
+        let err = rt
+            .load_plugin(&path)
+            .await
+            .expect_err(&path.display().to_string());
+        let text = err.to_string();
+        for n in needles {
+            assert!(text.contains(n), "{}: {text:?} lacks {n:?}", path.display());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compile_cache_is_keyed_by_content() {
+    let dir = plugins_or_skip!();
+    let cache = tempfile::tempdir().unwrap();
+    let opts = || {
+        let mut o = proxy_operator::plugin::RuntimeOptions::for_providers(
+            &ProvidersFile { providers: vec![] },
+            Some(cache.path().join("c")),
+            std::env::temp_dir().join("egress-test-scratch"),
+        );
+        o.engine.max_instances = 8;
+        o
+    };
+    let plugins = tempfile::tempdir().unwrap();
+    let path = plugins.path().join("example.wasm");
+    std::fs::copy(dir.join("example.wasm"), &path).unwrap();
+
+    let rt = proxy_operator::plugin::Runtime::new(opts()).unwrap();
+    let first = rt.load_plugin(&path).await.unwrap();
+    assert_eq!(first.cache, CacheOutcome::Miss);
+    let rt2 = proxy_operator::plugin::Runtime::new(opts()).unwrap();
+    let second = rt2.load_plugin(&path).await.unwrap();
+    assert_eq!(second.cache, CacheOutcome::Hit);
+    assert!(
+        second.load_time < first.load_time,
+        "cached {:?} vs compiled {:?}",
+        second.load_time,
+        first.load_time
+    );
+
+    // A different file (same name) is a different key.
+    std::fs::copy(dir.join("testing/hostile.wasm"), &path).unwrap();
+    let third = rt2.load_plugin(&path).await.unwrap();
+    assert_eq!(third.cache, CacheOutcome::Miss);
+    assert_eq!(third.info.type_name, "hostile");
+
+    // A corrupted cache entry is recompiled, not trusted. (Replaced by rename, as the
+    // cache itself writes: truncating a file that live runtimes have mapped would fault.)
+    for entry in std::fs::read_dir(cache.path().join("c")).unwrap().flatten() {
+        let tmp = entry.path().with_extension("tmp");
+        std::fs::write(&tmp, b"garbage").unwrap();
+        std::fs::rename(&tmp, entry.path()).unwrap();
+    }
+    let fourth = proxy_operator::plugin::Runtime::new(opts())
+        .unwrap()
+        .load_plugin(&path)
+        .await
+        .unwrap();
+    assert_eq!(fourth.cache, CacheOutcome::Miss);
+}
+
+/// A broken plugin, a missing plugin and a bad config each stop only their own provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_provider_does_not_stop_the_others() {
+    let dir = plugins_or_skip!();
+    let plugins = tempfile::tempdir().unwrap();
+    for f in [
+        "example.wasm",
+        "testing/hostile.wasm",
+        "testing/sockets.wasm",
+    ] {
+        let src = dir.join(f);
+        std::fs::copy(&src, plugins.path().join(src.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(plugins.path().join("stale.cwasm"), b"\x7fELF").unwrap();
+    let file = ProvidersFile::parse(
+        r#"
+providers:
+  - {name: good, plugin: hostile.wasm}
+  - {name: example, plugin: example.wasm, config: {endpoint: "http://127.0.0.1:1", regions: []}}
+  - {name: bad-config, plugin: hostile.wasm, config: {validate: loop}, limits: {fuel: 10000000}}
+  - {name: no-sockets, plugin: sockets.wasm}
+  - {name: missing, plugin: nope.wasm}
+"#,
+    )
+    .unwrap();
+    let rt = support::runtime();
+    let report = rt.load(plugins.path(), &file).await;
+    let names: Vec<_> = report
+        .providers
+        .iter()
+        .map(|p| p.name().to_string())
+        .collect();
+    assert_eq!(names, ["good", "example"]);
+    let errors: Vec<_> = report
+        .provider_errors
+        .iter()
+        .map(|e| (e.provider().to_string(), e.to_string()))
+        .collect();
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+    assert!(
+        errors[0].0 == "bad-config" && errors[0].1.contains("fuel budget"),
+        "{errors:#?}"
+    );
+    assert!(
+        errors[1].0 == "no-sockets" && errors[1].1.contains("wasi:sockets"),
+        "{errors:#?}"
+    );
+    assert!(
+        errors[2].0 == "missing" && errors[2].1.contains("nope.wasm"),
+        "{errors:#?}"
+    );
+    assert!(
+        report
+            .plugin_errors
+            .iter()
+            .any(|e| matches!(**e, LoadError::Precompiled { .. })),
+        "the .cwasm was refused"
+    );
+    assert_eq!(report.providers[0].get("ok").await.unwrap().ip, "127.0.0.1");
+}

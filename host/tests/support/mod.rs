@@ -1,0 +1,193 @@
+//! Shared helpers for the host's integration tests: finding the built plugins, a runtime
+//! with a shared compile cache, and a tiny HTTP server on 127.0.0.1.
+#![allow(dead_code)]
+
+use proxy_operator::config::{ProviderEntry, ProvidersFile};
+use proxy_operator::plugin::{LoadedPlugin, Runtime, RuntimeOptions, WasmProvider};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// The directory `cargo xtask build-plugins` fills. `None` (after saying so loudly) when
+/// the plugins were not built; under `CI=true` that is a failure instead.
+pub fn plugin_dir() -> Option<PathBuf> {
+    let dir = match std::env::var_os("EGRESS_PLUGIN_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+            target.join("plugins")
+        }
+    };
+    if dir.join("example.wasm").is_file() && dir.join("testing/hostile.wasm").is_file() {
+        return Some(dir);
+    }
+    let msg = format!(
+        "plugins not built in {} — run `cargo xtask build-plugins` (or `cargo xtask test`)",
+        dir.display()
+    );
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{msg}");
+    }
+    eprintln!("\n!!! SKIPPING: {msg}\n");
+    None
+}
+
+/// Skips the test (loudly) when the plugins are not built.
+#[macro_export]
+macro_rules! plugins_or_skip {
+    () => {
+        match support::plugin_dir() {
+            Some(d) => d,
+            None => return,
+        }
+    };
+}
+
+/// A cache directory shared by the tests of one binary, so each plugin compiles once.
+pub fn cache_dir() -> PathBuf {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        tempfile::Builder::new()
+            .prefix("egress-cache-")
+            .tempdir()
+            .unwrap()
+    })
+    .path()
+    .join("cache")
+}
+
+pub fn runtime() -> Arc<Runtime> {
+    runtime_with(true)
+}
+
+pub fn runtime_with(pooling: bool) -> Arc<Runtime> {
+    let file = ProvidersFile { providers: vec![] };
+    let mut opts = RuntimeOptions::for_providers(
+        &file,
+        Some(cache_dir()),
+        std::env::temp_dir().join("egress-test-scratch"),
+    );
+    opts.engine.max_instances = 64;
+    opts.engine.max_memory_bytes = 256 << 20;
+    opts.engine.pooling = pooling;
+    Runtime::new(opts).unwrap()
+}
+
+/// Parses one providers-file entry from YAML.
+pub fn entry(yaml: &str) -> ProviderEntry {
+    let file = ProvidersFile::parse(&format!(
+        "providers:\n- {}",
+        yaml.trim().replace('\n', "\n  ")
+    ))
+    .unwrap();
+    file.providers.into_iter().next().unwrap()
+}
+
+pub async fn load(rt: &Arc<Runtime>, file: &str) -> Arc<LoadedPlugin> {
+    let dir = plugin_dir().expect("plugin dir checked by caller");
+    let path = [dir.join(file), dir.join("testing").join(file)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{file} is not in {}", dir.display()));
+    rt.load_plugin(&path)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+pub async fn provider(rt: &Arc<Runtime>, file: &str, yaml: &str) -> WasmProvider {
+    let plugin = load(rt, file).await;
+    rt.provider(plugin, &entry(yaml))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A minimal HTTP/1.1 server on 127.0.0.1 with a few fixed routes:
+/// `/ok` (200, "hello"), `/big` (200, 20 MiB), `/slow` (no answer for 30 s),
+/// `/drip` (headers at once, then one byte every 2 s). Stops when dropped.
+pub struct TestServer {
+    pub port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut sock, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&got);
+                    let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+                    match path.as_str() {
+                        "/ok" => {
+                            let _ = sock
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello")
+                                .await;
+                        }
+                        "/big" | "/big-chunked" => {
+                            let total = 20usize << 20;
+                            let header = if path == "/big" {
+                                format!(
+                                    "HTTP/1.1 200 OK\r\ncontent-length: {total}\r\nconnection: close\r\n\r\n"
+                                )
+                            } else {
+                                "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n".to_string()
+                            };
+                            if sock.write_all(header.as_bytes()).await.is_err() {
+                                return;
+                            }
+                            let chunk = vec![b'x'; 64 << 10];
+                            for _ in 0..total / chunk.len() {
+                                if sock.write_all(&chunk).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        "/slow" => tokio::time::sleep(std::time::Duration::from_secs(30)).await,
+                        "/drip" => {
+                            let _ = sock
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\nconnection: close\r\n\r\n")
+                                .await;
+                            for _ in 0..100 {
+                                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                                if sock.write_all(b"x").await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        _ => {
+                            let _ = sock
+                                .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                                .await;
+                        }
+                    }
+                });
+            }
+        });
+        TestServer { port, task }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
