@@ -193,3 +193,29 @@ providers:
     );
     assert_eq!(report.providers[0].get("ok").await.unwrap().ip, "127.0.0.1");
 }
+
+/// Where the pool's address space cannot be reserved, the runtime falls back to on-demand
+/// allocation instead of failing to start. 131,072 memory slots of 4 GiB each are far more
+/// than the 128 TiB of user address space x86-64 has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn falls_back_to_on_demand_when_the_pool_cannot_be_reserved() {
+    let dir = plugins_or_skip!();
+    let mut opts = proxy_operator::plugin::RuntimeOptions::for_providers(
+        &ProvidersFile { providers: vec![] },
+        None,
+        std::env::temp_dir().join("egress-test-scratch"),
+    );
+    opts.engine.max_instances = 65_536;
+    opts.engine.max_memory_bytes = 4 << 30;
+    let rt = proxy_operator::plugin::Runtime::new(opts).expect("the runtime starts anyway");
+    assert!(!rt.pooling(), "pooling cannot have reserved 512 TiB");
+    let plugin = rt
+        .load_plugin(&dir.join("testing/hostile.wasm"))
+        .await
+        .unwrap();
+    let p = rt
+        .provider(plugin, &support::entry("name: h\nplugin: hostile.wasm"))
+        .await
+        .unwrap();
+    assert_eq!(p.get("ok").await.unwrap().ip, "127.0.0.1");
+}

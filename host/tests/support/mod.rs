@@ -191,3 +191,30 @@ impl TestServer {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 }
+
+/// The hostile provider's entry: defaults for every limit the case does not set.
+pub fn hostile_yaml(port: u16, limits: &str) -> String {
+    let mut all: Vec<String> = limits
+        .split(", ")
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    for default in [
+        "timeout: 5s",
+        "fuel: 500000000",
+        "memoryMib: 32",
+        "tmpMib: 1",
+    ] {
+        let key = default.split(':').next().unwrap();
+        if !limits.contains(&format!("{key}:")) {
+            all.push(default.to_string());
+        }
+    }
+    format!(
+        r#"name: hostile
+plugin: hostile.wasm
+additionalHosts: ["http://127.0.0.1:{port}", "http://localhost:{port}"]
+limits: {{{}}}"#,
+        all.join(", ")
+    )
+}

@@ -1,0 +1,263 @@
+//! The crate a provider plugin is written against.
+//!
+//! A plugin implements [`Provider`] on a plain type and calls [`export_provider!`] once; it
+//! never touches the generated WIT traits, so a new WIT version can be absorbed here
+//! instead of in every plugin. Everything else (HTTP, errors, secrets, logging, time,
+//! naming) is here so that all plugins behave the same way where the contract says
+//! they must: same error classes for the same failures, same marks, same instance names.
+//!
+//! ```ignore
+//! struct MyCloud;
+//! impl egress_guest_sdk::Provider for MyCloud { /* ... */ }
+//! egress_guest_sdk::export_provider!(MyCloud);
+//! ```
+
+// The generated export macro names this crate by path; `self` lets the same path work
+// inside this crate's own tests.
+extern crate self as egress_guest_sdk;
+
+/// Raw bindings of `egress:provider@0.1.0`. Plugins should not need them; they are public
+/// because the export macro expands in the plugin crate and must reach them.
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../wit/v0.1.0",
+        world: "provider-plugin",
+        pub_export_macro: true,
+        default_bindings_module: "egress_guest_sdk::bindings",
+    });
+}
+
+pub mod error;
+pub mod host;
+pub mod http;
+mod log;
+pub mod time;
+
+pub use bindings::egress::provider::host::Level;
+pub use bindings::egress::provider::types::{
+    CreateRequest, Datetime, ErrorClass, Instance, Placement, PluginInfo, ProviderError, State,
+    TargetStatus,
+};
+pub use host::{cache_get, cache_set, config, config_json, secret, secret_string};
+
+use sha2::{Digest, Sha256};
+
+/// Marks every managed instance carries. Written at create, read back by GC: the keys must
+/// be identical in every plugin or one operator would not recognise another's instances.
+pub const MARK_MANAGED: &str = "egress.proxy-operator.dev/managed";
+/// The value of [`MARK_MANAGED`] on managed instances.
+pub const MARK_MANAGED_YES: &str = "true";
+/// Carries the owning Proxy's UID, so adoption can be verified and orphans found.
+pub const MARK_UID: &str = "egress.proxy-operator.dev/uid";
+/// Carries the installation identity, so two operators in one account never collect each
+/// other's instances.
+pub const MARK_INSTALLATION: &str = "egress.proxy-operator.dev/installation";
+
+/// The backend name for the Proxy with this UID.
+///
+/// The host computes the same name and passes it as `create-request.name`; plugins that
+/// need the name from a UID alone (e.g. to look an instance up during adoption) use this
+/// so both sides agree. 16 lowercase base32 characters: 80 bits of the hash, short enough
+/// for every backend's name limits, collision-free at any realistic fleet size.
+pub fn name_from_uid(uid: &str) -> String {
+    let digest = Sha256::digest(uid.as_bytes());
+    let encoded = data_encoding::BASE32_NOPAD.encode(&digest[..10]);
+    format!("proxy-{}", encoded.to_ascii_lowercase())
+}
+
+/// What a plugin implements. All functions are associated (no `self`): every call runs in
+/// a fresh instance, so there is no state to hold; use [`cache_get`]/[`cache_set`] for
+/// anything that must outlive a call.
+pub trait Provider {
+    /// Static facts; called once at load, must not do I/O.
+    fn info() -> PluginInfo;
+    /// Check a config block (JSON). Runs with HTTP denied: validate, never dial.
+    fn validate_config(config: &str) -> Result<(), ProviderError>;
+    /// Create the instance `req.name`, or return the ID of the one that already has that
+    /// name after verifying its UID mark.
+    fn create(req: CreateRequest) -> Result<String, ProviderError>;
+    /// The instance now; not-found only when the backend says it is gone.
+    fn get(id: &str) -> Result<Instance, ProviderError>;
+    /// Delete; deleting something already gone succeeds.
+    fn delete(id: &str) -> Result<(), ProviderError>;
+    /// Every instance with the managed mark of `installation`.
+    fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError>;
+    /// One entry per target; only called when `info().has_check` is true.
+    fn check() -> Vec<TargetStatus> {
+        Vec::new()
+    }
+}
+
+/// Export a [`Provider`] implementation as the plugin's `plugin` and `provider` interfaces.
+/// Use it exactly once per plugin crate.
+#[macro_export]
+macro_rules! export_provider {
+    ($ty:ty) => {
+        const _: () = {
+            struct __EgressExport;
+
+            impl $crate::bindings::exports::egress::provider::plugin::Guest for __EgressExport {
+                fn info() -> $crate::PluginInfo {
+                    <$ty as $crate::Provider>::info()
+                }
+                fn validate_config(
+                    config: ::std::string::String,
+                ) -> ::core::result::Result<(), $crate::ProviderError> {
+                    <$ty as $crate::Provider>::validate_config(&config)
+                }
+            }
+
+            impl $crate::bindings::exports::egress::provider::provider::Guest for __EgressExport {
+                fn create(
+                    req: $crate::CreateRequest,
+                ) -> ::core::result::Result<::std::string::String, $crate::ProviderError> {
+                    <$ty as $crate::Provider>::create(req)
+                }
+                fn get(
+                    id: ::std::string::String,
+                ) -> ::core::result::Result<$crate::Instance, $crate::ProviderError> {
+                    <$ty as $crate::Provider>::get(&id)
+                }
+                fn delete(
+                    id: ::std::string::String,
+                ) -> ::core::result::Result<(), $crate::ProviderError> {
+                    <$ty as $crate::Provider>::delete(&id)
+                }
+                fn list_by_tag(
+                    installation: ::std::string::String,
+                ) -> ::core::result::Result<::std::vec::Vec<$crate::Instance>, $crate::ProviderError>
+                {
+                    <$ty as $crate::Provider>::list_by_tag(&installation)
+                }
+                fn check() -> ::std::vec::Vec<$crate::TargetStatus> {
+                    <$ty as $crate::Provider>::check()
+                }
+            }
+
+            $crate::bindings::export!(__EgressExport with_types_in $crate::bindings);
+        };
+    };
+}
+
+impl PluginInfo {
+    /// Info with no check, no default hosts and no profile; fill in the rest with struct
+    /// update syntax or [`with_profile`](Self::with_profile).
+    pub fn new(type_name: impl Into<String>, version: impl Into<String>) -> Self {
+        PluginInfo {
+            type_name: type_name.into(),
+            version: version.into(),
+            has_check: false,
+            default_hosts: Vec::new(),
+            profile: Vec::new(),
+        }
+    }
+
+    /// The behaviour profile from whitespace-separated `axis=code` words, so a plugin can
+    /// keep its profile as one readable constant.
+    pub fn with_profile(mut self, spec: &str) -> Self {
+        self.profile = spec
+            .split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .map(|(axis, code)| (axis.to_string(), code.to_string()))
+            .collect();
+        self
+    }
+}
+
+impl TargetStatus {
+    /// A target that answered. `reason` is `Reachable`, the WIT's conventional word.
+    pub fn ready(target: impl Into<String>, details: Vec<(String, String)>) -> Self {
+        TargetStatus {
+            target: target.into(),
+            ready: true,
+            reason: "Reachable".into(),
+            message: String::new(),
+            details,
+        }
+    }
+
+    /// A target that did not answer or refused; `reason` is a short CamelCase word such as
+    /// [`HttpError::reason`](http::HttpError::reason) gives.
+    pub fn failed(
+        target: impl Into<String>,
+        reason: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        TargetStatus {
+            target: target.into(),
+            ready: false,
+            reason: reason.into(),
+            message: message.into(),
+            details: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_info_profile() {
+        let info =
+            PluginInfo::new("x", "1.0.0").with_profile("readiness=immediate\n  quota=absent");
+        assert_eq!(info.type_name, "x");
+        assert!(!info.has_check);
+        assert_eq!(
+            info.profile,
+            vec![
+                ("readiness".to_string(), "immediate".to_string()),
+                ("quota".to_string(), "absent".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn target_status_constructors() {
+        let ok = TargetStatus::ready("r1", vec![("k".into(), "v".into())]);
+        assert!(ok.ready);
+        assert_eq!(ok.reason, "Reachable");
+        let bad = TargetStatus::failed("r2", "Timeout", "slow");
+        assert!(!bad.ready);
+        assert_eq!(
+            (bad.reason.as_str(), bad.message.as_str()),
+            ("Timeout", "slow")
+        );
+    }
+
+    /// The host's `name_from_uid` is tested against the same vectors: a drift between the
+    /// two would make adoption look up the wrong name.
+    #[test]
+    fn name_from_uid_vectors() {
+        let vectors = [
+            ("", "proxy-4oymiquy7qobjgx3"),
+            (
+                "3f1c2a4e-7b1d-4c8e-9a55-0d6f2b9e1c01",
+                "proxy-itnbf4wjfyhs3q6u",
+            ),
+            (
+                "00000000-0000-0000-0000-000000000000",
+                "proxy-ck4to7f6pzojj2fh",
+            ),
+            ("abc", "proxy-xj4bnp4pahh6uqkb"),
+            ("ünïcødé", "proxy-k4j35uyd5tuoilou"),
+        ];
+        for (uid, want) in vectors {
+            let got = name_from_uid(uid);
+            assert_eq!(got, want, "uid {uid:?}");
+            assert_eq!(got.len(), "proxy-".len() + 16);
+        }
+    }
+
+    #[test]
+    fn name_is_lowercase_base32() {
+        let name = name_from_uid("some-uid");
+        let suffix = name.strip_prefix("proxy-").unwrap();
+        assert!(
+            suffix
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || ('2'..='7').contains(&c))
+        );
+    }
+}

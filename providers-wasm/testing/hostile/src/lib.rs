@@ -1,0 +1,252 @@
+//! A plugin that attacks its host, one attack per call, so host tests can prove each one
+//! is contained: the host must stop it with a clear error and keep serving other calls
+//! and other plugins. Never deploy it.
+//!
+//! - `validate_config`: field `"validate"` = `ok` (default) | `loop` (burn CPU forever)
+//!   | `sleep` (block forever on a clock, burning no fuel) | `http` (GET field `"url"`
+//!   while the host denies HTTP; the outcome comes back as the error).
+//! - `get(id)`, id = `attack` or `attack:arg`: `ok`, `loop`, `sleep:<ms>`, `memory`,
+//!   `recurse`, `panic`, `http:<url>`, `host-header:<url>`, `read:<path>`,
+//!   `write:<path>`, `symlink:<target>` (`/tmp/link` -> target, then read it), `fill-tmp:<bytes>`, `log-flood`.
+//! - `create`: leaks cloud-init and the `token` secret through logs, stdout, stderr, the
+//!   error message and the error code.
+//! - `check`: leaks the secret in a target's message and details.
+
+use egress_guest_sdk::http::{HeaderError, HttpError, Request};
+use egress_guest_sdk::*;
+use std::hint::black_box;
+use std::io::Write;
+
+struct Hostile;
+export_provider!(Hostile);
+
+fn instance(id: &str, ip: impl Into<String>, uid: impl Into<String>) -> Instance {
+    Instance {
+        id: id.to_string(),
+        ip: ip.into(),
+        state: State::Running,
+        uid: uid.into(),
+        created_at: None,
+    }
+}
+
+fn spin() -> ! {
+    let mut x = 0u64;
+    loop {
+        x = black_box(x.wrapping_add(1));
+    }
+}
+
+/// Waits on a `wasi:clocks` pollable: the guest executes no instructions meanwhile, so
+/// only a wall-time deadline (not fuel) can stop it.
+fn sleep_ms(ms: u64) {
+    wasip2::clocks::monotonic_clock::subscribe_duration(ms.saturating_mul(1_000_000)).block();
+}
+
+fn sleep_forever() -> ! {
+    loop {
+        sleep_ms(3_600_000);
+    }
+}
+
+fn eat_memory() -> ! {
+    let mut hoard: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut chunk = vec![0u8; 1 << 20];
+        for i in (0..chunk.len()).step_by(4096) {
+            chunk[i] = 1;
+        }
+        hoard.push(black_box(chunk));
+    }
+}
+
+#[allow(unconditional_recursion)]
+#[inline(never)]
+fn recurse(depth: u64) -> u64 {
+    let frame = black_box([depth; 32]);
+    recurse(depth + 1).wrapping_add(frame[(depth % 32) as usize])
+}
+
+fn fetch(id: &str, url: &str, host_header: bool) -> Result<Instance, ProviderError> {
+    let mut req = Request::get(url);
+    if host_header {
+        req = req.header("Host", "evil.example");
+    }
+    match req.send() {
+        Ok(r) => Ok(instance(id, r.status.to_string(), r.body.len().to_string())),
+        Err(
+            e @ HttpError::Header {
+                error: HeaderError::Forbidden,
+                ..
+            },
+        ) => Err(ProviderError::permanent(e.to_string()).with_code("HeaderForbidden")),
+        Err(e) => Err(ProviderError::transient(e.to_string()).with_code(e.code_name())),
+    }
+}
+
+fn io_report(id: &str, verb: &str, r: std::io::Result<usize>) -> Result<Instance, ProviderError> {
+    match r {
+        Ok(n) => Ok(instance(id, format!("{verb} {n} bytes"), "u")),
+        Err(e) => Err(ProviderError::permanent(e.to_string()).with_code("IoError")),
+    }
+}
+
+/// Creates `/tmp/<name>` -> `target` through `wasi:filesystem` directly (what std's
+/// still-unstable `symlink_path` does), so the host's preopen must refuse a link that
+/// escapes `/tmp` or at least refuse to follow it.
+fn symlink_in_tmp(target: &str, name: &str) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(format!("/tmp/{name}"));
+    let dirs = wasip2::filesystem::preopens::get_directories();
+    let (tmp, _) = dirs
+        .iter()
+        .find(|(_, path)| path.trim_end_matches('/') == "/tmp")
+        .ok_or_else(|| std::io::Error::other("no /tmp preopen"))?;
+    tmp.symlink_at(target, name)
+        .map_err(|code| std::io::Error::other(format!("symlink-at: {code:?}")))
+}
+
+fn fill_tmp(bytes: u64) -> std::io::Result<usize> {
+    let mut f = std::fs::File::create("/tmp/fill")?;
+    let chunk = vec![b'f'; 64 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        f.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    f.flush()?;
+    Ok(bytes as usize)
+}
+
+fn log_flood() {
+    let line = "x".repeat(1024);
+    for _ in 0..100_000 {
+        egress_guest_sdk::host::log(Level::Info, &line);
+    }
+    let chunk = vec![b'o'; 64 * 1024];
+    // Write errors (a host that closed the stream at its cap) are the point, not a bug.
+    for _ in 0..160 {
+        let _ = std::io::stdout().write_all(&chunk);
+    }
+    for _ in 0..160 {
+        let _ = std::io::stderr().write_all(&chunk);
+    }
+}
+
+fn leaked_secret() -> String {
+    secret_string("token").unwrap_or_default()
+}
+
+impl Provider for Hostile {
+    fn info() -> PluginInfo {
+        PluginInfo {
+            type_name: "hostile".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            has_check: true,
+            default_hosts: vec![],
+            profile: vec![],
+        }
+    }
+
+    fn validate_config(config: &str) -> Result<(), ProviderError> {
+        let v: serde_json::Value = serde_json::from_str(config)
+            .map_err(|e| ProviderError::permanent(format!("config is not JSON: {e}")))?;
+        match v.get("validate").and_then(|m| m.as_str()).unwrap_or("ok") {
+            "ok" => Ok(()),
+            "loop" => spin(),
+            "sleep" => sleep_forever(),
+            "http" => {
+                let url = v.get("url").and_then(|u| u.as_str()).unwrap_or_default();
+                match fetch("validate", url, false) {
+                    Ok(i) => Err(ProviderError::permanent(format!(
+                        "validate reached {url}: HTTP {}",
+                        i.ip
+                    ))
+                    .with_code("Reached")),
+                    Err(e) => Err(e),
+                }
+            }
+            other => Err(ProviderError::permanent(format!(
+                "config.validate {other:?} is not ok|loop|sleep|http"
+            ))),
+        }
+    }
+
+    fn create(req: CreateRequest) -> Result<String, ProviderError> {
+        let secret = leaked_secret();
+        let cloud_init = String::from_utf8_lossy(&req.cloud_init).into_owned();
+        info!("cloud-init: {cloud_init} secret: {secret}");
+        warn!("cloud-init: {cloud_init} secret: {secret}");
+        let _ = writeln!(
+            std::io::stdout(),
+            "cloud-init: {cloud_init} secret: {secret}"
+        );
+        let _ = writeln!(
+            std::io::stderr(),
+            "cloud-init: {cloud_init} secret: {secret}"
+        );
+        Err(
+            ProviderError::transient(format!("leak: cloud-init {cloud_init} secret {secret}"))
+                .with_code(secret),
+        )
+    }
+
+    fn get(id: &str) -> Result<Instance, ProviderError> {
+        let (attack, arg) = id.split_once(':').unwrap_or((id, ""));
+        match attack {
+            "ok" => Ok(instance(id, "127.0.0.1", "u")),
+            "loop" => spin(),
+            "sleep" => {
+                let ms = arg.parse().map_err(|_| {
+                    ProviderError::permanent(format!("sleep needs milliseconds, got {arg:?}"))
+                })?;
+                sleep_ms(ms);
+                Ok(instance(id, "127.0.0.1", "u"))
+            }
+            "memory" => eat_memory(),
+            "recurse" => {
+                let n = recurse(0);
+                Ok(instance(id, n.to_string(), "u"))
+            }
+            "panic" => panic!("hostile panic"),
+            "http" => fetch(id, arg, false),
+            "host-header" => fetch(id, arg, true),
+            "read" => io_report(id, "read", std::fs::read(arg).map(|b| b.len())),
+            "write" => io_report(id, "wrote", std::fs::write(arg, b"x").map(|()| 1)),
+            "symlink" => match symlink_in_tmp(arg, "link") {
+                Ok(()) => io_report(id, "read", std::fs::read("/tmp/link").map(|b| b.len())),
+                Err(e) => Err(ProviderError::permanent(e.to_string()).with_code("SymlinkError")),
+            },
+            "fill-tmp" => {
+                let n = arg.parse().map_err(|_| {
+                    ProviderError::permanent(format!("fill-tmp needs a byte count, got {arg:?}"))
+                })?;
+                io_report(id, "wrote", fill_tmp(n))
+            }
+            "log-flood" => {
+                log_flood();
+                Ok(instance(id, "127.0.0.1", "u"))
+            }
+            _ => Err(ProviderError::permanent("unknown attack")),
+        }
+    }
+
+    fn delete(_id: &str) -> Result<(), ProviderError> {
+        Ok(())
+    }
+
+    fn list_by_tag(_installation: &str) -> Result<Vec<Instance>, ProviderError> {
+        Ok(Vec::new())
+    }
+
+    fn check() -> Vec<TargetStatus> {
+        let secret = leaked_secret();
+        vec![TargetStatus {
+            target: "leak".into(),
+            ready: false,
+            reason: "Leak".into(),
+            message: format!("secret {secret}"),
+            details: vec![("secret".into(), secret)],
+        }]
+    }
+}

@@ -1,0 +1,76 @@
+//! Project automation, run as `cargo xtask <command>` (an alias in .cargo/config.toml), so
+//! that CI and developers run the same steps without a Makefile or shell scripts. Each
+//! command lives in its own module.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::Command;
+
+mod bench;
+mod build_plugins;
+mod test;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "egress-proxies-operator project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build every provider plugin under providers-wasm/ to <target>/plugins/.
+    BuildPlugins(build_plugins::Args),
+    /// Install test prerequisites, build the plugins, run every test (what CI runs).
+    Test(test::Args),
+    /// Run the plugin runtime benchmark (release) and write docs/benchmarks.md.
+    Bench,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::BuildPlugins(args) => build_plugins::run(&args),
+        Cmd::Test(args) => test::run(&args),
+        Cmd::Bench => bench::run(),
+    }
+}
+
+/// The cargo that runs us (`cargo xtask` sets `CARGO`), so nested builds use the same
+/// toolchain.
+pub fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+/// What `cargo metadata` says about the workspace: the root, the target directory (which
+/// honours `CARGO_TARGET_DIR` and cargo config) and the member packages.
+pub struct Workspace {
+    pub root: PathBuf,
+    pub target_dir: PathBuf,
+    pub packages: Vec<serde_json::Value>,
+}
+
+pub fn workspace() -> Result<Workspace> {
+    let out = cargo()
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .output()
+        .context("running cargo metadata")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("parsing cargo metadata")?;
+    let path = |key: &str| -> Result<PathBuf> {
+        meta[key]
+            .as_str()
+            .map(PathBuf::from)
+            .with_context(|| format!("cargo metadata has no {key}"))
+    };
+    Ok(Workspace {
+        root: path("workspace_root")?,
+        target_dir: path("target_directory")?,
+        packages: meta["packages"].as_array().cloned().unwrap_or_default(),
+    })
+}

@@ -1,0 +1,49 @@
+//! `cargo xtask test`: everything the test suite needs, then the whole suite.
+//!
+//! CI runs exactly this (through `.ci/run`, with `CI=true`), so every prerequisite is
+//! installed or checked here rather than assumed: a green run on a developer machine must
+//! mean a green run on a fresh one.
+
+use anyhow::{Context, Result, bail};
+use std::process::Command;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Extra arguments for `cargo test` (after `--` they go to the test binaries).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub cargo_args: Vec<String>,
+}
+
+/// Tools some tests drive as real processes. Under `CI=true` a missing one fails the run
+/// (the tests themselves would fail too, but this says why up front).
+const TOOLS: &[(&str, &str)] = &[("kubectl", "the fake API server's kubectl compatibility test")];
+
+pub fn run(args: &Args) -> Result<()> {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    for (tool, why) in TOOLS {
+        let found = Command::new(tool).arg("version").arg("--client").output().is_ok();
+        if !found {
+            let msg = format!("{tool} is not installed; it is needed for {why}");
+            if ci {
+                bail!("{msg}");
+            }
+            eprintln!("!!! {msg}: those tests will be skipped");
+        }
+    }
+
+    crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
+
+    let ws = crate::workspace()?;
+    let plugin_dir = ws.target_dir.join("plugins");
+    let mut test = crate::cargo();
+    test.current_dir(&ws.root)
+        .env("EGRESS_PLUGIN_DIR", &plugin_dir)
+        .args(["test", "--workspace"])
+        .args(&args.cargo_args);
+    println!("running: cargo test --workspace {}", args.cargo_args.join(" "));
+    let status = test.status().context("running cargo test")?;
+    if !status.success() {
+        bail!("tests failed ({status})");
+    }
+    Ok(())
+}
