@@ -1,0 +1,343 @@
+//! A thin client for the EC2 Query API: form-encoded POSTs to `/`, signed with SigV4,
+//! answered in XML. It turns every failure into one [`Ec2Error`], and [`classify`] is the
+//! one place that turns those into the operator's error classes.
+
+use crate::config::Endpoint;
+use crate::sigv4::{self, Credentials};
+use crate::wire::{self, ApiError, Page};
+use egress_guest_sdk::http::{HttpError, Request, Timeouts};
+use egress_guest_sdk::{ProviderError, debug, warn};
+use std::fmt;
+use std::time::Duration;
+
+/// The API version every parameter name and answer shape here follows.
+const API_VERSION: &str = "2016-11-15";
+
+/// Bounds per request. Create makes a few requests plus a bounded wait for visibility, all
+/// inside the host's per-call budget (60 s by default); a hung backend must fail one
+/// request, not the whole budget.
+const TIMEOUTS: Timeouts = Timeouts {
+    connect: Some(Duration::from_secs(5)),
+    first_byte: Some(Duration::from_secs(15)),
+    between_bytes: Some(Duration::from_secs(10)),
+};
+
+/// Credentials come from the provider's secrets under these keys.
+pub const SECRET_ACCESS_KEY_ID: &str = "accessKeyId";
+pub const SECRET_SECRET_ACCESS_KEY: &str = "secretAccessKey";
+pub const SECRET_SESSION_TOKEN: &str = "sessionToken";
+
+/// Read the credentials now: secrets are re-read on every call so rotation needs no restart.
+pub fn credentials() -> Result<Credentials, ProviderError> {
+    let session_token = match egress_guest_sdk::secret_string(SECRET_SESSION_TOKEN) {
+        Ok(t) => Some(t).filter(|t| !t.is_empty()),
+        // Optional: long-term keys have none, so the entry may name no such secret, or
+        // name a key the mounted Secret does not have (no file). A Secret mount swaps all
+        // its files at once, so a token file never lags the keys it belongs to.
+        Err(e)
+            if matches!(
+                e.code.as_deref(),
+                Some("SecretNotConfigured" | "SecretMissing")
+            ) =>
+        {
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    let access_key_id = egress_guest_sdk::secret_string(SECRET_ACCESS_KEY_ID)?;
+    let secret_access_key = egress_guest_sdk::secret_string(SECRET_SECRET_ACCESS_KEY)?;
+    if access_key_id.is_empty() || secret_access_key.is_empty() {
+        // An optional Secret mount that exists but is still empty: wait for it.
+        return Err(ProviderError::transient(
+            "AWS credentials are empty (secrets accessKeyId / secretAccessKey)",
+        )
+        .with_code("SecretEmpty"));
+    }
+    Ok(Credentials {
+        access_key_id,
+        secret_access_key,
+        session_token,
+    })
+}
+
+/// One region's API.
+pub struct Ec2 {
+    pub region: String,
+    pub endpoint: Endpoint,
+    creds: Credentials,
+}
+
+/// Why a call failed.
+#[derive(Debug)]
+pub enum Ec2Error {
+    /// No answer (the host's or the network's error code).
+    Transport { call: String, error: HttpError },
+    /// EC2 refused, with its own code.
+    Api {
+        call: String,
+        status: u16,
+        error: ApiError,
+    },
+    /// An answer that is not what EC2 sends: a proxy's error page, a truncated body.
+    Unexpected {
+        call: String,
+        status: u16,
+        what: String,
+    },
+}
+
+impl Ec2Error {
+    /// EC2's error code, if EC2 gave one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Ec2Error::Api { error, .. } => Some(&error.code),
+            _ => None,
+        }
+    }
+
+    /// A health-check reason: the shared words of the contract.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Ec2Error::Transport { error, .. } => error.reason(),
+            Ec2Error::Api { status, error, .. } => match error.code.as_str() {
+                c if is_auth_failure(c) => "Unauthorized",
+                c if is_forbidden(c) => "Forbidden",
+                _ if *status == 401 => "Unauthorized",
+                _ if *status == 403 => "Forbidden",
+                _ => "APIError",
+            },
+            Ec2Error::Unexpected { .. } => "APIError",
+        }
+    }
+}
+
+impl fmt::Display for Ec2Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ec2Error::Transport { call, error } => write!(f, "EC2 {call}: {error}"),
+            Ec2Error::Api {
+                call,
+                status,
+                error,
+            } => {
+                write!(f, "EC2 {call}: {} (HTTP {status})", error.code)?;
+                if !error.message.is_empty() {
+                    write!(f, ": {}", error.message)?;
+                }
+                if !error.request_id.is_empty() {
+                    write!(f, " [request {}]", error.request_id)?;
+                }
+                Ok(())
+            }
+            Ec2Error::Unexpected { call, status, what } => {
+                write!(f, "EC2 {call}: unexpected answer (HTTP {status}): {what}")
+            }
+        }
+    }
+}
+
+impl Ec2 {
+    pub fn new(region: &str, endpoint: Endpoint, creds: Credentials) -> Ec2 {
+        Ec2 {
+            region: region.to_string(),
+            endpoint,
+            creds,
+        }
+    }
+
+    /// Call `action` and return the body of a 2xx answer.
+    pub fn call(&self, action: &str, params: &[(String, String)]) -> Result<String, Ec2Error> {
+        let call = format!("{action} in {}", self.region);
+        let body = form_body(action, params);
+        let content_type = "application/x-www-form-urlencoded; charset=utf-8";
+        let headers = [("content-type", content_type)];
+        let signed = sigv4::sign(
+            &sigv4::Request {
+                method: "POST",
+                authority: &self.endpoint.authority,
+                path: "/",
+                query: "",
+                headers: &headers,
+                body: body.as_bytes(),
+            },
+            &self.creds,
+            &self.region,
+            "ec2",
+            &sigv4::amz_date(egress_guest_sdk::time::now().seconds),
+        );
+        let mut req = Request::post(format!("{}/", self.endpoint.base))
+            .header("content-type", content_type)
+            .timeouts(TIMEOUTS)
+            .body(body);
+        for (name, value) in signed {
+            req = req.header(name, value);
+        }
+        let resp = match req.send() {
+            Ok(r) => r,
+            Err(error) => {
+                warn!("EC2 {call}: no answer: {error}");
+                return Err(Ec2Error::Transport { call, error });
+            }
+        };
+        let status = resp.status;
+        debug!("EC2 {call}: HTTP {status}, {} bytes", resp.body.len());
+        let text = String::from_utf8_lossy(&resp.body).into_owned();
+        if resp.is_success() {
+            return Ok(text);
+        }
+        let err = match wire::parse_error(&text) {
+            Some(error) => Ec2Error::Api {
+                call,
+                status,
+                error,
+            },
+            None => Ec2Error::Unexpected {
+                call,
+                status,
+                what: snippet(&text),
+            },
+        };
+        // "Not found" is an expected answer (polling for visibility, get after delete).
+        if err.code() == Some("InvalidInstanceID.NotFound") {
+            debug!("{err}");
+        } else {
+            warn!("{err}");
+        }
+        Err(err)
+    }
+
+    /// Call an action that answers with instances, and parse them.
+    pub fn instances(&self, action: &str, params: &[(String, String)]) -> Result<Page, Ec2Error> {
+        let body = self.call(action, params)?;
+        wire::parse_instances(&body).map_err(|what| Ec2Error::Unexpected {
+            call: format!("{action} in {}", self.region),
+            status: 200,
+            what,
+        })
+    }
+}
+
+/// `Action=..&Version=..&k=v..`, every key and value RFC 3986-encoded: the bytes that are
+/// sent are the bytes that are signed.
+pub fn form_body(action: &str, params: &[(String, String)]) -> String {
+    let mut body = format!("Action={action}&Version={API_VERSION}");
+    for (k, v) in params {
+        body.push('&');
+        body.push_str(&sigv4::uri_encode(k));
+        body.push('=');
+        body.push_str(&sigv4::uri_encode(v));
+    }
+    body
+}
+
+fn snippet(text: &str) -> String {
+    let t = text.trim();
+    if t.is_empty() {
+        return "empty body".to_string();
+    }
+    t.chars().take(200).collect()
+}
+
+/// The credentials themselves are refused: a fixed key or Secret is needed.
+fn is_auth_failure(code: &str) -> bool {
+    matches!(
+        code,
+        "AuthFailure"
+            | "SignatureDoesNotMatch"
+            | "InvalidClientTokenId"
+            | "UnrecognizedClientException"
+            | "MissingAuthenticationToken"
+            | "ExpiredToken"
+            | "RequestExpiredToken"
+    )
+}
+
+/// The credentials are fine but may not do this: an IAM or account change is needed.
+fn is_forbidden(code: &str) -> bool {
+    matches!(
+        code,
+        "UnauthorizedOperation"
+            | "AccessDenied"
+            | "AccessDeniedException"
+            | "OptInRequired"
+            | "Blocked"
+            | "PendingVerification"
+    )
+}
+
+/// Quota, rate limit or capacity: the operator waits instead of backing off.
+fn is_quota(code: &str) -> bool {
+    matches!(
+        code,
+        "InstanceLimitExceeded"
+            | "VcpuLimitExceeded"
+            | "RequestLimitExceeded"
+            | "Throttling"
+            | "ThrottlingException"
+            | "ResourceLimitExceeded"
+            | "MaxIOPSLimitExceeded"
+            | "VolumeLimitExceeded"
+            | "AddressLimitExceeded"
+            | "InsufficientFreeAddressesInSubnet"
+    ) || (code.starts_with("Insufficient") && code.ends_with("Capacity"))
+}
+
+/// Retrying the same request can never succeed: fix the placement, the config, IAM.
+fn is_permanent(code: &str) -> bool {
+    matches!(
+        code,
+        "MissingParameter"
+            | "UnknownParameter"
+            | "Unsupported"
+            | "UnsupportedOperation"
+            | "OperationNotPermitted"
+            | "IdempotentParameterMismatch"
+            | "IncompleteSignature"
+            | "InvalidAction"
+            | "DryRunOperation"
+    ) || code.starts_with("Invalid")
+        || code.ends_with(".Malformed")
+}
+
+/// The one place that maps EC2 failures onto the operator's error classes. Put EC2's own
+/// code (or the transport error's name) in `code`.
+pub fn classify(err: &Ec2Error) -> ProviderError {
+    let msg = err.to_string();
+    match err {
+        Ec2Error::Transport { error, .. } => {
+            ProviderError::transient(msg).with_code(error.code_name())
+        }
+        Ec2Error::Unexpected { status, .. } => {
+            let e = match status {
+                429 => ProviderError::quota(msg),
+                401 | 403 => ProviderError::permanent(msg),
+                _ => ProviderError::transient(msg),
+            };
+            e.with_code(format!("HTTP{status}"))
+        }
+        Ec2Error::Api { status, error, .. } => {
+            let code = error.code.as_str();
+            let e = match code {
+                // The one code that means "this instance does not exist".
+                "InvalidInstanceID.NotFound" => ProviderError::not_found(msg),
+                // A state transition is in progress (the emulator's lock): try again.
+                "IncorrectInstanceState" | "IncorrectState" => ProviderError::transient(msg),
+                // The clock is off; NTP may fix it.
+                "RequestExpired" | "RequestTimeTooSkewed" => ProviderError::transient(msg),
+                c if is_quota(c) => ProviderError::quota(msg),
+                c if is_auth_failure(c) || is_forbidden(c) => ProviderError::permanent(msg),
+                "InternalError" | "InternalFailure" | "Unavailable" | "ServiceUnavailable" => {
+                    ProviderError::transient(msg)
+                }
+                c if is_permanent(c) => ProviderError::permanent(msg),
+                // Codes not listed: by status, and transient when in doubt.
+                _ => match status {
+                    429 => ProviderError::quota(msg),
+                    401 | 403 => ProviderError::permanent(msg),
+                    _ => ProviderError::transient(msg),
+                },
+            };
+            e.with_code(code)
+        }
+    }
+}
