@@ -1,0 +1,533 @@
+//! Hetzner Cloud provider: each egress proxy is a Hetzner Cloud server.
+//!
+//! Config and placement are in [`config`], identity (labels, selectors, IDs) in [`marks`],
+//! the API and the one classify function in [`api`], status mapping in [`state`]. This
+//! file is the contract, operation by operation; docs/providers/hetzner.md is the user's
+//! guide and explains every choice of the behaviour profile below.
+
+mod api;
+mod config;
+mod marks;
+mod state;
+
+use api::{Server, api_error, classify, client, fetch_server, find_by_name, is_not_found};
+use config::Config;
+use data_encoding::BASE64;
+use egress_guest_sdk::http::{Client, HttpError, Response, encode_component};
+use egress_guest_sdk::time::{now, parse_rfc3339};
+use egress_guest_sdk::{
+    self as sdk, CreateRequest, ErrorClass, Instance, MARK_MANAGED, MARK_MANAGED_YES, MARK_UID,
+    PluginInfo, Provider, ProviderError, State, TargetStatus, export_provider,
+};
+use marks::{MARK_LOCATION, format_id, parse_id};
+use serde_json::json;
+use state::StartAction;
+
+struct Hetzner;
+export_provider!(Hetzner);
+
+/// The public API, the only host a default install may reach.
+const DEFAULT_HOST: &str = "https://api.hetzner.cloud:443";
+
+/// Hetzner's limit on `user_data` (32 KiB), checked before the call so the user gets a
+/// message naming the size instead of an `invalid_input` about a field.
+const USER_DATA_MAX: usize = 32 * 1024;
+
+/// How long the `start_server` action ID of a new server is kept. Far longer than any
+/// start takes; after it, [`state::off_is_starting`] falls back to the server's age.
+const START_ACTION_TTL_SECS: u32 = 3600;
+
+/// The behaviour profile (provider contract section 4), one `axis=code` per word; the
+/// guide's "Behaviour profile" section gives the reason for each.
+const PROFILE: &str = "readiness=provisioning-window create-return=submit delete-return=returns-early \
+    ip-source=assigned-at-create gc-mark=native-labels created-at=backend-timestamp list-partial=fail-whole \
+    quota=detected not-found=status-404 primary-key=allocated-id provisioning-state=native \
+    async-ops=backend-lock secondary-resources=cascade credentials=mounted-files client-kind=thin-client \
+    timeouts=per-call logging=outcome-only child-spans=transport-wrapper backend-test=integration-tag";
+
+fn cfg() -> Result<Config, ProviderError> {
+    config::parse(&sdk::config())
+}
+
+/// One debug line per operation outcome: what happened, never tokens or user data.
+fn logged<T>(
+    op: &str,
+    subject: &str,
+    r: Result<(T, String), ProviderError>,
+) -> Result<T, ProviderError> {
+    match r {
+        Ok((v, what)) => {
+            sdk::debug!("hetzner {op} {subject}: {what}");
+            Ok(v)
+        }
+        Err(e) => {
+            let code = e.code.as_deref().unwrap_or("-");
+            sdk::debug!(
+                "hetzner {op} {subject}: {:?} ({code}): {}",
+                e.class,
+                e.message
+            );
+            Err(e)
+        }
+    }
+}
+
+fn ok(r: Response) -> Result<Response, HttpError> {
+    r.error_for_status()
+}
+
+/// Hetzner takes `user_data` as a JSON string, so bytes that are not UTF-8 cannot travel
+/// as they are. They are sent base64-encoded instead: cloud-init's Hetzner datasource
+/// base64-decodes user data it can decode, so the guest still receives the original
+/// bytes. UTF-8 user data is sent untouched.
+fn user_data(cloud_init: &[u8]) -> Result<Option<String>, ProviderError> {
+    if cloud_init.is_empty() {
+        return Ok(None);
+    }
+    let (text, how) = match std::str::from_utf8(cloud_init) {
+        Ok(s) => (s.to_string(), "as is"),
+        Err(_) => (
+            BASE64.encode(cloud_init),
+            "base64-encoded, since it is not UTF-8",
+        ),
+    };
+    if text.len() > USER_DATA_MAX {
+        let msg = format!(
+            "cloud-init is {} bytes ({} bytes {how}); Hetzner accepts at most {USER_DATA_MAX} bytes of user data",
+            cloud_init.len(),
+            text.len()
+        );
+        return Err(ProviderError::permanent(msg).with_code("UserDataTooLarge"));
+    }
+    Ok(Some(text))
+}
+
+fn to_instance(s: &Server, id: String) -> Instance {
+    Instance {
+        id,
+        ip: s.ipv4().to_string(),
+        state: state::base_state(&s.status, !s.ipv4().is_empty()),
+        uid: s.labels.get(MARK_UID).cloned().unwrap_or_default(),
+        created_at: parse_rfc3339(&s.created),
+    }
+}
+
+/// The location for a server's ID: the one Hetzner reports, else the one asked for.
+fn location_of<'a>(s: &'a Server, fallback: &'a str) -> &'a str {
+    s.location()
+        .filter(|l| config::is_location(l))
+        .unwrap_or(fallback)
+}
+
+/// The existing server called `req.name`, if it is this Proxy's. Someone else's is
+/// permanent: the name is derived from the UID, so a different UID there is a collision
+/// the operator cannot resolve by retrying.
+fn adopt(s: &Server, req: &CreateRequest, location: &str) -> Result<String, ProviderError> {
+    let uid = s
+        .labels
+        .get(MARK_UID)
+        .map(String::as_str)
+        .unwrap_or_default();
+    if uid != req.uid {
+        let msg = format!(
+            "server {:?} (id {}) already exists with uid {uid:?}, not {:?}: it is not this Proxy's",
+            s.name, s.id, req.uid
+        );
+        return Err(ProviderError::permanent(msg).with_code("NameTaken"));
+    }
+    if s.status == "deleting" {
+        // Adopting a dying server would only make the reconciler wait for it and create
+        // again; say so and let it retry once the name is free.
+        let msg = format!(
+            "server {:?} (id {}) is still being deleted; the name is free once it is gone",
+            s.name, s.id
+        );
+        return Err(ProviderError::transient(msg).with_code("NameBeingDeleted"));
+    }
+    Ok(format_id(location_of(s, location), s.id))
+}
+
+fn start_key(server_id: u64) -> String {
+    format!("start-action/{server_id}")
+}
+
+/// Keep the `start_server` action where `get` can find it: it is what tells "created, not
+/// started yet" from "stopped" while the new server is `off`.
+fn remember_start(created: &api::Created) {
+    let start = created
+        .action
+        .iter()
+        .chain(&created.next_actions)
+        .find(|a| a.command == "start_server");
+    if let Some(a) = start {
+        sdk::cache_set(
+            &start_key(created.server.id),
+            a.id.to_string().as_bytes(),
+            START_ACTION_TTL_SECS,
+        );
+    }
+}
+
+/// An action of the create answer that has already failed, as an error of the class its
+/// code has. Hetzner normally answers with running actions; one that is already `error`
+/// will not recover, and reporting it beats waiting for `get` to find out.
+fn failed_action(created: &api::Created) -> Option<ProviderError> {
+    let a = created
+        .action
+        .iter()
+        .chain(&created.next_actions)
+        .find(|a| a.status == "error")?;
+    let (code, message) = a
+        .error
+        .as_ref()
+        .map(|e| (e.code.as_str(), e.message.as_str()))
+        .unwrap_or(("action_failed", ""));
+    let class = api::class_of_code(code)
+        .filter(|c| *c != ErrorClass::NotFound)
+        .unwrap_or(ErrorClass::Transient);
+    let msg = format!(
+        "Hetzner accepted server {} but its {} action failed: {code}: {message}",
+        created.server.id, a.command
+    );
+    Some(api::with_class(class, msg).with_code(code))
+}
+
+fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
+    let cfg = cfg()?;
+    let place = cfg.resolve(&req.placement)?;
+    let labels = marks::create_labels(&req.uid, &req.installation, place.location)?;
+    let user_data = user_data(&req.cloud_init)?;
+    let api = client(&cfg.endpoint)?;
+
+    // Idempotent by name: a crash after the create call, or a lost status write, lands
+    // here again with the same name.
+    if let Some(s) = find_by_name(&api, &req.name)? {
+        return adopt(&s, req, place.location).map(|id| (id, "adopted the existing server".into()));
+    }
+
+    let mut body = json!({
+        "name": req.name,
+        "server_type": place.server_type,
+        "image": place.image,
+        "location": place.location,
+        "start_after_create": true,
+        "labels": labels,
+        // The egress address is the server's public IPv4; IPv6 comes free and is
+        // removed with the server like the IPv4.
+        "public_net": {"enable_ipv4": true, "enable_ipv6": true},
+    });
+    if let Some(ud) = &user_data {
+        body["user_data"] = json!(ud);
+    }
+    if !cfg.firewall_ids.is_empty() {
+        body["firewalls"] = cfg
+            .firewall_ids
+            .iter()
+            .map(|id| json!({ "firewall": id }))
+            .collect();
+    }
+    if !cfg.network_ids.is_empty() {
+        body["networks"] = json!(cfg.network_ids);
+    }
+    if !cfg.ssh_keys.is_empty() {
+        body["ssh_keys"] = json!(cfg.ssh_keys);
+    }
+
+    let answer = api
+        .post("/servers")
+        .json(&body)
+        .send()
+        .and_then(ok)
+        .and_then(|r| r.json::<api::Created>());
+    match answer {
+        Ok(created) => {
+            remember_start(&created);
+            if let Some(err) = failed_action(&created) {
+                return Err(err);
+            }
+            let id = format_id(
+                location_of(&created.server, place.location),
+                created.server.id,
+            );
+            let what = format!(
+                "created {id} ({} / {}, user data {} bytes)",
+                place.server_type,
+                place.image,
+                req.cloud_init.len()
+            );
+            Ok((id, what))
+        }
+        // A concurrent create (a retried reconcile, a second replica) won the race for
+        // the name: adopt its server if it is ours.
+        Err(e) if api_error(&e).is_some_and(|a| a.code == "uniqueness_error") => {
+            match find_by_name(&api, &req.name)? {
+                Some(s) => adopt(&s, req, place.location)
+                    .map(|id| (id, "adopted the server of a concurrent create".into())),
+                None => {
+                    let msg = format!(
+                        "name {:?} was taken, but no server has it now; retrying will tell",
+                        req.name
+                    );
+                    Err(ProviderError::transient(msg).with_code("uniqueness_error"))
+                }
+            }
+        }
+        Err(e) => Err(api::not_gone(
+            e,
+            "check config.endpoint and the firewall, network and SSH key IDs in the config",
+        )),
+    }
+}
+
+fn get(id: &str) -> Result<(Instance, String), ProviderError> {
+    let (_, server_id) = parse_id(id)?;
+    let api = client(&cfg()?.endpoint)?;
+    let Some(server) = fetch_server(&api, server_id)? else {
+        let msg = format!("server {server_id} does not exist");
+        return Err(ProviderError::not_found(msg).with_code("not_found"));
+    };
+    let mut inst = to_instance(&server, id.to_string());
+    if server.status == "off" && off_is_starting(&api, &server) {
+        inst.state = State::Provisioning;
+    }
+    let what = format!(
+        "{:?} (status {}{})",
+        inst.state,
+        server.status,
+        if server.locked { ", locked" } else { "" }
+    );
+    Ok((inst, what))
+}
+
+/// See [`state::off_is_starting`]; this gathers its evidence. Failing to read the action
+/// is not an error: the age rule still answers.
+fn off_is_starting(api: &Client, s: &Server) -> bool {
+    let cached = sdk::cache_get(&start_key(s.id))
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let status = cached.and_then(|action| {
+        let path = format!("/servers/{}/actions/{action}", s.id);
+        api.get_json::<api::ActionEnvelope>(&path)
+            .ok()
+            .map(|env| env.action.status)
+    });
+    let start = status
+        .as_deref()
+        .map_or(StartAction::Unknown, StartAction::Status);
+    let age = parse_rfc3339(&s.created).map(|c| now().seconds.saturating_sub(c.seconds));
+    state::off_is_starting(s.locked, start, age)
+}
+
+fn delete(id: &str) -> Result<((), String), ProviderError> {
+    let (_, server_id) = parse_id(id)?;
+    let api = client(&cfg()?.endpoint)?;
+    let Some(server) = fetch_server(&api, server_id)? else {
+        return Ok(((), "already gone".into()));
+    };
+    let leftovers = cascade_primary_ips(&api, &server)?;
+    let what = if server.status == "deleting" {
+        "already being deleted"
+    } else {
+        delete_server(&api, server_id)?
+    };
+    release_primary_ips(&api, &leftovers)?;
+    Ok(((), what.to_string()))
+}
+
+fn delete_server(api: &Client, server_id: u64) -> Result<&'static str, ProviderError> {
+    match api
+        .delete(&format!("/servers/{server_id}"))
+        .send()
+        .and_then(ok)
+    {
+        Ok(_) => Ok("delete started"),
+        Err(e) if is_not_found(&e) => Ok("already gone"),
+        // Another delete (GC racing the reconciler) holds the lock with its own action;
+        // any other action holding it makes this worth retrying, not giving up.
+        Err(e) if api_error(&e).is_some_and(|a| a.code == "locked") => {
+            match fetch_server(api, server_id)? {
+                None => Ok("already gone"),
+                Some(s) if s.status == "deleting" => Ok("already being deleted"),
+                Some(_) => Err(classify(e)),
+            }
+        }
+        Err(e) => Err(classify(e)),
+    }
+}
+
+/// Make sure the server's Primary IPs go with it, returning those that must be deleted
+/// explicitly afterwards.
+///
+/// Hetzner creates them with `auto_delete` on, so this normally costs one read each. One
+/// whose flag was switched off is switched back on before the server goes, so the
+/// cascade holds however long the delete takes; if that is refused, it is deleted
+/// explicitly once the server has let go of it.
+fn cascade_primary_ips(api: &Client, s: &Server) -> Result<Vec<u64>, ProviderError> {
+    let mut explicit = Vec::new();
+    for ip in s.primary_ip_ids() {
+        let path = format!("/primary_ips/{ip}");
+        let auto_delete = match api.get_json::<api::PrimaryIpEnvelope>(&path) {
+            Ok(env) => env.primary_ip.auto_delete,
+            Err(e) if is_not_found(&e) => continue,
+            Err(e) => return Err(classify(e)),
+        };
+        if auto_delete {
+            continue;
+        }
+        match api
+            .put(&path)
+            .json(&json!({"auto_delete": true}))
+            .send()
+            .and_then(ok)
+        {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => {
+                sdk::debug!(
+                    "hetzner delete: primary IP {ip} refused auto_delete ({}); deleting it explicitly",
+                    e.code_name()
+                );
+                explicit.push(ip);
+            }
+        }
+    }
+    Ok(explicit)
+}
+
+/// Delete Primary IPs the cascade will not take. Still assigned means the server is not
+/// gone yet: transient, so the operator calls delete again.
+fn release_primary_ips(api: &Client, ips: &[u64]) -> Result<(), ProviderError> {
+    for ip in ips {
+        match api
+            .delete(&format!("/primary_ips/{ip}"))
+            .send()
+            .and_then(ok)
+        {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => {
+                let err = classify(e);
+                sdk::warn!(
+                    "hetzner delete: primary IP {ip} not deleted yet: {}",
+                    err.message
+                );
+                let msg = format!(
+                    "primary IP {ip} of the server could not be deleted yet: {}",
+                    err.message
+                );
+                return Err(ProviderError {
+                    class: ErrorClass::Transient,
+                    message: msg,
+                    code: err.code,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderError> {
+    let api = client(&cfg()?.endpoint)?;
+    let servers = api::list_servers(&api, &marks::gc_selector(installation))?;
+    let mut out = Vec::new();
+    for s in servers
+        .iter()
+        .filter(|s| marks::is_gc_match(&s.labels, installation))
+    {
+        match s.location().filter(|l| config::is_location(l)) {
+            Some(location) => out.push(to_instance(s, format_id(location, s.id))),
+            // Leaving one out is safe (GC never deletes what it does not see).
+            None => sdk::warn!(
+                "hetzner list: skipping server {} ({:?}): the answer names no location",
+                s.id,
+                s.name
+            ),
+        }
+    }
+    let what = format!("{} managed servers", out.len());
+    Ok((out, what))
+}
+
+/// One cheap authenticated read per location, with the same token, verb and scope as GC's
+/// list; the count of managed servers there is a triage detail.
+fn probe(api: &Client, location: &str) -> TargetStatus {
+    let selector = marks::selector(&[(MARK_MANAGED, MARK_MANAGED_YES), (MARK_LOCATION, location)]);
+    let path = format!(
+        "/servers?label_selector={}&per_page=1",
+        encode_component(&selector)
+    );
+    let answer = api.get(&path).send().and_then(ok);
+    let result = answer.and_then(|r| Ok((r.json::<api::ServerList>()?, r)));
+    match result {
+        Ok((list, r)) => {
+            let mut details = Vec::new();
+            if let Some(n) = list
+                .meta
+                .and_then(|m| m.pagination)
+                .and_then(|p| p.total_entries)
+            {
+                details.push(("managedServers".to_string(), n.to_string()));
+            }
+            if let Some(left) = r.header("ratelimit-remaining") {
+                details.push((
+                    "rateLimitRemaining".to_string(),
+                    String::from_utf8_lossy(left).into_owned(),
+                ));
+            }
+            TargetStatus::ready(location, details)
+        }
+        Err(e) => {
+            let reason = e.reason();
+            TargetStatus::failed(location, reason, classify(e).message)
+        }
+    }
+}
+
+impl Provider for Hetzner {
+    fn info() -> PluginInfo {
+        PluginInfo {
+            has_check: true,
+            default_hosts: vec![DEFAULT_HOST.to_string()],
+            ..PluginInfo::new("hetzner", env!("CARGO_PKG_VERSION")).with_profile(PROFILE)
+        }
+    }
+
+    fn validate_config(config: &str) -> Result<(), ProviderError> {
+        config::parse(config).map(drop)
+    }
+
+    fn create(req: CreateRequest) -> Result<String, ProviderError> {
+        logged("create", &req.name, create(&req))
+    }
+
+    fn get(id: &str) -> Result<Instance, ProviderError> {
+        logged("get", id, get(id))
+    }
+
+    fn delete(id: &str) -> Result<(), ProviderError> {
+        logged("delete", id, delete(id))
+    }
+
+    fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
+        logged("list", installation, list_by_tag(installation))
+    }
+
+    fn check() -> Vec<TargetStatus> {
+        let cfg = match cfg() {
+            Ok(cfg) => cfg,
+            Err(e) => return vec![TargetStatus::failed("config", "InvalidConfig", e.message)],
+        };
+        match client(&cfg.endpoint) {
+            Ok(api) => cfg.locations.iter().map(|l| probe(&api, l)).collect(),
+            // No usable token: every location fails the same way, and no request is made.
+            Err(e) => cfg
+                .locations
+                .iter()
+                .map(|l| TargetStatus::failed(l, "Unauthorized", &e.message))
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
