@@ -21,12 +21,17 @@ pub fn run() -> Result<()> {
     }
     let table = String::from_utf8_lossy(&out.stdout);
     print!("{table}");
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let doc = format!(
         "# Benchmarks\n\nWritten by `cargo xtask bench` (release build) on a {cores}-core machine, load average at the end: {}. \
 Absolute figures move with machine load; compare the columns of one run, not runs.\n\n{table}\nRaw figures: `target/bench-runtime.json`.\n",
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     let path = ws.root.join("docs/benchmarks.md");
     std::fs::write(&path, doc).with_context(|| format!("writing {}", path.display()))?;

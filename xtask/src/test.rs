@@ -16,12 +16,19 @@ pub struct Args {
 
 /// Tools some tests drive as real processes. Under `CI=true` a missing one fails the run
 /// (the tests themselves would fail too, but this says why up front).
-const TOOLS: &[(&str, &str)] = &[("kubectl", "the fake API server's kubectl compatibility test")];
+const TOOLS: &[(&str, &str)] = &[(
+    "kubectl",
+    "the fake API server's kubectl compatibility test",
+)];
 
 pub fn run(args: &Args) -> Result<()> {
     let ci = std::env::var("CI").is_ok_and(|v| v == "true");
     for (tool, why) in TOOLS {
-        let found = Command::new(tool).arg("version").arg("--client").output().is_ok();
+        let found = Command::new(tool)
+            .arg("version")
+            .arg("--client")
+            .output()
+            .is_ok();
         if !found {
             let msg = format!("{tool} is not installed; it is needed for {why}");
             if ci {
@@ -40,7 +47,10 @@ pub fn run(args: &Args) -> Result<()> {
         .env("EGRESS_PLUGIN_DIR", &plugin_dir)
         .args(["test", "--workspace"])
         .args(&args.cargo_args);
-    println!("running: cargo test --workspace {}", args.cargo_args.join(" "));
+    println!(
+        "running: cargo test --workspace {}",
+        args.cargo_args.join(" ")
+    );
     let status = test.status().context("running cargo test")?;
     if !status.success() {
         bail!("tests failed ({status})");
