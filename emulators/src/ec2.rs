@@ -267,6 +267,10 @@ impl Emulator for Ec2Emulator {
         lock(&self.state).force_state(id, state, Instant::now());
     }
 
+    fn set_address(&self, id: &str, ip: Option<&str>) {
+        set_address(&self.state, id, ip);
+    }
+
     fn start_slow_delete(&self, id: &str) {
         start_slow_delete(&self.state, id);
     }
@@ -308,6 +312,16 @@ impl Emulator for Ec2Emulator {
 
 fn hold_provisioning(s: &Shared, id: &str, hold: bool) -> bool {
     lock(s).set_hold(id, hold, Instant::now())
+}
+
+fn set_address(s: &Shared, id: &str, ip: Option<&str>) -> bool {
+    match lock(s).instances.get_mut(id) {
+        Some(inst) => {
+            inst.public_ip = ip.map(str::to_string);
+            true
+        }
+        None => false,
+    }
 }
 
 fn start_slow_delete(s: &Shared, id: &str) -> bool {
@@ -448,6 +462,7 @@ fn router(state: Shared) -> Router {
         .route("/_emulator/dump", get(control_dump))
         .route("/_emulator/hold", post(control_hold))
         .route("/_emulator/state", post(control_state))
+        .route("/_emulator/address", post(control_address))
         .route("/_emulator/deleting", post(control_deleting))
         .route("/_emulator/finish-deletes", post(control_finish_deletes))
         .route("/_emulator/lock", post(control_lock))
@@ -694,6 +709,22 @@ async fn control_state(
 #[derive(Deserialize)]
 struct IdBody {
     id: String,
+}
+
+#[derive(Deserialize)]
+struct AddressBody {
+    id: String,
+    ip: Option<String>,
+}
+
+async fn control_address(
+    AxState(s): AxState<Shared>,
+    body: Result<Json<AddressBody>, JsonRejection>,
+) -> Response {
+    match body {
+        Ok(Json(b)) => done(set_address(&s, &b.id, b.ip.as_deref())),
+        Err(e) => bad_json(e),
+    }
 }
 
 async fn control_deleting(

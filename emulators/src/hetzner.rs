@@ -494,6 +494,10 @@ impl Emulator for HetznerEmulator {
         lock(&self.state).finish_deletes();
     }
 
+    fn set_address(&self, id: &str, ip: Option<&str>) {
+        self.with_server(id, |b, n| b.set_address(n, ip));
+    }
+
     fn set_locked(&self, id: &str, locked: bool) {
         self.with_server(id, |b, n| b.set_locked(n, locked));
     }

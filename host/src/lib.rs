@@ -2,6 +2,7 @@
 //! with every cloud backend a sandboxed WebAssembly plugin.
 
 pub mod config;
+pub mod conformance;
 pub mod plugin;
 pub mod provider;
 pub mod telemetry;

@@ -439,6 +439,11 @@ impl State {
             return false;
         };
         inst.hold = hold;
+        if hold && inst.state == "running" {
+            // Back to provisioning, as the control surface promises: no address, not running.
+            inst.public_ip = None;
+            inst.state = "pending".into();
+        }
         if !hold {
             inst.phase_since = now;
             inst.phase_seen = 0;

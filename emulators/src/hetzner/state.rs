@@ -444,6 +444,39 @@ impl Backend {
 
     // ---- control surface ----------------------------------------------------------------
 
+    /// `None` deletes the server's primary IPv4 (as if it had been created without one);
+    /// `Some` gives it that address, creating an auto-delete primary IP when it has none.
+    pub(crate) fn set_address(&mut self, id: u64, ip: Option<&str>) -> bool {
+        let Some(s) = self.servers.get(&id) else {
+            return false;
+        };
+        let (current, location) = (s.ipv4, s.location.clone());
+        match (ip, current) {
+            (None, Some(iid)) => {
+                self.ips.remove(&iid);
+                if let Some(s) = self.servers.get_mut(&id) {
+                    s.ipv4 = None;
+                }
+            }
+            (None, None) => {}
+            (Some(addr), Some(iid)) => {
+                if let Some(p) = self.ips.get_mut(&iid) {
+                    p.ip = addr.to_string();
+                }
+            }
+            (Some(addr), None) => {
+                let iid = self.new_ip(IpKind::V4, &location, Some(id), true);
+                if let Some(p) = self.ips.get_mut(&iid) {
+                    p.ip = addr.to_string();
+                }
+                if let Some(s) = self.servers.get_mut(&id) {
+                    s.ipv4 = Some(iid);
+                }
+            }
+        }
+        true
+    }
+
     pub(crate) fn hold(&mut self, id: u64, hold: bool) -> bool {
         let Some(s) = self.servers.get_mut(&id) else {
             return false;

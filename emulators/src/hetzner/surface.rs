@@ -19,6 +19,7 @@ pub(crate) fn router() -> Router<Shared> {
         .route("/_emulator/dump", get(dump))
         .route("/_emulator/hold", post(hold))
         .route("/_emulator/state", post(state))
+        .route("/_emulator/address", post(address))
         .route("/_emulator/deleting", post(deleting))
         .route("/_emulator/finish-deletes", post(finish_deletes))
         .route("/_emulator/lock", post(set_lock))
@@ -78,6 +79,16 @@ struct StateBody {
 
 async fn state(State(s): State<Shared>, Json(b): Json<StateBody>) -> Response {
     with_id(&s, &b.id, |be, id| be.set_state(id, &b.state))
+}
+
+#[derive(Deserialize)]
+struct AddressBody {
+    id: String,
+    ip: Option<String>,
+}
+
+async fn address(State(s): State<Shared>, Json(b): Json<AddressBody>) -> Response {
+    with_id(&s, &b.id, |be, id| be.set_address(id, b.ip.as_deref()))
 }
 
 #[derive(Deserialize)]

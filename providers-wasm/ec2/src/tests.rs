@@ -836,33 +836,3 @@ fn default_hosts_are_exact_regional_endpoints() {
     };
     assert_eq!(allow_entry(&ep), "http://127.0.0.1:4566");
 }
-
-#[test]
-fn profile_answers_every_axis() {
-    let info = PluginInfo::new("ec2", "0").with_profile(PROFILE);
-    let axes: Vec<&str> = info.profile.iter().map(|(a, _)| a.as_str()).collect();
-    assert_eq!(
-        axes,
-        [
-            "readiness",
-            "create-return",
-            "delete-return",
-            "ip-source",
-            "gc-mark",
-            "created-at",
-            "list-partial",
-            "quota",
-            "not-found",
-            "primary-key",
-            "provisioning-state",
-            "async-ops",
-            "secondary-resources",
-            "credentials",
-            "client-kind",
-            "timeouts",
-            "logging",
-            "child-spans",
-            "backend-test",
-        ]
-    );
-}

@@ -13,17 +13,21 @@ mod state;
 use api::{Server, api_error, classify, client, fetch_server, find_by_name, is_not_found};
 use config::Config;
 use data_encoding::BASE64;
+#[cfg(feature = "export")]
+use egress_guest_sdk::export_provider;
 use egress_guest_sdk::http::{Client, HttpError, Response, encode_component};
 use egress_guest_sdk::time::{now, parse_rfc3339};
 use egress_guest_sdk::{
     self as sdk, CreateRequest, ErrorClass, Instance, MARK_MANAGED, MARK_MANAGED_YES, MARK_UID,
-    PluginInfo, Provider, ProviderError, State, TargetStatus, export_provider,
+    PluginInfo, Provider, ProviderError, State, TargetStatus,
 };
 use marks::{MARK_LOCATION, format_id, parse_id};
 use serde_json::json;
 use state::StartAction;
 
-struct Hetzner;
+/// The provider. Public so that a test plugin can wrap it (see the `export` feature).
+pub struct Hetzner;
+#[cfg(feature = "export")]
 export_provider!(Hetzner);
 
 /// The public API, the only host a default install may reach.

@@ -152,7 +152,7 @@ fn actions_of_the_create_answer() {
 }
 
 #[test]
-fn info_answers_every_profile_axis() {
+fn info_names_the_type_hosts_and_check() {
     let info = <Hetzner as Provider>::info();
     assert_eq!(info.type_name, "hetzner");
     assert!(info.has_check);
@@ -160,30 +160,7 @@ fn info_answers_every_profile_axis() {
         info.default_hosts,
         vec!["https://api.hetzner.cloud:443".to_string()]
     );
-    let axes: Vec<&str> = info.profile.iter().map(|(a, _)| a.as_str()).collect();
-    assert_eq!(
-        axes,
-        [
-            "readiness",
-            "create-return",
-            "delete-return",
-            "ip-source",
-            "gc-mark",
-            "created-at",
-            "list-partial",
-            "quota",
-            "not-found",
-            "primary-key",
-            "provisioning-state",
-            "async-ops",
-            "secondary-resources",
-            "credentials",
-            "client-kind",
-            "timeouts",
-            "logging",
-            "child-spans",
-            "backend-test",
-        ]
-    );
-    assert!(info.profile.iter().all(|(_, code)| !code.is_empty()));
+    // The profile itself is checked, axis by axis, by the conformance suite
+    // (`profile-answers-every-axis`).
+    assert!(!info.profile.is_empty());
 }
