@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod conformance;
+pub mod health;
 pub mod plugin;
 pub mod provider;
 pub mod telemetry;

@@ -21,8 +21,18 @@ const TOOLS: &[(&str, &str)] = &[(
     "the fake API server's kubectl compatibility test",
 )];
 
+/// Debian packages some tests run as real processes: (binary, package, why).
+const PACKAGES: &[(&str, &str, &str)] = &[(
+    "tinyproxy",
+    "tinyproxy",
+    "the health probe tests (a real CONNECT through a proxy)",
+)];
+
 pub fn run(args: &Args) -> Result<()> {
     let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    for (bin, package, why) in PACKAGES {
+        ensure_package(bin, package, why, ci)?;
+    }
     for (tool, why) in TOOLS {
         let found = Command::new(tool)
             .arg("version")
@@ -55,5 +65,44 @@ pub fn run(args: &Args) -> Result<()> {
     if !status.success() {
         bail!("tests failed ({status})");
     }
+    Ok(())
+}
+
+fn on_path(bin: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths)
+            .chain([std::path::PathBuf::from("/usr/sbin")])
+            .any(|d| d.join(bin).is_file())
+    })
+}
+
+/// Installs `package` with apt-get when `bin` is missing and we are root (CI machines and
+/// fresh containers are); otherwise says what to install. Under CI a failure is an error.
+fn ensure_package(bin: &str, package: &str, why: &str, ci: bool) -> Result<()> {
+    if on_path(bin) {
+        return Ok(());
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if root && on_path("apt-get") {
+        println!("installing {package} (needed for {why})");
+        let quiet = |args: &[&str]| {
+            Command::new("apt-get")
+                .args(args)
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if quiet(&["update", "-qq"]) && quiet(&["install", "-y", "-qq", package]) && on_path(bin) {
+            return Ok(());
+        }
+    }
+    let msg = format!("{bin} is not installed (apt-get install {package}); it is needed for {why}");
+    if ci {
+        bail!("{msg}");
+    }
+    eprintln!("!!! {msg}: those tests will be skipped");
     Ok(())
 }

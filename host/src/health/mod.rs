@@ -1,0 +1,230 @@
+//! The health engine: probes every running proxy on an interval with a real `CONNECT`
+//! ([`probe`]), turns the results into a `Healthy` verdict with thresholds ([`verdict`]),
+//! and hands each verdict to a sink (the controller writes it to the Proxy's status).
+//!
+//! The engine owns no Kubernetes state: the controller tells it which proxies are
+//! running ([`HealthEngine::upsert`], [`HealthEngine::remove`]), so the probing can be
+//! tested against a local proxy without any API server.
+
+pub mod probe;
+pub mod verdict;
+
+pub use probe::{ProbeError, ProbeOk, ProbeSpec};
+pub use verdict::{Thresholds, Verdict};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Time between two probes of one proxy.
+    pub interval: Duration,
+    /// Probes in flight at once.
+    pub concurrency: usize,
+    pub thresholds: Thresholds,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            interval: Duration::from_secs(30),
+            concurrency: 16,
+            thresholds: Thresholds::default(),
+        }
+    }
+}
+
+/// One probe's outcome for one proxy, as the sink gets it.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The key the proxy was registered under (`namespace/name`).
+    pub key: String,
+    pub verdict: Verdict,
+    /// The verdict flipped with this probe.
+    pub changed: bool,
+    pub at: SystemTime,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    /// `Healthy` or the failure reason; never the proxy, to keep cardinality flat.
+    result: String,
+}
+
+/// `proxy_operator_health_probes_total{result}` and the probe latency histogram.
+#[derive(Clone)]
+pub struct HealthMetrics {
+    probes: Family<ResultLabels, Counter>,
+    latency: Histogram,
+}
+
+impl HealthMetrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = HealthMetrics {
+            probes: Family::default(),
+            latency: Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+        };
+        registry.register(
+            "proxy_operator_health_probes",
+            "Health probes (CONNECT through the proxy) by result",
+            m.probes.clone(),
+        );
+        registry.register(
+            "proxy_operator_health_probe_duration_seconds",
+            "Time to a successful CONNECT (and egress check)",
+            m.latency.clone(),
+        );
+        m
+    }
+
+    pub fn probes(&self, result: &str) -> u64 {
+        self.probes
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .get()
+    }
+}
+
+struct Entry {
+    spec: ProbeSpec,
+    ip: String,
+    verdict: Verdict,
+}
+
+pub struct HealthEngine {
+    cfg: EngineConfig,
+    targets: Mutex<BTreeMap<String, Entry>>,
+    metrics: Option<HealthMetrics>,
+}
+
+impl HealthEngine {
+    pub fn new(cfg: EngineConfig, metrics: Option<HealthMetrics>) -> Arc<Self> {
+        Arc::new(HealthEngine {
+            cfg,
+            targets: Mutex::new(BTreeMap::new()),
+            metrics,
+        })
+    }
+
+    /// Starts (or keeps) probing `key` at `ip` with `spec`. A new address or proxy starts
+    /// a fresh verdict: the history of the old instance says nothing about the new one.
+    pub fn upsert(&self, key: &str, spec: ProbeSpec, ip: &str) {
+        let mut t = self.targets.lock().expect("health targets lock");
+        match t.get_mut(key) {
+            Some(e) if e.ip == ip && e.spec.proxy == spec.proxy => e.spec = spec,
+            _ => {
+                t.insert(
+                    key.to_string(),
+                    Entry {
+                        spec,
+                        ip: ip.to_string(),
+                        verdict: Verdict::default(),
+                    },
+                );
+            }
+        }
+    }
+
+    pub fn remove(&self, key: &str) {
+        self.targets
+            .lock()
+            .expect("health targets lock")
+            .remove(key);
+    }
+
+    pub fn verdict(&self, key: &str) -> Option<Verdict> {
+        self.targets
+            .lock()
+            .expect("health targets lock")
+            .get(key)
+            .map(|e| e.verdict.clone())
+    }
+
+    /// Probes every registered proxy once, `concurrency` at a time, and folds the results
+    /// into their verdicts. A proxy removed or re-addressed meanwhile keeps its new state.
+    pub async fn round(&self) -> Vec<Report> {
+        let snapshot: Vec<(String, ProbeSpec, String)> = self
+            .targets
+            .lock()
+            .expect("health targets lock")
+            .iter()
+            .map(|(k, e)| (k.clone(), e.spec.clone(), e.ip.clone()))
+            .collect();
+        let permits = Arc::new(tokio::sync::Semaphore::new(self.cfg.concurrency.max(1)));
+        let mut set = tokio::task::JoinSet::new();
+        for (key, spec, ip) in snapshot {
+            let permits = permits.clone();
+            let span = tracing::debug_span!("health.probe", proxy = %key, addr = %spec.proxy);
+            set.spawn(
+                async move {
+                    let _permit = permits.acquire_owned().await;
+                    let r = probe::probe(&spec, &ip).await;
+                    (key, spec.proxy, ip, r)
+                }
+                .instrument(span),
+            );
+        }
+        let mut reports = Vec::new();
+        while let Some(joined) = set.join_next().await {
+            let Ok((key, proxy, ip, result)) = joined else {
+                continue;
+            };
+            if let Some(m) = &self.metrics {
+                let label = match &result {
+                    Ok(_) => "Healthy",
+                    Err(e) => e.reason(),
+                };
+                m.probes
+                    .get_or_create(&ResultLabels {
+                        result: label.into(),
+                    })
+                    .inc();
+                if let Ok(ok) = &result {
+                    m.latency.observe(ok.latency.as_secs_f64());
+                }
+            }
+            let mut t = self.targets.lock().expect("health targets lock");
+            let Some(e) = t.get_mut(&key) else { continue };
+            if e.ip != ip || e.spec.proxy != proxy {
+                continue;
+            }
+            let changed = e.verdict.observe(&result, self.cfg.thresholds);
+            if changed {
+                tracing::info!(proxy = %key, healthy = e.verdict.healthy, reason = %e.verdict.reason, "health changed");
+            }
+            reports.push(Report {
+                key,
+                verdict: e.verdict.clone(),
+                changed,
+                at: SystemTime::now(),
+            });
+        }
+        reports.sort_by(|a, b| a.key.cmp(&b.key));
+        reports
+    }
+
+    /// Runs rounds every `interval` until cancelled, giving each report to `sink`.
+    pub async fn run(self: Arc<Self>, cancel: CancellationToken, sink: impl Fn(Report)) {
+        let mut tick = tokio::time::interval(self.cfg.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                reports = self.round() => reports.into_iter().for_each(&sink),
+            }
+        }
+    }
+}

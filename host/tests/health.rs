@@ -1,0 +1,355 @@
+//! The health probe and engine against a real tinyproxy on 127.0.0.1: an open proxy, one
+//! that refuses to tunnel to the target port, one that wants credentials, a dead address
+//! and a black hole. tinyproxy is installed by `cargo xtask test`; without it these tests
+//! skip loudly (and fail under CI=true).
+
+use proxy_operator::health::{
+    EngineConfig, HealthEngine, HealthMetrics, ProbeError, ProbeSpec, Thresholds, probe::probe,
+};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A tinyproxy child process on a free loopback port, killed on drop.
+struct Tinyproxy {
+    child: Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Tinyproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tinyproxy_bin() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+            .map(|d| d.join("tinyproxy"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        let msg =
+            "tinyproxy is not installed (cargo xtask test installs it: apt-get install tinyproxy)";
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{msg}");
+        }
+        eprintln!("\n!!! SKIPPING: {msg}\n");
+    }
+    found
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Tinyproxy {
+    /// `extra` lines go into the config (ConnectPort, BasicAuth).
+    async fn start(bin: &PathBuf, extra: &str) -> Tinyproxy {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let conf = dir.path().join("tinyproxy.conf");
+        std::fs::write(
+            &conf,
+            format!("Port {port}\nListen 127.0.0.1\nAllow 127.0.0.1\nLogLevel Error\nMaxClients 50\n{extra}\n"),
+        )
+        .unwrap();
+        let child = Command::new(bin)
+            .arg("-d")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "tinyproxy did not listen on {addr}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Tinyproxy {
+            child,
+            addr,
+            _dir: dir,
+        }
+    }
+}
+
+/// An HTTP server on 127.0.0.1 whose every answer is the client's IP: the egress echo.
+async fn echo_server() -> (u16, tokio::task::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, peer)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = format!("{}\n", peer.ip());
+                let _ = s
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    (port, task)
+}
+
+fn spec(proxy: SocketAddr, target_port: u16, echo: bool) -> ProbeSpec {
+    ProbeSpec {
+        proxy,
+        target: format!("127.0.0.1:{target_port}"),
+        auth: None,
+        egress_echo: echo.then(|| {
+            format!("http://127.0.0.1:{target_port}/ip")
+                .parse()
+                .unwrap()
+        }),
+        timeout: Duration::from_secs(2),
+        tls: None,
+    }
+}
+
+#[tokio::test]
+async fn connect_and_egress_check_through_an_open_proxy() {
+    let Some(bin) = tinyproxy_bin() else { return };
+    let (echo, _e) = echo_server().await;
+    let tp = Tinyproxy::start(&bin, &format!("ConnectPort {echo}")).await;
+
+    let ok = probe(&spec(tp.addr, echo, false), "127.0.0.1")
+        .await
+        .unwrap();
+    assert_eq!(ok.egress_ip, None);
+    assert!(ok.latency < Duration::from_secs(2));
+
+    let ok = probe(&spec(tp.addr, echo, true), "127.0.0.1")
+        .await
+        .unwrap();
+    assert_eq!(ok.egress_ip.as_deref(), Some("127.0.0.1"));
+
+    // The proxy works, but traffic does not leave from the instance's address.
+    let err = probe(&spec(tp.addr, echo, true), "203.0.113.7")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ProbeError::EgressMismatch {
+            got: "127.0.0.1".into(),
+            want: "203.0.113.7".into()
+        }
+    );
+    assert_eq!(err.reason(), "EgressMismatch");
+}
+
+#[tokio::test]
+async fn a_proxy_that_refuses_the_tunnel_is_unhealthy() {
+    let Some(bin) = tinyproxy_bin() else { return };
+    let (echo, _e) = echo_server().await;
+    // It accepts connections, but tunnels only to 443.
+    let tp = Tinyproxy::start(&bin, "ConnectPort 443").await;
+    let err = probe(&spec(tp.addr, echo, false), "127.0.0.1")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ProbeError::Refused { status: 403, .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.reason(), "TunnelRefused");
+}
+
+#[tokio::test]
+async fn a_proxy_with_basic_auth() {
+    let Some(bin) = tinyproxy_bin() else { return };
+    let (echo, _e) = echo_server().await;
+    let password = "sentinel-proxy-password-9f3";
+    let tp = Tinyproxy::start(
+        &bin,
+        &format!("ConnectPort {echo}\nBasicAuth egress {password}"),
+    )
+    .await;
+
+    let mut s = spec(tp.addr, echo, true);
+    let err = probe(&s, "127.0.0.1").await.unwrap_err();
+    assert_eq!(err, ProbeError::AuthRequired { status: 407 });
+    assert_eq!(err.reason(), "ProxyAuthRequired");
+
+    s.auth = Some(("egress".into(), "wrong".into()));
+    let err = probe(&s, "127.0.0.1").await.unwrap_err();
+    assert!(matches!(err, ProbeError::AuthRequired { .. }), "{err:?}");
+
+    s.auth = Some(("egress".into(), password.into()));
+    let ok = probe(&s, "127.0.0.1").await.unwrap();
+    assert_eq!(ok.egress_ip.as_deref(), Some("127.0.0.1"));
+    assert!(!format!("{s:?}").contains(password));
+}
+
+#[tokio::test]
+async fn nothing_listening_and_a_black_hole() {
+    let dead: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let err = probe(&spec(dead, 443, false), "127.0.0.1")
+        .await
+        .unwrap_err();
+    assert_eq!(err.reason(), "ConnectFailed", "{err}");
+
+    // Accepts, never answers: the probe gives up at its timeout, not later.
+    let hole = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = hole.local_addr().unwrap();
+    let _held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((s, _)) = hole.accept().await {
+            conns.push(s);
+        }
+    });
+    let mut s = spec(addr, 443, false);
+    s.timeout = Duration::from_millis(300);
+    let started = Instant::now();
+    let err = probe(&s, "127.0.0.1").await.unwrap_err();
+    assert_eq!(err, ProbeError::Timeout(Duration::from_millis(300)));
+    assert!(
+        started.elapsed() < Duration::from_millis(800),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn the_engine_holds_a_verdict_until_the_failure_threshold() {
+    let Some(bin) = tinyproxy_bin() else { return };
+    let (echo, _e) = echo_server().await;
+    let good = Tinyproxy::start(&bin, &format!("ConnectPort {echo}")).await;
+    let refusing = Tinyproxy::start(&bin, "ConnectPort 443").await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = HealthMetrics::new(&mut registry);
+    let engine = HealthEngine::new(
+        EngineConfig {
+            interval: Duration::from_millis(50),
+            concurrency: 4,
+            thresholds: Thresholds {
+                failure: 3,
+                success: 1,
+            },
+        },
+        Some(metrics.clone()),
+    );
+    engine.upsert("default/good", spec(good.addr, echo, true), "127.0.0.1");
+    engine.upsert(
+        "default/refusing",
+        spec(refusing.addr, echo, false),
+        "127.0.0.1",
+    );
+
+    let r = engine.round().await;
+    let summary: Vec<(&str, bool, &str, bool)> = r
+        .iter()
+        .map(|r| {
+            (
+                r.key.as_str(),
+                r.verdict.healthy,
+                r.verdict.reason.as_str(),
+                r.changed,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("default/good", true, "Healthy", true),
+            ("default/refusing", false, "TunnelRefused", false),
+        ]
+    );
+
+    // The good proxy dies: two failed rounds hold the verdict, the third flips it.
+    let dead_addr = good.addr;
+    drop(good);
+    for round in 1..=3 {
+        let r = engine.round().await;
+        let g = r.iter().find(|r| r.key == "default/good").unwrap();
+        assert_eq!(
+            g.verdict.healthy,
+            round < 3,
+            "round {round}: {:?}",
+            g.verdict
+        );
+        assert_eq!(g.changed, round == 3);
+    }
+    assert_eq!(
+        engine.verdict("default/good").unwrap().reason,
+        "ConnectFailed"
+    );
+
+    // A replacement instance at a new address starts from scratch.
+    let replacement = Tinyproxy::start(&bin, &format!("ConnectPort {echo}")).await;
+    assert_ne!(replacement.addr, dead_addr);
+    engine.upsert(
+        "default/good",
+        spec(replacement.addr, echo, true),
+        "127.0.0.1",
+    );
+    assert_eq!(engine.verdict("default/good").unwrap().reason, "NotProbed");
+    engine.remove("default/refusing");
+
+    // run() keeps probing until cancelled.
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let task = {
+        let (engine, cancel, seen) = (engine.clone(), cancel.clone(), seen.clone());
+        tokio::spawn(async move {
+            engine
+                .run(cancel, move |r| {
+                    seen.lock().unwrap().push((r.key, r.verdict.healthy))
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(3), task)
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = seen.lock().unwrap();
+    assert!(seen.len() >= 2, "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|(k, healthy)| k == "default/good" && *healthy),
+        "{seen:?}"
+    );
+
+    assert_eq!(metrics.probes("TunnelRefused"), 4);
+    assert_eq!(metrics.probes("ConnectFailed"), 3);
+    assert!(metrics.probes("Healthy") >= 3);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("proxy_operator_health_probes_total{result=\"TunnelRefused\"} 4"),
+        "{text}"
+    );
+}
