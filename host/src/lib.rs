@@ -6,5 +6,6 @@ pub mod conformance;
 pub mod health;
 pub mod plugin;
 pub mod provider;
+pub mod provider_health;
 pub mod telemetry;
 pub mod testing;

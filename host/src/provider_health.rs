@@ -1,0 +1,470 @@
+//! The provider health monitor: every interval, runs every provider's `check`
+//! concurrently under one shared timeout, logs each target that changes readiness, sets
+//! per-target gauges, and hands the results to a sink (the controller publishes them as
+//! `ProviderHealth` objects).
+//!
+//! One timeout for the whole round, not one per provider: a round must end in bounded
+//! time whatever the plugins do, so a hung backend cannot delay the others' results.
+
+use crate::provider::{Provider, TargetStatus};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+
+/// What one provider's check came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckOutcome {
+    /// The targets, in the provider's order.
+    Checked(Vec<TargetStatus>),
+    /// The plugin has no check: reported as such, never as a failure.
+    Unsupported,
+    /// No answer within the round's timeout.
+    TimedOut(Duration),
+}
+
+#[derive(Debug, Clone)]
+pub struct ProviderCheck {
+    pub provider: String,
+    pub outcome: CheckOutcome,
+    pub checked_at: SystemTime,
+    pub duration: Duration,
+}
+
+impl ProviderCheck {
+    /// The targets to publish. A timed-out check keeps the targets the provider last
+    /// reported, each marked not ready, so a hung backend shows up as down rather than
+    /// vanishing from the status.
+    pub fn targets(&self, previous: &[String]) -> Vec<TargetStatus> {
+        match &self.outcome {
+            CheckOutcome::Checked(t) => t.clone(),
+            CheckOutcome::Unsupported => Vec::new(),
+            CheckOutcome::TimedOut(d) => previous
+                .iter()
+                .map(|name| TargetStatus {
+                    target: name.clone(),
+                    ready: false,
+                    reason: "CheckTimeout".into(),
+                    message: format!("the provider's check did not answer within {d:?}"),
+                    details: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabels {
+    provider: String,
+    target: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabels {
+    provider: String,
+}
+
+/// `proxy_operator_provider_target_up{provider,target}`,
+/// `proxy_operator_provider_check_duration_seconds{provider}`,
+/// `proxy_operator_provider_check_timestamp_seconds{provider}`.
+#[derive(Clone, Default)]
+pub struct MonitorMetrics {
+    up: Family<TargetLabels, Gauge>,
+    duration: Family<ProviderLabels, Gauge<f64, AtomicU64>>,
+    timestamp: Family<ProviderLabels, Gauge<f64, AtomicU64>>,
+}
+
+impl MonitorMetrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = MonitorMetrics::default();
+        registry.register(
+            "proxy_operator_provider_target_up",
+            "1 when the provider's health check reports the target ready, 0 otherwise",
+            m.up.clone(),
+        );
+        registry.register(
+            "proxy_operator_provider_check_duration_seconds",
+            "How long the provider's last health check took",
+            m.duration.clone(),
+        );
+        registry.register(
+            "proxy_operator_provider_check_timestamp_seconds",
+            "When the provider's last health check finished (Unix time)",
+            m.timestamp.clone(),
+        );
+        m
+    }
+
+    pub fn target_up(&self, provider: &str, target: &str) -> i64 {
+        self.up
+            .get_or_create(&TargetLabels {
+                provider: provider.into(),
+                target: target.into(),
+            })
+            .get()
+    }
+}
+
+pub struct Monitor {
+    timeout: Duration,
+    metrics: MonitorMetrics,
+    /// Last readiness per provider and target, for transition logs and timed-out rounds.
+    last: Mutex<BTreeMap<String, Vec<(String, bool)>>>,
+}
+
+impl Monitor {
+    pub fn new(timeout: Duration, metrics: MonitorMetrics) -> Self {
+        Monitor {
+            timeout,
+            metrics,
+            last: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Checks every provider once, concurrently; returns when all have answered or the
+    /// timeout has passed, in the order given.
+    pub async fn round(&self, providers: &[Arc<dyn Provider>]) -> Vec<ProviderCheck> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut set = tokio::task::JoinSet::new();
+        for (i, p) in providers.iter().enumerate() {
+            let p = p.clone();
+            set.spawn(async move {
+                let started = Instant::now();
+                let r = p.check().await;
+                (i, r, started.elapsed())
+            });
+        }
+        let mut answers: Vec<Option<(Option<Vec<TargetStatus>>, Duration)>> =
+            vec![None; providers.len()];
+        loop {
+            match tokio::time::timeout_at(deadline, set.join_next()).await {
+                Ok(Some(Ok((i, r, took)))) => answers[i] = Some((r, took)),
+                Ok(Some(Err(e))) => tracing::error!(error = %e, "provider check task failed"),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        // Whatever has not answered is dropped here, which cancels its call.
+        set.abort_all();
+        let now = SystemTime::now();
+        let checks: Vec<ProviderCheck> = providers
+            .iter()
+            .zip(answers)
+            .map(|(p, a)| {
+                let (outcome, duration) = match a {
+                    Some((Some(t), d)) => (CheckOutcome::Checked(t), d),
+                    Some((None, d)) => (CheckOutcome::Unsupported, d),
+                    None => (CheckOutcome::TimedOut(self.timeout), self.timeout),
+                };
+                ProviderCheck {
+                    provider: p.name().to_string(),
+                    outcome,
+                    checked_at: now,
+                    duration,
+                }
+            })
+            .collect();
+        for c in &checks {
+            self.record(c);
+        }
+        checks
+    }
+
+    /// Gauges and transition logs for one result.
+    fn record(&self, c: &ProviderCheck) {
+        let mut last = self.last.lock().expect("monitor lock");
+        let previous = last.remove(&c.provider).unwrap_or_default();
+        let names: Vec<String> = previous.iter().map(|(t, _)| t.clone()).collect();
+        let targets = c.targets(&names);
+        for t in &targets {
+            let before = previous
+                .iter()
+                .find(|(n, _)| *n == t.target)
+                .map(|(_, r)| *r);
+            if before != Some(t.ready) {
+                if t.ready {
+                    tracing::info!(provider = %c.provider, target = %t.target, "provider target ready");
+                } else {
+                    tracing::warn!(provider = %c.provider, target = %t.target, reason = %t.reason, detail = %t.message, "provider target not ready");
+                }
+            }
+            self.metrics
+                .up
+                .get_or_create(&TargetLabels {
+                    provider: c.provider.clone(),
+                    target: t.target.clone(),
+                })
+                .set(i64::from(t.ready));
+        }
+        // Targets that disappeared from the answer stop being exported.
+        for (name, _) in &previous {
+            if !targets.iter().any(|t| &t.target == name) {
+                self.metrics.up.remove(&TargetLabels {
+                    provider: c.provider.clone(),
+                    target: name.clone(),
+                });
+            }
+        }
+        let labels = ProviderLabels {
+            provider: c.provider.clone(),
+        };
+        self.metrics
+            .duration
+            .get_or_create(&labels)
+            .set(c.duration.as_secs_f64());
+        let ts = c
+            .checked_at
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        self.metrics.timestamp.get_or_create(&labels).set(ts);
+        last.insert(
+            c.provider.clone(),
+            targets
+                .iter()
+                .map(|t| (t.target.clone(), t.ready))
+                .collect(),
+        );
+    }
+
+    /// Runs a round every `interval` until cancelled. `providers` is asked each round, so
+    /// a config reload takes effect at the next one.
+    pub async fn run(
+        &self,
+        interval: Duration,
+        cancel: CancellationToken,
+        providers: impl Fn() -> Vec<Arc<dyn Provider>>,
+        sink: impl Fn(Vec<ProviderCheck>),
+    ) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let list = providers();
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                checks = self.round(&list) => sink(checks),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::{CreateRequest, Instance, ProviderError};
+    use async_trait::async_trait;
+
+    /// A provider whose check answers `targets` after `delay` (or has no check).
+    struct Checking {
+        name: &'static str,
+        delay: Duration,
+        targets: Mutex<Option<Vec<(&'static str, bool)>>>,
+    }
+
+    fn checking(
+        name: &'static str,
+        delay_ms: u64,
+        t: Option<Vec<(&'static str, bool)>>,
+    ) -> Arc<Checking> {
+        Arc::new(Checking {
+            name,
+            delay: Duration::from_millis(delay_ms),
+            targets: Mutex::new(t),
+        })
+    }
+
+    #[async_trait]
+    impl Provider for Checking {
+        fn name(&self) -> &str {
+            self.name
+        }
+        async fn create(&self, _: &CreateRequest) -> Result<String, ProviderError> {
+            unreachable!("the monitor only checks")
+        }
+        async fn get(&self, _: &str) -> Result<Instance, ProviderError> {
+            unreachable!("the monitor only checks")
+        }
+        async fn delete(&self, _: &str) -> Result<(), ProviderError> {
+            unreachable!("the monitor only checks")
+        }
+        async fn list_by_tag(&self, _: &str) -> Result<Vec<Instance>, ProviderError> {
+            unreachable!("the monitor only checks")
+        }
+        async fn check(&self) -> Option<Vec<TargetStatus>> {
+            tokio::time::sleep(self.delay).await;
+            let t = self.targets.lock().unwrap().clone()?;
+            Some(
+                t.into_iter()
+                    .map(|(target, ready)| TargetStatus {
+                        target: target.into(),
+                        ready,
+                        reason: if ready { "Ready" } else { "Unreachable" }.into(),
+                        message: String::new(),
+                        details: Vec::new(),
+                    })
+                    .collect(),
+            )
+        }
+    }
+
+    fn summary(c: &[ProviderCheck]) -> Vec<(String, String)> {
+        c.iter()
+            .map(|c| {
+                let what = match &c.outcome {
+                    CheckOutcome::Checked(t) => t
+                        .iter()
+                        .map(|t| format!("{}={}", t.target, t.ready))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    CheckOutcome::Unsupported => "unsupported".into(),
+                    CheckOutcome::TimedOut(_) => "timed out".into(),
+                };
+                (c.provider.clone(), what)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn one_round_under_one_timeout() {
+        let mut registry = Registry::default();
+        let metrics = MonitorMetrics::new(&mut registry);
+        let m = Monitor::new(Duration::from_millis(300), metrics.clone());
+        let slow = checking("slow", 50, Some(vec![("fsn1", true)]));
+        let providers: Vec<Arc<dyn Provider>> = vec![
+            checking(
+                "aws",
+                0,
+                Some(vec![("eu-west-1", true), ("us-east-1", false)]),
+            ),
+            checking("plain", 0, None),
+            slow.clone(),
+        ];
+        let started = Instant::now();
+        let checks = m.round(&providers).await;
+        assert!(started.elapsed() < Duration::from_millis(300));
+        assert_eq!(
+            summary(&checks),
+            [
+                ("aws".into(), "eu-west-1=true,us-east-1=false".into()),
+                ("plain".into(), "unsupported".into()),
+                ("slow".into(), "fsn1=true".into()),
+            ]
+        );
+        assert_eq!(metrics.target_up("aws", "eu-west-1"), 1);
+        assert_eq!(metrics.target_up("aws", "us-east-1"), 0);
+
+        // The slow one now hangs past the timeout: the round still ends on time, and its
+        // last known target reads not ready.
+        let hung: Vec<Arc<dyn Provider>> = vec![
+            providers[0].clone(),
+            checking("slow", 5_000, Some(vec![("fsn1", true)])),
+        ];
+        let started = Instant::now();
+        let checks = m.round(&hung).await;
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_millis(600),
+            "{took:?}"
+        );
+        assert_eq!(
+            checks[1].outcome,
+            CheckOutcome::TimedOut(Duration::from_millis(300))
+        );
+        let t = checks[1].targets(&["fsn1".to_string()]);
+        assert_eq!((t[0].ready, t[0].reason.as_str()), (false, "CheckTimeout"));
+        assert_eq!(metrics.target_up("slow", "fsn1"), 0);
+
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "proxy_operator_provider_target_up{provider=\"aws\",target=\"us-east-1\"} 0",
+            "proxy_operator_provider_check_duration_seconds{provider=\"slow\"} 0.3",
+            "proxy_operator_provider_check_timestamp_seconds{provider=\"aws\"}",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        assert!(
+            !text.contains("provider=\"plain\",target"),
+            "no targets for an unsupported check"
+        );
+    }
+
+    #[tokio::test]
+    async fn transitions_are_logged_once_and_vanished_targets_unexported() {
+        let (_guard, logs) = crate::testing::capture();
+        let mut registry = Registry::default();
+        let metrics = MonitorMetrics::new(&mut registry);
+        let m = Monitor::new(Duration::from_secs(1), metrics.clone());
+        let p = checking("hz", 0, Some(vec![("fsn1", true), ("nbg1", true)]));
+        let list: Vec<Arc<dyn Provider>> = vec![p.clone()];
+        m.round(&list).await;
+        m.round(&list).await;
+        *p.targets.lock().unwrap() = Some(vec![("fsn1", false)]);
+        m.round(&list).await;
+        m.round(&list).await;
+        let lines: Vec<String> = logs
+            .events()
+            .iter()
+            .map(|e| e.message().to_string())
+            .collect();
+        let ready = lines
+            .iter()
+            .filter(|l| *l == "provider target ready")
+            .count();
+        let down = lines
+            .iter()
+            .filter(|l| *l == "provider target not ready")
+            .count();
+        assert_eq!((ready, down), (2, 1), "{lines:#?}");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(!text.contains("nbg1"), "{text}");
+        assert_eq!(metrics.target_up("hz", "fsn1"), 0);
+    }
+
+    #[tokio::test]
+    async fn run_follows_the_provider_list_and_stops_on_cancel() {
+        let m = Monitor::new(Duration::from_secs(1), MonitorMetrics::default());
+        let current: Arc<Mutex<Vec<Arc<dyn Provider>>>> = Arc::new(Mutex::new(vec![checking(
+            "a", 0, None,
+        )
+            as Arc<dyn Provider>]));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let cancel = CancellationToken::new();
+        let run = {
+            let (current, seen, cancel) = (current.clone(), seen.clone(), cancel.clone());
+            async move {
+                m.run(
+                    Duration::from_millis(20),
+                    cancel,
+                    move || current.lock().unwrap().clone(),
+                    move |c| seen.lock().unwrap().push(summary(&c)),
+                )
+                .await
+            }
+        };
+        let task = tokio::spawn(run);
+        tokio::time::sleep(Duration::from_millis(70)).await;
+        current
+            .lock()
+            .unwrap()
+            .push(checking("b", 0, Some(vec![("x", true)])));
+        tokio::time::sleep(Duration::from_millis(70)).await;
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(1), task)
+            .await
+            .unwrap()
+            .unwrap();
+        let seen = seen.lock().unwrap();
+        assert!(seen.first().is_some_and(|s| s.len() == 1), "{seen:?}");
+        assert!(seen.last().is_some_and(|s| s.len() == 2), "{seen:?}");
+    }
+}
