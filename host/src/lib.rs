@@ -7,5 +7,6 @@ pub mod health;
 pub mod plugin;
 pub mod provider;
 pub mod provider_health;
+pub mod reload;
 pub mod telemetry;
 pub mod testing;

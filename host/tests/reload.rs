@@ -1,0 +1,106 @@
+//! Reloading providers when the providers file or a plugin file changes on disk: only the
+//! affected provider is rebuilt, and a broken new version leaves the old one serving.
+
+mod support;
+
+use proxy_operator::reload::{ReloadMetrics, Reloader};
+use std::path::Path;
+use std::sync::Arc;
+
+fn write_file(path: &Path, endpoint: &str, regions: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "providers:\n\
+             - name: ex\n  plugin: example.wasm\n  config: {{endpoint: '{endpoint}', regions: [{regions}]}}\n\
+             - name: other\n  plugin: example.wasm\n  config: {{endpoint: 'http://127.0.0.1:2', regions: [b]}}\n"
+        ),
+    )
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_what_changed_and_keeps_the_old_version_when_the_new_one_breaks() {
+    let plugins = plugins_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_dir = dir.path().join("plugins");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    let wasm = std::fs::read(plugins.join("example.wasm")).unwrap();
+    std::fs::write(plugin_dir.join("example.wasm"), &wasm).unwrap();
+    let file = dir.path().join("providers.yaml");
+    write_file(&file, "http://127.0.0.1:1", "a");
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = ReloadMetrics::new(&mut registry);
+    let mut r = Reloader::new(support::runtime(), &plugin_dir, &file, metrics.clone());
+    let c = r.poll().await.expect("first poll loads everything");
+    assert_eq!(c.loaded, ["ex", "other"]);
+    assert!(r.poll().await.is_none(), "nothing changed on disk");
+    let ex = r.providers()["ex"].clone();
+    let other = r.providers()["other"].clone();
+
+    // One entry's config changes: only that provider is rebuilt.
+    write_file(&file, "http://127.0.0.1:1", "a, a2");
+    let c = r.poll().await.unwrap();
+    assert_eq!(
+        (c.loaded.as_slice(), c.failed.len()),
+        (&["ex".to_string()][..], 0)
+    );
+    assert!(!Arc::ptr_eq(&ex, &r.providers()["ex"]));
+    assert!(Arc::ptr_eq(&other, &r.providers()["other"]));
+    let ex = r.providers()["ex"].clone();
+
+    // A config the plugin rejects: the old version keeps serving, the error is kept.
+    write_file(&file, "ftp://nope", "a");
+    let c = r.poll().await.unwrap();
+    assert!(
+        c.failed["ex"].contains("config.endpoint \"ftp://nope\""),
+        "{:?}",
+        c.failed
+    );
+    assert!(Arc::ptr_eq(&ex, &r.providers()["ex"]));
+    assert!(r.errors().contains_key("ex"));
+    assert_eq!(metrics.errors("ex"), 1);
+    assert!(
+        r.poll().await.is_none(),
+        "a broken version is not retried until the disk changes"
+    );
+
+    // Fixed: loads, and the error is cleared.
+    write_file(&file, "http://127.0.0.1:1", "a");
+    assert_eq!(r.poll().await.unwrap().loaded, ["ex"]);
+    assert!(r.errors().is_empty());
+    let ex = r.providers()["ex"].clone();
+    let other = r.providers()["other"].clone();
+
+    // A corrupt plugin file: both providers using it keep their old version.
+    std::fs::write(plugin_dir.join("example.wasm"), b"\0asm garbage").unwrap();
+    let c = r.poll().await.unwrap();
+    assert_eq!(c.failed.keys().collect::<Vec<_>>(), ["ex", "other"]);
+    assert!(Arc::ptr_eq(&ex, &r.providers()["ex"]));
+    assert!(Arc::ptr_eq(&other, &r.providers()["other"]));
+    // Reverted to the bytes that are running: nothing to rebuild, nothing wrong.
+    std::fs::write(plugin_dir.join("example.wasm"), &wasm).unwrap();
+    let c = r.poll().await.unwrap();
+    assert!(c.loaded.is_empty() && c.failed.is_empty(), "{c:?}");
+    assert!(r.errors().is_empty(), "{:?}", r.errors());
+
+    // An unparseable file changes nothing, and is reported once.
+    std::fs::write(&file, "providers: [ {name: ").unwrap();
+    let c = r.poll().await.unwrap();
+    assert!(c.failed.contains_key(""), "{:?}", c.failed);
+    assert_eq!(r.providers().len(), 2);
+    assert!(r.poll().await.is_none());
+    assert_eq!(metrics.errors(""), 1);
+
+    // An entry removed from the file stops.
+    std::fs::write(
+        &file,
+        "providers:\n- name: other\n  plugin: example.wasm\n  config: {endpoint: 'http://127.0.0.1:2', regions: [b]}\n",
+    )
+    .unwrap();
+    let c = r.poll().await.unwrap();
+    assert_eq!(c.removed, ["ex"]);
+    assert!(c.loaded.is_empty(), "other is unchanged: {:?}", c.loaded);
+    assert_eq!(r.providers().keys().collect::<Vec<_>>(), ["other"]);
+}
