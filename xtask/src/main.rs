@@ -9,6 +9,7 @@ use std::process::Command;
 
 mod bench;
 mod build_plugins;
+mod moto;
 mod test;
 
 #[derive(Parser)]
@@ -26,6 +27,9 @@ enum Cmd {
     Test(test::Args),
     /// Run the plugin runtime benchmark (release) and write docs/benchmarks.md.
     Bench,
+    /// Start a moto EC2 server as `cargo xtask test` does, print its env vars, run until
+    /// Ctrl-C (for running the moto test on its own).
+    Moto(moto::Args),
 }
 
 fn main() -> Result<()> {
@@ -33,6 +37,7 @@ fn main() -> Result<()> {
         Cmd::BuildPlugins(args) => build_plugins::run(&args),
         Cmd::Test(args) => test::run(&args),
         Cmd::Bench => bench::run(),
+        Cmd::Moto(args) => moto::run(&args),
     }
 }
 

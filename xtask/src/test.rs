@@ -2,8 +2,10 @@
 //!
 //! CI runs exactly this (through `.ci/run`, with `CI=true`), so every prerequisite is
 //! installed or checked here rather than assumed: a green run on a developer machine must
-//! mean a green run on a fresh one.
+//! mean a green run on a fresh one. That includes a moto EC2 server (see `moto.rs`) for
+//! the EC2 plugin's backend test.
 
+use crate::moto::MotoServer;
 use anyhow::{Context, Result, bail};
 use std::process::Command;
 
@@ -57,11 +59,31 @@ pub fn run(args: &Args) -> Result<()> {
         .env("EGRESS_PLUGIN_DIR", &plugin_dir)
         .args(["test", "--workspace"])
         .args(&args.cargo_args);
+
+    // The EC2 plugin's backend test (host/tests/provider_ec2_moto.rs) runs against it; it
+    // stops when `moto` is dropped, after the tests.
+    let moto = match MotoServer::start(&ws.target_dir, &ws.root) {
+        Ok(moto) => Some(moto),
+        Err(e) if ci => return Err(e.context("setting up moto (needed under CI=true)")),
+        Err(e) => {
+            eprintln!(
+                "\n!!! moto could not be set up, so the EC2 plugin's moto test will be \
+                 skipped:\n!!! {e:#}\n"
+            );
+            None
+        }
+    };
+    for (k, v) in moto.iter().flat_map(MotoServer::env) {
+        test.env(k, v);
+    }
+
     println!(
         "running: cargo test --workspace {}",
         args.cargo_args.join(" ")
     );
-    let status = test.status().context("running cargo test")?;
+    let status = test.status().context("running cargo test");
+    drop(moto);
+    let status = status?;
     if !status.success() {
         bail!("tests failed ({status})");
     }
