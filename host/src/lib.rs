@@ -1,6 +1,7 @@
 //! The egress proxy operator: keeps forward proxies running on disposable cloud instances,
 //! with every cloud backend a sandboxed WebAssembly plugin.
 
+pub mod api;
 pub mod config;
 pub mod plugin;
 pub mod provider;

@@ -49,6 +49,13 @@ enum Command {
         #[command(flatten)]
         runtime: RuntimeArgs,
     },
+    /// Print the operator's CustomResourceDefinitions as YAML (generated from the Rust types),
+    /// or write one file per CRD into a directory (how config/crd/ is regenerated).
+    Crds {
+        /// Write `<group>_<plural>.yaml` files here instead of printing to stdout.
+        #[arg(long)]
+        output_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -97,6 +104,7 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Crds { output_dir } => crds(output_dir.as_deref()),
         Command::Plugin {
             command: PluginCommand::Inspect { file, runtime },
         } => {
@@ -166,4 +174,19 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+}
+
+fn crds(output_dir: Option<&std::path::Path>) -> anyhow::Result<()> {
+    match output_dir {
+        None => print!("{}", proxy_operator::api::all_crds_yaml()?),
+        Some(dir) => {
+            for (file, crd) in proxy_operator::api::crds() {
+                let path = dir.join(file);
+                std::fs::write(&path, proxy_operator::api::crd_yaml(&crd)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
+        }
+    }
+    Ok(())
 }
