@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod config;
+pub mod controller;
 pub mod plugin;
 pub mod provider;
 pub mod telemetry;
