@@ -4,7 +4,9 @@
 pub mod api;
 pub mod config;
 pub mod controller;
+pub mod installation;
 pub mod plugin;
 pub mod provider;
+pub mod registry;
 pub mod telemetry;
 pub mod testing;

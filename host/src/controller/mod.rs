@@ -10,3 +10,8 @@ pub mod status;
 
 pub use decide::{Answer, Call, Decision, Input, Next, Observed, Timings, decide};
 pub use spec_hash::spec_hash;
+mod reconcile;
+
+pub use reconcile::{
+    Context, FIELD_MANAGER, FINALIZER, ReconcileError, Settings, backoff, observe, reconcile, run,
+};
