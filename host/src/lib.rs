@@ -4,6 +4,7 @@
 pub mod api;
 pub mod config;
 pub mod controller;
+pub mod gc;
 pub mod installation;
 pub mod plugin;
 pub mod provider;

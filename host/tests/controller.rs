@@ -613,3 +613,106 @@ async fn the_object_reference_of_events_is_the_proxy() {
     assert_eq!(ev["regarding"]["kind"], "Proxy");
     assert_eq!(ev["reportingController"], "proxy-operator");
 }
+
+/// The leak GC exists for: the operator crashes between Create and the status write, and the
+/// Proxy is deleted before it comes back, so the instance has no owner anywhere. GC removes
+/// it once it is past MinAge, and touches nothing else: the live Proxy's instance, a young
+/// orphan, an instance without a UID, another installation's instance.
+#[tokio::test]
+async fn gc_collects_the_orphan_of_a_crash_and_nothing_else() {
+    use proxy_operator::gc::{GcMetrics, GcSettings, Sweeper};
+    use std::time::SystemTime;
+
+    let mut env = Env::start().await;
+    env.fake.set_behaviour(Behaviour {
+        deleting_gets: 0,
+        ..Behaviour::default()
+    });
+    env.create("live", spec("z1")).await;
+    let live_id = env
+        .wait_running("live")
+        .await
+        .status
+        .unwrap()
+        .provider_id
+        .unwrap();
+
+    env.fake.hold_after_create(true);
+    env.create("doomed", spec("z1")).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while env.fake.instances().len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    env.crash_controller().await;
+    env.fake.hold_after_create(false);
+    env.proxies
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.start_controller();
+    env.wait("doomed", "released", |p| p.is_none()).await;
+    let orphan = env
+        .fake
+        .instances()
+        .into_iter()
+        .find(|i| i.id != live_id)
+        .expect("the crash left an instance behind")
+        .id;
+
+    let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    // Stamped a minute ahead, so it stays younger than MinAge for the whole test.
+    let young = env.fake.insert(
+        "proxy-young",
+        "uid-young",
+        INSTALLATION,
+        Some(SystemTime::now() + Duration::from_secs(60)),
+    );
+    let no_uid = env
+        .fake
+        .insert("proxy-nouid", "", INSTALLATION, Some(hour_ago));
+    let foreign = env
+        .fake
+        .insert("proxy-foreign", "uid-x", "another-install", Some(hour_ago));
+
+    let settings = GcSettings {
+        interval: Duration::from_millis(100),
+        min_age: Duration::from_millis(300),
+        installation: INSTALLATION.into(),
+    };
+    let sweeper = Sweeper::new(
+        env.api.client(),
+        env.registry.clone(),
+        settings,
+        GcMetrics::default(),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let gc = tokio::spawn(sweeper.run(async {
+        let _ = stopped.await;
+    }));
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while env.fake.instance(&orphan).is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "orphan never collected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A few more rounds: nothing else goes.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let _ = stop.send(());
+    gc.await.unwrap();
+    let mut left: Vec<String> = env.fake.instances().into_iter().map(|i| i.id).collect();
+    left.sort();
+    let mut want = vec![live_id, young, no_uid, foreign];
+    want.sort();
+    assert_eq!(left, want);
+    let deletes: Vec<String> = env
+        .fake
+        .calls()
+        .into_iter()
+        .filter(|(op, _)| *op == Op::Delete)
+        .map(|(_, id)| id)
+        .collect();
+    assert!(deletes.iter().all(|id| *id == orphan), "{deletes:?}");
+}
