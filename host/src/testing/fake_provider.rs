@@ -75,6 +75,7 @@ struct Inner {
     faults: Vec<Fault>,
     random: Option<RandomFaults>,
     calls: Vec<(Op, String)>,
+    injected: usize,
     created: usize,
     next_ip: u32,
     last_create: Option<CreateRequest>,
@@ -207,6 +208,11 @@ impl FakeProvider {
         lock(&self.inner).calls.clone()
     }
 
+    /// Calls failed by injected faults so far.
+    pub fn injected(&self) -> usize {
+        lock(&self.inner).injected
+    }
+
     pub fn count_calls(&self, op: Op) -> usize {
         lock(&self.inner)
             .calls
@@ -239,8 +245,10 @@ impl FakeProvider {
             if f.remaining == 0 {
                 inner.faults.remove(pos);
             }
+            inner.injected += 1;
             return Err(self.error(class, op, id, "injected fault"));
         }
+        let inner = &mut *inner;
         if let Some(r) = &mut inner.random {
             // xorshift64: deterministic per seed, no dependency.
             r.rng ^= r.rng << 13;
@@ -250,6 +258,7 @@ impl FakeProvider {
             if draw < r.rate && !r.classes.is_empty() {
                 let class = r.classes[r.next_class % r.classes.len()];
                 r.next_class += 1;
+                inner.injected += 1;
                 return Err(self.error(class, op, id, "injected random fault"));
             }
         }
@@ -384,9 +393,20 @@ impl Provider for FakeProvider {
         Ok(())
     }
 
+    /// A listing also lets deletions progress (like a Get of each deleting instance), so
+    /// instances deleted by GC, which never calls Get, eventually go away.
     async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
         self.enter(Op::List, installation).await?;
-        Ok(lock(&self.inner)
+        let mut inner = lock(&self.inner);
+        inner.instances.retain(|_, i| match &mut i.deleting_left {
+            Some(0) => false,
+            Some(n) => {
+                *n -= 1;
+                true
+            }
+            None => true,
+        });
+        Ok(inner
             .instances
             .values()
             .filter(|i| i.installation == installation)
