@@ -203,7 +203,8 @@ pub enum Failure {
 pub enum Next {
     /// Make this provider call and decide again with its answer.
     Call(Call),
-    /// Add the finalizer, then decide again (it must be there before the first Create).
+    /// Add the finalizer (it must be there before the first Create); the reconcile ends and
+    /// the next one starts from the updated object.
     AddFinalizer,
     /// Remove the finalizer: the Proxy may go.
     ReleaseFinalizer,

@@ -246,7 +246,7 @@ impl<'a> Shell<'a> {
             self.resolve().await
         };
         let mut status = self.proxy.status.clone().unwrap_or_default();
-        let mut has_finalizer = self.proxy.finalizers().iter().any(|f| f == FINALIZER);
+        let has_finalizer = self.proxy.finalizers().iter().any(|f| f == FINALIZER);
         let mut answer: Option<Answer> = None;
         for _ in 0..MAX_STEPS {
             let observed = observe(
@@ -271,8 +271,12 @@ impl<'a> Shell<'a> {
             match next {
                 Next::Call(call) => answer = Some(self.call(call, resolved.as_ref()).await),
                 Next::AddFinalizer => {
+                    // End here: the patch triggers the next reconcile, which then sees the
+                    // object as the server has it (finalizer included). Carrying on with
+                    // this copy would let that next reconcile start from a status older
+                    // than the one this one is about to write.
                     self.add_finalizer().await?;
-                    has_finalizer = true;
+                    return Ok(Action::requeue(timings.requeue_now));
                 }
                 Next::ReleaseFinalizer => {
                     self.remove_finalizer().await?;
