@@ -1,12 +1,17 @@
 //! The egress proxy operator: keeps forward proxies running on disposable cloud instances,
 //! with every cloud backend a sandboxed WebAssembly plugin.
 
+pub mod api;
 pub mod config;
 pub mod conformance;
+pub mod controller;
+pub mod gc;
 pub mod health;
+pub mod installation;
 pub mod plugin;
 pub mod provider;
 pub mod provider_health;
+pub mod registry;
 pub mod reload;
 pub mod telemetry;
 pub mod testing;

@@ -5,10 +5,10 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use proxy_operator::config::ProvidersFile;
 use proxy_operator::conformance::{self, Control, Options, Subject, lifecycle};
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::plugin::{Runtime, RuntimeOptions};
+use proxy_operator::plugin::{Runtime, RuntimeOptions, WasmProvider};
 use proxy_operator::provider::{Placement, Provider};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -52,6 +52,17 @@ enum Command {
         #[command(flatten)]
         runtime: RuntimeArgs,
     },
+    /// Run the operator: the Proxy controller and orphan GC over the providers loaded from
+    /// the plugin directory. Runs the loops unconditionally: deploy one replica until
+    /// leader election lands.
+    Run(Box<RunArgs>),
+    /// Print the operator's CustomResourceDefinitions as YAML (generated from the Rust types),
+    /// or write one file per CRD into a directory (how config/crd/ is regenerated).
+    Crds {
+        /// Write `<group>_<plural>.yaml` files here instead of printing to stdout.
+        #[arg(long)]
+        output_dir: Option<PathBuf>,
+    },
     /// Work with one configured provider.
     Provider {
         #[command(subcommand)]
@@ -82,6 +93,57 @@ enum Command {
         #[arg(long)]
         list: bool,
     },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Directory holding the plugin components (`*.wasm`).
+    #[arg(
+        long,
+        env = "PLUGIN_DIR",
+        default_value = "/etc/proxy-operator/plugins"
+    )]
+    plugin_dir: PathBuf,
+    /// The providers file (YAML).
+    #[arg(
+        long,
+        env = "PROVIDERS_FILE",
+        default_value = "/etc/proxy-operator/providers.yaml"
+    )]
+    providers: PathBuf,
+    #[command(flatten)]
+    runtime: RuntimeArgs,
+    /// Installation identity written on every instance and used to scope GC. Default:
+    /// derived from the cluster (kube-system's UID) and --namespace.
+    #[arg(long, env = "INSTALLATION_ID")]
+    installation: Option<String>,
+    /// The operator's own namespace (part of the default installation identity).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "egress-system")]
+    namespace: String,
+    /// Reported as the events' reporting instance.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
+    /// Proxies reconciled at once.
+    #[arg(long, default_value_t = 3)]
+    concurrency: u16,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    provisioning_poll: Duration,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    deletion_poll: Duration,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2m")]
+    drift_poll: Duration,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    requeue_now: Duration,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    quota_retry: Duration,
+    /// Retry interval while a cloud-init Secret (or key) is missing.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    input_retry: Duration,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    gc_interval: Duration,
+    /// Orphans younger than this are never deleted.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    gc_min_age: Duration,
 }
 
 #[derive(Subcommand)]
@@ -221,6 +283,8 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Crds { output_dir } => crds(output_dir.as_deref()),
+        Command::Run(args) => run(*args).await,
         Command::Plugin {
             command: PluginCommand::Inspect { file, runtime },
         } => {
@@ -380,4 +444,114 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+}
+
+fn crds(output_dir: Option<&std::path::Path>) -> anyhow::Result<()> {
+    match output_dir {
+        None => print!("{}", proxy_operator::api::all_crds_yaml()?),
+        Some(dir) => {
+            for (file, crd) in proxy_operator::api::crds() {
+                let path = dir.join(file);
+                std::fs::write(&path, proxy_operator::api::crd_yaml(&crd)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The composition root of the running operator.
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    use proxy_operator::controller::{self, Context, Settings, Timings};
+    use proxy_operator::gc::{GcMetrics, GcSettings, Sweeper};
+    use proxy_operator::provider::{Instrumented, ProviderMetrics};
+    use proxy_operator::registry::ProviderRegistry;
+
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
+    let installation = match args.installation {
+        Some(id) => id,
+        None => proxy_operator::installation::default_identity(client.clone(), &args.namespace)
+            .await
+            .context("deriving the installation identity (or pass --installation)")?,
+    };
+    tracing::info!(installation = installation.as_str(), "starting");
+
+    // Metrics are collected here; serving them is the metrics endpoint's job (not yet built).
+    let mut metrics = prometheus_client::registry::Registry::default();
+    let provider_metrics = ProviderMetrics::register(&mut metrics);
+    let gc_metrics = GcMetrics::register(&mut metrics);
+
+    // A provider that fails to load is left out (its Proxies report ProviderNotConfigured);
+    // the others run.
+    let text = std::fs::read_to_string(&args.providers)
+        .with_context(|| format!("reading providers file {}", args.providers.display()))?;
+    let file = ProvidersFile::parse(&text)?;
+    let rt = Runtime::new(args.runtime.options(&file))?;
+    let report = rt.load(&args.plugin_dir, &file).await;
+    for e in &report.plugin_errors {
+        tracing::error!(error = %e, "plugin not loaded");
+    }
+    for e in &report.provider_errors {
+        tracing::error!(error = %e, "provider not loaded");
+    }
+    let providers = report.providers.into_iter().map(|p| {
+        tracing::info!(provider.name = p.name(), "provider loaded");
+        Arc::new(Instrumented::new(p, provider_metrics.clone())) as Arc<dyn Provider>
+    });
+    let registry = ProviderRegistry::new(providers);
+
+    let mut settings = Settings::new(installation.clone());
+    settings.timings = Timings {
+        provisioning_poll: args.provisioning_poll,
+        deletion_poll: args.deletion_poll,
+        drift_poll: args.drift_poll,
+        requeue_now: args.requeue_now,
+        quota_retry: args.quota_retry,
+        input_retry: args.input_retry,
+    };
+    settings.concurrency = args.concurrency;
+    settings.instance_name = args.pod_name;
+    let ctx = Arc::new(Context::new(client.clone(), registry.clone(), settings));
+    let sweeper = Sweeper::new(
+        client,
+        registry,
+        GcSettings {
+            interval: args.gc_interval,
+            min_age: args.gc_min_age,
+            installation,
+        },
+        gc_metrics,
+    );
+
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing reconciles in flight");
+        signal.cancel();
+    });
+    tokio::join!(
+        controller::run(ctx, shutdown.clone().cancelled_owned()),
+        sweeper.run(shutdown.cancelled()),
+    );
+    Ok(())
+}
+
+/// SIGINT or SIGTERM (what Kubernetes sends on pod deletion).
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing the SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
 }

@@ -1,6 +1,10 @@
 //! Test support: a `tracing` layer that records every span and event, so tests can assert
 //! on the trace tree and prove that no secret reaches a log line or span attribute.
 //! Public (not `cfg(test)`) so integration tests and benchmarks can use it too.
+//!
+//! [`fake_provider`] is an in-memory provider with fault injection for testing the loops.
+
+pub mod fake_provider;
 
 use std::collections::HashMap;
 use std::fmt::Write;

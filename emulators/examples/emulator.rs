@@ -2,7 +2,7 @@
 //! `proxy-operator conformance` by hand:
 //!
 //! ```sh
-//! cargo run -p egress-emulators --example serve -- hetzner   # or: ec2
+//! cargo run -p egress-emulators --example emulator -- hetzner   # or: ec2
 //! ```
 //!
 //! It prints the base URL (the API and the `/_emulator/` control surface) and the
@@ -30,7 +30,7 @@ fn main() {
             Box::new(e)
         }
         other => {
-            eprintln!("usage: serve ec2|hetzner (got {other:?})");
+            eprintln!("usage: emulator ec2|hetzner (got {other:?})");
             std::process::exit(2);
         }
     };

@@ -1,0 +1,174 @@
+//! `Proxy`: one forward proxy on one disposable cloud instance.
+
+use super::schema;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Set to `"true"` to release a Proxy that is being deleted without deleting its instance:
+/// the way out when the backend can no longer be reached, or the instance was removed by
+/// hand. The instance is not protected afterwards: orphan GC deletes it once it is older than
+/// MinAge, unless its marks are removed on the backend.
+pub const ANNOTATION_SKIP_CLEANUP: &str = "egress.proxy-operator.dev/skip-cleanup";
+
+/// What the user asks for: a forward proxy on an instance of one configured provider.
+// The repeated `printcolumn(...)` arguments are distinct columns, not duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "egress.proxy-operator.dev",
+    version = "v1alpha1",
+    kind = "Proxy",
+    namespaced,
+    status = "ProxyStatus",
+    shortname = "px",
+    category = "egress",
+    derive = "PartialEq",
+    doc = "A forward proxy on its own disposable cloud instance, with its own egress IP.",
+    printcolumn(name = "Provider", type_ = "string", json_path = ".spec.provider"),
+    printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
+    printcolumn(name = "IP", type_ = "string", json_path = ".status.ip"),
+    printcolumn(name = "Port", type_ = "integer", json_path = ".status.port"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxySpec {
+    /// Name of a provider in the operator's providers file. Immutable: an instance never
+    /// moves between providers, so changing it would orphan the old instance.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("provider is immutable"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub provider: String,
+    /// Where and what to run. The values are provider-specific; the provider rejects
+    /// values it does not know with a permanent error naming the field.
+    pub placement: Placement,
+    /// User data for the instance: installs and configures the proxy software.
+    pub cloud_init: CloudInit,
+    /// TCP port the proxy listens on, on the instance's IP.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+/// Placement of the instance, handed to the provider one to one. Changing any field
+/// replaces the instance.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    #[serde(default)]
+    pub region: String,
+    #[serde(default)]
+    pub zone: String,
+    #[serde(default)]
+    pub machine_type: String,
+    #[serde(default)]
+    pub image: String,
+}
+
+/// Cloud-init user data: inline text or a key of a Secret in the Proxy's namespace,
+/// exactly one of the two. A Secret is the place for anything confidential (proxy
+/// credentials); the operator never logs the content either way.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[x_kube(
+    validation = Rule::new("has(self.inline) != has(self.secretKeyRef)")
+        .message("set exactly one of inline and secretKeyRef")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudInit {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<SecretKeyRef>,
+}
+
+/// A key of a Secret in the Proxy's own namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct SecretKeyRef {
+    #[schemars(length(min = 1))]
+    pub name: String,
+    #[schemars(length(min = 1))]
+    pub key: String,
+}
+
+/// What the operator last observed. Written only by the operator, with server-side apply
+/// under one field manager.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStatus {
+    /// The provider's opaque ID of the current instance. Recorded only after Create
+    /// returned it; cleared once the instance is gone.
+    #[serde(
+        rename = "providerID",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub provider_id: Option<String>,
+    /// The instance's IP, once it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// The port clients connect to (the spec's port, once the instance runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<i32>,
+    /// The instance's last observed state: Provisioning, Running, Stopped or Terminated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Hash of the placement, resolved cloud-init and port the current instance was
+    /// created from; a different hash of the spec means the instance gets replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_hash: Option<String>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Provisioned, Ready and Healthy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::conditions")]
+    pub conditions: Vec<Condition>,
+    /// The health engine's last CONNECT probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe: Option<LastProbe>,
+}
+
+/// One CONNECT probe through the proxy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastProbe {
+    #[schemars(schema_with = "schema::time")]
+    pub time: Time,
+    /// Round trip of the successful CONNECT, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<i64>,
+    /// Why the probe failed; absent when it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Proxy {
+    /// Whether the skip-cleanup annotation is set to a true value.
+    pub fn skip_cleanup(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_SKIP_CLEANUP))
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    }
+
+    /// The condition of `type_`, if set.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+    }
+}

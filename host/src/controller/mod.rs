@@ -1,0 +1,17 @@
+//! The Proxy reconciler.
+//!
+//! Decisions are pure ([`decide()`], [`spec_hash()`], [`status::apply`]) and table-tested;
+//! the Kubernetes and provider calls live in a thin shell around them.
+
+pub mod decide;
+pub mod input;
+mod spec_hash;
+pub mod status;
+
+pub use decide::{Answer, Call, Decision, Input, Next, Observed, Timings, decide};
+pub use spec_hash::spec_hash;
+mod reconcile;
+
+pub use reconcile::{
+    Context, FIELD_MANAGER, FINALIZER, ReconcileError, Settings, backoff, observe, reconcile, run,
+};

@@ -1,0 +1,644 @@
+//! The shell around [`decide`]: reads what it needs, writes status, publishes events, adds
+//! and removes the finalizer, and makes the provider calls. No branching on outcomes here;
+//! that is all in `decide.rs`.
+
+use super::decide::{
+    Answer, Call, CondView, Decision, EventNote, Failure, Input, Next, Observed, Timings, decide,
+};
+use super::{input, spec_hash, status};
+use crate::api::{Proxy, ProxyStatus, condition};
+use crate::provider::{
+    Class, CreateRequest, Op, Placement, Provider, ProviderError, name_from_uid,
+};
+use crate::registry::ProviderRegistry;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing::{Instrument, debug, info, warn};
+
+/// Our finalizer on every Proxy: the instance is deleted before the Proxy goes.
+pub const FINALIZER: &str = "egress.proxy-operator.dev/instance";
+/// The one field manager every status write is applied under.
+pub const FIELD_MANAGER: &str = "proxy-operator";
+
+/// Upper bound on decide/act rounds in one reconcile. The longest path is
+/// Get (NotFound) -> Create, or AddFinalizer -> Create; anything longer is a bug, and
+/// the reconcile then just comes back after RequeueNow.
+const MAX_STEPS: usize = 6;
+/// Events carry at most 1 kB of note; conditions get a generous but bounded message.
+const EVENT_NOTE_MAX: usize = 1024;
+const CONDITION_MESSAGE_MAX: usize = 4096;
+
+/// What the reconciler is configured with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub timings: Timings,
+    /// Written on every instance at Create; see [`crate::installation`].
+    pub installation: String,
+    /// Proxies reconciled at once.
+    pub concurrency: u16,
+    /// First retry after a failed reconcile; doubles per consecutive failure.
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// `reportingInstance` of events (the pod name).
+    pub instance_name: Option<String>,
+}
+
+impl Settings {
+    pub fn new(installation: impl Into<String>) -> Self {
+        Settings {
+            timings: Timings::default(),
+            installation: installation.into(),
+            concurrency: 3,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            instance_name: None,
+        }
+    }
+}
+
+/// Why a reconcile failed. All of them are retried with exponential backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    #[error("reading the cloud-init Secret: {0}")]
+    CloudInit(String),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("Proxy has no {0}")]
+    Metadata(&'static str),
+}
+
+impl From<Failure> for ReconcileError {
+    fn from(f: Failure) -> Self {
+        match f {
+            Failure::Provider(e) => ReconcileError::Provider(e),
+            Failure::Input(m) => ReconcileError::CloudInit(m),
+        }
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    client: kube::Client,
+    registry: ProviderRegistry,
+    recorder: Recorder,
+    settings: Settings,
+    /// Consecutive failures per Proxy UID, for the backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(client: kube::Client, registry: ProviderRegistry, settings: Settings) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "proxy-operator".into(),
+                instance: settings.instance_name.clone(),
+            },
+        );
+        Context {
+            client,
+            registry,
+            recorder,
+            settings,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Runs the Proxy controller until `shutdown` resolves (then finishes the reconciles in
+/// flight). Every Proxy is reconciled again whenever the provider registry changes.
+pub async fn run(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let proxies: Api<Proxy> = Api::all(ctx.client.clone());
+    let concurrency = ctx.settings.concurrency;
+    Controller::new(proxies, watcher::Config::default())
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .reconcile_all_on(ctx.registry.changes())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                // Reconcile errors were logged by error_policy; these are watch/queue errors.
+                debug!(error = %e, "controller");
+            }
+        })
+        .await;
+}
+
+/// Backoff after a failed reconcile: base * 2^(n-1), capped.
+pub fn backoff(failures: u32, base: Duration, max: Duration) -> Duration {
+    let factor = 1u32
+        .checked_shl(failures.saturating_sub(1))
+        .unwrap_or(u32::MAX);
+    base.saturating_mul(factor).min(max)
+}
+
+fn error_policy(proxy: Arc<Proxy>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
+    let key = proxy.uid().unwrap_or_else(|| proxy.name_any());
+    let n = {
+        let mut failures = ctx.failures();
+        let n = failures.entry(key).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let delay = backoff(n, ctx.settings.backoff_base, ctx.settings.backoff_max);
+    warn!(
+        proxy.namespace = proxy.namespace().unwrap_or_default(),
+        proxy.name = proxy.name_any(),
+        error = %err,
+        failures = n,
+        retry_in = ?delay,
+        "reconcile failed"
+    );
+    Action::requeue(delay)
+}
+
+/// One reconcile of one Proxy.
+pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let span = tracing::info_span!(
+        "reconcile",
+        proxy.namespace = proxy.namespace().unwrap_or_default(),
+        proxy.name = proxy.name_any(),
+        proxy.uid = proxy.uid().unwrap_or_default(),
+        provider.name = proxy.spec.provider.as_str(),
+        generation = proxy.metadata.generation.unwrap_or_default(),
+    );
+    let result = Shell::new(&proxy, &ctx)?.run().instrument(span).await;
+    if result.is_ok()
+        && let Some(uid) = proxy.uid()
+    {
+        ctx.failures().remove(&uid);
+    }
+    result
+}
+
+/// The cloud-init and port the provider gets.
+struct Resolved {
+    cloud_init: Vec<u8>,
+    port: u16,
+}
+
+struct Shell<'a> {
+    proxy: &'a Proxy,
+    ctx: &'a Context,
+    api: Api<Proxy>,
+    namespace: String,
+    name: String,
+    uid: String,
+    provider: Option<Arc<dyn Provider>>,
+    /// The object's resourceVersion as of our last write, for the finalizer patch's
+    /// optimistic lock (a status write in the same reconcile moves it).
+    resource_version: Option<String>,
+}
+
+impl<'a> Shell<'a> {
+    fn new(proxy: &'a Proxy, ctx: &'a Context) -> Result<Self, ReconcileError> {
+        let namespace = proxy
+            .namespace()
+            .ok_or(ReconcileError::Metadata("namespace"))?;
+        let name = proxy
+            .metadata
+            .name
+            .clone()
+            .ok_or(ReconcileError::Metadata("name"))?;
+        let uid = proxy.uid().ok_or(ReconcileError::Metadata("uid"))?;
+        Ok(Shell {
+            proxy,
+            ctx,
+            api: Api::namespaced(ctx.client.clone(), &namespace),
+            provider: ctx.registry.get(&proxy.spec.provider),
+            resource_version: proxy.resource_version(),
+            namespace,
+            name,
+            uid,
+        })
+    }
+
+    async fn run(mut self) -> Result<Action, ReconcileError> {
+        let timings = &self.ctx.settings.timings;
+        let deleting = self.proxy.metadata.deletion_timestamp.is_some();
+        // A missing Secret must never block deletion, so it is not even read then.
+        let (input, resolved) = if deleting {
+            (
+                Input::Unavailable {
+                    message: "not resolved while deleting".into(),
+                },
+                None,
+            )
+        } else {
+            self.resolve().await
+        };
+        let mut status = self.proxy.status.clone().unwrap_or_default();
+        let has_finalizer = self.proxy.finalizers().iter().any(|f| f == FINALIZER);
+        let mut answer: Option<Answer> = None;
+        for _ in 0..MAX_STEPS {
+            let observed = observe(
+                self.proxy,
+                &status,
+                has_finalizer,
+                self.provider.is_some(),
+                input.clone(),
+            );
+            let Decision {
+                status: change,
+                events,
+                next,
+            } = decide(&observed, answer.take().as_ref(), timings);
+            debug!(next = ?next, status_change = ?change, "decided");
+            if !change.is_empty() {
+                status = self.write_status(&status, &change).await?;
+            }
+            for e in events {
+                self.publish(e).await;
+            }
+            match next {
+                Next::Call(call) => answer = Some(self.call(call, resolved.as_ref()).await),
+                Next::AddFinalizer => {
+                    // End here: the patch triggers the next reconcile, which then sees the
+                    // object as the server has it (finalizer included). Carrying on with
+                    // this copy would let that next reconcile start from a status older
+                    // than the one this one is about to write.
+                    self.add_finalizer().await?;
+                    return Ok(Action::requeue(timings.requeue_now));
+                }
+                Next::ReleaseFinalizer => {
+                    self.remove_finalizer().await?;
+                    info!("finalizer released");
+                    return Ok(Action::await_change());
+                }
+                Next::Requeue(after) => return Ok(Action::requeue(after)),
+                Next::AwaitChange => return Ok(Action::await_change()),
+                Next::Fail(f) => return Err(f.into()),
+            }
+        }
+        warn!("reconcile did not settle; coming back shortly");
+        Ok(Action::requeue(timings.requeue_now))
+    }
+
+    /// Cloud-init bytes and port, and the [`Input`] decide sees.
+    async fn resolve(&self) -> (Input, Option<Resolved>) {
+        let spec = &self.proxy.spec;
+        let port = match input::port(spec) {
+            Ok(p) => p,
+            Err(message) => return (Input::Invalid { message }, None),
+        };
+        let cloud_init = match input::source(&spec.cloud_init) {
+            Err(message) => return (Input::Invalid { message }, None),
+            Ok(input::Source::Inline(text)) => text.as_bytes().to_vec(),
+            Ok(input::Source::Secret { name, key }) => {
+                let secrets: Api<Secret> =
+                    Api::namespaced(self.ctx.client.clone(), &self.namespace);
+                match secrets.get_opt(name).await {
+                    Ok(Some(secret)) => match input::secret_value(&secret, key) {
+                        Some(bytes) => bytes,
+                        None => {
+                            let message = format!(
+                                "Secret {}/{name} has no key {key:?} (spec.cloudInit.secretKeyRef)",
+                                self.namespace
+                            );
+                            return (Input::Unavailable { message }, None);
+                        }
+                    },
+                    Ok(None) => {
+                        let message = format!(
+                            "Secret {}/{name} not found (spec.cloudInit.secretKeyRef)",
+                            self.namespace
+                        );
+                        return (Input::Unavailable { message }, None);
+                    }
+                    Err(e) => {
+                        return (
+                            Input::Unreadable {
+                                message: e.to_string(),
+                            },
+                            None,
+                        );
+                    }
+                }
+            }
+        };
+        let hash = spec_hash(&spec.placement, &cloud_init, port);
+        (
+            Input::Resolved { hash },
+            Some(Resolved { cloud_init, port }),
+        )
+    }
+
+    async fn call(&self, call: Call, resolved: Option<&Resolved>) -> Answer {
+        // decide asks for calls only with a configured provider, and for Create only with
+        // resolved inputs; should that ever break, the call fails (and is retried) rather
+        // than panicking a worker.
+        let missing = |op, id: &str, what: &str| {
+            ProviderError::new(
+                Class::Transient,
+                op,
+                &self.proxy.spec.provider,
+                id,
+                format!("internal: {what}"),
+            )
+        };
+        let Some(provider) = &self.provider else {
+            let e = missing(Op::Get, "", "no provider for this call");
+            return match call {
+                Call::Create => Answer::Created(Err(e)),
+                Call::Get { purpose, .. } => Answer::Got(purpose, Err(e)),
+                Call::Delete { purpose, .. } => Answer::Deleted(purpose, Err(e)),
+            };
+        };
+        match call {
+            Call::Create => {
+                let Some(r) = resolved else {
+                    return Answer::Created(Err(missing(
+                        Op::Create,
+                        "",
+                        "inputs not resolved for Create",
+                    )));
+                };
+                let p = &self.proxy.spec.placement;
+                let req = CreateRequest {
+                    name: name_from_uid(&self.uid),
+                    uid: self.uid.clone(),
+                    namespace: self.namespace.clone(),
+                    proxy_name: self.name.clone(),
+                    installation: self.ctx.settings.installation.clone(),
+                    placement: Placement {
+                        region: p.region.clone(),
+                        zone: p.zone.clone(),
+                        machine_type: p.machine_type.clone(),
+                        image: p.image.clone(),
+                    },
+                    cloud_init: r.cloud_init.clone(),
+                    port: r.port,
+                };
+                let result = provider.create(&req).await;
+                log_call("create", &req.name, result.as_ref().err());
+                Answer::Created(result)
+            }
+            Call::Get { id, purpose } => {
+                let result = provider.get(&id).await;
+                log_call("get", &id, result.as_ref().err());
+                Answer::Got(purpose, result)
+            }
+            Call::Delete { id, purpose } => {
+                let result = provider.delete(&id).await;
+                log_call("delete", &id, result.as_ref().err());
+                Answer::Deleted(purpose, result)
+            }
+        }
+    }
+
+    /// Applies the whole status (current + change) under our field manager. Skipped when
+    /// nothing would change, so steady-state polling does not write.
+    async fn write_status(
+        &mut self,
+        current: &ProxyStatus,
+        change: &super::decide::StatusChange,
+    ) -> Result<ProxyStatus, ReconcileError> {
+        let generation = self.proxy.metadata.generation.unwrap_or_default();
+        let mut next = status::apply(current, change, generation, &now());
+        for c in &mut next.conditions {
+            truncate(&mut c.message, CONDITION_MESSAGE_MAX);
+        }
+        if next == *current {
+            return Ok(next);
+        }
+        let patch = serde_json::json!({
+            "apiVersion": Proxy::api_version(&()),
+            "kind": Proxy::kind(&()),
+            "status": next,
+        });
+        let written = self
+            .api
+            .patch_status(
+                &self.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(patch),
+            )
+            .await?;
+        self.resource_version = written.resource_version();
+        Ok(next)
+    }
+
+    /// Merge patch of the whole finalizer list, guarded by the resourceVersion it was read
+    /// at: a concurrent change fails with a conflict (and is retried) instead of being lost.
+    async fn add_finalizer(&self) -> Result<(), ReconcileError> {
+        let mut finalizers = self.proxy.finalizers().to_vec();
+        finalizers.push(FINALIZER.to_string());
+        self.patch_finalizers(finalizers).await
+    }
+
+    async fn remove_finalizer(&self) -> Result<(), ReconcileError> {
+        let finalizers = self
+            .proxy
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        self.patch_finalizers(finalizers).await
+    }
+
+    async fn patch_finalizers(&self, finalizers: Vec<String>) -> Result<(), ReconcileError> {
+        let patch = serde_json::json!({
+            "metadata": {
+                "finalizers": finalizers,
+                "resourceVersion": self.resource_version,
+            }
+        });
+        match self
+            .api
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Released and already gone: nothing left to do.
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn publish(&self, e: EventNote) {
+        let mut note = e.note;
+        truncate(&mut note, EVENT_NOTE_MAX);
+        if e.warning {
+            warn!(reason = e.reason, note = note.as_str(), "event");
+        } else {
+            info!(reason = e.reason, note = note.as_str(), "event");
+        }
+        let event = Event {
+            type_: if e.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: e.reason.to_string(),
+            note: Some(note),
+            action: e.reason.to_string(),
+            secondary: None,
+        };
+        // An event that cannot be published must not fail the reconcile.
+        if let Err(err) = self
+            .ctx
+            .recorder
+            .publish(&event, &self.proxy.object_ref(&()))
+            .await
+        {
+            warn!(error = %err, reason = e.reason, "publishing event failed");
+        }
+    }
+}
+
+fn log_call(op: &'static str, id: &str, err: Option<&ProviderError>) {
+    match err {
+        None => debug!(op, provider.id = id, "provider call ok"),
+        Some(e) => {
+            debug!(op, provider.id = id, class = e.class.as_str(), error = %e, "provider call failed")
+        }
+    }
+}
+
+/// What decide looks at, from the Proxy and its (in-memory, latest) status.
+pub fn observe(
+    proxy: &Proxy,
+    status: &ProxyStatus,
+    has_finalizer: bool,
+    provider_configured: bool,
+    input: Input,
+) -> Observed {
+    Observed {
+        generation: proxy.metadata.generation.unwrap_or_default(),
+        deleting: proxy.metadata.deletion_timestamp.is_some(),
+        has_finalizer,
+        skip_cleanup: proxy.skip_cleanup(),
+        provider_configured,
+        provider: proxy.spec.provider.clone(),
+        input,
+        provider_id: status.provider_id.clone().filter(|s| !s.is_empty()),
+        stored_hash: status.spec_hash.clone().filter(|s| !s.is_empty()),
+        port: proxy.spec.port,
+        provisioned: status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::PROVISIONED)
+            .map(|c| CondView {
+                status: c.status.clone(),
+                reason: c.reason.clone(),
+                observed_generation: c.observed_generation,
+            }),
+    }
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{CloudInit, ProxySpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let base = Duration::from_secs(1);
+        let max = Duration::from_secs(300);
+        let got: Vec<u64> = [1, 2, 3, 4, 9, 10, 40]
+            .iter()
+            .map(|n| backoff(*n, base, max).as_secs())
+            .collect();
+        assert_eq!(got, [1, 2, 4, 8, 256, 300, 300]);
+        assert_eq!(backoff(0, base, max), base);
+    }
+
+    #[test]
+    fn observe_reads_metadata_and_status() {
+        let mut p = Proxy::new(
+            "p",
+            ProxySpec {
+                provider: "fake".into(),
+                placement: Default::default(),
+                cloud_init: CloudInit::default(),
+                port: 8080,
+            },
+        );
+        p.metadata.generation = Some(3);
+        p.metadata.annotations = Some(
+            [(
+                crate::api::ANNOTATION_SKIP_CLEANUP.to_string(),
+                "True".to_string(),
+            )]
+            .into(),
+        );
+        let status = ProxyStatus {
+            provider_id: Some(String::new()),
+            spec_hash: Some("h".into()),
+            conditions: vec![Condition {
+                type_: condition::PROVISIONED.into(),
+                status: "False".into(),
+                reason: "PermanentError".into(),
+                message: String::new(),
+                observed_generation: Some(3),
+                last_transition_time: now(),
+            }],
+            ..Default::default()
+        };
+        let o = observe(
+            &p,
+            &status,
+            true,
+            false,
+            Input::Resolved { hash: "h".into() },
+        );
+        assert_eq!(o.generation, 3);
+        assert!(o.skip_cleanup && o.has_finalizer && !o.deleting && !o.provider_configured);
+        assert_eq!(o.provider_id, None, "an empty ID counts as none");
+        assert_eq!(o.stored_hash.as_deref(), Some("h"));
+        assert_eq!(o.port, 8080);
+        assert_eq!(
+            o.provisioned,
+            Some(CondView {
+                status: "False".into(),
+                reason: "PermanentError".into(),
+                observed_generation: Some(3)
+            })
+        );
+    }
+
+    #[test]
+    fn truncate_respects_char_boundaries() {
+        let mut s = "ééé".to_string();
+        truncate(&mut s, 3);
+        assert_eq!(s, "é");
+        let mut s = "abc".to_string();
+        truncate(&mut s, 10);
+        assert_eq!(s, "abc");
+    }
+}

@@ -1,0 +1,505 @@
+//! A stateful, in-memory [`Provider`] with fault injection, for testing the loops
+//! (reconciler, orphan GC) without Wasm or a backend.
+//!
+//! It keeps the contract the loops rely on: Create is idempotent by name (and refuses to
+//! adopt an instance of another UID), Get answers NotFound only once an instance is gone
+//! and keeps showing a deleting instance for a while, Delete is idempotent, a malformed ID
+//! is Permanent, and ListByTag returns only this installation's instances with their UID
+//! and creation time.
+
+use crate::provider::{
+    Class, CreateRequest, Instance, Op, Provider, ProviderError, State, TargetStatus,
+};
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+/// How instances evolve between calls.
+#[derive(Debug, Clone)]
+pub struct Behaviour {
+    /// Gets that answer Provisioning before a new instance runs (with an IP).
+    pub provisioning_gets: u32,
+    /// Gets that still show a deleted instance (as Terminated) before it is gone.
+    pub deleting_gets: u32,
+    /// Added to every call, to hold reconcile workers like a slow backend does.
+    pub latency: Duration,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Behaviour {
+            provisioning_gets: 1,
+            deleting_gets: 1,
+            latency: Duration::ZERO,
+        }
+    }
+}
+
+/// A stored instance.
+#[derive(Debug, Clone)]
+pub struct FakeInstance {
+    pub id: String,
+    pub name: String,
+    pub uid: String,
+    pub installation: String,
+    pub ip: String,
+    pub state: State,
+    pub created_at: Option<SystemTime>,
+    /// The create request's cloud-init size (the content is not kept).
+    pub cloud_init_bytes: usize,
+    pub port: u16,
+    provisioning_left: u32,
+    /// `Some(n)`: being deleted, gone after `n` more Gets.
+    deleting_left: Option<u32>,
+}
+
+struct Fault {
+    op: Op,
+    class: Class,
+    remaining: usize,
+}
+
+/// Random faults: each call fails with this probability, cycling through the classes.
+struct RandomFaults {
+    rate: f64,
+    classes: Vec<Class>,
+    rng: u64,
+    next_class: usize,
+}
+
+#[derive(Default)]
+struct Inner {
+    instances: BTreeMap<String, FakeInstance>,
+    faults: Vec<Fault>,
+    random: Option<RandomFaults>,
+    calls: Vec<(Op, String)>,
+    injected: usize,
+    created: usize,
+    next_ip: u32,
+    last_create: Option<CreateRequest>,
+}
+
+/// The fake provider. Instance IDs are `fake/<name>`.
+pub struct FakeProvider {
+    name: String,
+    behaviour: Mutex<Behaviour>,
+    inner: Mutex<Inner>,
+    hold_creates: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const ID_PREFIX: &str = "fake/";
+
+impl FakeProvider {
+    pub fn new(name: &str) -> Self {
+        Self::with_behaviour(name, Behaviour::default())
+    }
+
+    pub fn with_behaviour(name: &str, behaviour: Behaviour) -> Self {
+        FakeProvider {
+            name: name.to_string(),
+            behaviour: Mutex::new(behaviour),
+            inner: Mutex::new(Inner::default()),
+            hold_creates: AtomicBool::new(false),
+        }
+    }
+
+    pub fn set_behaviour(&self, behaviour: Behaviour) {
+        *lock(&self.behaviour) = behaviour;
+    }
+
+    /// While on, Create makes the instance and then never returns: dropping the call (a
+    /// crashing operator) loses the ID, as a crash between Create and the status write does.
+    pub fn hold_after_create(&self, on: bool) {
+        self.hold_creates.store(on, Ordering::SeqCst);
+    }
+
+    /// The next `times` calls of `op` fail with `class`.
+    pub fn fail_next(&self, op: Op, class: Class, times: usize) {
+        lock(&self.inner).faults.push(Fault {
+            op,
+            class,
+            remaining: times,
+        });
+    }
+
+    /// From now on every call fails with probability `rate` (deterministic for a `seed`),
+    /// with the classes taken in turn.
+    pub fn set_random_faults(&self, rate: f64, classes: &[Class], seed: u64) {
+        lock(&self.inner).random = Some(RandomFaults {
+            rate,
+            classes: classes.to_vec(),
+            rng: seed.max(1),
+            next_class: 0,
+        });
+    }
+
+    pub fn clear_faults(&self) {
+        let mut inner = lock(&self.inner);
+        inner.faults.clear();
+        inner.random = None;
+    }
+
+    /// The backend stops an instance (it will not recover by itself).
+    pub fn stop(&self, id: &str) {
+        if let Some(i) = lock(&self.inner).instances.get_mut(id) {
+            i.state = State::Stopped;
+        }
+    }
+
+    /// The instance disappears from the backend (deleted behind the operator's back).
+    pub fn vanish(&self, id: &str) {
+        lock(&self.inner).instances.remove(id);
+    }
+
+    /// Puts a running instance on the backend directly, e.g. an orphan for GC.
+    pub fn insert(
+        &self,
+        name: &str,
+        uid: &str,
+        installation: &str,
+        created_at: Option<SystemTime>,
+    ) -> String {
+        let mut inner = lock(&self.inner);
+        inner.next_ip += 1;
+        let id = format!("{ID_PREFIX}{name}");
+        let ip = ip(inner.next_ip);
+        inner.instances.insert(
+            id.clone(),
+            FakeInstance {
+                id: id.clone(),
+                name: name.to_string(),
+                uid: uid.to_string(),
+                installation: installation.to_string(),
+                ip,
+                state: State::Running,
+                created_at,
+                cloud_init_bytes: 0,
+                port: 3128,
+                provisioning_left: 0,
+                deleting_left: None,
+            },
+        );
+        id
+    }
+
+    /// Every instance still on the backend (deleting ones included).
+    pub fn instances(&self) -> Vec<FakeInstance> {
+        lock(&self.inner).instances.values().cloned().collect()
+    }
+
+    pub fn instance(&self, id: &str) -> Option<FakeInstance> {
+        lock(&self.inner).instances.get(id).cloned()
+    }
+
+    /// Instances actually created by Create (an idempotent repeat does not count).
+    pub fn created(&self) -> usize {
+        lock(&self.inner).created
+    }
+
+    /// Every call so far: operation and ID (the name, for Create; the installation, for
+    /// ListByTag).
+    pub fn calls(&self) -> Vec<(Op, String)> {
+        lock(&self.inner).calls.clone()
+    }
+
+    /// Calls failed by injected faults so far.
+    pub fn injected(&self) -> usize {
+        lock(&self.inner).injected
+    }
+
+    pub fn count_calls(&self, op: Op) -> usize {
+        lock(&self.inner)
+            .calls
+            .iter()
+            .filter(|(o, _)| *o == op)
+            .count()
+    }
+
+    pub fn last_create_request(&self) -> Option<CreateRequest> {
+        lock(&self.inner).last_create.clone()
+    }
+
+    fn error(&self, class: Class, op: Op, id: &str, message: &str) -> ProviderError {
+        ProviderError::new(class, op, &self.name, id, message)
+    }
+
+    /// Records the call, waits the configured latency, and returns an injected fault if
+    /// one applies.
+    async fn enter(&self, op: Op, id: &str) -> Result<(), ProviderError> {
+        let latency = lock(&self.behaviour).latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let mut inner = lock(&self.inner);
+        inner.calls.push((op, id.to_string()));
+        if let Some(pos) = inner.faults.iter().position(|f| f.op == op) {
+            let f = &mut inner.faults[pos];
+            f.remaining -= 1;
+            let class = f.class;
+            if f.remaining == 0 {
+                inner.faults.remove(pos);
+            }
+            inner.injected += 1;
+            return Err(self.error(class, op, id, "injected fault"));
+        }
+        let inner = &mut *inner;
+        if let Some(r) = &mut inner.random {
+            // xorshift64: deterministic per seed, no dependency.
+            r.rng ^= r.rng << 13;
+            r.rng ^= r.rng >> 7;
+            r.rng ^= r.rng << 17;
+            let draw = (r.rng >> 11) as f64 / (1u64 << 53) as f64;
+            if draw < r.rate && !r.classes.is_empty() {
+                let class = r.classes[r.next_class % r.classes.len()];
+                r.next_class += 1;
+                inner.injected += 1;
+                return Err(self.error(class, op, id, "injected random fault"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The synchronous part of Create: the ID, and whether to hold the call afterwards.
+    fn create_now(&self, req: &CreateRequest) -> Result<(String, bool), ProviderError> {
+        let behaviour = lock(&self.behaviour).clone();
+        let mut inner = lock(&self.inner);
+        inner.last_create = Some(req.clone());
+        let id = format!("{ID_PREFIX}{}", req.name);
+        if let Some(existing) = inner.instances.get(&id) {
+            if existing.uid != req.uid {
+                return Err(self.error(
+                    Class::Permanent,
+                    Op::Create,
+                    &req.name,
+                    "name taken by an instance of another UID",
+                ));
+            }
+            return Ok((id, false));
+        }
+        inner.next_ip += 1;
+        inner.created += 1;
+        let ip = ip(inner.next_ip);
+        let provisioning_left = behaviour.provisioning_gets;
+        inner.instances.insert(
+            id.clone(),
+            FakeInstance {
+                id: id.clone(),
+                name: req.name.clone(),
+                uid: req.uid.clone(),
+                installation: req.installation.clone(),
+                ip,
+                state: if provisioning_left == 0 {
+                    State::Running
+                } else {
+                    State::Provisioning
+                },
+                created_at: Some(SystemTime::now()),
+                cloud_init_bytes: req.cloud_init.len(),
+                port: req.port,
+                provisioning_left,
+                deleting_left: None,
+            },
+        );
+        Ok((id, self.hold_creates.load(Ordering::SeqCst)))
+    }
+
+    fn check_id(&self, op: Op, id: &str) -> Result<(), ProviderError> {
+        match id.strip_prefix(ID_PREFIX) {
+            Some(name) if !name.is_empty() && !name.contains('/') => Ok(()),
+            _ => Err(self.error(Class::Permanent, op, id, "malformed instance ID")),
+        }
+    }
+}
+
+fn ip(n: u32) -> String {
+    format!("192.0.2.{}", n % 250 + 1)
+}
+
+fn view(i: &FakeInstance) -> Instance {
+    Instance {
+        id: i.id.clone(),
+        ip: if i.state == State::Running {
+            i.ip.clone()
+        } else {
+            String::new()
+        },
+        state: i.state,
+        uid: i.uid.clone(),
+        created_at: i.created_at,
+    }
+}
+
+#[async_trait]
+impl Provider for FakeProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
+        self.enter(Op::Create, &req.name).await?;
+        let (id, hold) = self.create_now(req)?;
+        if hold {
+            std::future::pending::<()>().await;
+        }
+        Ok(id)
+    }
+
+    async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
+        self.enter(Op::Get, id).await?;
+        self.check_id(Op::Get, id)?;
+        let mut inner = lock(&self.inner);
+        let Some(i) = inner.instances.get_mut(id) else {
+            return Err(self.error(Class::NotFound, Op::Get, id, "no such instance"));
+        };
+        if let Some(left) = &mut i.deleting_left {
+            if *left == 0 {
+                inner.instances.remove(id);
+                return Err(self.error(Class::NotFound, Op::Get, id, "no such instance"));
+            }
+            *left -= 1;
+            return Ok(view(i));
+        }
+        if i.state == State::Provisioning {
+            if i.provisioning_left == 0 {
+                i.state = State::Running;
+            } else {
+                i.provisioning_left -= 1;
+            }
+        }
+        Ok(view(i))
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), ProviderError> {
+        self.enter(Op::Delete, id).await?;
+        self.check_id(Op::Delete, id)?;
+        let deleting_gets = lock(&self.behaviour).deleting_gets;
+        let mut inner = lock(&self.inner);
+        if let Some(i) = inner.instances.get_mut(id)
+            && i.deleting_left.is_none()
+        {
+            if deleting_gets == 0 {
+                inner.instances.remove(id);
+            } else {
+                i.state = State::Terminated;
+                i.deleting_left = Some(deleting_gets);
+            }
+        }
+        Ok(())
+    }
+
+    /// A listing also lets deletions progress (like a Get of each deleting instance), so
+    /// instances deleted by GC, which never calls Get, eventually go away.
+    async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
+        self.enter(Op::List, installation).await?;
+        let mut inner = lock(&self.inner);
+        inner.instances.retain(|_, i| match &mut i.deleting_left {
+            Some(0) => false,
+            Some(n) => {
+                *n -= 1;
+                true
+            }
+            None => true,
+        });
+        Ok(inner
+            .instances
+            .values()
+            .filter(|i| i.installation == installation)
+            .map(view)
+            .collect())
+    }
+
+    async fn check(&self) -> Option<Vec<TargetStatus>> {
+        Some(vec![TargetStatus {
+            target: "fake".into(),
+            ready: true,
+            reason: "Reachable".into(),
+            message: String::new(),
+            details: vec![],
+        }])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::Placement;
+
+    fn req(name: &str, uid: &str) -> CreateRequest {
+        CreateRequest {
+            name: name.into(),
+            uid: uid.into(),
+            namespace: "default".into(),
+            proxy_name: "p".into(),
+            installation: "inst".into(),
+            placement: Placement::default(),
+            cloud_init: b"secret".to_vec(),
+            port: 3128,
+        }
+    }
+
+    #[tokio::test]
+    async fn keeps_the_contract_the_loops_rely_on() {
+        let p = FakeProvider::new("fake");
+        let id = p.create(&req("proxy-a", "u1")).await.unwrap();
+        assert_eq!(p.create(&req("proxy-a", "u1")).await.unwrap(), id);
+        assert_eq!(p.created(), 1, "Create is idempotent by name");
+        assert_eq!(
+            p.create(&req("proxy-a", "u2")).await.unwrap_err().class,
+            Class::Permanent,
+            "another UID's instance is not adopted"
+        );
+        assert_eq!(p.get(&id).await.unwrap().state, State::Provisioning);
+        let running = p.get(&id).await.unwrap();
+        assert_eq!(running.state, State::Running);
+        assert!(!running.ip.is_empty());
+        assert_eq!(running.uid, "u1");
+        assert!(running.created_at.is_some());
+        assert_eq!(p.list_by_tag("inst").await.unwrap().len(), 1);
+        assert!(p.list_by_tag("other").await.unwrap().is_empty());
+
+        p.delete(&id).await.unwrap();
+        p.delete(&id).await.unwrap();
+        assert_eq!(
+            p.get(&id).await.unwrap().state,
+            State::Terminated,
+            "still shown while deleting"
+        );
+        assert_eq!(p.get(&id).await.unwrap_err().class, Class::NotFound);
+        p.delete(&id).await.unwrap();
+        for bad in ["", "fake/", "x/y", "fake/a/b"] {
+            assert_eq!(p.get(bad).await.unwrap_err().class, Class::Permanent);
+            assert_eq!(p.delete(bad).await.unwrap_err().class, Class::Permanent);
+        }
+    }
+
+    #[tokio::test]
+    async fn faults_are_injected_per_operation() {
+        let p = FakeProvider::new("fake");
+        p.fail_next(Op::Create, Class::QuotaExceeded, 2);
+        for _ in 0..2 {
+            assert_eq!(
+                p.create(&req("n", "u")).await.unwrap_err().class,
+                Class::QuotaExceeded
+            );
+        }
+        let id = p.create(&req("n", "u")).await.unwrap();
+        p.fail_next(Op::Get, Class::Transient, 1);
+        assert_eq!(p.get(&id).await.unwrap_err().class, Class::Transient);
+        p.get(&id).await.unwrap();
+
+        p.set_random_faults(0.5, &[Class::Transient], 7);
+        let mut failed = 0;
+        for _ in 0..200 {
+            failed += p.get(&id).await.is_err() as usize;
+        }
+        assert!((60..140).contains(&failed), "{failed}");
+        p.clear_faults();
+        p.get(&id).await.unwrap();
+    }
+}
