@@ -607,8 +607,21 @@ pub fn apply(
     // Deepest first, so removing an element never shifts a path still to be removed.
     dropped.sort_by_key(|p| std::cmp::Reverse(p.len()));
     let mut out = live.clone();
-    for f in dropped {
+    for f in &dropped {
         remove_path(&mut out, f);
+    }
+    // A map whose every field was just removed goes too, as the API server's
+    // structured-merge-diff does: `lastProbe: {}` must not outlive its last field.
+    for f in &dropped {
+        for depth in (1..f.len()).rev() {
+            let parent = &f[..depth];
+            let empty = matches!(value_at(&out, parent), Some(Value::Object(m)) if m.is_empty());
+            if empty && !applied.iter().chain(&others).any(|o| o.starts_with(parent)) {
+                remove_path(&mut out, parent);
+            } else {
+                break;
+            }
+        }
     }
     merge_scoped(&mut out, cfg, root, w.scope);
     match entries.iter_mut().find(|e| e.same(w.manager, "Apply", sub)) {

@@ -2,6 +2,8 @@
 //! code against the in-memory Kubernetes API (fake-kube) and the in-memory fake provider.
 //! Poll intervals are shrunk to tens of milliseconds; everything else is production code.
 
+mod support;
+
 use fake_kube::FakeApi;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -11,7 +13,8 @@ use proxy_operator::api::{
     self, ANNOTATION_SKIP_CLEANUP, CloudInit, Placement, Proxy, ProxySpec, SecretKeyRef, condition,
 };
 use proxy_operator::controller::decide::{event, reason};
-use proxy_operator::controller::{self, Context, FINALIZER, Settings, Timings};
+use proxy_operator::controller::{self, Context, FINALIZER, HealthHook, Settings, Timings};
+use proxy_operator::health::{EngineConfig, HealthEngine, Thresholds};
 use proxy_operator::provider::{Class, Op, Provider, State, name_from_uid};
 use proxy_operator::registry::ProviderRegistry;
 use proxy_operator::testing::fake_provider::{Behaviour, FakeProvider};
@@ -44,6 +47,8 @@ struct Env {
     fake: Arc<FakeProvider>,
     registry: ProviderRegistry,
     controller: Option<JoinHandle<()>>,
+    /// Probes running proxies when set (see [`Env::with_health`]).
+    health: Option<HealthHook>,
 }
 
 impl Env {
@@ -71,21 +76,60 @@ impl Env {
             fake,
             registry,
             controller: None,
+            health: None,
         };
         env.start_controller();
         env
     }
 
     fn start_controller(&mut self) {
-        let ctx = Arc::new(Context::new(
-            self.api.client(),
-            self.registry.clone(),
-            settings(),
-        ));
+        let mut ctx = Context::new(self.api.client(), self.registry.clone(), settings());
+        if let Some(hook) = &self.health {
+            ctx = ctx.with_health(hook.clone());
+        }
+        let ctx = Arc::new(ctx);
         self.controller = Some(tokio::spawn(controller::run(
             ctx,
             std::future::pending::<()>(),
         )));
+    }
+
+    /// Restarts the controller with a health engine probing every running proxy through
+    /// `target` every 50 ms, and makes the fake provider put every instance on 127.0.0.1
+    /// (where the test runs a real proxy).
+    async fn with_health(&mut self, target: &str, failure_threshold: u32) -> Arc<HealthEngine> {
+        let engine = HealthEngine::new(
+            EngineConfig {
+                interval: Duration::from_millis(50),
+                concurrency: 16,
+                thresholds: Thresholds {
+                    failure: failure_threshold,
+                    success: 1,
+                },
+            },
+            None,
+        );
+        self.fake.set_fixed_ip("127.0.0.1");
+        self.health = Some(HealthHook {
+            engine: engine.clone(),
+            target: target.to_string(),
+            egress_echo: None,
+            timeout: Duration::from_secs(2),
+            tls: None,
+            probe_refresh: Duration::from_secs(300),
+        });
+        self.crash_controller().await;
+        self.start_controller();
+        engine
+    }
+
+    async fn wait_ready(&self, name: &str, want: &str) -> Proxy {
+        self.wait(name, &format!("Ready {want}"), |p| {
+            p.and_then(|p| p.condition(condition::READY))
+                .is_some_and(|c| c.status == want)
+        })
+        .await
+        .unwrap()
     }
 
     /// Kills the controller mid-flight, as a crash would: reconciles in progress are
@@ -725,8 +769,18 @@ async fn gc_collects_the_orphan_of_a_crash_and_nothing_else() {
 async fn fault_injection_run() {
     use proxy_operator::gc::{GcMetrics, GcSettings, Sweeper};
     const N: usize = 50;
+    // Every instance is a real proxy: 127.0.0.1, where tinyproxy listens, so "Ready" means
+    // a CONNECT through it worked, as in production.
+    let Some(bin) = support::tinyproxy::tinyproxy_bin() else {
+        return;
+    };
+    let (echo, _echo) = support::tinyproxy::echo_server().await;
+    let tp = support::tinyproxy::Tinyproxy::start(&bin, &format!("ConnectPort {echo}")).await;
     let started = std::time::Instant::now();
     let mut env = Env::start().await;
+    env.with_health(&format!("127.0.0.1:{echo}"), 3).await;
+    let mut proxy_spec = spec("z1");
+    proxy_spec.port = i32::from(tp.addr.port());
     env.fake.set_behaviour(Behaviour {
         provisioning_gets: 2,
         deleting_gets: 2,
@@ -746,13 +800,15 @@ async fn fault_injection_run() {
     };
     let mut restarts = 0;
     for i in 0..N {
-        env.create(&format!("p{i:02}"), spec("z1")).await;
+        env.create(&format!("p{i:02}"), proxy_spec.clone()).await;
     }
     let all_running = |list: &[Proxy]| {
         list.len() == N
             && list.iter().all(|p| {
                 provisioned(p) == Some(("True".into(), reason::RUNNING.into()))
                     && p.status.as_ref().unwrap().state.as_deref() == Some("Running")
+                    && p.condition(condition::READY)
+                        .is_some_and(|c| c.status == "True")
             })
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
@@ -761,7 +817,10 @@ async fn fault_injection_run() {
         if all_running(&list) {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "not all running");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not all Running and Ready"
+        );
         if restarts < 8 {
             tokio::time::sleep(Duration::from_millis(next(50, 400))).await;
             env.crash_controller().await;
@@ -797,7 +856,15 @@ async fn fault_injection_run() {
         .items
         .is_empty()
     {
-        assert!(tokio::time::Instant::now() < deadline, "not all released");
+        if tokio::time::Instant::now() > deadline {
+            let left = env.proxies.list(&Default::default()).await.unwrap().items;
+            panic!(
+                "{} not released, e.g. {:#?}\nlast calls: {:?}",
+                left.len(),
+                left.first().map(|p| (&p.metadata.finalizers, &p.status)),
+                env.fake.calls().iter().rev().take(10).collect::<Vec<_>>()
+            );
+        }
         if delete_restarts < 3 {
             tokio::time::sleep(Duration::from_millis(next(50, 300))).await;
             env.crash_controller().await;
@@ -828,7 +895,7 @@ async fn fault_injection_run() {
     }
     println!(
         "fault-injection run: {N} Proxies, {restarts}+{delete_restarts} controller restarts, \
-         all running after {:.1}s; {} provider calls ({creates} Create, {} instances created), \
+         all Running and Ready (CONNECT through a real proxy) after {:.1}s; {} provider calls ({creates} Create, {} instances created), \
          {injected_up} failed by injection while converging, {} in total; \
          {left_after_release} instance(s) left after every Proxy was released, \
          0 after {sweeps} GC sweep(s)",
@@ -837,4 +904,71 @@ async fn fault_injection_run() {
         env.fake.created(),
         env.fake.injected(),
     );
+}
+
+/// Ready needs a real CONNECT through the proxy: a Running instance whose proxy tunnels is
+/// Ready with a lastProbe; when the proxy stops answering, Healthy and Ready go False with
+/// the probe's reason, and come back when it answers again.
+#[tokio::test]
+async fn ready_follows_real_connect_probes() {
+    let Some(bin) = support::tinyproxy::tinyproxy_bin() else {
+        return;
+    };
+    let (echo, _echo) = support::tinyproxy::echo_server().await;
+    let tp = support::tinyproxy::Tinyproxy::start(&bin, &format!("ConnectPort {echo}")).await;
+    let mut env = Env::start().await;
+    env.with_health(&format!("127.0.0.1:{echo}"), 1).await;
+    let mut s = spec("z1");
+    s.port = i32::from(tp.addr.port());
+    env.create("p1", s).await;
+    let p = env.wait_ready("p1", "True").await;
+    let status = p.status.unwrap();
+    let probe = status.last_probe.expect("lastProbe written");
+    assert!(
+        probe.error.is_none() && probe.latency_ms.is_some(),
+        "{probe:?}"
+    );
+    let healthy = p_cond(&status.conditions, condition::HEALTHY);
+    assert_eq!(
+        (healthy.0.as_str(), healthy.1.as_str()),
+        ("True", "Healthy")
+    );
+
+    let port = tp.addr.port();
+    drop(tp);
+    let p = env.wait_ready("p1", "False").await;
+    let status = p.status.unwrap();
+    assert_eq!(
+        p_cond(&status.conditions, condition::HEALTHY),
+        ("False".to_string(), "ConnectFailed".to_string())
+    );
+    assert_eq!(
+        p_cond(&status.conditions, condition::READY).1,
+        controller::status::ready_reason::UNHEALTHY
+    );
+    assert!(status.last_probe.unwrap().error.is_some());
+
+    // The proxy comes back on the same address.
+    let _tp =
+        support::tinyproxy::Tinyproxy::start_on(&bin, port, &format!("ConnectPort {echo}")).await;
+    env.wait_ready("p1", "True").await;
+
+    // Deleting a probed Proxy still deletes its instance and releases it.
+    env.proxies
+        .delete("p1", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait("p1", "released", |p| p.is_none()).await;
+    assert!(env.fake.instances().is_empty());
+}
+
+fn p_cond(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: &str,
+) -> (String, String) {
+    conditions
+        .iter()
+        .find(|c| c.type_ == t)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+        .unwrap_or_default()
 }

@@ -7,6 +7,8 @@ use super::decide::{
 };
 use super::{input, spec_hash, status};
 use crate::api::{Proxy, ProxyStatus, condition};
+use crate::health::{HealthEngine, ProbeSpec};
+use crate::provider::State;
 use crate::provider::{
     Class, CreateRequest, Op, Placement, Provider, ProviderError, name_from_uid,
 };
@@ -17,9 +19,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::{Instrument, debug, info, warn};
@@ -87,6 +91,33 @@ impl From<Failure> for ReconcileError {
     }
 }
 
+/// How running proxies are probed: the engine and what every probe looks like.
+#[derive(Clone)]
+pub struct HealthHook {
+    pub engine: Arc<HealthEngine>,
+    /// `host:port` each CONNECT asks for.
+    pub target: String,
+    /// An echo URL fetched through the tunnel to check the egress address.
+    pub egress_echo: Option<http::Uri>,
+    pub timeout: Duration,
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// How stale `lastProbe` may get while the verdict does not change.
+    pub probe_refresh: Duration,
+}
+
+impl HealthHook {
+    fn spec(&self, proxy: SocketAddr) -> ProbeSpec {
+        ProbeSpec {
+            proxy,
+            target: self.target.clone(),
+            auth: None,
+            egress_echo: self.egress_echo.clone(),
+            timeout: self.timeout,
+            tls: self.tls.clone(),
+        }
+    }
+}
+
 /// Shared by every reconcile.
 pub struct Context {
     client: kube::Client,
@@ -95,6 +126,7 @@ pub struct Context {
     settings: Settings,
     /// Consecutive failures per Proxy UID, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
+    health: Option<HealthHook>,
 }
 
 impl Context {
@@ -112,7 +144,15 @@ impl Context {
             recorder,
             settings,
             failures: Mutex::new(HashMap::new()),
+            health: None,
         }
+    }
+
+    /// Probe running proxies with `hook`: `Healthy`, `lastProbe` and so `Ready` follow its
+    /// verdicts. Without it `Healthy` stays unknown and no Proxy becomes Ready.
+    pub fn with_health(mut self, hook: HealthHook) -> Self {
+        self.health = Some(hook);
+        self
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
@@ -128,9 +168,36 @@ pub async fn run(
 ) {
     let proxies: Api<Proxy> = Api::all(ctx.client.clone());
     let concurrency = ctx.settings.concurrency;
+    // Every probe result re-runs that Proxy's reconcile, which folds the verdict into its
+    // status: the status keeps one writer.
+    let (probed_tx, probed_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<Proxy>>();
+    let probed = futures::stream::unfold(probed_rx, |mut rx| async move {
+        rx.recv().await.map(|r| (r, rx))
+    });
+    let stop_probes = tokio_util::sync::CancellationToken::new();
+    if let Some(hook) = &ctx.health {
+        let engine = hook.engine.clone();
+        let stop = stop_probes.clone();
+        tokio::spawn(async move {
+            engine
+                .run(stop, move |report| {
+                    // Only changes: a status write per probe would be one write per proxy
+                    // per interval. The drift poll refreshes lastProbe (see health_view).
+                    if !report.changed {
+                        return;
+                    }
+                    if let Some((ns, name)) = report.key.split_once('/') {
+                        let _ = probed_tx.send(ObjectRef::new(name).within(ns));
+                    }
+                })
+                .await
+        });
+    }
+    let _stop_probes = stop_probes.drop_guard();
     Controller::new(proxies, watcher::Config::default())
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .reconcile_all_on(ctx.registry.changes())
+        .reconcile_on(probed)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -262,9 +329,10 @@ impl<'a> Shell<'a> {
                 next,
             } = decide(&observed, answer.take().as_ref(), timings);
             debug!(next = ?next, status_change = ?change, "decided");
-            if !change.is_empty() {
+            if !change.is_empty() || self.health_view(&status).is_some() {
                 status = self.write_status(&status, &change).await?;
             }
+            self.sync_health(&status, deleting);
             for e in events {
                 self.publish(e).await;
             }
@@ -413,6 +481,9 @@ impl<'a> Shell<'a> {
     ) -> Result<ProxyStatus, ReconcileError> {
         let generation = self.proxy.metadata.generation.unwrap_or_default();
         let mut next = status::apply(current, change, generation, &now());
+        if let Some(h) = self.health_view(&next) {
+            next = status::apply_health(&next, &h, generation, &now());
+        }
         for c in &mut next.conditions {
             truncate(&mut c.message, CONDITION_MESSAGE_MAX);
         }
@@ -434,6 +505,63 @@ impl<'a> Shell<'a> {
             .await?;
         self.resource_version = written.resource_version();
         Ok(next)
+    }
+
+    /// The key the health engine knows this Proxy by.
+    fn health_key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The address in `status`, when the instance runs there.
+    fn running_at(status: &ProxyStatus) -> Option<SocketAddr> {
+        if status.state.as_deref() != Some(State::Running.as_str()) {
+            return None;
+        }
+        let ip: IpAddr = status.ip.as_deref()?.parse().ok()?;
+        let port = u16::try_from(status.port?).ok()?;
+        Some(SocketAddr::new(ip, port))
+    }
+
+    /// The engine's verdict about the address in `status`, when it differs from what the
+    /// status says (so a reconcile with nothing else to do still writes it).
+    fn health_view(&self, status: &ProxyStatus) -> Option<status::HealthView> {
+        let hook = self.ctx.health.as_ref()?;
+        let addr = Self::running_at(status)?;
+        let v = hook.engine.verdict_at(&self.health_key(), addr)?;
+        let probed_at = v.probed_at?;
+        let view = status::HealthView {
+            healthy: v.healthy,
+            reason: v.reason,
+            message: v.message,
+            probed_at: Time(k8s_openapi::jiff::Timestamp::try_from(probed_at).ok()?),
+            latency_ms: v.latency.map(|d| d.as_millis() as i64),
+        };
+        let healthy = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::HEALTHY);
+        let same = healthy.is_some_and(|c| {
+            c.status == if view.healthy { "True" } else { "False" } && c.reason == view.reason
+        });
+        // lastProbe is refreshed when the verdict changes, and otherwise at most once per
+        // `probe_refresh`, so steady probing does not write the status every interval.
+        let fresh = status.last_probe.as_ref().is_some_and(|p| {
+            let age = view.probed_at.0.duration_since(p.time.0);
+            age.is_negative() || age.unsigned_abs() < hook.probe_refresh
+        });
+        (!(same && fresh)).then_some(view)
+    }
+
+    /// Registers the running address with the health engine, or stops probing it.
+    fn sync_health(&self, status: &ProxyStatus, deleting: bool) {
+        let Some(hook) = &self.ctx.health else { return };
+        match Self::running_at(status).filter(|_| !deleting) {
+            Some(addr) => {
+                hook.engine
+                    .upsert(&self.health_key(), hook.spec(addr), &addr.ip().to_string())
+            }
+            None => hook.engine.remove(&self.health_key()),
+        }
     }
 
     /// Merge patch of the whole finalizer list, guarded by the resourceVersion it was read

@@ -85,6 +85,43 @@ pub fn apply(
     s
 }
 
+/// What the health engine last concluded about the address in the status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthView {
+    pub healthy: bool,
+    pub reason: String,
+    pub message: String,
+    pub probed_at: Time,
+    pub latency_ms: Option<i64>,
+}
+
+/// Folds the health engine's verdict in: the `Healthy` condition, `lastProbe`, and `Ready`
+/// derived again. Only called with a verdict about the address the status holds.
+pub fn apply_health(
+    current: &ProxyStatus,
+    h: &HealthView,
+    generation: i64,
+    now: &Time,
+) -> ProxyStatus {
+    let mut s = current.clone();
+    set(
+        &mut s.conditions,
+        condition::HEALTHY,
+        if h.healthy { "True" } else { "False" },
+        &h.reason,
+        &h.message,
+        generation,
+        now,
+    );
+    s.last_probe = Some(crate::api::LastProbe {
+        time: h.probed_at.clone(),
+        latency_ms: h.latency_ms.filter(|_| h.healthy),
+        error: (!h.healthy).then(|| h.message.clone()),
+    });
+    derive_ready(&mut s.conditions, generation, now);
+    s
+}
+
 fn derive_ready(conditions: &mut Vec<Condition>, generation: i64, now: &Time) {
     let find = |t: &str| conditions.iter().find(|c| c.type_ == t).cloned();
     let (status, reason, message) = match (find(condition::PROVISIONED), find(condition::HEALTHY)) {
@@ -363,5 +400,62 @@ mod tests {
         assert_eq!(cond(&out, condition::HEALTHY).reason, NOT_PROBED);
         assert_eq!(cond(&out, condition::READY).status, "False");
         assert!(out.last_probe.is_none());
+    }
+
+    #[test]
+    fn health_verdicts_set_healthy_last_probe_and_ready() {
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap());
+        let provisioned = StatusChange {
+            provisioned: Some(Cond {
+                ok: true,
+                reason: "Running".into(),
+                message: String::new(),
+            }),
+            address: Some(Some(("127.0.0.1".into(), 3128))),
+            ..StatusChange::default()
+        };
+        let s = apply(&ProxyStatus::default(), &provisioned, 1, &now);
+        let ready = |s: &ProxyStatus| {
+            let c = s
+                .conditions
+                .iter()
+                .find(|c| c.type_ == condition::READY)
+                .unwrap();
+            (c.status.clone(), c.reason.clone())
+        };
+        assert_eq!(
+            ready(&s),
+            ("False".into(), ready_reason::HEALTH_UNKNOWN.into())
+        );
+        let view = |healthy: bool, reason: &str| HealthView {
+            healthy,
+            reason: reason.into(),
+            message: format!("{reason} message"),
+            probed_at: now.clone(),
+            latency_ms: Some(4),
+        };
+        let up = apply_health(&s, &view(true, "Healthy"), 1, &now);
+        assert_eq!(ready(&up), ("True".into(), ready_reason::READY.into()));
+        let probe = up.last_probe.clone().unwrap();
+        assert_eq!((probe.latency_ms, probe.error), (Some(4), None));
+        let down = apply_health(&up, &view(false, "TunnelRefused"), 1, &now);
+        assert_eq!(
+            ready(&down),
+            ("False".into(), ready_reason::UNHEALTHY.into())
+        );
+        let probe = down.last_probe.unwrap();
+        assert_eq!(
+            (probe.latency_ms, probe.error.as_deref()),
+            (None, Some("TunnelRefused message"))
+        );
+        let healthy = down
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::HEALTHY)
+            .unwrap();
+        assert_eq!(
+            (healthy.status.as_str(), healthy.reason.as_str()),
+            ("False", "TunnelRefused")
+        );
     }
 }

@@ -18,6 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
@@ -48,7 +49,7 @@ pub struct Report {
     /// The key the proxy was registered under (`namespace/name`).
     pub key: String,
     pub verdict: Verdict,
-    /// The verdict flipped with this probe.
+    /// The verdict (healthy, or the reason) changed with this probe.
     pub changed: bool,
     pub at: SystemTime,
 }
@@ -149,6 +150,17 @@ impl HealthEngine {
             .map(|e| e.verdict.clone())
     }
 
+    /// The verdict for `key` if it is being probed at exactly `proxy` (the address in the
+    /// Proxy's status): a verdict about another address says nothing about this one.
+    pub fn verdict_at(&self, key: &str, proxy: SocketAddr) -> Option<Verdict> {
+        self.targets
+            .lock()
+            .expect("health targets lock")
+            .get(key)
+            .filter(|e| e.spec.proxy == proxy)
+            .map(|e| e.verdict.clone())
+    }
+
     /// Probes every registered proxy once, `concurrency` at a time, and folds the results
     /// into their verdicts. A proxy removed or re-addressed meanwhile keeps its new state.
     pub async fn round(&self) -> Vec<Report> {
@@ -197,15 +209,19 @@ impl HealthEngine {
             if e.ip != ip || e.spec.proxy != proxy {
                 continue;
             }
-            let changed = e.verdict.observe(&result, self.cfg.thresholds);
-            if changed {
+            let before = e.verdict.reason.clone();
+            let flipped = e.verdict.observe(&result, self.cfg.thresholds);
+            let changed = flipped || e.verdict.reason != before;
+            let at = SystemTime::now();
+            e.verdict.probed_at = Some(at);
+            if flipped {
                 tracing::info!(proxy = %key, healthy = e.verdict.healthy, reason = %e.verdict.reason, "health changed");
             }
             reports.push(Report {
                 key,
                 verdict: e.verdict.clone(),
                 changed,
-                at: SystemTime::now(),
+                at,
             });
         }
         reports.sort_by(|a, b| a.key.cmp(&b.key));

@@ -33,6 +33,8 @@ pub struct Verdict {
     /// Human-readable detail of the last result.
     pub message: String,
     pub latency: Option<Duration>,
+    /// When the last probe finished; `None` before the first.
+    pub probed_at: Option<std::time::SystemTime>,
     failures: u32,
     successes: u32,
 }
@@ -44,6 +46,7 @@ impl Default for Verdict {
             reason: "NotProbed".into(),
             message: "no probe has run yet".into(),
             latency: None,
+            probed_at: None,
             failures: 0,
             successes: 0,
         }

@@ -78,6 +78,9 @@ struct Inner {
     injected: usize,
     created: usize,
     next_ip: u32,
+    /// Every instance gets this address instead of a TEST-NET one (a local proxy, so
+    /// health probes through it succeed).
+    fixed_ip: Option<String>,
     last_create: Option<CreateRequest>,
 }
 
@@ -107,6 +110,12 @@ impl FakeProvider {
             inner: Mutex::new(Inner::default()),
             hold_creates: AtomicBool::new(false),
         }
+    }
+
+    /// Instances created from now on get `ip` (e.g. `127.0.0.1`, where a test runs a real
+    /// proxy) instead of a unique TEST-NET-1 address.
+    pub fn set_fixed_ip(&self, ip: &str) {
+        lock(&self.inner).fixed_ip = Some(ip.to_string());
     }
 
     pub fn set_behaviour(&self, behaviour: Behaviour) {
@@ -168,7 +177,7 @@ impl FakeProvider {
         let mut inner = lock(&self.inner);
         inner.next_ip += 1;
         let id = format!("{ID_PREFIX}{name}");
-        let ip = ip(inner.next_ip);
+        let ip = inner.fixed_ip.clone().unwrap_or_else(|| ip(inner.next_ip));
         inner.instances.insert(
             id.clone(),
             FakeInstance {
@@ -284,7 +293,7 @@ impl FakeProvider {
         }
         inner.next_ip += 1;
         inner.created += 1;
-        let ip = ip(inner.next_ip);
+        let ip = inner.fixed_ip.clone().unwrap_or_else(|| ip(inner.next_ip));
         let provisioning_left = behaviour.provisioning_gets;
         inner.instances.insert(
             id.clone(),

@@ -2,6 +2,8 @@
 //! with a shared compile cache, and a tiny HTTP server on 127.0.0.1.
 #![allow(dead_code)]
 
+pub mod tinyproxy;
+
 use proxy_operator::config::{ProviderEntry, ProvidersFile};
 use proxy_operator::plugin::{LoadedPlugin, Runtime, RuntimeOptions, WasmProvider};
 use std::path::PathBuf;
