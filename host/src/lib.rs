@@ -4,6 +4,7 @@
 pub mod api;
 pub mod config;
 pub mod controller;
+pub mod discovery;
 pub mod installation;
 pub mod plugin;
 pub mod provider;

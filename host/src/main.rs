@@ -56,6 +56,9 @@ enum Command {
         #[arg(long)]
         output_dir: Option<PathBuf>,
     },
+    /// Print the discovery API's OpenAPI 3 document (JSON), as served at /openapi.json and
+    /// committed as docs/openapi/discovery.json.
+    Openapi,
 }
 
 #[derive(Subcommand)]
@@ -105,6 +108,10 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Crds { output_dir } => crds(output_dir.as_deref()),
+        Command::Openapi => {
+            print!("{}", proxy_operator::discovery::openapi::document_text());
+            Ok(())
+        }
         Command::Plugin {
             command: PluginCommand::Inspect { file, runtime },
         } => {
