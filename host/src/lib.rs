@@ -5,6 +5,7 @@ pub mod api;
 pub mod config;
 pub mod conformance;
 pub mod controller;
+pub mod discovery;
 pub mod gc;
 pub mod health;
 pub mod installation;

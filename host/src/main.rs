@@ -63,6 +63,9 @@ enum Command {
         #[arg(long)]
         output_dir: Option<PathBuf>,
     },
+    /// Print the discovery API's OpenAPI 3 document (JSON), as served at /openapi.json and
+    /// committed as docs/openapi/discovery.json.
+    Openapi,
     /// Work with one configured provider.
     Provider {
         #[command(subcommand)]
@@ -284,6 +287,10 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Crds { output_dir } => crds(output_dir.as_deref()),
+        Command::Openapi => {
+            print!("{}", proxy_operator::discovery::openapi::document_text());
+            Ok(())
+        }
         Command::Run(args) => run(*args).await,
         Command::Plugin {
             command: PluginCommand::Inspect { file, runtime },

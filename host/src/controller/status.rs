@@ -408,7 +408,7 @@ mod tests {
         let provisioned = StatusChange {
             provisioned: Some(Cond {
                 ok: true,
-                reason: "Running".into(),
+                reason: "Running",
                 message: String::new(),
             }),
             address: Some(Some(("127.0.0.1".into(), 3128))),

@@ -1,0 +1,393 @@
+//! The discovery API: what clients call to find proxies to use.
+//!
+//! An axum [`Router`] answering from a kube-runtime reflector [`Store`] of Proxies, so no
+//! request costs an API-server call (except the briefly cached auth reviews):
+//!
+//! - `GET /v1/proxies`: the Ready proxies, filtered by `namespace`, `provider`, `region`,
+//!   `zone` and `labelSelector` ([`query`]).
+//! - `GET /v1/proxies:pick`: one of them, least-recently-given ([`pick`]).
+//! - `GET /v1/proxies/{namespace}/{name}`: one Proxy, Ready or not (`ready: false` with a
+//!   reason, rather than 404: a client can tell "not there" from "not usable yet").
+//! - `GET /openapi.json`: the OpenAPI document ([`openapi`]), without auth.
+//!
+//! Auth is TokenReview + SubjectAccessReview ([`auth`]); [`Auth::DisabledInsecure`] turns
+//! it off for local development and says so loudly. See docs/discovery.md.
+
+pub mod auth;
+pub mod openapi;
+pub mod pick;
+pub mod query;
+pub mod render;
+pub mod selector;
+pub mod view;
+
+use crate::api::Proxy;
+use auth::{AuthError, Authenticator, Identity};
+use axum::Router;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::{FutureExt, StreamExt};
+use kube::ResourceExt;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use query::{BadParameter, Filters};
+use serde_json::{Value, json};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub use auth::AuthSettings;
+
+/// How callers are checked.
+pub enum Auth {
+    /// TokenReview + SubjectAccessReview through this client (the operator's own identity;
+    /// it needs `create` on tokenreviews and subjectaccessreviews, as granted by the
+    /// ClusterRole `system:auth-delegator`).
+    Kubernetes(kube::Client, AuthSettings),
+    /// No authentication and no authorisation: anyone who can reach the port can list
+    /// every proxy in every namespace. For local development only; logged as a warning.
+    DisabledInsecure,
+}
+
+const REALM: &str = "Bearer realm=\"proxy-operator\"";
+const REALM_INVALID: &str = "Bearer realm=\"proxy-operator\", error=\"invalid_token\"";
+
+struct Shared {
+    store: Store<Proxy>,
+    synced: AtomicBool,
+    auth: Option<Authenticator>,
+    picker: pick::Picker,
+    rendered: render::RenderCache,
+}
+
+/// The discovery API over `store` (fill it with [`proxy_reflector`], or any reflector of
+/// Proxies across all namespaces).
+pub fn router(store: Store<Proxy>, auth: Auth) -> Router {
+    let auth = match auth {
+        Auth::Kubernetes(client, settings) => Some(Authenticator::new(client, settings)),
+        Auth::DisabledInsecure => {
+            tracing::warn!(
+                "!!! DISCOVERY API AUTHENTICATION IS DISABLED !!! Anyone who can reach its \
+                 port can list every proxy in every namespace. Use this for local \
+                 development only."
+            );
+            None
+        }
+    };
+    let shared = Arc::new(Shared {
+        store,
+        synced: AtomicBool::new(false),
+        auth,
+        picker: pick::Picker::default(),
+        rendered: render::RenderCache::default(),
+    });
+    Router::new()
+        .route("/v1/proxies", get(list))
+        .route("/v1/proxies:pick", get(pick))
+        .route("/v1/proxies/{namespace}/{name}", get(get_one))
+        .route("/openapi.json", get(openapi_json))
+        .fallback(not_found)
+        .with_state(shared)
+}
+
+/// A reflector store of every Proxy in the cluster and the future that keeps it filled
+/// (run it for as long as the API serves; it retries with backoff on watch errors).
+/// `managedFields` are dropped from cached objects: the API never shows them.
+pub fn proxy_reflector(
+    client: kube::Client,
+) -> (Store<Proxy>, impl Future<Output = ()> + Send + 'static) {
+    let (store, writer) = reflector::store::<Proxy>();
+    let api = kube::Api::<Proxy>::all(client);
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(|p: &mut Proxy| p.managed_fields_mut().clear())
+        .reflect(writer);
+    let fut = async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            if let Err(e) = ev {
+                tracing::warn!(error = %e, "discovery: Proxy watch failed; retrying");
+            }
+        }
+    };
+    (store, fut)
+}
+
+/// Serves `router` on `listener` (with TCP_NODELAY) until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+// ---------------------------------------------------------------------------------------
+// Answers
+
+struct ApiError {
+    status: StatusCode,
+    message: String,
+    extra: Vec<(&'static str, String)>,
+    www_authenticate: Option<&'static str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            extra: Vec::new(),
+            www_authenticate: None,
+        }
+    }
+    fn with(mut self, key: &'static str, value: impl Into<String>) -> Self {
+        self.extra.push((key, value.into()));
+        self
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::NoToken(m) => {
+                let mut e = ApiError::new(StatusCode::UNAUTHORIZED, m);
+                e.www_authenticate = Some(REALM);
+                e
+            }
+            AuthError::InvalidToken => {
+                let mut e = ApiError::new(StatusCode::UNAUTHORIZED, "invalid bearer token");
+                e.www_authenticate = Some(REALM_INVALID);
+                e
+            }
+            AuthError::Forbidden { message, reason } => {
+                ApiError::new(StatusCode::FORBIDDEN, message).with("reason", reason)
+            }
+            AuthError::Unavailable(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m),
+        }
+    }
+}
+
+impl From<BadParameter> for ApiError {
+    fn from(b: BadParameter) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, b.message)
+            .with("parameter", b.parameter)
+            .with("value", b.value)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let error = match self.status {
+            StatusCode::BAD_REQUEST => "BadRequest",
+            StatusCode::UNAUTHORIZED => "Unauthorized",
+            StatusCode::FORBIDDEN => "Forbidden",
+            StatusCode::NOT_FOUND => "NotFound",
+            _ => "ServiceUnavailable",
+        };
+        let mut body = json!({
+            "code": self.status.as_u16(),
+            "error": error,
+            "message": self.message,
+        });
+        for (k, v) in self.extra {
+            body[k] = Value::String(v);
+        }
+        let mut resp = json_response(self.status, serde_json::to_vec(&body).unwrap_or_default());
+        if let Some(w) = self.www_authenticate {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(w));
+        }
+        resp
+    }
+}
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    let mut resp = (status, body).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    // Answers are per caller and change with the cluster: no shared or stale caching.
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+// ---------------------------------------------------------------------------------------
+// Handlers
+
+type AppState = State<Arc<Shared>>;
+
+impl Shared {
+    async fn authenticate(&self, headers: &HeaderMap) -> Result<Option<Identity>, ApiError> {
+        match &self.auth {
+            None => Ok(None),
+            Some(a) => Ok(Some(a.authenticate(headers).await?)),
+        }
+    }
+
+    async fn authorize(
+        &self,
+        who: &Option<Identity>,
+        verb: &'static str,
+        namespace: &str,
+        name: Option<&str>,
+    ) -> Result<(), ApiError> {
+        match (&self.auth, who) {
+            (Some(a), Some(who)) => Ok(a.authorize(who, verb, namespace, name).await?),
+            _ => Ok(()),
+        }
+    }
+
+    /// 503 until the reflector has listed once: an empty answer before that would be a lie.
+    fn check_synced(&self) -> Result<(), ApiError> {
+        if self.synced.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        if let Some(Ok(())) = self.store.wait_until_ready().now_or_never() {
+            self.synced.store(true, Ordering::Relaxed);
+            return Ok(());
+        }
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the proxy cache has not synced with the API server yet; retry shortly",
+        ))
+    }
+
+    /// The common path of the collection endpoints: authenticate, parse the filters,
+    /// authorise `list` in their namespace, and return the matching Ready proxies (in no
+    /// particular order).
+    async fn ready_matching(
+        &self,
+        headers: &HeaderMap,
+        query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+    ) -> Result<Vec<Arc<Proxy>>, ApiError> {
+        let who = self.authenticate(headers).await?;
+        let Query(pairs) = query.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("malformed query string: {e}"),
+            )
+        })?;
+        let filters = Filters::parse(&pairs)?;
+        self.authorize(
+            &who,
+            "list",
+            filters.namespace.as_deref().unwrap_or(""),
+            None,
+        )
+        .await?;
+        self.check_synced()?;
+        Ok(self
+            .store
+            .state_filter(|p| filters.matches(p) && view::readiness(p).is_ok()))
+    }
+
+    /// One Proxy as a JSON answer.
+    fn one(&self, p: &Arc<Proxy>) -> Response {
+        let mut body = Vec::with_capacity(256);
+        self.rendered
+            .write_items(std::slice::from_ref(p), &mut body, &self.store);
+        json_response(StatusCode::OK, body)
+    }
+}
+
+/// Answers `{"items": [...]}`, sorted by namespace/name (schema `ProxyList`).
+async fn list(
+    State(s): AppState,
+    headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Response {
+    let mut hits = match s.ready_matching(&headers, query).await {
+        Ok(hits) => hits,
+        Err(e) => return e.into_response(),
+    };
+    hits.sort_unstable_by(|a, b| view::sort_key(a).cmp(&view::sort_key(b)));
+    let mut body = Vec::with_capacity(16 + hits.len() * 256);
+    body.extend_from_slice(br#"{"items":["#);
+    s.rendered.write_items(&hits, &mut body, &s.store);
+    body.extend_from_slice(b"]}");
+    json_response(StatusCode::OK, body)
+}
+
+async fn pick(
+    State(s): AppState,
+    headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Response {
+    let hits = match s.ready_matching(&headers, query).await {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    match s.picker.pick(&hits, s.store.len(), || s.store.state()) {
+        Some(p) => {
+            tracing::debug!(proxy = %view::display_name(p), "picked");
+            s.one(p)
+        }
+        None => ApiError::new(StatusCode::NOT_FOUND, "no Ready proxy matches the filters")
+            .into_response(),
+    }
+}
+
+async fn get_one(
+    State(s): AppState,
+    headers: HeaderMap,
+    path: Result<Path<(String, String)>, PathRejection>,
+    uri: Uri,
+) -> Response {
+    let result = async {
+        let who = s.authenticate(&headers).await?;
+        let Path((namespace, name)) = path
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("malformed path: {e}")))?;
+        if let Some(q) = uri.query().filter(|q| !q.is_empty()) {
+            let param = q.split('&').next().unwrap_or(q);
+            let (k, v) = param.split_once('=').unwrap_or((param, ""));
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "this endpoint takes no query parameters",
+            )
+            .with("parameter", k)
+            .with("value", v));
+        }
+        s.authorize(&who, "get", &namespace, Some(&name)).await?;
+        s.check_synced()?;
+        let key = ObjectRef::<Proxy>::new(&name).within(&namespace);
+        match s.store.get(&key) {
+            Some(p) => Ok(s.one(&p)),
+            None => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("proxy {namespace}/{name} not found"),
+            )),
+        }
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn openapi_json() -> Response {
+    static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(openapi::document_text);
+    let mut resp = (StatusCode::OK, TEXT.as_str()).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no route {method} {}; see /openapi.json", uri.path()),
+    )
+    .into_response()
+}
