@@ -147,6 +147,35 @@ struct RunArgs {
     /// Orphans younger than this are never deleted.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
     gc_min_age: Duration,
+    /// `host:port` every health probe asks the proxy to CONNECT to.
+    #[arg(long, default_value = "example.com:443")]
+    probe_target: String,
+    /// Also fetch this URL (http or https) through the tunnel; its body must be the
+    /// instance's IP (e.g. https://checkip.amazonaws.com/). Replaces --probe-target.
+    #[arg(long)]
+    egress_echo_url: Option<http::Uri>,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    probe_interval: Duration,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    probe_timeout: Duration,
+    /// Failed probes in a row before a healthy proxy is marked unhealthy.
+    #[arg(long, default_value_t = 3)]
+    probe_failure_threshold: u32,
+    /// How often every provider's health check runs (results in ProviderHealth objects).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1m")]
+    provider_check_interval: Duration,
+    /// One timeout for a whole round of provider checks.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
+    provider_check_timeout: Duration,
+    /// How often the providers file and plugin directory are checked for changes.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    reload_interval: Duration,
+    /// Where the discovery API, /metrics, /healthz and /readyz listen.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    listen: std::net::SocketAddr,
+    /// Serve the discovery API without authentication (local development only).
+    #[arg(long)]
+    discovery_insecure_no_auth: bool,
 }
 
 #[derive(Subcommand)]
@@ -470,10 +499,16 @@ fn crds(output_dir: Option<&std::path::Path>) -> anyhow::Result<()> {
 
 /// The composition root of the running operator.
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    use proxy_operator::controller::{self, Context, Settings, Timings};
+    use axum::response::IntoResponse;
+    use proxy_operator::controller::{self, Context, HealthHook, Settings, Timings};
+    use proxy_operator::discovery::{Auth, AuthSettings};
     use proxy_operator::gc::{GcMetrics, GcSettings, Sweeper};
+    use proxy_operator::health::{EngineConfig, HealthEngine, HealthMetrics, Thresholds};
     use proxy_operator::provider::{Instrumented, ProviderMetrics};
+    use proxy_operator::provider_health::{Monitor, MonitorMetrics, publish};
     use proxy_operator::registry::ProviderRegistry;
+    use proxy_operator::reload::{ReloadMetrics, Reloader};
+    use std::collections::BTreeMap;
 
     let client = kube::Client::try_default()
         .await
@@ -486,29 +521,41 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     tracing::info!(installation = installation.as_str(), "starting");
 
-    // Metrics are collected here; serving them is the metrics endpoint's job (not yet built).
     let mut metrics = prometheus_client::registry::Registry::default();
     let provider_metrics = ProviderMetrics::register(&mut metrics);
     let gc_metrics = GcMetrics::register(&mut metrics);
+    let health_metrics = HealthMetrics::new(&mut metrics);
+    let monitor_metrics = MonitorMetrics::new(&mut metrics);
+    let reload_metrics = ReloadMetrics::new(&mut metrics);
 
-    // A provider that fails to load is left out (its Proxies report ProviderNotConfigured);
-    // the others run.
+    // Providers come from the reloader: a provider that fails to load is left out (its
+    // Proxies report ProviderNotConfigured), the others run, and later changes on disk
+    // swap the set without a restart.
     let text = std::fs::read_to_string(&args.providers)
         .with_context(|| format!("reading providers file {}", args.providers.display()))?;
     let file = ProvidersFile::parse(&text)?;
     let rt = Runtime::new(args.runtime.options(&file))?;
-    let report = rt.load(&args.plugin_dir, &file).await;
-    for e in &report.plugin_errors {
-        tracing::error!(error = %e, "plugin not loaded");
-    }
-    for e in &report.provider_errors {
-        tracing::error!(error = %e, "provider not loaded");
-    }
-    let providers = report.providers.into_iter().map(|p| {
-        tracing::info!(provider.name = p.name(), "provider loaded");
-        Arc::new(Instrumented::new(p, provider_metrics.clone())) as Arc<dyn Provider>
-    });
-    let registry = ProviderRegistry::new(providers);
+    let mut reloader = Reloader::new(rt, &args.plugin_dir, &args.providers, reload_metrics);
+    reloader.poll().await;
+    let instrumented = |r: &Reloader| -> Vec<Arc<dyn Provider>> {
+        r.providers()
+            .into_values()
+            .map(|p| {
+                Arc::new(Instrumented::new(
+                    SharedProvider(p),
+                    provider_metrics.clone(),
+                )) as Arc<dyn Provider>
+            })
+            .collect()
+    };
+    let registry = ProviderRegistry::new(instrumented(&reloader));
+    let plugin_types = |r: &Reloader| -> BTreeMap<String, String> {
+        r.providers()
+            .into_iter()
+            .map(|(n, p)| (n, p.info().type_name.clone()))
+            .collect()
+    };
+    let types = Arc::new(std::sync::Mutex::new(plugin_types(&reloader)));
 
     let mut settings = Settings::new(installation.clone());
     settings.timings = Timings {
@@ -521,10 +568,29 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     settings.concurrency = args.concurrency;
     settings.instance_name = args.pod_name;
-    let ctx = Arc::new(Context::new(client.clone(), registry.clone(), settings));
+    let engine = HealthEngine::new(
+        EngineConfig {
+            interval: args.probe_interval,
+            concurrency: 16,
+            thresholds: Thresholds {
+                failure: args.probe_failure_threshold,
+                success: 1,
+            },
+        },
+        Some(health_metrics),
+    );
+    let tls = proxy_operator::plugin::tls_config(None, false).map_err(anyhow::Error::msg)?;
+    let ctx = Context::new(client.clone(), registry.clone(), settings).with_health(HealthHook {
+        engine,
+        target: args.probe_target.clone(),
+        egress_echo: args.egress_echo_url.clone(),
+        timeout: args.probe_timeout,
+        tls: Some(tls),
+        probe_refresh: args.drift_poll.max(args.probe_interval),
+    });
     let sweeper = Sweeper::new(
-        client,
-        registry,
+        client.clone(),
+        registry.clone(),
         GcSettings {
             interval: args.gc_interval,
             min_age: args.gc_min_age,
@@ -540,11 +606,140 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tracing::info!("shutting down: finishing reconciles in flight");
         signal.cancel();
     });
-    tokio::join!(
-        controller::run(ctx, shutdown.clone().cancelled_owned()),
-        sweeper.run(shutdown.cancelled()),
+
+    // Discovery API, metrics and probes on one port.
+    let (store, reflect) = proxy_operator::discovery::proxy_reflector(client.clone());
+    let auth = if args.discovery_insecure_no_auth {
+        Auth::DisabledInsecure
+    } else {
+        Auth::Kubernetes(client.clone(), AuthSettings::default())
+    };
+    let metrics = Arc::new(metrics);
+    let router = proxy_operator::discovery::router(store, auth).merge(
+        axum::Router::new()
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let metrics = metrics.clone();
+                    async move {
+                        let mut text = String::new();
+                        match prometheus_client::encoding::text::encode(&mut text, &metrics) {
+                            Ok(()) => (
+                                [(
+                                    http::header::CONTENT_TYPE,
+                                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                                )],
+                                text,
+                            )
+                                .into_response(),
+                            Err(_) => http::StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                        }
+                    }
+                }),
+            )
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route("/readyz", axum::routing::get(|| async { "ok" })),
     );
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    tracing::info!(addr = %args.listen, "serving the discovery API, /metrics, /healthz, /readyz");
+    let server =
+        proxy_operator::discovery::serve(listener, router, shutdown.clone().cancelled_owned());
+
+    let monitor = Monitor::new(args.provider_check_timeout, monitor_metrics);
+    let monitor_run = {
+        let (registry, client, types) = (registry.clone(), client.clone(), types.clone());
+        let token = shutdown.clone();
+        async move {
+            let mut tick = tokio::time::interval(args.provider_check_interval);
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let providers: Vec<Arc<dyn Provider>> =
+                    registry.snapshot().values().cloned().collect();
+                let checks = monitor.round(&providers).await;
+                let types = types.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                publish(&client, &checks, &types).await;
+            }
+        }
+    };
+    let reload_run = {
+        let registry = registry.clone();
+        let token = shutdown.clone();
+        async move {
+            let mut tick = tokio::time::interval(args.reload_interval);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                if let Some(change) = reloader.poll().await
+                    && (!change.loaded.is_empty() || !change.removed.is_empty())
+                {
+                    registry.replace(instrumented(&reloader));
+                    *types.lock().unwrap_or_else(|e| e.into_inner()) = plugin_types(&reloader);
+                }
+            }
+        }
+    };
+    let reflect = {
+        let token = shutdown.clone();
+        async move {
+            tokio::select! {
+                _ = token.cancelled() => {}
+                _ = reflect => {}
+            }
+        }
+    };
+    let (served, ..) = tokio::join!(
+        server,
+        controller::run(Arc::new(ctx), shutdown.clone().cancelled_owned()),
+        sweeper.run(shutdown.cancelled()),
+        monitor_run,
+        reload_run,
+        reflect,
+    );
+    served.context("serving the discovery API")?;
     Ok(())
+}
+
+/// Lets the registry hold a provider the reloader also holds.
+struct SharedProvider(Arc<WasmProvider>);
+
+#[async_trait::async_trait]
+impl Provider for SharedProvider {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    async fn create(
+        &self,
+        req: &proxy_operator::provider::CreateRequest,
+    ) -> Result<String, proxy_operator::provider::ProviderError> {
+        self.0.create(req).await
+    }
+    async fn get(
+        &self,
+        id: &str,
+    ) -> Result<proxy_operator::provider::Instance, proxy_operator::provider::ProviderError> {
+        self.0.get(id).await
+    }
+    async fn delete(&self, id: &str) -> Result<(), proxy_operator::provider::ProviderError> {
+        self.0.delete(id).await
+    }
+    async fn list_by_tag(
+        &self,
+        installation: &str,
+    ) -> Result<Vec<proxy_operator::provider::Instance>, proxy_operator::provider::ProviderError>
+    {
+        self.0.list_by_tag(installation).await
+    }
+    async fn check(&self) -> Option<Vec<proxy_operator::provider::TargetStatus>> {
+        self.0.check().await
+    }
 }
 
 /// SIGINT or SIGTERM (what Kubernetes sends on pod deletion).

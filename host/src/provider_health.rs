@@ -256,6 +256,102 @@ impl Monitor {
     }
 }
 
+/// The field manager ProviderHealth objects are written under.
+pub const FIELD_MANAGER: &str = "proxy-operator-provider-health";
+
+/// The status of one provider's `ProviderHealth` after `check`, keeping each target's
+/// `lastTransitionTime` from `previous` unless its readiness flipped. Pure.
+pub fn status_for(
+    check: &ProviderCheck,
+    type_name: &str,
+    previous: Option<&crate::api::ProviderHealthStatus>,
+) -> crate::api::ProviderHealthStatus {
+    use crate::api::TargetHealth;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let time = |t: SystemTime| {
+        Time(
+            k8s_openapi::jiff::Timestamp::try_from(t)
+                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        )
+    };
+    let before: Vec<TargetHealth> = previous.map(|p| p.targets.clone()).unwrap_or_default();
+    let names: Vec<String> = before.iter().map(|t| t.target.clone()).collect();
+    let targets = check
+        .targets(&names)
+        .into_iter()
+        .map(|t| {
+            let kept = before
+                .iter()
+                .find(|b| b.target == t.target && b.ready == t.ready)
+                .map(|b| b.last_transition_time.clone());
+            TargetHealth {
+                target: t.target,
+                ready: t.ready,
+                reason: t.reason,
+                message: t.message,
+                details: t.details.into_iter().collect(),
+                last_transition_time: kept.unwrap_or_else(|| time(check.checked_at)),
+            }
+        })
+        .collect();
+    crate::api::ProviderHealthStatus {
+        type_: Some(type_name.to_string()),
+        check_supported: Some(!matches!(check.outcome, CheckOutcome::Unsupported)),
+        targets,
+        last_check_time: Some(time(check.checked_at)),
+    }
+}
+
+/// Writes one `ProviderHealth` per checked provider (server-side apply, creating it when
+/// missing). `types` maps provider names to plugin types. A failed write is logged and
+/// retried at the next round; it never stops the monitor.
+pub async fn publish(
+    client: &kube::Client,
+    checks: &[ProviderCheck],
+    types: &BTreeMap<String, String>,
+) {
+    use crate::api::ProviderHealth;
+    use kube::Resource;
+    use kube::api::{Api, Patch, PatchParams};
+    let api: Api<ProviderHealth> = Api::all(client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for c in checks {
+        if !crate::config::is_dns1123_label(&c.provider) {
+            continue;
+        }
+        let previous = match api.get_opt(&c.provider).await {
+            Ok(p) => p.and_then(|p| p.status),
+            Err(e) => {
+                tracing::warn!(provider = %c.provider, error = %e, "reading ProviderHealth");
+                continue;
+            }
+        };
+        let type_name = types.get(&c.provider).map(String::as_str).unwrap_or("");
+        let status = status_for(c, type_name, previous.as_ref());
+        let object = serde_json::json!({
+            "apiVersion": ProviderHealth::api_version(&()),
+            "kind": ProviderHealth::kind(&()),
+            "metadata": {"name": c.provider},
+            "spec": {},
+        });
+        let status = serde_json::json!({
+            "apiVersion": ProviderHealth::api_version(&()),
+            "kind": ProviderHealth::kind(&()),
+            "status": status,
+        });
+        let written = match api.patch(&c.provider, &params, &Patch::Apply(object)).await {
+            Ok(_) => api
+                .patch_status(&c.provider, &params, &Patch::Apply(status))
+                .await
+                .map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            tracing::warn!(provider = %c.provider, error = %e, "writing ProviderHealth");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,5 +562,42 @@ mod tests {
         let seen = seen.lock().unwrap();
         assert!(seen.first().is_some_and(|s| s.len() == 1), "{seen:?}");
         assert!(seen.last().is_some_and(|s| s.len() == 2), "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn provider_health_objects_are_created_and_keep_transition_times() {
+        use crate::api::ProviderHealth;
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use kube::api::{Api, PostParams};
+        let fake = fake_kube::FakeApi::new();
+        let client = fake.client();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for (_, crd) in crate::api::crds() {
+            crds.create(&PostParams::default(), &crd).await.unwrap();
+        }
+        let m = Monitor::new(Duration::from_secs(1), MonitorMetrics::default());
+        let p = checking("hz", 0, Some(vec![("fsn1", true), ("nbg1", true)]));
+        let list: Vec<Arc<dyn Provider>> = vec![p.clone(), checking("plain", 0, None)];
+        let types: BTreeMap<String, String> = [("hz".to_string(), "hetzner".to_string())].into();
+        publish(&client, &m.round(&list).await, &types).await;
+        let api: Api<ProviderHealth> = Api::all(client.clone());
+        let hz = api.get("hz").await.unwrap().status.unwrap();
+        assert_eq!(hz.type_.as_deref(), Some("hetzner"));
+        assert_eq!(hz.check_supported, Some(true));
+        assert_eq!(hz.targets.len(), 2);
+        let first = hz.targets[0].last_transition_time.clone();
+        let plain = api.get("plain").await.unwrap().status.unwrap();
+        assert_eq!(plain.check_supported, Some(false));
+
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        *p.targets.lock().unwrap() = Some(vec![("fsn1", true), ("nbg1", false)]);
+        publish(&client, &m.round(&list).await, &types).await;
+        let hz = api.get("hz").await.unwrap().status.unwrap();
+        assert_eq!(
+            hz.targets[0].last_transition_time, first,
+            "fsn1 did not flip"
+        );
+        assert!(!hz.targets[1].ready);
+        assert_ne!(hz.targets[1].last_transition_time, first, "nbg1 flipped");
     }
 }

@@ -18,6 +18,8 @@ mod sandbox;
 
 pub use cache::CacheOutcome;
 pub use engine::EngineOptions;
+/// TLS client configuration (system roots, a CA file, or insecure), also used by health probes.
+pub use http::tls_config;
 pub use load::{LoadError, LoadReport, LoadedPlugin, ProviderLoadError};
 
 use crate::config::{Limits, ProviderEntry, ProvidersFile};
