@@ -32,20 +32,8 @@ enum Command {
     /// Load the providers of a providers file from a plugin directory and report on each:
     /// what loaded, what did not and why, and (with --check) each provider's health check.
     Providers {
-        /// Directory holding the plugin components (`*.wasm`), e.g. the plugins ConfigMap mount.
-        #[arg(
-            long,
-            env = "PLUGIN_DIR",
-            default_value = "/etc/proxy-operator/plugins"
-        )]
-        plugin_dir: PathBuf,
-        /// The providers file (YAML).
-        #[arg(
-            long,
-            env = "PROVIDERS_FILE",
-            default_value = "/etc/proxy-operator/providers.yaml"
-        )]
-        providers: PathBuf,
+        #[command(flatten)]
+        source: SourceArgs,
         /// Also run every provider's health check and print its targets.
         #[arg(long)]
         check: bool,
@@ -98,9 +86,10 @@ enum Command {
     },
 }
 
+/// Where the providers come from: what the operator's Deployment mounts.
 #[derive(clap::Args)]
-struct RunArgs {
-    /// Directory holding the plugin components (`*.wasm`).
+struct SourceArgs {
+    /// Directory holding the plugin components (`*.wasm`), e.g. the plugins ConfigMap mount.
     #[arg(
         long,
         env = "PLUGIN_DIR",
@@ -114,6 +103,12 @@ struct RunArgs {
         default_value = "/etc/proxy-operator/providers.yaml"
     )]
     providers: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    source: SourceArgs,
     #[command(flatten)]
     runtime: RuntimeArgs,
     /// Installation identity written on every instance and used to scope GC. Default:
@@ -431,8 +426,11 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Providers {
-            plugin_dir,
-            providers,
+            source:
+                SourceArgs {
+                    plugin_dir,
+                    providers,
+                },
             check,
             runtime,
         } => {
@@ -531,11 +529,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Providers come from the reloader: a provider that fails to load is left out (its
     // Proxies report ProviderNotConfigured), the others run, and later changes on disk
     // swap the set without a restart.
-    let text = std::fs::read_to_string(&args.providers)
-        .with_context(|| format!("reading providers file {}", args.providers.display()))?;
+    let SourceArgs {
+        plugin_dir,
+        providers,
+    } = &args.source;
+    let text = std::fs::read_to_string(providers)
+        .with_context(|| format!("reading providers file {}", providers.display()))?;
     let file = ProvidersFile::parse(&text)?;
     let rt = Runtime::new(args.runtime.options(&file))?;
-    let mut reloader = Reloader::new(rt, &args.plugin_dir, &args.providers, reload_metrics);
+    let mut reloader = Reloader::new(rt, plugin_dir, providers, reload_metrics);
     reloader.poll().await;
     let instrumented = |r: &Reloader| -> Vec<Arc<dyn Provider>> {
         r.providers()
