@@ -140,3 +140,231 @@ async fn proxy_lifecycle_through_the_example_plugin() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// The acceptance fault-injection run through the real path: 50 Proxies, the example
+/// plugin in the Wasm runtime, its HTTP backend failing about 20% of calls (503, 429 and
+/// answers slower than the plugin's time limit), the controller killed and restarted at
+/// random points, and health probes through a real tinyproxy deciding Ready. At the end
+/// every Proxy is Ready and the backend holds exactly 50 instances; after the Proxies are
+/// deleted and GC has run it holds none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_injection_run_through_the_wasm_plugin() {
+    use proxy_operator::controller::HealthHook;
+    use proxy_operator::gc::{GcMetrics, GcSettings, Sweeper};
+    use proxy_operator::health::{EngineConfig, HealthEngine, Thresholds};
+    const N: usize = 50;
+    let _dir = plugins_or_skip!();
+    let Some(bin) = support::tinyproxy::tinyproxy_bin() else {
+        return;
+    };
+    let (echo, _echo) = support::tinyproxy::echo_server().await;
+    let tp = support::tinyproxy::Tinyproxy::start(&bin, &format!("ConnectPort {echo}")).await;
+
+    let backend = Arc::new(ExampleBackend::start("tok"));
+    let secrets = tempfile::tempdir().unwrap();
+    let token = secrets.path().join("token");
+    std::fs::write(&token, "tok").unwrap();
+    let rt = support::runtime();
+    let entry = format!(
+        "name: ex\nplugin: example.wasm\nadditionalHosts: ['{url}']\nlimits: {{timeout: 500ms}}\n\
+         secrets: {{token: {secret}}}\nconfig: {{endpoint: '{url}', regions: [r1]}}",
+        url = backend.url(),
+        secret = token.display()
+    );
+    let wasm = support::provider(&rt, "example.wasm", &entry).await;
+    let provider: Arc<dyn Provider> = Arc::new(Instrumented::new(wasm, ProviderMetrics::default()));
+    let registry = ProviderRegistry::new([provider]);
+    let fake = FakeApi::new();
+    let client = fake.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (_, crd) in api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let mut settings = Settings::new("install-chaos");
+    settings.timings = Timings {
+        provisioning_poll: Duration::from_millis(50),
+        deletion_poll: Duration::from_millis(50),
+        drift_poll: Duration::from_millis(500),
+        requeue_now: Duration::from_millis(20),
+        quota_retry: Duration::from_millis(200),
+        input_retry: Duration::from_millis(100),
+    };
+    settings.backoff_base = Duration::from_millis(20);
+    settings.backoff_max = Duration::from_millis(200);
+    let engine = HealthEngine::new(
+        EngineConfig {
+            interval: Duration::from_millis(100),
+            concurrency: 16,
+            thresholds: Thresholds::default(),
+        },
+        None,
+    );
+    let hook = HealthHook {
+        engine,
+        target: format!("127.0.0.1:{echo}"),
+        egress_echo: None,
+        timeout: Duration::from_secs(2),
+        tls: None,
+        probe_refresh: Duration::from_secs(60),
+    };
+    let start = || {
+        let ctx = Context::new(client.clone(), registry.clone(), settings.clone())
+            .with_health(hook.clone());
+        tokio::spawn(controller::run(Arc::new(ctx), std::future::pending::<()>()))
+    };
+
+    // One call in five fails: after every four calls the backend sees, the next one
+    // is a 503, a 429 or an answer 700 ms late (past the plugin's 500 ms limit).
+    let injected = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let chaos = {
+        let (backend, count) = (backend.clone(), injected.clone());
+        tokio::spawn(async move {
+            let (mut seen, mut injected, mut kind) = (0usize, 0usize, 0usize);
+            loop {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let n = backend.requests().len();
+                if n >= seen + 4 {
+                    seen = n;
+                    match kind % 5 {
+                        0 | 2 => backend.inject_fault(503, 1),
+                        1 | 3 => backend.inject_fault(429, 1),
+                        _ => backend.inject_delay(Duration::from_millis(700), 1),
+                    }
+                    kind += 1;
+                    injected += 1;
+                    count.store(injected, std::sync::atomic::Ordering::Relaxed);
+                }
+                if injected > 100_000 {
+                    return;
+                }
+            }
+        })
+    };
+
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let started = std::time::Instant::now();
+    let mut controller = start();
+    for i in 0..N {
+        let mut p = Proxy::new(
+            &format!("p{i:02}"),
+            ProxySpec {
+                provider: "ex".into(),
+                placement: Placement {
+                    region: "r1".into(),
+                    zone: "z1".into(),
+                    machine_type: "small".into(),
+                    image: "img".into(),
+                },
+                cloud_init: CloudInit {
+                    inline: Some("#cloud-config\n".into()),
+                    secret_key_ref: None,
+                },
+                port: i32::from(tp.addr.port()),
+            },
+        );
+        p.metadata.namespace = Some("default".into());
+        proxies.create(&PostParams::default(), &p).await.unwrap();
+    }
+    let live = |b: &ExampleBackend| {
+        b.instances()
+            .into_iter()
+            .filter(|i| i.status != "deleted" && i.status != "terminated")
+            .count()
+    };
+    let mut rng: u64 = 0x2545f4914f6cdd1d;
+    let mut next = move |lo: u64, hi: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        lo + rng % (hi - lo)
+    };
+    let (mut restarts, deadline) = (0, tokio::time::Instant::now() + Duration::from_secs(180));
+    loop {
+        let list = proxies.list(&Default::default()).await.unwrap().items;
+        let ready = list
+            .iter()
+            .filter(|p| {
+                p.condition(condition::READY)
+                    .is_some_and(|c| c.status == "True")
+            })
+            .count();
+        if ready == N {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{ready} of {N} Ready"
+        );
+        if restarts < 8 {
+            tokio::time::sleep(Duration::from_millis(next(100, 600))).await;
+            controller.abort();
+            let _ = controller.await;
+            controller = start();
+            restarts += 1;
+        } else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let converged = started.elapsed();
+    let calls_up = backend.requests().len();
+    let faults_up = injected.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        faults_up * 100 >= calls_up * 17,
+        "{faults_up} faults in {calls_up} calls is not about 20%"
+    );
+    assert_eq!(live(&backend), N, "exactly one instance per Proxy");
+
+    for i in 0..N {
+        proxies
+            .delete(&format!("p{i:02}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let mut delete_restarts = 0;
+    while !proxies
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty()
+    {
+        assert!(tokio::time::Instant::now() < deadline, "not all released");
+        if delete_restarts < 3 {
+            tokio::time::sleep(Duration::from_millis(next(100, 400))).await;
+            controller.abort();
+            let _ = controller.await;
+            controller = start();
+            delete_restarts += 1;
+        } else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let left_after_release = live(&backend);
+    let sweeper = Sweeper::new(
+        client.clone(),
+        registry.clone(),
+        GcSettings {
+            interval: Duration::from_millis(50),
+            min_age: Duration::ZERO,
+            installation: "install-chaos".into(),
+        },
+        GcMetrics::default(),
+    );
+    let mut sweeps = 0;
+    while live(&backend) > 0 {
+        assert!(sweeps < 200, "GC did not empty the backend");
+        let _ = sweeper.sweep().await;
+        sweeps += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    chaos.abort();
+    controller.abort();
+    println!(
+        "wasm fault-injection run: {N} Proxies through example.wasm, {faults_up} of \
+         {calls_up} backend calls failed (503/429/late) while converging, \
+         {restarts}+{delete_restarts} controller restarts; all Ready (CONNECT through \
+         tinyproxy) after {:.1}s; {N} live instances then; {left_after_release} left after \
+         every Proxy was released, 0 after {sweeps} GC sweep(s)",
+        converged.as_secs_f64(),
+    );
+}

@@ -172,7 +172,7 @@ async fn the_engine_holds_a_verdict_until_the_failure_threshold() {
         summary,
         [
             ("default/good", true, "Healthy", true),
-            ("default/refusing", false, "TunnelRefused", false),
+            ("default/refusing", false, "TunnelRefused", true),
         ]
     );
 
