@@ -173,8 +173,62 @@ struct RunArgs {
     discovery_insecure_no_auth: bool,
 }
 
+/// One provider operation, as the operator's loops call it.
+#[derive(Subcommand)]
+enum CallOp {
+    /// Create (or find, by the name derived from --uid) an instance; prints its ID.
+    Create {
+        /// Where: `region/zone/machineType/image`.
+        #[arg(long, value_parser = parse_placement)]
+        placement: Placement,
+        /// The owner's UID; the instance name derives from it, so a repeat call with the
+        /// same UID returns the same instance.
+        #[arg(long)]
+        uid: String,
+        /// User data file (cloud-init); empty when not given.
+        #[arg(long)]
+        cloud_init: Option<PathBuf>,
+        #[arg(long, default_value_t = 3128)]
+        port: u16,
+        #[arg(long, default_value = "egress-cli")]
+        installation: String,
+    },
+    /// The instance behind an ID.
+    Get { id: String },
+    /// Delete the instance behind an ID (deleting something gone succeeds).
+    Delete { id: String },
+    /// Every managed instance of an installation.
+    List {
+        #[arg(long, default_value = "egress-cli")]
+        installation: String,
+    },
+    /// The provider's health check.
+    Check,
+}
+
 #[derive(Subcommand)]
 enum ProviderCommand {
+    /// Make one provider call with the operator's sandbox and limits, and print the answer
+    /// as JSON (errors: class, code and message, and a non-zero exit).
+    Call {
+        /// The providers file (YAML).
+        #[arg(long, alias = "providers")]
+        config: PathBuf,
+        /// The provider entry to call.
+        #[arg(long)]
+        provider: String,
+        /// Directory holding the plugin components (`*.wasm`).
+        #[arg(
+            long,
+            env = "PLUGIN_DIR",
+            default_value = "/etc/proxy-operator/plugins"
+        )]
+        plugin_dir: PathBuf,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+        #[command(subcommand)]
+        op: CallOp,
+    },
     /// Create one instance through the provider, create it again (same ID), wait until it
     /// runs, find it in the listing, delete it twice, wait until it is gone, and report
     /// anything left behind. Works against whatever endpoint the config names: a real
@@ -275,11 +329,83 @@ fn parse_placement(s: &str) -> Result<Placement, String> {
     }
 }
 
+/// One provider call, its answer as JSON.
+async fn call(
+    p: &WasmProvider,
+    op: CallOp,
+) -> Result<serde_json::Value, proxy_operator::provider::ProviderError> {
+    use proxy_operator::provider::{CreateRequest, Instance, name_from_uid};
+    let instance = |i: &Instance| {
+        serde_json::json!({
+            "id": i.id,
+            "ip": i.ip,
+            "state": i.state.as_str(),
+            "uid": i.uid,
+            "createdAt": i.created_at.map(|t| humantime::format_rfc3339_seconds(t).to_string()),
+        })
+    };
+    Ok(match op {
+        CallOp::Create {
+            placement,
+            uid,
+            cloud_init,
+            port,
+            installation,
+        } => {
+            let cloud_init = match cloud_init {
+                Some(path) => std::fs::read(&path).map_err(|e| {
+                    proxy_operator::provider::ProviderError::new(
+                        proxy_operator::provider::Class::Permanent,
+                        proxy_operator::provider::Op::Create,
+                        p.name(),
+                        "",
+                        format!("reading --cloud-init {}: {e}", path.display()),
+                    )
+                })?,
+                None => Vec::new(),
+            };
+            let req = CreateRequest {
+                name: name_from_uid(&uid),
+                uid,
+                namespace: "cli".into(),
+                proxy_name: "cli".into(),
+                installation,
+                placement,
+                cloud_init,
+                port,
+            };
+            serde_json::json!({"id": p.create(&req).await?, "name": req.name})
+        }
+        CallOp::Get { id } => instance(&p.get(&id).await?),
+        CallOp::Delete { id } => {
+            p.delete(&id).await?;
+            serde_json::json!({"deleted": id})
+        }
+        CallOp::List { installation } => serde_json::Value::Array(
+            p.list_by_tag(&installation)
+                .await?
+                .iter()
+                .map(instance)
+                .collect(),
+        ),
+        CallOp::Check => match p.check().await {
+            None => serde_json::json!({"supported": false}),
+            Some(targets) => serde_json::json!({
+                "supported": true,
+                "targets": targets.iter().map(|t| serde_json::json!({
+                    "target": t.target, "ready": t.ready, "reason": t.reason, "message": t.message,
+                })).collect::<Vec<_>>(),
+            }),
+        },
+    })
+}
+
 /// Loads the one provider `name` of a providers file, or says why it did not load.
 async fn load_provider(
     file_path: &std::path::Path,
     name: &str,
-    target: &TargetArgs,
+    plugin_dir: &std::path::Path,
+    runtime: &RuntimeArgs,
 ) -> anyhow::Result<WasmProvider> {
     let text = std::fs::read_to_string(file_path)
         .with_context(|| format!("reading providers file {}", file_path.display()))?;
@@ -292,12 +418,10 @@ async fn load_provider(
         file_path.display(),
         names.join(", ")
     );
-    let rt = Runtime::new(target.runtime.options(&file))?;
+    let rt = Runtime::new(runtime.options(&file))?;
     let entry = &file.providers[0];
     // Only the plugin this entry names: the others in the directory are not under test.
-    let plugin = rt
-        .load_plugin(&target.plugin_dir.join(&entry.plugin))
-        .await?;
+    let plugin = rt.load_plugin(&plugin_dir.join(&entry.plugin)).await?;
     Ok(rt.provider(plugin, entry).await?)
 }
 
@@ -351,7 +475,8 @@ async fn main() -> anyhow::Result<()> {
                 return Ok(());
             }
             let control = Control::new(&emulator)?;
-            let p = load_provider(&providers, &provider, &target).await?;
+            let p =
+                load_provider(&providers, &provider, &target.plugin_dir, &target.runtime).await?;
             let mut opts = Options::new(target.placement.clone());
             opts.only = only;
             opts.wait = wait;
@@ -373,6 +498,32 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Provider {
             command:
+                ProviderCommand::Call {
+                    config,
+                    provider,
+                    plugin_dir,
+                    runtime,
+                    op,
+                },
+        } => {
+            let p = load_provider(&config, &provider, &plugin_dir, &runtime).await?;
+            let answer = call(&p, op).await;
+            match answer {
+                Ok(v) => {
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                    Ok(())
+                }
+                Err(e) => {
+                    let v = serde_json::json!({
+                        "error": {"class": format!("{:?}", e.class), "code": e.code, "message": e.message}
+                    });
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                    anyhow::bail!("{e}")
+                }
+            }
+        }
+        Command::Provider {
+            command:
                 ProviderCommand::Lifecycle {
                     config,
                     provider,
@@ -384,7 +535,7 @@ async fn main() -> anyhow::Result<()> {
                 },
         } => {
             let control = emulator.as_deref().map(Control::new).transpose()?;
-            let p = load_provider(&config, &provider, &target).await?;
+            let p = load_provider(&config, &provider, &target.plugin_dir, &target.runtime).await?;
             let mut opts = lifecycle::LifecycleOptions::new(target.placement.clone());
             opts.poll = poll;
             opts.wait = wait;

@@ -355,3 +355,49 @@ async fn lifecycle_command_runs_against_an_emulator_and_cleans_up() {
         "{err}"
     );
 }
+
+/// `proxy-operator provider call`: one operation at a time through the sandbox, answers as
+/// JSON, errors with their class and a non-zero exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_call_command_makes_one_call_at_a_time() {
+    let dir = plugins_or_skip!();
+    let s = ec2().await;
+    let (tmp, file) = cli_files(&s);
+    let run = |op: &[&str]| {
+        let mut cmd = bin();
+        cmd.args(["provider", "call", "--config", &file, "--provider", "aws"])
+            .arg("--plugin-dir")
+            .arg(&dir)
+            .arg("--plugin-cache-dir")
+            .arg(tmp.path().join("cache"))
+            .arg("--plugin-scratch-dir")
+            .arg(tmp.path().join("calls"))
+            .args(op);
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let v: serde_json::Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("{e}: {stdout}{}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.success(), v)
+    };
+    let placement = "eu-west-1/eu-west-1a/t3.micro/debian";
+    let create = ["create", "--placement", placement, "--uid", "cli-uid-1"];
+    let (ok, created) = run(&create);
+    assert!(ok, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let (_, again) = run(&create);
+    assert_eq!(again["id"], created["id"], "same uid, same instance");
+    assert_eq!(s.emu.dump().instances.len(), 1);
+
+    let (ok, got) = run(&["get", &id]);
+    assert!(ok && got["uid"] == "cli-uid-1", "{got}");
+    let (ok, listed) = run(&["list", "--installation", "egress-cli"]);
+    assert!(ok && listed.as_array().unwrap().len() == 1, "{listed}");
+    let (ok, check) = run(&["check"]);
+    assert!(ok && check["supported"] == true, "{check}");
+    let (ok, _) = run(&["delete", &id]);
+    assert!(ok);
+
+    let (ok, err) = run(&["get", "not-an-id"]);
+    assert!(!ok);
+    assert_eq!(err["error"]["class"], "Permanent", "{err}");
+}
