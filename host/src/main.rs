@@ -427,12 +427,9 @@ async fn load_provider(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(proxy_operator::telemetry::env_filter(
-            &std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-        ))
-        .with_writer(std::io::stderr)
-        .init();
+    let _telemetry = proxy_operator::telemetry::init(
+        &std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+    )?;
     match Cli::parse().command {
         Command::Crds { output_dir } => crds(output_dir.as_deref()),
         Command::Openapi => {

@@ -1,11 +1,22 @@
-//! Logging setup shared by the binary and the tests.
+//! Logging and tracing setup shared by the binary and the tests.
+//!
+//! Traces go to an OTLP collector only when the standard variables ask for it
+//! (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, or
+//! `OTEL_TRACES_EXPORTER=otlp`; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn
+//! it off). Without them no OpenTelemetry layer is installed and spans cost what `tracing`
+//! costs. The exporter reads the rest of `OTEL_*` itself (headers, timeout, protocol).
 //!
 //! The wasmtime crates log guest I/O at debug and trace level — including the bytes a plugin
 //! writes to stdout and the arguments of host calls. Those bytes can hold a plugin's secrets
 //! or a Proxy's cloud-init before our redaction sees them, so their levels are capped here
 //! whatever `RUST_LOG` asks for. The sentinel tests run with this same filter.
 
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Crates whose debug/trace output can carry guest data.
 const CAPPED: &[&str] = &[
@@ -36,9 +47,121 @@ pub fn env_filter(spec: &str) -> EnvFilter {
     EnvFilter::new(directives)
 }
 
+/// Whether the `OTEL_*` variables (read through `var`) ask for an OTLP trace exporter.
+pub fn otlp_wanted(var: impl Fn(&str) -> Option<String>) -> bool {
+    let set = |k: &str| var(k).is_some_and(|v| !v.trim().is_empty());
+    if var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+        return false;
+    }
+    match var("OTEL_TRACES_EXPORTER").map(|v| v.to_ascii_lowercase()) {
+        Some(v) if v == "none" => false,
+        Some(v) if v == "otlp" => true,
+        _ => set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+    }
+}
+
+/// Flushes and stops the trace exporter when dropped (at the end of `main`).
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            let _ = p.shutdown();
+        }
+    }
+}
+
+/// Installs the global subscriber: log lines to stderr filtered by `log_filter` (see
+/// [`env_filter`]), and an OpenTelemetry layer when [`otlp_wanted`].
+pub fn init(log_filter: &str) -> anyhow::Result<Telemetry> {
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let provider = if otlp_wanted(|k| std::env::var(k).ok()) {
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .build()?;
+        Some(
+            SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(
+                    opentelemetry_sdk::Resource::builder()
+                        .with_service_name("proxy-operator")
+                        .build(),
+                )
+                .build(),
+        )
+    } else {
+        None
+    };
+    let otel = provider
+        .as_ref()
+        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("proxy-operator")));
+    tracing_subscriber::registry()
+        .with(env_filter(log_filter))
+        .with(fmt)
+        .with(otel)
+        .try_init()?;
+    if provider.is_some() {
+        tracing::info!("exporting traces over OTLP");
+    }
+    Ok(Telemetry { provider })
+}
+
+/// The OpenTelemetry trace id of `span`, when an OpenTelemetry layer records it: written
+/// into the reconcile span's `trace_id` field, so every log line of a reconcile can be
+/// looked up in the tracing backend.
+pub fn trace_id(span: &tracing::Span) -> Option<String> {
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    sc.is_valid().then(|| sc.trace_id().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn otlp_is_opt_in_through_the_standard_variables() {
+        let cases: &[(&[(&str, &str)], bool)] = &[
+            (&[], false),
+            (
+                &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")],
+                true,
+            ),
+            (
+                &[(
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "http://c:4318/v1/traces",
+                )],
+                true,
+            ),
+            (&[("OTEL_TRACES_EXPORTER", "otlp")], true),
+            (
+                &[
+                    ("OTEL_TRACES_EXPORTER", "none"),
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c"),
+                ],
+                false,
+            ),
+            (
+                &[
+                    ("OTEL_SDK_DISABLED", "true"),
+                    ("OTEL_TRACES_EXPORTER", "otlp"),
+                ],
+                false,
+            ),
+            (&[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")], false),
+        ];
+        for (vars, want) in cases {
+            let get = |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            };
+            assert_eq!(otlp_wanted(get), *want, "{vars:?}");
+        }
+    }
 
     #[test]
     fn caps_wasmtime_whatever_the_user_asks() {

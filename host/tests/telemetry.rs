@@ -121,3 +121,69 @@ async fn http_requests_are_child_spans_of_the_operation() {
     );
     assert!(text.contains(r#"proxy_operator_provider_requests_total{provider="hostile",op="get",result="transient"} 1"#), "{text}");
 }
+
+/// Through OpenTelemetry (an in-memory exporter standing in for a collector): a reconcile
+/// span holds the provider operation span, which holds the plugin's HTTP request span, all
+/// in one trace; and the trace id reaches the reconcile span's `trace_id` field, so log
+/// lines can be matched to the trace.
+#[tokio::test]
+async fn the_otel_trace_nests_http_under_the_operation_under_the_reconcile() {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use tracing::Instrument;
+    use tracing_subscriber::layer::SubscriberExt;
+    let _dir = plugins_or_skip!();
+    let server = support::TestServer::start().await;
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let (layer, captured) = proxy_operator::testing::CaptureLayer::new();
+    let subscriber = tracing_subscriber::registry()
+        .with(proxy_operator::telemetry::env_filter("info"))
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
+        .with(layer);
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let rt = support::runtime();
+    let p = support::provider(
+        &rt,
+        "hostile.wasm",
+        &support::hostile_yaml(server.port, "logLines: 10"),
+    )
+    .await;
+    let p = proxy_operator::provider::Instrumented::new(p, Default::default());
+    let span = tracing::info_span!("reconcile", trace_id = tracing::field::Empty);
+    let id = proxy_operator::telemetry::trace_id(&span).expect("an OpenTelemetry trace id");
+    span.record("trace_id", id.as_str());
+    p.get(&format!("http:{}", server.url("/ok")))
+        .instrument(span)
+        .await
+        .unwrap();
+    provider.force_flush().unwrap();
+
+    let spans = exporter.get_finished_spans().unwrap();
+    let find = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name} span in {spans:#?}"))
+    };
+    let (reconcile, op, http) = (
+        find("reconcile"),
+        find("provider.get"),
+        find("http.request"),
+    );
+    assert_eq!(op.parent_span_id, reconcile.span_context.span_id());
+    assert_eq!(http.parent_span_id, op.span_context.span_id());
+    for s in [op, http] {
+        assert_eq!(s.span_context.trace_id(), reconcile.span_context.trace_id());
+    }
+    assert_eq!(reconcile.span_context.trace_id().to_string(), id);
+    let recorded = captured
+        .spans()
+        .into_iter()
+        .find(|s| s.name == "reconcile")
+        .unwrap();
+    assert_eq!(recorded.fields["trace_id"], id);
+}

@@ -246,7 +246,11 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, R
         proxy.uid = proxy.uid().unwrap_or_default(),
         provider.name = proxy.spec.provider.as_str(),
         generation = proxy.metadata.generation.unwrap_or_default(),
+        trace_id = tracing::field::Empty,
     );
+    if let Some(id) = crate::telemetry::trace_id(&span) {
+        span.record("trace_id", id);
+    }
     let result = Shell::new(&proxy, &ctx)?.run().instrument(span).await;
     if result.is_ok()
         && let Some(uid) = proxy.uid()
