@@ -371,3 +371,226 @@ async fn run_while_leader_follows_the_signal() {
         .unwrap();
     assert!(!grows(&ticks).await);
 }
+
+mod controllers {
+    //! Two real `controller::run` instances gated by leadership, sharing one fake cloud:
+    //! only the leader calls the provider, and after the leader crashes the other one
+    //! carries on reconciling.
+
+    use super::*;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Api, PostParams};
+    use proxy_operator::api::{self, CloudInit, Placement, Proxy, ProxySpec};
+    use proxy_operator::controller::{self, Context, Settings, Timings};
+    use proxy_operator::provider::{
+        CreateRequest, Instance, Provider, ProviderError, TargetStatus,
+    };
+    use proxy_operator::registry::ProviderRegistry;
+    use proxy_operator::testing::fake_provider::FakeProvider;
+
+    /// The shared fake cloud, as seen by one replica: counts that replica's calls.
+    struct Counted {
+        inner: Arc<FakeProvider>,
+        calls: Arc<AtomicU64>,
+    }
+
+    #[async_trait::async_trait]
+    impl Provider for Counted {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+        async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.inner.create(req).await
+        }
+        async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.inner.get(id).await
+        }
+        async fn delete(&self, id: &str) -> Result<(), ProviderError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.inner.delete(id).await
+        }
+        async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.inner.list_by_tag(installation).await
+        }
+        async fn check(&self) -> Option<Vec<TargetStatus>> {
+            self.inner.check().await
+        }
+    }
+
+    fn settings() -> Settings {
+        let mut s = Settings::new("install-test");
+        s.timings = Timings {
+            provisioning_poll: Duration::from_millis(50),
+            deletion_poll: Duration::from_millis(50),
+            drift_poll: Duration::from_millis(200),
+            requeue_now: Duration::from_millis(20),
+            quota_retry: Duration::from_millis(300),
+            input_retry: Duration::from_millis(100),
+        };
+        s.backoff_base = Duration::from_millis(20);
+        s.backoff_max = Duration::from_millis(200);
+        s
+    }
+
+    fn spec() -> ProxySpec {
+        ProxySpec {
+            provider: "fake".into(),
+            placement: Placement {
+                region: "r1".into(),
+                zone: "z1".into(),
+                machine_type: "small".into(),
+                image: "debian".into(),
+            },
+            cloud_init: CloudInit {
+                inline: Some("#cloud-config\npackages: [tinyproxy]\n".into()),
+                secret_key_ref: None,
+            },
+            port: 3128,
+        }
+    }
+
+    struct Operator {
+        leadership: Option<Leadership>,
+        leader: watch::Receiver<bool>,
+        calls: Arc<AtomicU64>,
+        runner: tokio::task::JoinHandle<()>,
+    }
+
+    fn operator(api: &FakeApi, fake: &Arc<FakeProvider>, identity: &str) -> Operator {
+        let calls = Arc::new(AtomicU64::new(0));
+        let registry = ProviderRegistry::new([Arc::new(Counted {
+            inner: fake.clone(),
+            calls: calls.clone(),
+        }) as Arc<dyn Provider>]);
+        let ctx = Arc::new(Context::new(api.client(), registry, settings()));
+        let leadership = Leadership::new(api.client(), super::settings(identity)).unwrap();
+        let leader = leadership.subscribe();
+        let runner = tokio::spawn(run_while_leader(
+            leader.clone(),
+            CancellationToken::new(),
+            Duration::from_secs(1),
+            move |term| controller::run(ctx.clone(), term.cancelled_owned()),
+        ));
+        Operator {
+            leadership: Some(leadership),
+            leader,
+            calls,
+            runner,
+        }
+    }
+
+    async fn wait_running(proxies: &Api<Proxy>, name: &str) -> Duration {
+        let start = Instant::now();
+        loop {
+            let p = proxies.get_opt(name).await.unwrap();
+            if p.and_then(|p| p.status).and_then(|s| s.state).as_deref() == Some("Running") {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "{name} never ran"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_leader_reconciles_and_failover_continues() {
+        let api = FakeApi::new();
+        let client = api.client();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for (_, crd) in api::crds() {
+            crds.create(&PostParams::default(), &crd).await.unwrap();
+        }
+        let proxies: Api<Proxy> = Api::namespaced(client, NS);
+        let fake = Arc::new(FakeProvider::new("fake"));
+        let mut a = operator(&api, &fake, "replica-a");
+        let mut b = operator(&api, &fake, "replica-b");
+        until(Duration::from_secs(10), "a leader", || {
+            *a.leader.borrow() || *b.leader.borrow()
+        })
+        .await;
+        let (leader, follower) = if *a.leader.borrow() {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+
+        let p1 = Proxy::new("p1", spec());
+        proxies.create(&PostParams::default(), &p1).await.unwrap();
+        wait_running(&proxies, "p1").await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(leader.calls.load(Ordering::SeqCst) > 0);
+        assert_eq!(
+            follower.calls.load(Ordering::SeqCst),
+            0,
+            "the follower never called the cloud"
+        );
+        assert_eq!(fake.created(), 1);
+
+        // Crash the leader: its claim and its controller die together.
+        let crashed = Instant::now();
+        drop(leader.leadership.take());
+        leader.runner.abort();
+        let frozen = leader.calls.load(Ordering::SeqCst);
+
+        let p2 = Proxy::new("p2", spec());
+        proxies.create(&PostParams::default(), &p2).await.unwrap();
+        wait_running(&proxies, "p2").await;
+        println!(
+            "p2 running {:?} after the leader crashed",
+            crashed.elapsed()
+        );
+        assert!(*follower.leader.borrow());
+        assert!(
+            follower.calls.load(Ordering::SeqCst) > 0,
+            "the new leader reconciles"
+        );
+        assert_eq!(leader.calls.load(Ordering::SeqCst), frozen);
+        // p1 was adopted, not created again.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(fake.created(), 2);
+        let p1 = proxies.get("p1").await.unwrap();
+        assert_eq!(p1.status.and_then(|s| s.state).as_deref(), Some("Running"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_steps_down_on_renewal_errors_and_recovers() {
+    let api = FakeApi::new();
+    let a = replica(&api, "replica-a");
+    until(Duration::from_secs(10), "a to lead", || *a.leader.borrow()).await;
+    assert!(grows(&a.ticks).await);
+
+    // The API server refuses the next writes and reads of the Lease: a cannot renew, so it
+    // must stop acting as leader rather than trust its last renewal.
+    let unavailable = || fake_kube::ApiError::new(503, "ServiceUnavailable", "injected");
+    api.inject_error("patch", "leases", unavailable(), 2);
+    api.inject_error("get", "leases", unavailable(), 1);
+    let failed = Instant::now();
+    until(DURATION + Duration::from_secs(1), "a to step down", || {
+        !*a.leader.borrow()
+    })
+    .await;
+    let stepped = failed.elapsed();
+    until(
+        Duration::from_millis(200),
+        "a's loop to be cancelled",
+        || a.terms.lock().unwrap().iter().all(|t| t.is_cancelled()),
+    )
+    .await;
+    // Once the API answers again it claims the Lease anew and restarts its loops.
+    let back = until(Duration::from_secs(10), "a to lead again", || {
+        *a.leader.borrow()
+    })
+    .await;
+    println!(
+        "stepped down {stepped:?} after the API started failing; leading again {back:?} later"
+    );
+    assert!(grows(&a.ticks).await);
+    assert_eq!(a.terms.lock().unwrap().len(), 2, "a second term");
+    assert_eq!(holder(&api).as_deref(), Some("replica-a"));
+}
