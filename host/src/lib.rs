@@ -9,6 +9,7 @@ pub mod discovery;
 pub mod gc;
 pub mod health;
 pub mod installation;
+pub mod leader;
 pub mod plugin;
 pub mod provider;
 pub mod provider_health;

@@ -171,6 +171,21 @@ struct RunArgs {
     /// Serve the discovery API without authentication (local development only).
     #[arg(long)]
     discovery_insecure_no_auth: bool,
+    /// Elect one leader over a Lease in --namespace: only the leader reconciles, runs GC,
+    /// health probes and provider checks; every replica serves the discovery API and
+    /// /metrics. Turn off only when running a single replica.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// Name of the leader-election Lease (coordination.k8s.io/v1) in --namespace.
+    #[arg(long, default_value = "proxy-operator-leader")]
+    lease_name: String,
+    /// How long the Lease stays valid after a renewal (whole seconds): a crashed leader is
+    /// replaced after at most about this long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+    lease_duration: Duration,
+    /// How often the leader renews the Lease (whole seconds, shorter than --lease-duration).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    lease_renew: Duration,
 }
 
 /// One provider operation, as the operator's loops call it.
@@ -717,7 +732,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         input_retry: args.input_retry,
     };
     settings.concurrency = args.concurrency;
-    settings.instance_name = args.pod_name;
+    settings.instance_name = args.pod_name.clone();
     let engine = HealthEngine::new(
         EngineConfig {
             interval: args.probe_interval,
@@ -738,16 +753,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tls: Some(tls),
         probe_refresh: args.drift_poll.max(args.probe_interval),
     });
-    let sweeper = Sweeper::new(
-        client.clone(),
-        registry.clone(),
-        GcSettings {
-            interval: args.gc_interval,
-            min_age: args.gc_min_age,
-            installation,
-        },
-        gc_metrics,
-    );
+    let gc_settings = GcSettings {
+        interval: args.gc_interval,
+        min_age: args.gc_min_age,
+        installation,
+    };
 
     let shutdown = tokio_util::sync::CancellationToken::new();
     let signal = shutdown.clone();
@@ -797,22 +807,25 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let server =
         proxy_operator::discovery::serve(listener, router, shutdown.clone().cancelled_owned());
 
-    let monitor = Monitor::new(args.provider_check_timeout, monitor_metrics);
     let monitor_run = {
+        let monitor = Arc::new(Monitor::new(args.provider_check_timeout, monitor_metrics));
         let (registry, client, types) = (registry.clone(), client.clone(), types.clone());
-        let token = shutdown.clone();
-        async move {
-            let mut tick = tokio::time::interval(args.provider_check_interval);
-            loop {
-                tokio::select! {
-                    _ = token.cancelled() => return,
-                    _ = tick.tick() => {}
+        move |token: tokio_util::sync::CancellationToken| {
+            let (registry, client, types) = (registry.clone(), client.clone(), types.clone());
+            let monitor = monitor.clone();
+            async move {
+                let mut tick = tokio::time::interval(args.provider_check_interval);
+                loop {
+                    tokio::select! {
+                        _ = token.cancelled() => return,
+                        _ = tick.tick() => {}
+                    }
+                    let providers: Vec<Arc<dyn Provider>> =
+                        registry.snapshot().values().cloned().collect();
+                    let checks = monitor.round(&providers).await;
+                    let types = types.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    publish(&client, &checks, &types).await;
                 }
-                let providers: Vec<Arc<dyn Provider>> =
-                    registry.snapshot().values().cloned().collect();
-                let checks = monitor.round(&providers).await;
-                let types = types.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                publish(&client, &checks, &types).await;
             }
         }
     };
@@ -845,14 +858,57 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         }
     };
-    let (served, ..) = tokio::join!(
-        server,
-        controller::run(Arc::new(ctx), shutdown.clone().cancelled_owned()),
-        sweeper.run(shutdown.cancelled()),
-        monitor_run,
-        reload_run,
-        reflect,
-    );
+    // Reconciler (with the health engine inside it), GC and provider checks run on the
+    // leader only, started on every gain of leadership and cancelled on its loss.
+    let leadership = if args.leader_election {
+        let identity = args.pod_name.clone().unwrap_or_else(|| {
+            let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "proxy-operator".into());
+            format!("{host}-{}", std::process::id())
+        });
+        proxy_operator::leader::Leadership::new(
+            client.clone(),
+            proxy_operator::leader::LeaseSettings {
+                namespace: args.namespace.clone(),
+                lease_name: args.lease_name.clone(),
+                identity,
+                duration: args.lease_duration,
+                renew: args.lease_renew,
+            },
+        )
+        .context("--lease-duration / --lease-renew")?
+    } else {
+        tracing::warn!("leader election is off: run a single replica only");
+        proxy_operator::leader::Leadership::always()
+    };
+    let ctx = Arc::new(ctx);
+    let leader_only = {
+        let leader = leadership.subscribe();
+        let (token, grace) = (shutdown.clone(), args.lease_renew);
+        async move {
+            proxy_operator::leader::run_while_leader(leader, token, grace, |term| {
+                let sweeper = Sweeper::new(
+                    client.clone(),
+                    registry.clone(),
+                    gc_settings.clone(),
+                    gc_metrics.clone(),
+                );
+                let (ctx, stop) = (ctx.clone(), term.clone());
+                let monitor_run = monitor_run(term.clone());
+                async move {
+                    tracing::info!("leading: starting the reconciler, GC and health checks");
+                    tokio::join!(
+                        controller::run(ctx, stop.cancelled_owned()),
+                        sweeper.run(term.cancelled()),
+                        monitor_run,
+                    );
+                    tracing::info!("leader-only loops stopped");
+                }
+            })
+            .await;
+            leadership.stop().await;
+        }
+    };
+    let (served, ..) = tokio::join!(server, leader_only, reload_run, reflect);
     served.context("serving the discovery API")?;
     Ok(())
 }
