@@ -4,7 +4,9 @@
 //! (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, or
 //! `OTEL_TRACES_EXPORTER=otlp`; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn
 //! it off). Without them no OpenTelemetry layer is installed and spans cost what `tracing`
-//! costs. The exporter reads the rest of `OTEL_*` itself (headers, timeout, protocol).
+//! costs. The exporter reads the rest of `OTEL_*` itself (headers, timeout). It speaks
+//! OTLP over plain HTTP (protobuf), for a collector in the cluster or a sidecar; an https
+//! endpoint is not supported yet.
 //!
 //! The wasmtime crates log guest I/O at debug and trace level — including the bytes a plugin
 //! writes to stdout and the arguments of host calls. Those bytes can hold a plugin's secrets
