@@ -685,6 +685,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut metrics = prometheus_client::registry::Registry::default();
     let provider_metrics = ProviderMetrics::register(&mut metrics);
     let gc_metrics = GcMetrics::register(&mut metrics);
+    let reconcile_metrics = controller::ReconcileMetrics::register(&mut metrics);
     let health_metrics = HealthMetrics::new(&mut metrics);
     let monitor_metrics = MonitorMetrics::new(&mut metrics);
     let reload_metrics = ReloadMetrics::new(&mut metrics);
@@ -745,14 +746,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(health_metrics),
     );
     let tls = proxy_operator::plugin::tls_config(None, false).map_err(anyhow::Error::msg)?;
-    let ctx = Context::new(client.clone(), registry.clone(), settings).with_health(HealthHook {
-        engine,
-        target: args.probe_target.clone(),
-        egress_echo: args.egress_echo_url.clone(),
-        timeout: args.probe_timeout,
-        tls: Some(tls),
-        probe_refresh: args.drift_poll.max(args.probe_interval),
-    });
+    let ctx = Context::new(client.clone(), registry.clone(), settings)
+        .with_health(HealthHook {
+            engine,
+            target: args.probe_target.clone(),
+            egress_echo: args.egress_echo_url.clone(),
+            timeout: args.probe_timeout,
+            tls: Some(tls),
+            probe_refresh: args.drift_poll.max(args.probe_interval),
+        })
+        .with_metrics(reconcile_metrics);
     let gc_settings = GcSettings {
         interval: args.gc_interval,
         min_age: args.gc_min_age,

@@ -49,6 +49,9 @@ struct Env {
     controller: Option<JoinHandle<()>>,
     /// Probes running proxies when set (see [`Env::with_health`]).
     health: Option<HealthHook>,
+    /// Reconcile counters, registered in `registry`.
+    metrics: prometheus_client::registry::Registry,
+    reconcile_metrics: controller::ReconcileMetrics,
 }
 
 impl Env {
@@ -77,13 +80,17 @@ impl Env {
             registry,
             controller: None,
             health: None,
+            metrics: Default::default(),
+            reconcile_metrics: Default::default(),
         };
+        env.reconcile_metrics = controller::ReconcileMetrics::register(&mut env.metrics);
         env.start_controller();
         env
     }
 
     fn start_controller(&mut self) {
-        let mut ctx = Context::new(self.api.client(), self.registry.clone(), settings());
+        let mut ctx = Context::new(self.api.client(), self.registry.clone(), settings())
+            .with_metrics(self.reconcile_metrics.clone());
         if let Some(hook) = &self.health {
             ctx = ctx.with_health(hook.clone());
         }
@@ -464,6 +471,25 @@ async fn transient_errors_back_off_and_recover() {
     assert!(env.fake.count_calls(Op::Create) >= 4);
     // Transient failures are not conditions: the last one set was about provisioning.
     assert_eq!(provisioned(&p).unwrap().1, reason::RUNNING);
+
+    // Each failed reconcile is counted by what failed, each good one as ok.
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &env.metrics).unwrap();
+    let count = |result: &str| -> u64 {
+        let prefix = format!("proxy_operator_reconciles_total{{result=\"{result}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0)
+    };
+    assert!(count("provider_transient") >= 3, "{text}");
+    assert!(count("ok") >= 1, "{text}");
+    assert!(
+        text.contains(
+            "proxy_operator_reconcile_duration_seconds_bucket{le=\"0.005\",result=\"ok\"}"
+        ),
+        "{text}"
+    );
 }
 
 #[tokio::test]

@@ -13,6 +13,6 @@ pub use spec_hash::spec_hash;
 mod reconcile;
 
 pub use reconcile::{
-    Context, FIELD_MANAGER, FINALIZER, HealthHook, ReconcileError, Settings, backoff, observe,
-    reconcile, run,
+    Context, FIELD_MANAGER, FINALIZER, HealthHook, ReconcileError, ReconcileMetrics, Settings,
+    backoff, observe, reconcile, run,
 };

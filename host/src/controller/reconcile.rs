@@ -118,6 +118,74 @@ impl HealthHook {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ReconcileLabels {
+    /// `ok`, or what failed: `provider_<class>`, `input`, `kube` or `metadata`.
+    result: String,
+}
+
+/// `proxy_operator_reconciles_total{result}` and
+/// `proxy_operator_reconcile_duration_seconds{result}`.
+#[derive(Clone)]
+pub struct ReconcileMetrics {
+    count: prometheus_client::metrics::family::Family<
+        ReconcileLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    duration: prometheus_client::metrics::family::Family<
+        ReconcileLabels,
+        prometheus_client::metrics::histogram::Histogram,
+    >,
+}
+
+impl Default for ReconcileMetrics {
+    fn default() -> Self {
+        ReconcileMetrics {
+            count: Default::default(),
+            duration: prometheus_client::metrics::family::Family::new_with_constructor(|| {
+                prometheus_client::metrics::histogram::Histogram::new([
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                ])
+            }),
+        }
+    }
+}
+
+impl ReconcileMetrics {
+    pub fn register(registry: &mut prometheus_client::registry::Registry) -> Self {
+        let m = ReconcileMetrics::default();
+        registry.register(
+            "proxy_operator_reconciles",
+            "Proxy reconciles by result",
+            m.count.clone(),
+        );
+        registry.register(
+            "proxy_operator_reconcile_duration_seconds",
+            "Time one Proxy reconcile took, provider calls included, by result",
+            m.duration.clone(),
+        );
+        m
+    }
+
+    fn observe(&self, result: &Result<Action, ReconcileError>, took: Duration) {
+        let labels = ReconcileLabels {
+            result: match result {
+                Ok(_) => "ok".into(),
+                Err(ReconcileError::Provider(e)) => {
+                    format!("provider_{}", e.class.as_str())
+                }
+                Err(ReconcileError::CloudInit(_)) => "input".into(),
+                Err(ReconcileError::Kube(_)) => "kube".into(),
+                Err(ReconcileError::Metadata(_)) => "metadata".into(),
+            },
+        };
+        self.count.get_or_create(&labels).inc();
+        self.duration
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+    }
+}
+
 /// Shared by every reconcile.
 pub struct Context {
     client: kube::Client,
@@ -127,6 +195,7 @@ pub struct Context {
     /// Consecutive failures per Proxy UID, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
     health: Option<HealthHook>,
+    metrics: ReconcileMetrics,
 }
 
 impl Context {
@@ -145,7 +214,14 @@ impl Context {
             settings,
             failures: Mutex::new(HashMap::new()),
             health: None,
+            metrics: ReconcileMetrics::default(),
         }
+    }
+
+    /// Count reconciles and their durations into `metrics` (registered by the caller).
+    pub fn with_metrics(mut self, metrics: ReconcileMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Probe running proxies with `hook`: `Healthy`, `lastProbe` and so `Ready` follow its
@@ -251,7 +327,12 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, R
     if let Some(id) = crate::telemetry::trace_id(&span) {
         span.record("trace_id", id);
     }
-    let result = Shell::new(&proxy, &ctx)?.run().instrument(span).await;
+    let started = std::time::Instant::now();
+    let result = match Shell::new(&proxy, &ctx) {
+        Ok(shell) => shell.run().instrument(span).await,
+        Err(e) => Err(e),
+    };
+    ctx.metrics.observe(&result, started.elapsed());
     if result.is_ok()
         && let Some(uid) = proxy.uid()
     {
