@@ -706,12 +706,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let instrumented = |r: &Reloader| -> Vec<Arc<dyn Provider>> {
         r.providers()
             .into_values()
-            .map(|p| {
-                Arc::new(Instrumented::new(
-                    SharedProvider(p),
-                    provider_metrics.clone(),
-                )) as Arc<dyn Provider>
-            })
+            .map(|p| Arc::new(Instrumented::new(p, provider_metrics.clone())) as Arc<dyn Provider>)
             .collect()
     };
     let registry = ProviderRegistry::new(instrumented(&reloader));
@@ -914,41 +909,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (served, ..) = tokio::join!(server, leader_only, reload_run, reflect);
     served.context("serving the discovery API")?;
     Ok(())
-}
-
-/// Lets the registry hold a provider the reloader also holds.
-struct SharedProvider(Arc<WasmProvider>);
-
-#[async_trait::async_trait]
-impl Provider for SharedProvider {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-    async fn create(
-        &self,
-        req: &proxy_operator::provider::CreateRequest,
-    ) -> Result<String, proxy_operator::provider::ProviderError> {
-        self.0.create(req).await
-    }
-    async fn get(
-        &self,
-        id: &str,
-    ) -> Result<proxy_operator::provider::Instance, proxy_operator::provider::ProviderError> {
-        self.0.get(id).await
-    }
-    async fn delete(&self, id: &str) -> Result<(), proxy_operator::provider::ProviderError> {
-        self.0.delete(id).await
-    }
-    async fn list_by_tag(
-        &self,
-        installation: &str,
-    ) -> Result<Vec<proxy_operator::provider::Instance>, proxy_operator::provider::ProviderError>
-    {
-        self.0.list_by_tag(installation).await
-    }
-    async fn check(&self) -> Option<Vec<proxy_operator::provider::TargetStatus>> {
-        self.0.check().await
-    }
 }
 
 /// SIGINT or SIGTERM (what Kubernetes sends on pod deletion).

@@ -121,3 +121,27 @@ pub trait Provider: Send + Sync {
     /// `None` when the provider has no health check: reported as unsupported, not failed.
     async fn check(&self) -> Option<Vec<TargetStatus>>;
 }
+
+/// A provider shared between owners (the reloader keeps what the registry serves) is still
+/// a provider.
+#[async_trait]
+impl<P: Provider + ?Sized> Provider for std::sync::Arc<P> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
+        (**self).create(req).await
+    }
+    async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
+        (**self).get(id).await
+    }
+    async fn delete(&self, id: &str) -> Result<(), ProviderError> {
+        (**self).delete(id).await
+    }
+    async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
+        (**self).list_by_tag(installation).await
+    }
+    async fn check(&self) -> Option<Vec<TargetStatus>> {
+        (**self).check().await
+    }
+}
