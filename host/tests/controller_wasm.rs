@@ -41,40 +41,61 @@ fn running_with(p: Option<&Proxy>, zone: &str) -> bool {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn proxy_lifecycle_through_the_example_plugin() {
-    let _dir = plugins_or_skip!();
-    let backend = ExampleBackend::start("tok");
+/// The example plugin against `backend`, instrumented, as the only provider (`ex`).
+/// `extra` is spliced into the providers-file entry (e.g. limits).
+async fn example_registry(
+    backend: &ExampleBackend,
+    extra: &str,
+    regions: &str,
+) -> (tempfile::TempDir, ProviderRegistry) {
     let secrets = tempfile::tempdir().unwrap();
     let token = secrets.path().join("token");
     std::fs::write(&token, "tok").unwrap();
-    let rt = support::runtime();
     let entry = format!(
-        "name: ex\nplugin: example.wasm\nadditionalHosts: ['{url}']\nsecrets: {{token: {secret}}}\nconfig: {{endpoint: '{url}', regions: [r1, r2]}}",
+        "name: ex\nplugin: example.wasm\nadditionalHosts: ['{url}']\n{extra}\
+         secrets: {{token: {secret}}}\nconfig: {{endpoint: '{url}', regions: [{regions}]}}",
         url = backend.url(),
         secret = token.display()
     );
-    let wasm = support::provider(&rt, "example.wasm", &entry).await;
+    let wasm = support::provider(&support::runtime(), "example.wasm", &entry).await;
     let provider: Arc<dyn Provider> = Arc::new(Instrumented::new(wasm, ProviderMetrics::default()));
-    let registry = ProviderRegistry::new([provider]);
+    (secrets, ProviderRegistry::new([provider]))
+}
 
+/// An in-memory cluster with the CRDs installed.
+async fn cluster() -> (FakeApi, kube::Client) {
     let fake = FakeApi::new();
     let client = fake.client();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for (_, crd) in api::crds() {
         crds.create(&PostParams::default(), &crd).await.unwrap();
     }
-    let mut settings = Settings::new("install-wasm");
+    (fake, client)
+}
+
+/// Polls and backoff shrunk to tens of milliseconds.
+fn fast_settings(installation: &str, drift_ms: u64, quota_ms: u64) -> Settings {
+    let mut settings = Settings::new(installation);
     settings.timings = Timings {
         provisioning_poll: Duration::from_millis(50),
         deletion_poll: Duration::from_millis(50),
-        drift_poll: Duration::from_millis(300),
+        drift_poll: Duration::from_millis(drift_ms),
         requeue_now: Duration::from_millis(20),
-        quota_retry: Duration::from_millis(300),
+        quota_retry: Duration::from_millis(quota_ms),
         input_retry: Duration::from_millis(100),
     };
     settings.backoff_base = Duration::from_millis(20);
     settings.backoff_max = Duration::from_millis(200);
+    settings
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_lifecycle_through_the_example_plugin() {
+    let _dir = plugins_or_skip!();
+    let backend = ExampleBackend::start("tok");
+    let (_secrets, registry) = example_registry(&backend, "", "r1, r2").await;
+    let (_fake, client) = cluster().await;
+    let settings = fast_settings("install-wasm", 300, 300);
     let ctx = Arc::new(Context::new(client.clone(), registry, settings));
     tokio::spawn(controller::run(ctx, std::future::pending::<()>()));
 
@@ -161,36 +182,9 @@ async fn fault_injection_run_through_the_wasm_plugin() {
     let tp = support::tinyproxy::Tinyproxy::start(&bin, &format!("ConnectPort {echo}")).await;
 
     let backend = Arc::new(ExampleBackend::start("tok"));
-    let secrets = tempfile::tempdir().unwrap();
-    let token = secrets.path().join("token");
-    std::fs::write(&token, "tok").unwrap();
-    let rt = support::runtime();
-    let entry = format!(
-        "name: ex\nplugin: example.wasm\nadditionalHosts: ['{url}']\nlimits: {{timeout: 500ms}}\n\
-         secrets: {{token: {secret}}}\nconfig: {{endpoint: '{url}', regions: [r1]}}",
-        url = backend.url(),
-        secret = token.display()
-    );
-    let wasm = support::provider(&rt, "example.wasm", &entry).await;
-    let provider: Arc<dyn Provider> = Arc::new(Instrumented::new(wasm, ProviderMetrics::default()));
-    let registry = ProviderRegistry::new([provider]);
-    let fake = FakeApi::new();
-    let client = fake.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for (_, crd) in api::crds() {
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-    }
-    let mut settings = Settings::new("install-chaos");
-    settings.timings = Timings {
-        provisioning_poll: Duration::from_millis(50),
-        deletion_poll: Duration::from_millis(50),
-        drift_poll: Duration::from_millis(500),
-        requeue_now: Duration::from_millis(20),
-        quota_retry: Duration::from_millis(200),
-        input_retry: Duration::from_millis(100),
-    };
-    settings.backoff_base = Duration::from_millis(20);
-    settings.backoff_max = Duration::from_millis(200);
+    let (_secrets, registry) = example_registry(&backend, "limits: {timeout: 500ms}\n", "r1").await;
+    let (_fake, client) = cluster().await;
+    let settings = fast_settings("install-chaos", 500, 200);
     let engine = HealthEngine::new(
         EngineConfig {
             interval: Duration::from_millis(100),
