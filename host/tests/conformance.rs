@@ -195,6 +195,21 @@ fn run_cli(cmd: &mut Command) -> (bool, String) {
     (out.status.success(), stdout)
 }
 
+/// `provider lifecycle` for one provider of `file`, with the plugin and cache arguments.
+fn lifecycle(file: &str, provider: &str, dir: &Path, tmp: &Path, placement: &str) -> Command {
+    let mut cmd = bin();
+    cmd.args([
+        "provider",
+        "lifecycle",
+        "--config",
+        file,
+        "--provider",
+        provider,
+    ]);
+    common_args(&mut cmd, dir, tmp, placement);
+    cmd
+}
+
 fn common_args(cmd: &mut Command, plugin_dir: &Path, tmp: &Path, placement: &str) {
     cmd.arg("--plugin-dir")
         .arg(plugin_dir)
@@ -246,16 +261,14 @@ async fn lifecycle_command_runs_against_an_emulator_and_cleans_up() {
     let dir = plugins_or_skip!();
     let s = ec2().await;
     let (tmp, file) = cli_files(&s);
-    let mut cmd = bin();
-    cmd.args([
-        "provider",
-        "lifecycle",
-        "--config",
+    let mut cmd = lifecycle(
         &file,
-        "--provider",
         "aws",
-    ])
-    .args([
+        &dir,
+        tmp.path(),
+        "eu-west-1/eu-west-1a/t3.micro/debian",
+    );
+    cmd.args([
         "--emulator",
         &s.emu.url(),
         "--poll",
@@ -263,12 +276,6 @@ async fn lifecycle_command_runs_against_an_emulator_and_cleans_up() {
         "--wait",
         "20s",
     ]);
-    common_args(
-        &mut cmd,
-        &dir,
-        tmp.path(),
-        "eu-west-1/eu-west-1a/t3.micro/debian",
-    );
     let (success, out) = run_cli(&mut cmd);
     assert!(success, "{out}");
     for step in [
@@ -291,22 +298,14 @@ async fn lifecycle_command_runs_against_an_emulator_and_cleans_up() {
     assert!(s.emu.dump().instances.is_empty());
 
     // A placement the plugin refuses fails at the first step, leaving nothing behind.
-    let mut cmd = bin();
-    cmd.args([
-        "provider",
-        "lifecycle",
-        "--config",
+    let mut cmd = lifecycle(
         &file,
-        "--provider",
         "aws",
-    ])
-    .args(["--poll", "50ms"]);
-    common_args(
-        &mut cmd,
         &dir,
         tmp.path(),
         "eu-west-1/eu-west-1a/t9.huge/debian",
     );
+    cmd.args(["--poll", "50ms"]);
     let (success, out) = run_cli(&mut cmd);
     assert!(!success, "{out}");
     assert!(
@@ -316,16 +315,7 @@ async fn lifecycle_command_runs_against_an_emulator_and_cleans_up() {
     assert!(s.emu.dump().instances.is_empty());
 
     // Bad input names the flag and the value.
-    let mut cmd = bin();
-    cmd.args([
-        "provider",
-        "lifecycle",
-        "--config",
-        &file,
-        "--provider",
-        "nope",
-    ]);
-    common_args(&mut cmd, &dir, tmp.path(), "eu-west-1/t3.micro");
+    let mut cmd = lifecycle(&file, "nope", &dir, tmp.path(), "eu-west-1/t3.micro");
     let out = cmd.output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
@@ -333,17 +323,9 @@ async fn lifecycle_command_runs_against_an_emulator_and_cleans_up() {
         err.contains("\"eu-west-1/t3.micro\" has 2 part(s)"),
         "{err}"
     );
-    let mut cmd = bin();
-    cmd.args([
-        "provider",
-        "lifecycle",
-        "--config",
+    let mut cmd = lifecycle(
         &file,
-        "--provider",
         "nope",
-    ]);
-    common_args(
-        &mut cmd,
         &dir,
         tmp.path(),
         "eu-west-1/eu-west-1a/t3.micro/debian",
