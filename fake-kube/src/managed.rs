@@ -604,6 +604,15 @@ pub fn apply(
         .iter()
         .filter(|f| !applied.contains(*f) && !others.contains(*f))
         .collect();
+    // A dropped list-map element goes whole. Its fields must not be removed one by one
+    // first: without its key fields it could no longer be found, and an element with only
+    // its other fields would be left behind.
+    let whole: Vec<Path> = dropped
+        .iter()
+        .filter(|f| matches!(f.last(), Some(Pe::K(_))))
+        .map(|f| f.to_vec())
+        .collect();
+    dropped.retain(|f| !whole.iter().any(|w| f.len() > w.len() && f.starts_with(w)));
     // Deepest first, so removing an element never shifts a path still to be removed.
     dropped.sort_by_key(|p| std::cmp::Reverse(p.len()));
     let mut out = live.clone();
@@ -722,5 +731,41 @@ mod tests {
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].manager, "m3");
         assert_eq!(entries[0].operation, "Update");
+    }
+
+    #[test]
+    fn a_list_map_element_no_longer_applied_goes_whole() {
+        let root = root_schema(Some(&json!({
+            "type": "object",
+            "properties": {"targets": {
+                "type": "array",
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["target"],
+                "items": {"type": "object", "properties": {
+                    "target": {"type": "string"}, "ready": {"type": "boolean"},
+                    "message": {"type": "string"}}},
+            }},
+        })));
+        let live = json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "x"}});
+        let first = apply(
+            &live,
+            &json!({"targets": [{"target": "r1", "ready": true, "message": "ok"}]}),
+            &root,
+            &w("m1"),
+            false,
+        )
+        .unwrap();
+        let second = apply(
+            &first,
+            &json!({"targets": [{"target": "plugin", "ready": false, "message": "down"}]}),
+            &root,
+            &w("m1"),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            second["targets"],
+            json!([{"target": "plugin", "ready": false, "message": "down"}])
+        );
     }
 }

@@ -126,7 +126,7 @@ impl GcMetrics {
         m
     }
 
-    fn skip(&self, provider: &str, reason: &str) {
+    pub(crate) fn skip(&self, provider: &str, reason: &str) {
         self.skipped
             .get_or_create(&SkipLabels {
                 provider: provider.to_string(),
@@ -135,7 +135,7 @@ impl GcMetrics {
             .inc();
     }
 
-    fn provider(family: &Family<ProviderLabels, Counter>, provider: &str) {
+    pub(crate) fn provider(family: &Family<ProviderLabels, Counter>, provider: &str) {
         family
             .get_or_create(&ProviderLabels {
                 provider: provider.to_string(),

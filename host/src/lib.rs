@@ -10,6 +10,8 @@ pub mod gc;
 pub mod health;
 pub mod installation;
 pub mod leader;
+pub mod metrics;
+pub mod ops;
 pub mod plugin;
 pub mod provider;
 pub mod provider_health;

@@ -40,9 +40,10 @@ enum Command {
         #[command(flatten)]
         runtime: RuntimeArgs,
     },
-    /// Run the operator: the Proxy controller and orphan GC over the providers loaded from
-    /// the plugin directory. Runs the loops unconditionally: deploy one replica until
-    /// leader election lands.
+    /// Run the operator: the Proxy reconciler, orphan GC, health probes and provider checks
+    /// (on the elected leader), and the discovery API, /metrics, /healthz and /readyz (on
+    /// every replica), over the providers loaded from the plugin directory and reloaded
+    /// when it or the providers file changes.
     Run(Box<RunArgs>),
     /// Print the operator's CustomResourceDefinitions as YAML (generated from the Rust types),
     /// or write one file per CRD into a directory (how config/crd/ is regenerated).
@@ -165,6 +166,11 @@ struct RunArgs {
     /// How often the providers file and plugin directory are checked for changes.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     reload_interval: Duration,
+    /// After SIGTERM, how long reconciles in flight may keep calling plugins; then the
+    /// calls still running are cancelled (they fail Transient and are retried by the next
+    /// leader). Keep it below the pod's terminationGracePeriodSeconds.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+    shutdown_grace: std::time::Duration,
     /// Where the discovery API, /metrics, /healthz and /readyz listen.
     #[arg(long, default_value = "0.0.0.0:8080")]
     listen: std::net::SocketAddr,
@@ -660,15 +666,16 @@ fn crds(output_dir: Option<&std::path::Path>) -> anyhow::Result<()> {
 
 /// The composition root of the running operator.
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    use axum::response::IntoResponse;
     use proxy_operator::controller::{self, Context, HealthHook, Settings, Timings};
     use proxy_operator::discovery::{Auth, AuthSettings};
-    use proxy_operator::gc::{GcMetrics, GcSettings, Sweeper};
-    use proxy_operator::health::{EngineConfig, HealthEngine, HealthMetrics, Thresholds};
-    use proxy_operator::provider::{Instrumented, ProviderMetrics};
-    use proxy_operator::provider_health::{Monitor, MonitorMetrics, publish};
+    use proxy_operator::gc::{GcSettings, Sweeper};
+    use proxy_operator::health::{EngineConfig, HealthEngine, Thresholds};
+    use proxy_operator::metrics::OperatorMetrics;
+    use proxy_operator::ops::{ProviderLoad, Readiness};
+    use proxy_operator::provider::Instrumented;
+    use proxy_operator::provider_health::{Monitor, publish};
     use proxy_operator::registry::ProviderRegistry;
-    use proxy_operator::reload::{ReloadMetrics, Reloader};
+    use proxy_operator::reload::Reloader;
     use std::collections::BTreeMap;
 
     let client = kube::Client::try_default()
@@ -682,13 +689,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     tracing::info!(installation = installation.as_str(), "starting");
 
-    let mut metrics = prometheus_client::registry::Registry::default();
-    let provider_metrics = ProviderMetrics::register(&mut metrics);
-    let gc_metrics = GcMetrics::register(&mut metrics);
-    let reconcile_metrics = controller::ReconcileMetrics::register(&mut metrics);
-    let health_metrics = HealthMetrics::new(&mut metrics);
-    let monitor_metrics = MonitorMetrics::new(&mut metrics);
-    let reload_metrics = ReloadMetrics::new(&mut metrics);
+    // The Proxy cache behind the discovery API, also read by the proxy gauges at scrape.
+    let (store, reflect) = proxy_operator::discovery::proxy_reflector(client.clone());
+    let metrics = OperatorMetrics::new(store.clone());
+    let provider_metrics = metrics.provider.clone();
+    let (metrics_gc, metrics_monitor) = (metrics.gc.clone(), metrics.monitor.clone());
+    let readiness = Readiness::default();
 
     // Providers come from the reloader: a provider that fails to load is left out (its
     // Proxies report ProviderNotConfigured), the others run, and later changes on disk
@@ -701,8 +707,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading providers file {}", providers.display()))?;
     let file = ProvidersFile::parse(&text)?;
     let rt = Runtime::new(args.runtime.options(&file))?;
-    let mut reloader = Reloader::new(rt, plugin_dir, providers, reload_metrics);
+    rt.set_metrics(metrics.plugin.clone());
+    let mut reloader = Reloader::new(rt.clone(), plugin_dir, providers, metrics.reload.clone());
     reloader.poll().await;
+    let provider_load = |r: &Reloader| ProviderLoad {
+        serving: r.providers().into_keys().collect(),
+        errors: r.errors().clone(),
+    };
+    readiness.set_providers(provider_load(&reloader));
     let instrumented = |r: &Reloader| -> Vec<Arc<dyn Provider>> {
         r.providers()
             .into_values()
@@ -738,7 +750,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 success: 1,
             },
         },
-        Some(health_metrics),
+        Some(metrics.health.clone()),
     );
     let tls = proxy_operator::plugin::tls_config(None, false).map_err(anyhow::Error::msg)?;
     let ctx = Context::new(client.clone(), registry.clone(), settings)
@@ -750,7 +762,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             tls: Some(tls),
             probe_refresh: args.drift_poll.max(args.probe_interval),
         })
-        .with_metrics(reconcile_metrics);
+        .with_metrics(metrics.reconcile.clone());
     let gc_settings = GcSettings {
         interval: args.gc_interval,
         min_age: args.gc_min_age,
@@ -759,45 +771,38 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let shutdown = tokio_util::sync::CancellationToken::new();
     let signal = shutdown.clone();
+    let grace = args.shutdown_grace;
     tokio::spawn(async move {
         shutdown_signal().await;
-        tracing::info!("shutting down: finishing reconciles in flight");
+        tracing::info!(grace = %humantime::format_duration(grace), "shutting down: finishing reconciles in flight");
         signal.cancel();
+        // Reconciles in flight get `grace` to finish their plugin calls; then the calls
+        // still running are cut short, so the loops can stop before Kubernetes kills us.
+        tokio::time::sleep(grace).await;
+        tracing::warn!("shutdown grace period over: cancelling plugin calls in flight");
+        rt.cancel_calls();
     });
 
+    {
+        let (store, readiness) = (store.clone(), readiness.clone());
+        tokio::spawn(async move {
+            if store.wait_until_ready().await.is_ok() {
+                tracing::info!("proxy cache synced");
+                readiness.set_cache_synced();
+            }
+        });
+    }
+
     // Discovery API, metrics and probes on one port.
-    let (store, reflect) = proxy_operator::discovery::proxy_reflector(client.clone());
     let auth = if args.discovery_insecure_no_auth {
         Auth::DisabledInsecure
     } else {
         Auth::Kubernetes(client.clone(), AuthSettings::default())
     };
-    let metrics = Arc::new(metrics);
-    let router = proxy_operator::discovery::router(store, auth).merge(
-        axum::Router::new()
-            .route(
-                "/metrics",
-                axum::routing::get(move || {
-                    let metrics = metrics.clone();
-                    async move {
-                        let mut text = String::new();
-                        match prometheus_client::encoding::text::encode(&mut text, &metrics) {
-                            Ok(()) => (
-                                [(
-                                    http::header::CONTENT_TYPE,
-                                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                                )],
-                                text,
-                            )
-                                .into_response(),
-                            Err(_) => http::StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-                        }
-                    }
-                }),
-            )
-            .route("/healthz", axum::routing::get(|| async { "ok" }))
-            .route("/readyz", axum::routing::get(|| async { "ok" })),
-    );
+    let router = proxy_operator::discovery::router(store, auth).merge(proxy_operator::ops::router(
+        Arc::new(metrics),
+        readiness.clone(),
+    ));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -806,10 +811,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         proxy_operator::discovery::serve(listener, router, shutdown.clone().cancelled_owned());
 
     let monitor_run = {
-        let monitor = Arc::new(Monitor::new(args.provider_check_timeout, monitor_metrics));
+        let monitor = Arc::new(Monitor::new(args.provider_check_timeout, metrics_monitor));
         let (registry, client, types) = (registry.clone(), client.clone(), types.clone());
+        let readiness = readiness.clone();
         move |token: tokio_util::sync::CancellationToken| {
             let (registry, client, types) = (registry.clone(), client.clone(), types.clone());
+            let readiness = readiness.clone();
             let monitor = monitor.clone();
             async move {
                 let mut tick = tokio::time::interval(args.provider_check_interval);
@@ -821,14 +828,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                     let providers: Vec<Arc<dyn Provider>> =
                         registry.snapshot().values().cloned().collect();
                     let checks = monitor.round(&providers).await;
+                    if token.is_cancelled() {
+                        // Checks cut short by shutdown say nothing about the backends.
+                        return;
+                    }
                     let types = types.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                    publish(&client, &checks, &types).await;
+                    publish(&client, &checks, &types, &readiness.load_errors()).await;
                 }
             }
         }
     };
     let reload_run = {
         let registry = registry.clone();
+        let readiness = readiness.clone();
         let token = shutdown.clone();
         async move {
             let mut tick = tokio::time::interval(args.reload_interval);
@@ -838,11 +850,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                     _ = token.cancelled() => return,
                     _ = tick.tick() => {}
                 }
-                if let Some(change) = reloader.poll().await
-                    && (!change.loaded.is_empty() || !change.removed.is_empty())
-                {
-                    registry.replace(instrumented(&reloader));
-                    *types.lock().unwrap_or_else(|e| e.into_inner()) = plugin_types(&reloader);
+                if let Some(change) = reloader.poll().await {
+                    readiness.set_providers(provider_load(&reloader));
+                    if !change.loaded.is_empty() || !change.removed.is_empty() {
+                        registry.replace(instrumented(&reloader));
+                        *types.lock().unwrap_or_else(|e| e.into_inner()) = plugin_types(&reloader);
+                    }
                 }
             }
         }
@@ -888,7 +901,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                     client.clone(),
                     registry.clone(),
                     gc_settings.clone(),
-                    gc_metrics.clone(),
+                    metrics_gc.clone(),
                 );
                 let (ctx, stop) = (ctx.clone(), term.clone());
                 let monitor_run = monitor_run(term.clone());

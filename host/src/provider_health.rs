@@ -175,7 +175,7 @@ impl Monitor {
     }
 
     /// Gauges and transition logs for one result.
-    fn record(&self, c: &ProviderCheck) {
+    pub(crate) fn record(&self, c: &ProviderCheck) {
         let mut last = self.last.lock().expect("monitor lock");
         let previous = last.remove(&c.provider).unwrap_or_default();
         let names: Vec<String> = previous.iter().map(|(t, _)| t.clone()).collect();
@@ -259,11 +259,13 @@ impl Monitor {
 /// The field manager ProviderHealth objects are written under.
 pub const FIELD_MANAGER: &str = "proxy-operator-provider-health";
 
-/// The status of one provider's `ProviderHealth` after `check`, keeping each target's
-/// `lastTransitionTime` from `previous` unless its readiness flipped. Pure.
+/// The status of one provider's `ProviderHealth` after `check` (none when the provider
+/// has never loaded), keeping each target's `lastTransitionTime` from `previous` unless its
+/// readiness flipped. Pure.
 pub fn status_for(
-    check: &ProviderCheck,
+    check: Option<&ProviderCheck>,
     type_name: &str,
+    load_error: Option<&str>,
     previous: Option<&crate::api::ProviderHealthStatus>,
 ) -> crate::api::ProviderHealthStatus {
     use crate::api::TargetHealth;
@@ -277,7 +279,8 @@ pub fn status_for(
     let before: Vec<TargetHealth> = previous.map(|p| p.targets.clone()).unwrap_or_default();
     let names: Vec<String> = before.iter().map(|t| t.target.clone()).collect();
     let targets = check
-        .targets(&names)
+        .map(|c| c.targets(&names))
+        .unwrap_or_default()
         .into_iter()
         .map(|t| {
             let kept = before
@@ -290,48 +293,75 @@ pub fn status_for(
                 reason: t.reason,
                 message: t.message,
                 details: t.details.into_iter().collect(),
-                last_transition_time: kept.unwrap_or_else(|| time(check.checked_at)),
+                last_transition_time: kept
+                    .unwrap_or_else(|| time(check.map_or_else(SystemTime::now, |c| c.checked_at))),
             }
         })
         .collect();
     crate::api::ProviderHealthStatus {
-        type_: Some(type_name.to_string()),
-        check_supported: Some(!matches!(check.outcome, CheckOutcome::Unsupported)),
+        type_: (!type_name.is_empty()).then(|| type_name.to_string()),
+        check_supported: check.map(|c| !matches!(c.outcome, CheckOutcome::Unsupported)),
         targets,
-        last_check_time: Some(time(check.checked_at)),
+        last_check_time: check.map(|c| time(c.checked_at)),
+        load_error: load_error.map(str::to_string),
     }
 }
 
-/// Writes one `ProviderHealth` per checked provider (server-side apply, creating it when
-/// missing). `types` maps provider names to plugin types. A failed write is logged and
-/// retried at the next round; it never stops the monitor.
+/// The load error to show on `provider`'s object: its own, or the providers file's (its
+/// new entry was not applied either). Pure.
+pub fn load_error_for<'a>(provider: &str, errors: &'a BTreeMap<String, String>) -> Option<&'a str> {
+    errors
+        .get(provider)
+        .or_else(|| errors.get(""))
+        .map(String::as_str)
+}
+
+/// Writes one `ProviderHealth` per checked provider and per provider whose load failed
+/// (server-side apply, creating it when missing). `types` maps provider names to plugin
+/// types; `load_errors` are the reloader's errors by provider (`""`: the providers file).
+/// A failed write is logged and retried at the next round; it never stops the monitor.
 pub async fn publish(
     client: &kube::Client,
     checks: &[ProviderCheck],
     types: &BTreeMap<String, String>,
+    load_errors: &BTreeMap<String, String>,
 ) {
     use crate::api::ProviderHealth;
     use kube::Resource;
     use kube::api::{Api, Patch, PatchParams};
     let api: Api<ProviderHealth> = Api::all(client.clone());
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    for c in checks {
-        if !crate::config::is_dns1123_label(&c.provider) {
+    let mut names: Vec<&str> = checks.iter().map(|c| c.provider.as_str()).collect();
+    names.extend(
+        load_errors
+            .keys()
+            .filter(|n| !n.is_empty() && !names.contains(&n.as_str()))
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    for name in names {
+        if !crate::config::is_dns1123_label(name) {
             continue;
         }
-        let previous = match api.get_opt(&c.provider).await {
+        let previous = match api.get_opt(name).await {
             Ok(p) => p.and_then(|p| p.status),
             Err(e) => {
-                tracing::warn!(provider = %c.provider, error = %e, "reading ProviderHealth");
+                tracing::warn!(provider = %name, error = %e, "reading ProviderHealth");
                 continue;
             }
         };
-        let type_name = types.get(&c.provider).map(String::as_str).unwrap_or("");
-        let status = status_for(c, type_name, previous.as_ref());
+        let check = checks.iter().find(|c| c.provider == name);
+        let type_name = types.get(name).map(String::as_str).unwrap_or("");
+        let status = status_for(
+            check,
+            type_name,
+            load_error_for(name, load_errors),
+            previous.as_ref(),
+        );
         let object = serde_json::json!({
             "apiVersion": ProviderHealth::api_version(&()),
             "kind": ProviderHealth::kind(&()),
-            "metadata": {"name": c.provider},
+            "metadata": {"name": name},
             "spec": {},
         });
         let status = serde_json::json!({
@@ -339,15 +369,15 @@ pub async fn publish(
             "kind": ProviderHealth::kind(&()),
             "status": status,
         });
-        let written = match api.patch(&c.provider, &params, &Patch::Apply(object)).await {
+        let written = match api.patch(name, &params, &Patch::Apply(object)).await {
             Ok(_) => api
-                .patch_status(&c.provider, &params, &Patch::Apply(status))
+                .patch_status(name, &params, &Patch::Apply(status))
                 .await
                 .map(drop),
             Err(e) => Err(e),
         };
         if let Err(e) = written {
-            tracing::warn!(provider = %c.provider, error = %e, "writing ProviderHealth");
+            tracing::warn!(provider = %name, error = %e, "writing ProviderHealth");
         }
     }
 }
@@ -579,7 +609,7 @@ mod tests {
         let p = checking("hz", 0, Some(vec![("fsn1", true), ("nbg1", true)]));
         let list: Vec<Arc<dyn Provider>> = vec![p.clone(), checking("plain", 0, None)];
         let types: BTreeMap<String, String> = [("hz".to_string(), "hetzner".to_string())].into();
-        publish(&client, &m.round(&list).await, &types).await;
+        publish(&client, &m.round(&list).await, &types, &BTreeMap::new()).await;
         let api: Api<ProviderHealth> = Api::all(client.clone());
         let hz = api.get("hz").await.unwrap().status.unwrap();
         assert_eq!(hz.type_.as_deref(), Some("hetzner"));
@@ -591,7 +621,7 @@ mod tests {
 
         tokio::time::sleep(Duration::from_millis(1100)).await;
         *p.targets.lock().unwrap() = Some(vec![("fsn1", true), ("nbg1", false)]);
-        publish(&client, &m.round(&list).await, &types).await;
+        publish(&client, &m.round(&list).await, &types, &BTreeMap::new()).await;
         let hz = api.get("hz").await.unwrap().status.unwrap();
         assert_eq!(
             hz.targets[0].last_transition_time, first,
@@ -599,5 +629,56 @@ mod tests {
         );
         assert!(!hz.targets[1].ready);
         assert_ne!(hz.targets[1].last_transition_time, first, "nbg1 flipped");
+        assert_eq!(hz.load_error, None);
+
+        // A failed reload shows on the provider still serving its old version, and a
+        // provider that never loaded gets an object that says why.
+        let errors: BTreeMap<String, String> = [
+            (
+                "hz".to_string(),
+                "plugin file \"hetzner.wasm\": not a component".to_string(),
+            ),
+            (
+                "never".to_string(),
+                "plugin file \"nope.wasm\" is not in /plugins".to_string(),
+            ),
+        ]
+        .into();
+        publish(&client, &m.round(&list).await, &types, &errors).await;
+        let hz = api.get("hz").await.unwrap().status.unwrap();
+        assert_eq!(hz.load_error.as_deref(), Some(errors["hz"].as_str()));
+        assert_eq!(
+            hz.targets.len(),
+            2,
+            "the old version still checks its targets"
+        );
+        let never = api.get("never").await.unwrap().status.unwrap();
+        assert_eq!(never.load_error.as_deref(), Some(errors["never"].as_str()));
+        assert_eq!((never.check_supported, never.targets.len()), (None, 0));
+
+        // Fixed: the error goes away.
+        publish(&client, &m.round(&list).await, &types, &BTreeMap::new()).await;
+        let hz = api.get("hz").await.unwrap().status.unwrap();
+        assert_eq!(hz.load_error, None);
+    }
+
+    #[test]
+    fn a_broken_providers_file_shows_on_every_provider() {
+        let errors: BTreeMap<String, String> = [(
+            String::new(),
+            "providers.yaml: unknown field `limit`".to_string(),
+        )]
+        .into();
+        assert_eq!(
+            load_error_for("hz", &errors),
+            Some("providers.yaml: unknown field `limit`")
+        );
+        let own: BTreeMap<String, String> = [
+            (String::new(), "file".to_string()),
+            ("hz".to_string(), "own".to_string()),
+        ]
+        .into();
+        assert_eq!(load_error_for("hz", &own), Some("own"));
+        assert_eq!(load_error_for("hz", &BTreeMap::new()), None);
     }
 }

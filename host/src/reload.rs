@@ -94,6 +94,22 @@ impl ReloadMetrics {
         m
     }
 
+    pub(crate) fn loaded(&self, provider: &str) {
+        self.reloads
+            .get_or_create(&ProviderLabel {
+                provider: provider.into(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn failed(&self, provider: &str) {
+        self.errors
+            .get_or_create(&ProviderLabel {
+                provider: provider.into(),
+            })
+            .inc();
+    }
+
     pub fn errors(&self, provider: &str) -> u64 {
         self.errors
             .get_or_create(&ProviderLabel {
@@ -209,22 +225,12 @@ impl Reloader {
                 Ok((source, p)) => {
                     let replaced = self.running.insert(name.clone(), (source, Arc::new(p)));
                     self.errors.remove(name);
-                    self.metrics
-                        .reloads
-                        .get_or_create(&ProviderLabel {
-                            provider: name.clone(),
-                        })
-                        .inc();
+                    self.metrics.loaded(name);
                     tracing::info!(provider = %name, replaced = replaced.is_some(), "provider loaded");
                     change.loaded.push(name.clone());
                 }
                 Err(why) => {
-                    self.metrics
-                        .errors
-                        .get_or_create(&ProviderLabel {
-                            provider: name.clone(),
-                        })
-                        .inc();
+                    self.metrics.failed(name);
                     let keeps = self.running.contains_key(name);
                     tracing::error!(provider = %name, error = %why, previous_version_serving = keeps, "provider not reloaded");
                     self.errors.insert(name.clone(), why.clone());
@@ -241,12 +247,7 @@ impl Reloader {
         if again {
             return None;
         }
-        self.metrics
-            .errors
-            .get_or_create(&ProviderLabel {
-                provider: String::new(),
-            })
-            .inc();
+        self.metrics.failed("");
         tracing::error!(error = %why, "providers file not reloaded; every provider keeps its current version");
         self.errors.insert(String::new(), why.clone());
         Some(Change {

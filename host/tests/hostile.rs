@@ -4,6 +4,7 @@
 
 mod support;
 
+use proxy_operator::plugin::{PluginMetrics, TrapKind};
 use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, ProviderError};
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,8 @@ struct Case {
     limits: &'static str,
     expect: Expect,
     within: Duration,
+    /// What `proxy_operator_plugin_traps_total` counts the call as, if anything.
+    trap: Option<TrapKind>,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,6 +34,8 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
     let _dir = plugins_or_skip!();
     let server = support::TestServer::start().await;
     let rt = support::runtime();
+    let metrics = PluginMetrics::register(&mut prometheus_client::registry::Registry::default());
+    rt.set_metrics(metrics.clone());
     let u = |p: &str| server.url(p);
     let s = Duration::from_secs;
     let ms = Duration::from_millis;
@@ -40,132 +45,154 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
             limits: "fuel: 200000000",
             expect: Expect::Limit("fuel budget (limits.fuel = 200000000)"),
             within: s(3),
+            trap: Some(TrapKind::Fuel),
         },
         Case {
             attack: "loop".into(),
             limits: "fuel: 1000000000000, timeout: 1s",
             expect: Expect::Limit("wall-clock budget (limits.timeout = 1s)"),
             within: s(3),
+            trap: Some(TrapKind::Deadline),
         },
         Case {
             attack: "sleep:60000".into(),
             limits: "timeout: 1s",
             expect: Expect::Limit("wall-clock budget (limits.timeout = 1s)"),
             within: s(3),
+            trap: Some(TrapKind::Deadline),
         },
         Case {
             attack: "memory".into(),
             limits: "memoryMib: 16",
             expect: Expect::Limit("memory cap (limits.memoryMib = 16)"),
             within: s(3),
+            trap: Some(TrapKind::Memory),
         },
         Case {
             attack: "recurse".into(),
             limits: "fuel: 100000000000",
             expect: Expect::Limit("stack overflow"),
             within: s(3),
+            trap: Some(TrapKind::Stack),
         },
         Case {
             attack: "panic".into(),
             limits: "logLines: 10",
             expect: Expect::Limit("hostile panic"),
             within: s(2),
+            trap: Some(TrapKind::Panic),
         },
         Case {
             attack: "http:http://example.invalid/".into(),
             limits: "logLines: 10",
             expect: Expect::Code(&["HttpRequestDenied"]),
             within: s(2),
+            trap: None,
         },
         Case {
             attack: format!("http:http://127.0.0.1:{}/ok", server.port + 1),
             limits: "logLines: 10",
             expect: Expect::Code(&["HttpRequestDenied"]),
             within: s(2),
+            trap: None,
         },
         Case {
             attack: format!("http:{}", u("/ok").replace("127.0.0.1", "localhost")),
             limits: "logLines: 10",
             expect: Expect::Code(&["DestinationIpProhibited"]),
             within: s(2),
+            trap: None,
         },
         Case {
             attack: format!("http:{}", u("/ok")),
             limits: "logLines: 10",
             expect: Expect::Ok("200"),
             within: s(2),
+            trap: None,
         },
         Case {
             attack: format!("host-header:{}", u("/ok")),
             limits: "logLines: 10",
             expect: Expect::Code(&["HeaderForbidden", "HttpRequestDenied"]),
             within: s(2),
+            trap: None,
         },
         Case {
             attack: "read:/etc/passwd".into(),
             limits: "logLines: 10",
             expect: Expect::Code(&["IoError"]),
             within: s(2),
+            trap: None,
         },
         Case {
             attack: "read:/tmp/../etc/passwd".into(),
             limits: "logLines: 10",
             expect: Expect::Code(&["IoError"]),
             within: s(2),
+            trap: None,
         },
         Case {
             attack: "write:/etc/evil".into(),
             limits: "logLines: 10",
             expect: Expect::Code(&["IoError"]),
             within: s(2),
+            trap: None,
         },
         Case {
             attack: "write:/evil".into(),
             limits: "logLines: 10",
             expect: Expect::Code(&["IoError"]),
             within: s(2),
+            trap: None,
         },
         Case {
             attack: "write:/tmp/fine".into(),
             limits: "logLines: 10",
             expect: Expect::Ok("wrote"),
             within: s(2),
+            trap: None,
         },
         Case {
             attack: "symlink:/etc/passwd".into(),
             limits: "logLines: 10",
             expect: Expect::Code(&["SymlinkError", "IoError"]),
             within: s(2),
+            trap: None,
         },
         Case {
             attack: "symlink:../../../../etc/passwd".into(),
             limits: "logLines: 10",
             expect: Expect::Code(&["SymlinkError", "IoError"]),
             within: s(2),
+            trap: None,
         },
         Case {
             attack: "fill-tmp:33554432".into(),
             limits: "tmpMib: 1",
             expect: Expect::Limit("/tmp cap (limits.tmpMib = 1)"),
             within: s(4),
+            trap: Some(TrapKind::Tmp),
         },
         Case {
             attack: format!("http:{}", u("/big")),
             limits: "http: {maxResponseBytes: 1048576}",
             expect: Expect::Code(&["HttpResponseBodySize", "body size exceeds limit"]),
             within: s(3),
+            trap: None,
         },
         Case {
             attack: format!("http:{}", u("/big-chunked")),
             limits: "http: {maxResponseBytes: 1048576}",
             expect: Expect::Code(&["HttpResponseBodySize", "body size exceeds limit"]),
             within: s(3),
+            trap: None,
         },
         Case {
             attack: format!("http:{}", u("/slow")),
             limits: "http: {firstByteTimeout: 500ms}",
             expect: Expect::Code(&["ConnectionReadTimeout", "HttpResponseTimeout"]),
             within: ms(2500),
+            trap: None,
         },
         Case {
             attack: format!("http:{}", u("/drip")),
@@ -176,12 +203,14 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
                 "connection read timeout",
             ]),
             within: ms(4500),
+            trap: None,
         },
         Case {
             attack: "log-flood".into(),
             limits: "fuel: 100000000000, timeout: 20s",
             expect: Expect::Ok("127.0.0.1"),
             within: s(20),
+            trap: None,
         },
     ];
 
@@ -241,14 +270,27 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
             let start = Instant::now();
             let result = p.get(&case.attack).await;
             let took = start.elapsed();
-            (case, result, took)
+            (i, case, result, took)
         }));
     }
     let mut failures = Vec::new();
     for h in handles {
-        let (case, result, took) = h.await.expect("the host survives every attack");
+        let (i, case, result, took) = h.await.expect("the host survives every attack");
         if let Err(why) = check(&case, &result, took) {
             failures.push(format!("{}: {why}", case.attack));
+        }
+        // Each call is counted once, under its own kind only.
+        let provider = format!("hostile-{i}");
+        for kind in ALL_TRAP_KINDS {
+            let want = u64::from(case.trap == Some(kind));
+            let got = metrics.traps(&provider, "get", kind);
+            if got != want {
+                failures.push(format!(
+                    "{}: traps_total{{kind={}}} = {got}, want {want}",
+                    case.attack,
+                    kind.as_str()
+                ));
+            }
         }
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -263,6 +305,17 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
         failures.join("\n")
     );
 }
+
+const ALL_TRAP_KINDS: [TrapKind; 8] = [
+    TrapKind::Fuel,
+    TrapKind::Deadline,
+    TrapKind::Memory,
+    TrapKind::Tmp,
+    TrapKind::Stack,
+    TrapKind::Panic,
+    TrapKind::Other,
+    TrapKind::Shutdown,
+];
 
 fn check(
     case: &Case,
@@ -331,4 +384,45 @@ async fn validate_config_cannot_hang_or_dial() {
     rt.provider(plugin, &support::entry("name: v\nplugin: hostile.wasm"))
         .await
         .unwrap();
+}
+
+/// The end of the shutdown grace period: a call stuck in a plugin stops at once (instead
+/// of holding the pod for its whole `limits.timeout`), and no new call starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_calls_ends_the_ones_in_flight_and_refuses_new_ones() {
+    let _dir = plugins_or_skip!();
+    let server = support::TestServer::start().await;
+    let rt = support::runtime();
+    let metrics = PluginMetrics::register(&mut prometheus_client::registry::Registry::default());
+    rt.set_metrics(metrics.clone());
+    let yaml = support::hostile_yaml(server.port, "timeout: 60s");
+    let p = support::provider(&rt, "hostile.wasm", &yaml).await;
+    let in_flight = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            (p.get("sleep:60000").await, start.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cancelled_at = Instant::now();
+    rt.cancel_calls();
+    let (result, took) = in_flight.await.expect("the call's task");
+    let e = result.expect_err("a cancelled call fails");
+    assert_eq!(e.class, Class::Transient, "{e}");
+    assert!(e.message.contains("shutting down"), "{e}");
+    assert!(
+        cancelled_at.elapsed() < Duration::from_secs(1),
+        "the call ended {:?} after the cancel (it ran {took:?})",
+        cancelled_at.elapsed()
+    );
+    assert_eq!(metrics.traps("hostile", "get", TrapKind::Shutdown), 1);
+
+    let start = Instant::now();
+    let e = p
+        .get("sleep:1")
+        .await
+        .expect_err("no call starts after cancel_calls");
+    assert!(e.message.contains("call not started"), "{e}");
+    assert!(start.elapsed() < Duration::from_millis(100));
 }

@@ -204,6 +204,7 @@ mod tests {
             last_check_time: Some(Time(
                 k8s_openapi::jiff::Timestamp::from_second(1_700_000_060).unwrap(),
             )),
+            load_error: Some("plugin file \"hetzner.wasm\": not a component".into()),
         };
         let patch = json!({"apiVersion": "egress.proxy-operator.dev/v1alpha1", "kind": "ProviderHealth", "status": hs});
         let got = ph

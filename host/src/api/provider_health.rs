@@ -51,6 +51,11 @@ pub struct ProviderHealthStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::optional_time")]
     pub last_check_time: Option<Time>,
+    /// Why the last load of this provider (its plugin file or its providers-file entry)
+    /// failed. The version loaded before, if any, keeps serving; absent once a load
+    /// succeeds again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_error: Option<String>,
 }
 
 /// One target of a provider's health check.

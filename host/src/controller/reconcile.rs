@@ -167,7 +167,7 @@ impl ReconcileMetrics {
         m
     }
 
-    fn observe(&self, result: &Result<Action, ReconcileError>, took: Duration) {
+    pub(crate) fn observe(&self, result: &Result<Action, ReconcileError>, took: Duration) {
         let labels = ReconcileLabels {
             result: match result {
                 Ok(_) => "ok".into(),

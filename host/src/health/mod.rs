@@ -86,6 +86,18 @@ impl HealthMetrics {
         m
     }
 
+    /// One probe: `Healthy` with its latency, or the failure reason.
+    pub(crate) fn record(&self, result: &str, latency: Option<std::time::Duration>) {
+        self.probes
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
+        if let Some(l) = latency {
+            self.latency.observe(l.as_secs_f64());
+        }
+    }
+
     pub fn probes(&self, result: &str) -> u64 {
         self.probes
             .get_or_create(&ResultLabels {
@@ -191,17 +203,9 @@ impl HealthEngine {
                 continue;
             };
             if let Some(m) = &self.metrics {
-                let label = match &result {
-                    Ok(_) => "Healthy",
-                    Err(e) => e.reason(),
-                };
-                m.probes
-                    .get_or_create(&ResultLabels {
-                        result: label.into(),
-                    })
-                    .inc();
-                if let Ok(ok) = &result {
-                    m.latency.observe(ok.latency.as_secs_f64());
+                match &result {
+                    Ok(ok) => m.record("Healthy", Some(ok.latency)),
+                    Err(e) => m.record(e.reason(), None),
                 }
             }
             let mut t = self.targets.lock().expect("health targets lock");

@@ -11,6 +11,7 @@ mod cache;
 mod engine;
 mod http;
 mod load;
+mod metrics;
 mod output;
 pub mod policy;
 pub mod redact;
@@ -21,6 +22,7 @@ pub use engine::EngineOptions;
 /// TLS client configuration (system roots, a CA file, or insecure), also used by health probes.
 pub use http::tls_config;
 pub use load::{LoadError, LoadReport, LoadedPlugin, ProviderLoadError};
+pub use metrics::{PluginMetrics, TrapKind};
 
 use crate::config::{Limits, ProviderEntry, ProvidersFile};
 use crate::provider::{Class, Op, ProviderError};
@@ -87,6 +89,10 @@ pub struct Runtime {
     pooling: bool,
     max_memory_bytes: u64,
     scratch_dir: PathBuf,
+    metrics: std::sync::OnceLock<PluginMetrics>,
+    /// Cancelled at the end of the shutdown grace period: calls in flight stop, new ones
+    /// are refused.
+    calls_cancelled: tokio_util::sync::CancellationToken,
     _ticker: engine::EpochTicker,
 }
 
@@ -107,6 +113,8 @@ impl Runtime {
             pooling,
             max_memory_bytes: opts.engine.max_memory_bytes,
             scratch_dir: opts.scratch_dir,
+            metrics: std::sync::OnceLock::new(),
+            calls_cancelled: tokio_util::sync::CancellationToken::new(),
             _ticker: ticker,
         }))
     }
@@ -118,6 +126,20 @@ impl Runtime {
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Feeds `metrics` from every later call of every provider of this runtime. Set once;
+    /// a second call is ignored.
+    pub fn set_metrics(&self, metrics: PluginMetrics) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    /// Ends every plugin call in flight (each fails Transient, saying the operator is
+    /// shutting down) and refuses new ones. Called when the shutdown grace period is over:
+    /// a reconcile waiting on a slow backend then finishes at once instead of holding the
+    /// pod past its termination grace period.
+    pub fn cancel_calls(&self) {
+        self.calls_cancelled.cancel();
     }
 }
 
@@ -267,6 +289,10 @@ impl WasmProvider {
             limits.timeout
         };
         let fail = |class, msg: String| ProviderError::new(class, op, &self.shared.name, id, msg);
+        let cancelled = &self.runtime.calls_cancelled;
+        if cancelled.is_cancelled() {
+            return Err(fail(Class::Transient, SHUTDOWN_REFUSED.into()));
+        }
         let _permit = self
             .permits
             .acquire()
@@ -286,12 +312,15 @@ impl WasmProvider {
             .new_store(tmp.path(), cloud_init, deny_http, started + timeout)
             .map_err(|e| fail(Class::Transient, format!("cannot set up the sandbox: {e}")))?;
 
-        let outcome =
-            tokio::time::timeout(timeout, dispatch(&self.plugin.pre, &mut store, call)).await;
+        // Dropping the call's future drops its guest mid-call: the Store and /tmp go with it.
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(timeout, dispatch(&self.plugin.pre, &mut store, call)) => Some(r),
+            _ = cancelled.cancelled() => None,
+        };
 
         let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
         let state = store.data_mut();
-        if outcome.as_ref().is_ok_and(|r| r.is_ok()) {
+        if matches!(outcome, Some(Ok(Ok(_)))) {
             // A call that finished between two ticks still must not leave too much behind.
             state.tmp_over_cap();
         }
@@ -301,21 +330,40 @@ impl WasmProvider {
         };
         // The error is built before the output is flushed: a panic message is read from
         // the captured stderr.
-        let result = match outcome {
-            Err(_elapsed) => Err(fail(
-                Class::Transient,
-                limit_message(LimitHit::Deadline, limits, timeout),
-            )),
-            Ok(Err(trap)) => Err(fail(
-                Class::Transient,
-                trap_message(&trap, state, limits, timeout),
-            )),
-            Ok(Ok(_)) if state.limit_hit == Some(LimitHit::Tmp) => Err(fail(
-                Class::Transient,
-                limit_message(LimitHit::Tmp, limits, timeout),
-            )),
-            Ok(Ok(reply)) => Ok((scrub_reply(reply, &state.redactor), stats)),
+        let (result, trap) = match outcome {
+            None => (
+                Err(fail(Class::Transient, SHUTDOWN_CANCELLED.into())),
+                Some(TrapKind::Shutdown),
+            ),
+            Some(Err(_elapsed)) => (
+                Err(fail(
+                    Class::Transient,
+                    limit_message(LimitHit::Deadline, limits, timeout),
+                )),
+                Some(TrapKind::Deadline),
+            ),
+            Some(Ok(Err(trap))) => {
+                let (kind, message) = trap_message(&trap, state, limits, timeout);
+                (Err(fail(Class::Transient, message)), kind)
+            }
+            Some(Ok(Ok(_))) if state.limit_hit == Some(LimitHit::Tmp) => (
+                Err(fail(
+                    Class::Transient,
+                    limit_message(LimitHit::Tmp, limits, timeout),
+                )),
+                Some(TrapKind::Tmp),
+            ),
+            Some(Ok(Ok(reply))) => (Ok((scrub_reply(reply, &state.redactor), stats)), None),
         };
+        if let Some(m) = self.runtime.metrics.get() {
+            m.observe(
+                &self.shared.name,
+                op.as_str(),
+                stats.duration,
+                fuel_used,
+                trap,
+            );
+        }
         state.flush_output();
         if let Err(e) = &result {
             tracing::debug!(provider = %self.shared.name, op = %op, fuel_used, error = %e.message, "plugin call failed");
@@ -375,6 +423,11 @@ impl WasmProvider {
     }
 }
 
+const SHUTDOWN_REFUSED: &str =
+    "the operator is shutting down and its grace period is over: call not started";
+const SHUTDOWN_CANCELLED: &str =
+    "call cancelled: the operator is shutting down and its grace period is over";
+
 /// Budget of the load-time calls (`info`, `validate-config`), which must not do I/O.
 pub const LOAD_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -399,42 +452,53 @@ fn limit_message(hit: LimitHit, limits: &Limits, timeout: Duration) -> String {
     }
 }
 
-/// Says which limit stopped the guest, or what the trap was. Always Transient: the next
-/// call gets a fresh instance, and the limit names what to raise if it keeps happening.
+/// Says which limit stopped the guest, or what the trap was, and its kind for the traps
+/// metric (`None`: the guest failed without trapping, e.g. a host call error). Always
+/// Transient: the next call gets a fresh instance, and the limit names what to raise if it
+/// keeps happening.
 fn trap_message(
     err: &wasmtime::Error,
     state: &CallState,
     limits: &Limits,
     timeout: Duration,
-) -> String {
+) -> (Option<TrapKind>, String) {
+    let limit = |hit: LimitHit| {
+        let kind = match hit {
+            LimitHit::Deadline => TrapKind::Deadline,
+            LimitHit::Memory => TrapKind::Memory,
+            LimitHit::Tmp => TrapKind::Tmp,
+        };
+        (Some(kind), limit_message(hit, limits, timeout))
+    };
     if let Some(hit) = state.limit_hit {
-        return limit_message(hit, limits, timeout);
+        return limit(hit);
     }
     if state.limiter.hit {
-        return limit_message(LimitHit::Memory, limits, timeout);
+        return limit(LimitHit::Memory);
     }
-    match err.downcast_ref::<Trap>() {
-        Some(Trap::OutOfFuel) => format!(
+    let (kind, message) = match err.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => (TrapKind::Fuel, format!(
             "plugin used up its fuel budget (limits.fuel = {}) and was stopped: a runaway loop or far too much work in one call",
             limits.fuel
-        ),
-        Some(Trap::StackOverflow) => "plugin overflowed its stack (runaway recursion) and was stopped".to_string(),
+        )),
+        Some(Trap::StackOverflow) => (TrapKind::Stack, "plugin overflowed its stack (runaway recursion) and was stopped".to_string()),
         // A Rust guest keeps its stack in linear memory: overflowing it shows up as an
         // access below address zero rather than as a native stack overflow.
-        Some(Trap::MemoryOutOfBounds) => {
+        Some(Trap::MemoryOutOfBounds) => (TrapKind::Stack,
             "plugin made an out-of-bounds memory access (typically a stack overflow from runaway recursion) and was stopped".to_string()
-        }
+        ),
         Some(Trap::UnreachableCodeReached) => {
             let tail = state.stderr_tail();
-            if tail.is_empty() {
+            (TrapKind::Panic, if tail.is_empty() {
                 "plugin panicked (trap: unreachable)".to_string()
             } else {
                 format!("plugin panicked: {tail}")
-            }
+            })
         }
-        Some(trap) => format!("plugin trapped: {trap}"),
-        None => state.redactor.scrub(&format!("plugin failed: {err:#}")),
-    }
+        Some(trap) => (TrapKind::Other, format!("plugin trapped: {trap}")),
+        None => return (None, state.redactor.scrub(&format!("plugin failed: {err:#}"))),
+    };
+    (Some(kind), message)
 }
 
 /// Every string a guest returns passes through the call's redactor.

@@ -39,7 +39,7 @@ impl ProviderMetrics {
         metrics
     }
 
-    fn count(&self, provider: &str, op: &str, result: &str) {
+    pub(crate) fn count(&self, provider: &str, op: &str, result: &str) {
         self.requests
             .get_or_create(&RequestLabels {
                 provider: provider.to_string(),

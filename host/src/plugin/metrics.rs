@@ -1,0 +1,146 @@
+//! What each plugin call cost and how it ended, by provider and operation.
+//!
+//! Counted here, in the runtime, rather than in the provider decorator: only the runtime
+//! sees fuel and the trap behind a failed call, and load-time calls (`info`,
+//! `validate-config`) never pass through the decorator. The labels are the configured
+//! provider name and the operation; never anything a plugin or a user wrote.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::time::Duration;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    pub provider: String,
+    pub op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrapLabels {
+    pub provider: String,
+    pub op: String,
+    /// One of [`TrapKind::as_str`].
+    pub kind: String,
+}
+
+/// Why the sandbox stopped a call. A fixed set, so the label cannot grow without bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrapKind {
+    /// `limits.fuel` used up.
+    Fuel,
+    /// `limits.timeout` (or the load-time budget) passed.
+    Deadline,
+    /// `limits.memoryMib` reached.
+    Memory,
+    /// `limits.tmpMib` exceeded.
+    Tmp,
+    /// Native stack overflow, or an out-of-bounds access (a Rust guest's stack overflow).
+    Stack,
+    /// The guest panicked (`unreachable`).
+    Panic,
+    /// Any other trap (division by zero, bad conversion, ...).
+    Other,
+    /// The call was cut short because the operator is shutting down.
+    Shutdown,
+}
+
+impl TrapKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrapKind::Fuel => "fuel",
+            TrapKind::Deadline => "deadline",
+            TrapKind::Memory => "memory",
+            TrapKind::Tmp => "tmp",
+            TrapKind::Stack => "stack",
+            TrapKind::Panic => "panic",
+            TrapKind::Other => "other",
+            TrapKind::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Metrics the [`Runtime`](super::Runtime) feeds once [`Runtime::set_metrics`](super::Runtime::set_metrics) is called.
+#[derive(Clone)]
+pub struct PluginMetrics {
+    duration: Family<CallLabels, Histogram>,
+    fuel: Family<CallLabels, Histogram>,
+    traps: Family<TrapLabels, Counter>,
+}
+
+impl PluginMetrics {
+    /// Registers `proxy_operator_plugin_call_duration_seconds`,
+    /// `proxy_operator_plugin_call_fuel` and `proxy_operator_plugin_traps_total`.
+    pub fn register(registry: &mut Registry) -> Self {
+        // 1 ms .. ~65 s: a call is a few HTTP round trips, bounded by limits.timeout.
+        let duration = Family::<CallLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 17))
+        });
+        // 10k .. ~10^10 fuel units: the default budget is in the billions; a typical call
+        // burns millions. The buckets show how close calls come to `limits.fuel`.
+        let fuel = Family::<CallLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(1e4, 4.0, 12))
+        });
+        let traps = Family::<TrapLabels, Counter>::default();
+        registry.register(
+            "proxy_operator_plugin_call_duration_seconds",
+            "Wall time of plugin calls (sandbox set-up included), by provider and operation",
+            duration.clone(),
+        );
+        registry.register(
+            "proxy_operator_plugin_call_fuel",
+            "Fuel (wasm instructions, roughly) each plugin call used, by provider and operation",
+            fuel.clone(),
+        );
+        registry.register(
+            "proxy_operator_plugin_traps",
+            "Plugin calls the sandbox stopped, by provider, operation and kind (fuel, deadline, memory, tmp, stack, panic, other, shutdown)",
+            traps.clone(),
+        );
+        PluginMetrics {
+            duration,
+            fuel,
+            traps,
+        }
+    }
+
+    pub(crate) fn observe(
+        &self,
+        provider: &str,
+        op: &str,
+        duration: Duration,
+        fuel: u64,
+        trap: Option<TrapKind>,
+    ) {
+        let labels = CallLabels {
+            provider: provider.to_string(),
+            op: op.to_string(),
+        };
+        self.duration
+            .get_or_create(&labels)
+            .observe(duration.as_secs_f64());
+        self.fuel.get_or_create(&labels).observe(fuel as f64);
+        if let Some(kind) = trap {
+            self.traps
+                .get_or_create(&TrapLabels {
+                    provider: labels.provider,
+                    op: labels.op,
+                    kind: kind.as_str().to_string(),
+                })
+                .inc();
+        }
+    }
+
+    /// Calls stopped with `kind` so far (for tests).
+    pub fn traps(&self, provider: &str, op: &str, kind: TrapKind) -> u64 {
+        self.traps
+            .get_or_create(&TrapLabels {
+                provider: provider.into(),
+                op: op.into(),
+                kind: kind.as_str().into(),
+            })
+            .get()
+    }
+}

@@ -1,0 +1,273 @@
+//! `proxy-operator run`, the real binary, against the in-memory API served on 127.0.0.1:
+//! what an operator's user and their monitoring see of a running replica — `/readyz`,
+//! `/metrics`, ProviderHealth when a reload fails — and that SIGTERM ends it within the
+//! shutdown grace period even when a plugin call is stuck on a backend that never answers.
+
+mod support;
+
+use egress_emulators::example::ExampleBackend;
+use fake_kube::FakeApi;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use proxy_operator::api::{self, ProviderHealth, Proxy};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Operator {
+    child: Child,
+    addr: std::net::SocketAddr,
+    log: std::path::PathBuf,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("--- proxy-operator log ---\n{log}--- end of log ---");
+        }
+    }
+}
+
+impl Operator {
+    async fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.addr, path).await
+    }
+}
+
+/// A plain HTTP/1.1 GET on loopback; (0, error) when nothing answers yet.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return (0, "connection refused".into());
+    };
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return (0, "write failed".into());
+    }
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|b| b.1).unwrap_or("");
+    (code, body.to_string())
+}
+
+async fn wait_for<T>(what: &str, within: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < within,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn providers_yaml(backend: &ExampleBackend, token: &Path, extra: &str) -> String {
+    format!(
+        "providers:\n- name: ex\n  plugin: example.wasm\n  additionalHosts: ['{url}']\n  \
+         limits: {{timeout: 60s}}\n  secrets: {{token: {secret}}}\n  \
+         config: {{endpoint: '{url}', regions: [r1]}}\n{extra}",
+        url = backend.url(),
+        secret = token.display()
+    )
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_replica_reports_readiness_metrics_reload_errors_and_stops_within_its_grace() {
+    let plugin_dir = plugins_or_skip!();
+    let fake = FakeApi::new();
+    let client = fake.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (_, crd) in api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let api_addr = fake.serve("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fake.write_kubeconfig(api_addr, &kubeconfig).unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok").unwrap();
+    let backend = ExampleBackend::start("tok");
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(&providers, providers_yaml(&backend, &token, "")).unwrap();
+
+    let listen = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let log = dir.path().join("operator.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+        .args([
+            "run",
+            "--installation",
+            "run-test",
+            "--leader-election=false",
+        ])
+        .arg("--plugin-dir")
+        .arg(&plugin_dir)
+        .arg("--providers")
+        .arg(&providers)
+        .arg("--plugin-cache-dir")
+        .arg(support::cache_dir())
+        .arg("--plugin-scratch-dir")
+        .arg(dir.path().join("scratch"))
+        .args([
+            "--listen",
+            &listen.to_string(),
+            "--discovery-insecure-no-auth",
+        ])
+        .args([
+            "--reload-interval",
+            "200ms",
+            "--provider-check-interval",
+            "300ms",
+        ])
+        .args(["--provisioning-poll", "100ms", "--requeue-now", "50ms"])
+        .args(["--probe-target", "127.0.0.1:9", "--shutdown-grace", "1s"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("starting proxy-operator run");
+    let op = Operator {
+        child,
+        addr: listen,
+        log,
+    };
+
+    // Ready once the cache synced and the plugins loaded; /healthz answers throughout.
+    let body = wait_for(
+        "/readyz to answer 200",
+        Duration::from_secs(60),
+        async || {
+            let (code, body) = op.get("/readyz").await;
+            (code == 200).then_some(body)
+        },
+    )
+    .await;
+    assert!(body.contains("1 provider(s) serving (ex)"), "{body}");
+    assert_eq!(op.get("/healthz").await.0, 200);
+
+    // A Proxy runs; the gauges (read off the cache) and the plugin-call histograms show it.
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let proxy: Proxy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "egress.proxy-operator.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": "p1", "namespace": "default"},
+        "spec": {"provider": "ex", "placement": {"region": "r1"},
+                 "cloudInit": {"inline": "#cloud-config\n"}, "port": 3128},
+    }))
+    .unwrap();
+    proxies
+        .create(&PostParams::default(), &proxy)
+        .await
+        .unwrap();
+    let metrics = wait_for("the Proxy to run", Duration::from_secs(30), async || {
+        let (_, text) = op.get("/metrics").await;
+        text.contains(r#"proxy_operator_proxies{provider="ex",state="Running",ready="false"} 1"#)
+            .then_some(text)
+    })
+    .await;
+    for sample in [
+        r#"proxy_operator_plugin_call_duration_seconds_count{provider="ex",op="create"} 1"#,
+        r#"proxy_operator_plugin_call_fuel_count{provider="ex",op="create"} 1"#,
+        r#"proxy_operator_provider_requests_total{provider="ex",op="create",result="ok"} 1"#,
+        r#"proxy_operator_reconciles_total{result="ok"}"#,
+        r#"proxy_operator_provider_reloads_total{provider="ex"} 1"#,
+    ] {
+        assert!(metrics.contains(sample), "{sample} not in:\n{metrics}");
+    }
+
+    // A second provider whose plugin is missing: ex keeps serving, readiness says why
+    // without failing, and the provider's ProviderHealth carries the error.
+    let broken = "- name: broken\n  plugin: missing.wasm\n  config: {}\n";
+    std::fs::write(&providers, providers_yaml(&backend, &token, broken)).unwrap();
+    let body = wait_for(
+        "/readyz to report the broken provider",
+        Duration::from_secs(20),
+        async || {
+            let (code, body) = op.get("/readyz").await;
+            (code == 200 && body.contains("provider broken failed to load")).then_some(body)
+        },
+    )
+    .await;
+    assert!(body.contains("missing.wasm"), "{body}");
+    let health: Api<ProviderHealth> = Api::all(client.clone());
+    let status = wait_for(
+        "ProviderHealth broken",
+        Duration::from_secs(20),
+        async || {
+            health
+                .get_opt("broken")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|h| h.status)
+                .filter(|s| s.load_error.is_some())
+        },
+    )
+    .await;
+    assert!(
+        status
+            .load_error
+            .as_deref()
+            .unwrap()
+            .contains("missing.wasm"),
+        "{status:?}"
+    );
+    let ex = health.get("ex").await.unwrap().status.unwrap();
+    assert_eq!(ex.load_error, None, "ex loaded fine: {ex:?}");
+
+    // Every backend call now hangs (60 s, inside limits.timeout). SIGTERM: the delete in
+    // flight gets the 1 s grace, then is cancelled, and the process exits.
+    backend.inject_delay(Duration::from_secs(60), 1000);
+    proxies
+        .delete("p1", &Default::default())
+        .await
+        .expect("deleting the Proxy");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut op = op;
+    let pid = op.child.id().to_string();
+    let stopped_at = Instant::now();
+    let ok = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -TERM {pid}");
+    let status = wait_for(
+        "the operator to exit",
+        Duration::from_secs(15),
+        async || op.child.try_wait().unwrap(),
+    )
+    .await;
+    let took = stopped_at.elapsed();
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        took < Duration::from_secs(5),
+        "SIGTERM to exit took {took:?} with a 1 s grace period"
+    );
+    assert_eq!(
+        op.get("/healthz").await.0,
+        0,
+        "the port is closed after exit"
+    );
+}
