@@ -63,6 +63,76 @@ impl OperatorMetrics {
     }
 }
 
+/// Every family `/metrics` serves: (name, type, labels). Dashboards and alerts
+/// (`config/monitoring/alerts.yaml`) are written against these; tests hold both to it.
+pub const FAMILIES: &[(&str, &str, &[&str])] = &[
+    (
+        "proxy_operator_provider_requests",
+        "counter",
+        &["provider", "op", "result"],
+    ),
+    (
+        "proxy_operator_plugin_call_duration_seconds",
+        "histogram",
+        &["provider", "op"],
+    ),
+    (
+        "proxy_operator_plugin_call_fuel",
+        "histogram",
+        &["provider", "op"],
+    ),
+    (
+        "proxy_operator_plugin_traps",
+        "counter",
+        &["provider", "op", "kind"],
+    ),
+    ("proxy_operator_reconciles", "counter", &["result"]),
+    (
+        "proxy_operator_reconcile_duration_seconds",
+        "histogram",
+        &["result"],
+    ),
+    (
+        "proxy_operator_proxies",
+        "gauge",
+        &["provider", "state", "ready"],
+    ),
+    ("proxy_operator_gc_swept", "counter", &["provider"]),
+    ("proxy_operator_gc_deleted", "counter", &["provider"]),
+    (
+        "proxy_operator_gc_skipped",
+        "counter",
+        &["provider", "reason"],
+    ),
+    ("proxy_operator_health_probes", "counter", &["result"]),
+    (
+        "proxy_operator_health_probe_duration_seconds",
+        "histogram",
+        &[],
+    ),
+    (
+        "proxy_operator_provider_target_up",
+        "gauge",
+        &["provider", "target"],
+    ),
+    (
+        "proxy_operator_provider_check_duration_seconds",
+        "gauge",
+        &["provider"],
+    ),
+    (
+        "proxy_operator_provider_check_timestamp_seconds",
+        "gauge",
+        &["provider"],
+    ),
+    ("proxy_operator_provider_reloads", "counter", &["provider"]),
+    (
+        "proxy_operator_provider_reload_errors",
+        "counter",
+        &["provider"],
+    ),
+];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProxyLabels {
     pub provider: String,
@@ -196,73 +266,7 @@ mod tests {
         feed_one_of_each(&m);
         let text = m.encode().unwrap();
 
-        let want: &[(&str, &str, &[&str])] = &[
-            (
-                "proxy_operator_provider_requests",
-                "counter",
-                &["provider", "op", "result"],
-            ),
-            (
-                "proxy_operator_plugin_call_duration_seconds",
-                "histogram",
-                &["provider", "op"],
-            ),
-            (
-                "proxy_operator_plugin_call_fuel",
-                "histogram",
-                &["provider", "op"],
-            ),
-            (
-                "proxy_operator_plugin_traps",
-                "counter",
-                &["provider", "op", "kind"],
-            ),
-            ("proxy_operator_reconciles", "counter", &["result"]),
-            (
-                "proxy_operator_reconcile_duration_seconds",
-                "histogram",
-                &["result"],
-            ),
-            (
-                "proxy_operator_proxies",
-                "gauge",
-                &["provider", "state", "ready"],
-            ),
-            ("proxy_operator_gc_swept", "counter", &["provider"]),
-            ("proxy_operator_gc_deleted", "counter", &["provider"]),
-            (
-                "proxy_operator_gc_skipped",
-                "counter",
-                &["provider", "reason"],
-            ),
-            ("proxy_operator_health_probes", "counter", &["result"]),
-            (
-                "proxy_operator_health_probe_duration_seconds",
-                "histogram",
-                &[],
-            ),
-            (
-                "proxy_operator_provider_target_up",
-                "gauge",
-                &["provider", "target"],
-            ),
-            (
-                "proxy_operator_provider_check_duration_seconds",
-                "gauge",
-                &["provider"],
-            ),
-            (
-                "proxy_operator_provider_check_timestamp_seconds",
-                "gauge",
-                &["provider"],
-            ),
-            ("proxy_operator_provider_reloads", "counter", &["provider"]),
-            (
-                "proxy_operator_provider_reload_errors",
-                "counter",
-                &["provider"],
-            ),
-        ];
+        let want = FAMILIES;
         let mut missing = Vec::new();
         for (name, kind, labels) in want {
             if !text.contains(&format!("# TYPE {name} {kind}\n")) {
@@ -292,6 +296,51 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    /// The shipped alert rules name only metrics the operator serves, with their labels.
+    #[test]
+    fn the_alert_rules_use_served_metrics_and_labels() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../config/monitoring/alerts.yaml"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut used = 0;
+        for (i, _) in text.match_indices("proxy_operator_") {
+            let name: String = text[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let family = ["_total", "_count", "_sum", "_bucket"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(&name);
+            let Some((_, _, labels)) = FAMILIES.iter().find(|f| f.0 == family) else {
+                panic!("{path} uses {name}, which /metrics does not serve");
+            };
+            // Label matchers right after the name: {a="x",b!="y"}.
+            let rest = &text[i + name.len()..];
+            if let Some(matchers) = rest.strip_prefix('{').and_then(|r| r.split('}').next()) {
+                for m in matchers.split(',') {
+                    let label = m.split(['=', '!', '~']).next().unwrap().trim();
+                    assert!(
+                        labels.contains(&label),
+                        "{path}: {name} has no label {label:?} (it has {labels:?})"
+                    );
+                }
+            }
+            used += 1;
+        }
+        assert!(used >= 5, "only {used} metrics found in {path}");
+        let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/architecture.md");
+        let docs = std::fs::read_to_string(docs).unwrap();
+        for (name, _, _) in FAMILIES {
+            assert!(
+                docs.contains(&format!("`{name}")),
+                "docs/architecture.md does not list {name}"
+            );
+        }
     }
 
     /// Label names of the first sample of `name` (counters get `_total`, histograms

@@ -5,8 +5,8 @@
 //! `OTEL_TRACES_EXPORTER=otlp`; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn
 //! it off). Without them no OpenTelemetry layer is installed and spans cost what `tracing`
 //! costs. The exporter reads the rest of `OTEL_*` itself (headers, timeout). It speaks
-//! OTLP over plain HTTP (protobuf), for a collector in the cluster or a sidecar; an https
-//! endpoint is not supported yet.
+//! OTLP over HTTP (protobuf), http or https; for https the system roots are trusted, or the
+//! PEM bundle named by `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE` / `OTEL_EXPORTER_OTLP_CERTIFICATE`.
 //!
 //! The wasmtime crates log guest I/O at debug and trace level — including the bytes a plugin
 //! writes to stdout and the arguments of host calls. Those bytes can hold a plugin's secrets
@@ -62,6 +62,44 @@ pub fn otlp_wanted(var: impl Fn(&str) -> Option<String>) -> bool {
     }
 }
 
+/// The exporter's HTTP client: rustls with ring and the trust the `OTEL_*` variables ask
+/// for, and their timeout (default 10 s). Built on a thread of its own, because a blocking
+/// reqwest client must not be created inside the async runtime.
+fn otlp_http_client(
+    var: impl Fn(&str) -> Option<String>,
+) -> anyhow::Result<reqwest::blocking::Client> {
+    let first = |keys: [&str; 2]| {
+        keys.iter()
+            .find_map(|k| var(k).filter(|v| !v.trim().is_empty()))
+    };
+    let ca = first([
+        "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    ])
+    .map(std::path::PathBuf::from);
+    let timeout = match first([
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ]) {
+        None => std::time::Duration::from_secs(10),
+        Some(ms) => std::time::Duration::from_millis(ms.trim().parse().map_err(|_| {
+            anyhow::anyhow!("OTEL_EXPORTER_OTLP_TIMEOUT: {ms:?} is not a number of milliseconds")
+        })?),
+    };
+    let tls = crate::plugin::tls_config(ca.as_deref(), false)
+        .map_err(|e| anyhow::anyhow!("OTEL_EXPORTER_OTLP_CERTIFICATE: {e}"))?;
+    let tls = (*tls).clone();
+    std::thread::spawn(move || {
+        reqwest::blocking::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .timeout(timeout)
+            .build()
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("building the OTLP HTTP client panicked"))?
+    .map_err(|e| anyhow::anyhow!("building the OTLP HTTP client: {e}"))
+}
+
 /// Flushes and stops the trace exporter when dropped (at the end of `main`).
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
@@ -80,8 +118,10 @@ impl Drop for Telemetry {
 pub fn init(log_filter: &str) -> anyhow::Result<Telemetry> {
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let provider = if otlp_wanted(|k| std::env::var(k).ok()) {
+        use opentelemetry_otlp::WithHttpConfig;
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
+            .with_http_client(otlp_http_client(|k| std::env::var(k).ok())?)
             .build()?;
         Some(
             SdkTracerProvider::builder()

@@ -187,3 +187,163 @@ async fn the_otel_trace_nests_http_under_the_operation_under_the_reconcile() {
         .unwrap();
     assert_eq!(recorded.fields["trace_id"], id);
 }
+
+/// OTLP export to an https collector trusted through `OTEL_EXPORTER_OTLP_CERTIFICATE`: the
+/// real binary, one provider call, and a TLS server on 127.0.0.1 that must receive the
+/// trace as `POST /v1/traces`. The CA and the server certificate are made with openssl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traces_are_exported_to_an_https_collector() {
+    use std::process::Command;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let plugin_dir = plugins_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let d = |f: &str| dir.path().join(f);
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .expect("openssl (Debian's openssl package) is needed for this test");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=egress-test-ca",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "leaf.key",
+        "-out",
+        "leaf.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        d("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "leaf.pem",
+        "-days",
+        "1",
+        "-extfile",
+        "leaf.ext",
+    ]);
+
+    // The collector: TLS on loopback, records each request's first line, answers 200.
+    let certs: Vec<_> =
+        rustls_pemfile::certs(&mut std::fs::read(d("leaf.pem")).unwrap().as_slice())
+            .collect::<Result<_, _>>()
+            .unwrap();
+    let key = rustls_pemfile::private_key(&mut std::fs::read(d("leaf.key")).unwrap().as_slice())
+        .unwrap()
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let server = tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let (acceptor, seen) = (acceptor.clone(), seen_tx.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = vec![0u8; 64 * 1024];
+                let n = tls.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]);
+                let _ = seen.send(head.lines().next().unwrap_or("").to_string());
+                let _ = tls.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+
+    let backend = egress_emulators::example::ExampleBackend::start("tok");
+    std::fs::write(d("token"), "tok").unwrap();
+    std::fs::write(
+        d("providers.yaml"),
+        format!(
+            "providers:\n- name: ex\n  plugin: example.wasm\n  additionalHosts: ['{url}']\n  \
+             secrets: {{token: {token}}}\n  config: {{endpoint: '{url}', regions: [r1]}}\n",
+            url = backend.url(),
+            token = d("token").display()
+        ),
+    )
+    .unwrap();
+    let out = tokio::task::spawn_blocking({
+        let (plugin_dir, dir) = (plugin_dir.clone(), dir.path().to_path_buf());
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+                .args(["provider", "call", "--provider", "ex"])
+                .arg("--config")
+                .arg(dir.join("providers.yaml"))
+                .arg("--plugin-dir")
+                .arg(plugin_dir)
+                .arg("--plugin-cache-dir")
+                .arg(support::cache_dir())
+                .arg("--plugin-scratch-dir")
+                .arg(dir.join("scratch"))
+                .arg("list")
+                .env(
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    format!("https://127.0.0.1:{port}"),
+                )
+                .env("OTEL_EXPORTER_OTLP_CERTIFICATE", dir.join("ca.pem"))
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "provider call failed: {stderr}");
+    let first = tokio::time::timeout(std::time::Duration::from_secs(5), seen_rx.recv())
+        .await
+        .unwrap_or_else(|_| {
+            panic!("no export reached the https collector; operator log:\n{stderr}")
+        })
+        .unwrap();
+    assert_eq!(first, "POST /v1/traces HTTP/1.1", "{stderr}");
+    assert!(!stderr.contains("ERROR"), "{stderr}");
+    server.abort();
+}
