@@ -24,11 +24,18 @@ const TOOLS: &[(&str, &str)] = &[(
 )];
 
 /// Debian packages some tests run as real processes: (binary, package, why).
-const PACKAGES: &[(&str, &str, &str)] = &[(
-    "tinyproxy",
-    "tinyproxy",
-    "the health probe tests (a real CONNECT through a proxy)",
-)];
+const PACKAGES: &[(&str, &str, &str)] = &[
+    (
+        "tinyproxy",
+        "tinyproxy",
+        "the health probe tests (a real CONNECT through a proxy)",
+    ),
+    (
+        "openssl",
+        "openssl",
+        "the OTLP-over-https test (makes its CA and server certificate)",
+    ),
+];
 
 pub fn run(args: &Args) -> Result<()> {
     let ci = std::env::var("CI").is_ok_and(|v| v == "true");
