@@ -15,6 +15,7 @@ pub mod ops;
 pub mod plugin;
 pub mod provider;
 pub mod provider_health;
+pub mod rbac;
 pub mod registry;
 pub mod reload;
 pub mod telemetry;

@@ -55,6 +55,9 @@ enum Command {
     /// Print the discovery API's OpenAPI 3 document (JSON), as served at /openapi.json and
     /// committed as docs/openapi/discovery.json.
     Openapi,
+    /// Print the operator's RBAC rules (ClusterRole and leader-election Role) as YAML, as
+    /// committed in config/rbac/role.yaml.
+    Rbac,
     /// Work with one configured provider.
     Provider {
         #[command(subcommand)]
@@ -457,6 +460,10 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", proxy_operator::discovery::openapi::document_text());
             Ok(())
         }
+        Command::Rbac => {
+            print!("{}", proxy_operator::rbac::yaml()?);
+            Ok(())
+        }
         Command::Run(args) => run(*args).await,
         Command::Plugin {
             command: PluginCommand::Inspect { file, runtime },
@@ -799,10 +806,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         Auth::Kubernetes(client.clone(), AuthSettings::default())
     };
-    let router = proxy_operator::discovery::router(store, auth).merge(proxy_operator::ops::router(
-        Arc::new(metrics),
-        readiness.clone(),
-    ));
+    let (provider_health, reflect_health) =
+        proxy_operator::discovery::provider_health_reflector(client.clone());
+    let router =
+        proxy_operator::discovery::router_with_providers(store, Some(provider_health), auth).merge(
+            proxy_operator::ops::router(Arc::new(metrics), readiness.clone()),
+        );
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -866,6 +875,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             tokio::select! {
                 _ = token.cancelled() => {}
                 _ = reflect => {}
+                _ = reflect_health => {}
             }
         }
     };

@@ -2,8 +2,10 @@
 //! on the trace tree and prove that no secret reaches a log line or span attribute.
 //! Public (not `cfg(test)`) so integration tests and benchmarks can use it too.
 //!
-//! [`fake_provider`] is an in-memory provider with fault injection for testing the loops.
+//! [`fake_provider`] is an in-memory provider with fault injection for testing the loops;
+//! [`browser`] drives headless Chromium (DOM dumps and screenshots of a page).
 
+pub mod browser;
 pub mod fake_provider;
 
 use std::collections::HashMap;

@@ -20,7 +20,7 @@ pub struct Args {
 /// (the tests themselves would fail too, but this says why up front).
 const TOOLS: &[(&str, &str)] = &[(
     "kubectl",
-    "the fake API server's kubectl compatibility test",
+    "the fake API server's kubectl compatibility test and the config/ render tests",
 )];
 
 /// Debian packages some tests run as real processes: (binary, package, why).
@@ -34,6 +34,11 @@ const PACKAGES: &[(&str, &str, &str)] = &[
         "openssl",
         "openssl",
         "the OTLP-over-https test (makes its CA and server certificate)",
+    ),
+    (
+        "chromium",
+        "chromium",
+        "the status page tests (headless DOM and screenshot checks)",
     ),
 ];
 

@@ -9,6 +9,8 @@
 //! - `GET /v1/proxies/{namespace}/{name}`: one Proxy, Ready or not (`ready: false` with a
 //!   reason, rather than 404: a client can tell "not there" from "not usable yet").
 //! - `GET /openapi.json`: the OpenAPI document ([`openapi`]), without auth.
+//! - `GET /status` and `GET /status/fragment`: a read-only HTML status page of every Proxy
+//!   and provider ([`status_page`]); the page itself carries no data when auth is on.
 //!
 //! Auth is TokenReview + SubjectAccessReview ([`auth`]); [`Auth::DisabledInsecure`] turns
 //! it off for local development and says so loudly. See docs/discovery.md.
@@ -19,9 +21,10 @@ pub mod pick;
 pub mod query;
 pub mod render;
 pub mod selector;
+pub mod status_page;
 pub mod view;
 
-use crate::api::Proxy;
+use crate::api::{ProviderHealth, Proxy};
 use auth::{AuthError, Authenticator, Identity};
 use axum::Router;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -57,6 +60,8 @@ const REALM_INVALID: &str = "Bearer realm=\"proxy-operator\", error=\"invalid_to
 
 struct Shared {
     store: Store<Proxy>,
+    /// ProviderHealth objects for the status page; None when the caller keeps none.
+    providers: Option<Store<ProviderHealth>>,
     synced: AtomicBool,
     auth: Option<Authenticator>,
     picker: pick::Picker,
@@ -66,6 +71,16 @@ struct Shared {
 /// The discovery API over `store` (fill it with [`proxy_reflector`], or any reflector of
 /// Proxies across all namespaces).
 pub fn router(store: Store<Proxy>, auth: Auth) -> Router {
+    router_with_providers(store, None, auth)
+}
+
+/// [`router`], with a reflector store of ProviderHealth objects (fill it with
+/// [`provider_health_reflector`]) whose targets the status page shows.
+pub fn router_with_providers(
+    store: Store<Proxy>,
+    providers: Option<Store<ProviderHealth>>,
+    auth: Auth,
+) -> Router {
     let auth = match auth {
         Auth::Kubernetes(client, settings) => Some(Authenticator::new(client, settings)),
         Auth::DisabledInsecure => {
@@ -79,6 +94,7 @@ pub fn router(store: Store<Proxy>, auth: Auth) -> Router {
     };
     let shared = Arc::new(Shared {
         store,
+        providers,
         synced: AtomicBool::new(false),
         auth,
         picker: pick::Picker::default(),
@@ -89,6 +105,8 @@ pub fn router(store: Store<Proxy>, auth: Auth) -> Router {
         .route("/v1/proxies:pick", get(pick))
         .route("/v1/proxies/{namespace}/{name}", get(get_one))
         .route("/openapi.json", get(openapi_json))
+        .route("/status", get(status_page))
+        .route("/status/fragment", get(status_fragment))
         .fallback(not_found)
         .with_state(shared)
 }
@@ -110,6 +128,31 @@ pub fn proxy_reflector(
         while let Some(ev) = stream.next().await {
             if let Err(e) = ev {
                 tracing::warn!(error = %e, "discovery: Proxy watch failed; retrying");
+            }
+        }
+    };
+    (store, fut)
+}
+
+/// A reflector store of every ProviderHealth object (cluster-scoped) and the future that
+/// keeps it filled, for the status page; like [`proxy_reflector`].
+pub fn provider_health_reflector(
+    client: kube::Client,
+) -> (
+    Store<ProviderHealth>,
+    impl Future<Output = ()> + Send + 'static,
+) {
+    let (store, writer) = reflector::store::<ProviderHealth>();
+    let api = kube::Api::<ProviderHealth>::all(client);
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(|p: &mut ProviderHealth| p.managed_fields_mut().clear())
+        .reflect(writer);
+    let fut = async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            if let Err(e) = ev {
+                tracing::warn!(error = %e, "status page: ProviderHealth watch failed; retrying");
             }
         }
     };
@@ -382,6 +425,61 @@ async fn openapi_json() -> Response {
         HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+fn html_response(body: String, csp: Option<String>) -> Response {
+    let mut resp = (StatusCode::OK, body).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    if let Some(csp) = csp.and_then(|c| HeaderValue::from_str(&c).ok()) {
+        h.insert(header::CONTENT_SECURITY_POLICY, csp);
+    }
+    resp
+}
+
+/// The status page. With auth on it is a shell without data (its script fetches
+/// `/status/fragment` with the user's token); with auth off it embeds the content.
+async fn status_page(State(s): AppState) -> Response {
+    static CSP: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(status_page::content_security_policy);
+    let content = match s.auth {
+        Some(_) => None,
+        None => Some(s.status_content()),
+    };
+    html_response(status_page::page(content.as_deref()), Some(CSP.clone()))
+}
+
+/// The status page's content, behind the API's auth: `list` on proxies in every namespace.
+async fn status_fragment(State(s): AppState, headers: HeaderMap) -> Response {
+    let result = async {
+        let who = s.authenticate(&headers).await?;
+        s.authorize(&who, "list", "", None).await?;
+        s.check_synced()?;
+        Ok::<_, ApiError>(html_response(s.status_content(), None))
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+impl Shared {
+    fn status_content(&self) -> String {
+        if self.check_synced().is_err() {
+            return r#"<p class="empty">The proxy cache has not synced yet.</p>"#.to_string();
+        }
+        status_page::fragment(&self.store, self.providers.as_ref())
+    }
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {

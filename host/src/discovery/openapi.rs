@@ -102,6 +102,28 @@ pub fn document() -> Value {
                     "security": [],
                     "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object"}}}}}
                 }
+            },
+            "/status": {
+                "get": {
+                    "operationId": "statusPage",
+                    "summary": "The status page (HTML)",
+                    "description": "A self-contained, self-refreshing HTML page of every Proxy (Ready or not: state, health, probe latency, age) and every provider's ProviderHealth targets. With auth on, the page itself carries no cluster data: its script fetches `/status/fragment` with a bearer token passed in the URL fragment (`/status#token=...`) or pasted into its form, kept in the tab's sessionStorage. With auth off, the content is embedded.",
+                    "security": [],
+                    "responses": {"200": {"description": "The page.", "content": {"text/html": {"schema": {"type": "string"}}}}}
+                }
+            },
+            "/status/fragment": {
+                "get": {
+                    "operationId": "statusFragment",
+                    "summary": "The status page's content (HTML fragment)",
+                    "description": "What `/status` shows, as an HTML fragment with every cluster-supplied text escaped. Needs `list` on proxies across all namespaces.",
+                    "responses": {
+                        "200": {"description": "The fragment.", "content": {"text/html": {"schema": {"type": "string"}}}},
+                        "401": error_response("No bearer token, or one the TokenReview does not authenticate."),
+                        "403": error_response("The SubjectAccessReview did not allow `list` on proxies in all namespaces."),
+                        "503": error_response("The API server could not be asked for a review. Retry later.")
+                    }
+                }
             }
         },
         "components": {

@@ -2,6 +2,7 @@
 //! with a shared compile cache, and a tiny HTTP server on 127.0.0.1.
 #![allow(dead_code)]
 
+pub mod http;
 pub mod tinyproxy;
 
 use proxy_operator::config::{ProviderEntry, ProvidersFile};
