@@ -1,0 +1,380 @@
+//! The deployment manifests in config/: `kubectl kustomize config/default` renders, every
+//! object is valid for its kind (it survives a round trip through the typed k8s-openapi
+//! struct unchanged, so a misspelt or misplaced field shows), the CRDs are the committed
+//! and generated ones, the RBAC rules are the generated ones, the Deployment is hardened as
+//! the provider contract requires (reference section 1.4), and the pieces fit together
+//! (service account, ConfigMaps, Secrets, ports, labels, providers file, samples).
+//!
+//! Needs kubectl (kustomize is built in). Without it the test is skipped loudly; under
+//! `CI=true` it fails.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use proxy_operator::api::{self, Proxy};
+use proxy_operator::config::ProvidersFile;
+use proxy_operator::rbac;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const NS: &str = "egress-system";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `kubectl kustomize DIR` as parsed documents; None (after saying so) without kubectl.
+fn kustomize(dir: &str) -> Option<Vec<Value>> {
+    let out = match Command::new("kubectl")
+        .arg("kustomize")
+        .arg(root().join(dir))
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            let msg = format!("kubectl is not runnable ({e}); it renders config/ in this test");
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("{msg}");
+            }
+            eprintln!("\n!!! SKIPPING: {msg}\n");
+            return None;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {dir} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    Some(parse_yaml_stream(&text))
+}
+
+fn parse_yaml_stream(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+fn name_of(v: &Value) -> String {
+    format!(
+        "{} {}",
+        v["kind"].as_str().unwrap_or("?"),
+        v["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+/// `v` with every number as a float: YAML's `65535` and a typed field's `65535.0` (JSON
+/// schema bounds are `f64`) are the same value.
+fn numbers_as_floats(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => n.as_f64().map(Value::from).unwrap_or_else(|| v.clone()),
+        Value::Array(a) => Value::Array(a.iter().map(numbers_as_floats).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| (k.clone(), numbers_as_floats(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Deserializes `doc` as `K` and back; the result must equal the input.
+fn round_trip<K: serde::de::DeserializeOwned + serde::Serialize>(doc: &Value) -> K {
+    let typed: K = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{} is not a valid object: {e}", name_of(doc)));
+    let back = serde_json::to_value(&typed).unwrap();
+    assert_eq!(
+        numbers_as_floats(&back),
+        numbers_as_floats(doc),
+        "{} changes in a round trip through its type: a field is misspelt or misplaced",
+        name_of(doc)
+    );
+    typed
+}
+
+fn one<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .collect();
+    assert_eq!(found.len(), 1, "want exactly one {kind} {name}");
+    found[0]
+}
+
+#[test]
+fn default_overlay_renders_valid_hardened_manifests() {
+    let Some(docs) = kustomize("config/default") else {
+        return;
+    };
+
+    // Every object is valid for its kind, and everything namespaced is in egress-system.
+    let mut kinds: Vec<String> = Vec::new();
+    for d in &docs {
+        let kind = d["kind"].as_str().unwrap_or_default();
+        kinds.push(name_of(d));
+        match kind {
+            "Namespace" => drop(round_trip::<Namespace>(d)),
+            "CustomResourceDefinition" => drop(round_trip::<CustomResourceDefinition>(d)),
+            "ServiceAccount" => drop(round_trip::<ServiceAccount>(d)),
+            "ClusterRole" => drop(round_trip::<ClusterRole>(d)),
+            "Role" => drop(round_trip::<Role>(d)),
+            "ClusterRoleBinding" => drop(round_trip::<ClusterRoleBinding>(d)),
+            "RoleBinding" => drop(round_trip::<RoleBinding>(d)),
+            "ConfigMap" => drop(round_trip::<ConfigMap>(d)),
+            "Service" => drop(round_trip::<Service>(d)),
+            "Deployment" => drop(round_trip::<Deployment>(d)),
+            "PodDisruptionBudget" => drop(round_trip::<PodDisruptionBudget>(d)),
+            other => panic!("unexpected kind {other} in config/default"),
+        }
+        let cluster_scoped = matches!(
+            kind,
+            "Namespace" | "CustomResourceDefinition" | "ClusterRole" | "ClusterRoleBinding"
+        );
+        if !cluster_scoped {
+            assert_eq!(d["metadata"]["namespace"], NS, "{}", name_of(d));
+        }
+    }
+    kinds.sort();
+    let mut want = vec![
+        "ClusterRole proxy-operator",
+        "ClusterRole proxy-operator-discovery-reader",
+        "ClusterRoleBinding proxy-operator",
+        "ConfigMap proxy-operator-plugins",
+        "ConfigMap proxy-operator-providers",
+        "CustomResourceDefinition providerhealths.egress.proxy-operator.dev",
+        "CustomResourceDefinition proxies.egress.proxy-operator.dev",
+        "Deployment proxy-operator",
+        "Namespace egress-system",
+        "PodDisruptionBudget proxy-operator",
+        "Role proxy-operator",
+        "RoleBinding proxy-operator",
+        "Service proxy-operator",
+        "ServiceAccount proxy-operator",
+    ];
+    want.sort();
+    assert_eq!(kinds, want);
+
+    // The CRDs are the committed files and the generated ones.
+    for (file, crd) in api::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        let rendered = one(&docs, "CustomResourceDefinition", &name);
+        let committed = std::fs::read_to_string(root().join("config/crd").join(file)).unwrap();
+        let committed = &parse_yaml_stream(&committed)[0];
+        assert_eq!(
+            numbers_as_floats(rendered),
+            numbers_as_floats(committed),
+            "{name}: rendered differs from config/crd/{file}"
+        );
+        assert_eq!(
+            numbers_as_floats(rendered),
+            numbers_as_floats(&serde_json::to_value(&crd).unwrap()),
+            "{name}: differs from the generated CRD (run `proxy-operator crds --output-dir config/crd`)"
+        );
+    }
+
+    // The RBAC rules are the generated ones, bound to the operator's ServiceAccount.
+    let cr: ClusterRole = round_trip(one(&docs, "ClusterRole", rbac::NAME));
+    assert_eq!(cr.rules, rbac::cluster_role().rules);
+    let role: Role = round_trip(one(&docs, "Role", rbac::NAME));
+    assert_eq!(role.rules, rbac::role().rules);
+    let crb: ClusterRoleBinding = round_trip(one(&docs, "ClusterRoleBinding", rbac::NAME));
+    let rb: RoleBinding = round_trip(one(&docs, "RoleBinding", rbac::NAME));
+    assert_eq!(
+        (crb.role_ref.kind.as_str(), crb.role_ref.name.as_str()),
+        ("ClusterRole", rbac::NAME)
+    );
+    assert_eq!(
+        (rb.role_ref.kind.as_str(), rb.role_ref.name.as_str()),
+        ("Role", rbac::NAME)
+    );
+    for subjects in [crb.subjects.unwrap(), rb.subjects.unwrap()] {
+        assert_eq!(subjects.len(), 1);
+        assert_eq!(subjects[0].kind, "ServiceAccount");
+        assert_eq!(subjects[0].name, rbac::NAME);
+        assert_eq!(subjects[0].namespace.as_deref(), Some(NS));
+    }
+
+    // The Deployment, hardened.
+    let dep: Deployment = round_trip(one(&docs, "Deployment", "proxy-operator"));
+    let spec = dep.spec.unwrap();
+    assert_eq!(spec.replicas, Some(2), "two replicas with leader election");
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some(rbac::NAME));
+    let psc = pod.security_context.unwrap();
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert!(psc.run_as_user.is_some_and(|u| u != 0));
+    assert_eq!(
+        psc.seccomp_profile.map(|s| s.type_).as_deref(),
+        Some("RuntimeDefault")
+    );
+    assert_eq!(pod.containers.len(), 1);
+    let c = &pod.containers[0];
+    let sc = c.security_context.clone().unwrap();
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(
+        sc.capabilities.and_then(|c| c.drop),
+        Some(vec!["ALL".to_string()])
+    );
+    let limits = c.resources.clone().unwrap().limits.unwrap();
+    assert_eq!(limits["memory"].0, "128Mi");
+    let args = c.args.clone().unwrap();
+    assert_eq!(args[0], "run");
+    assert!(
+        args.contains(&"--leader-election=true".to_string()),
+        "{args:?}"
+    );
+    let env = |name: &str| -> Option<&k8s_openapi::api::core::v1::EnvVar> {
+        c.env.as_ref().unwrap().iter().find(|e| e.name == name)
+    };
+    for (name, field) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ] {
+        let from = env(name)
+            .and_then(|e| e.value_from.clone())
+            .and_then(|v| v.field_ref)
+            .unwrap_or_else(|| panic!("{name} from the downward API"));
+        assert_eq!(from.field_path, field);
+    }
+    // Probes on /healthz and /readyz, on the named port the server listens on.
+    let port = c
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|p| p.name.as_deref() == Some("http"));
+    assert_eq!(port.map(|p| p.container_port), Some(8080));
+    assert!(args.contains(&"--listen=0.0.0.0:8080".to_string()));
+    for (probe, path) in [
+        (c.liveness_probe.clone(), "/healthz"),
+        (c.readiness_probe.clone(), "/readyz"),
+    ] {
+        let get = probe.and_then(|p| p.http_get).unwrap();
+        assert_eq!(get.path.as_deref(), Some(path));
+        assert_eq!(
+            serde_json::to_value(&get.port).unwrap(),
+            serde_json::json!("http")
+        );
+    }
+    // Volumes: /tmp is a 64Mi emptyDir; ConfigMaps exist; Secrets are optional.
+    let volumes = pod.volumes.unwrap();
+    let mounts = c.volume_mounts.clone().unwrap();
+    let mount_of = |vol: &str| {
+        mounts
+            .iter()
+            .find(|m| m.name == vol)
+            .unwrap_or_else(|| panic!("volume {vol} is not mounted"))
+    };
+    let tmp = volumes
+        .iter()
+        .find(|v| mount_of(&v.name).mount_path == "/tmp")
+        .unwrap();
+    assert_eq!(
+        tmp.empty_dir
+            .as_ref()
+            .and_then(|e| e.size_limit.clone())
+            .map(|q| q.0)
+            .as_deref(),
+        Some("64Mi")
+    );
+    let mut secret_dirs = Vec::new();
+    for v in &volumes {
+        let m = mount_of(&v.name);
+        if let Some(cm) = &v.config_map {
+            one(&docs, "ConfigMap", &cm.name);
+            assert_eq!(m.read_only, Some(true), "{}", v.name);
+        }
+        if let Some(s) = &v.secret {
+            assert_eq!(
+                s.optional,
+                Some(true),
+                "Secret volume {} must be optional",
+                v.name
+            );
+            assert_eq!(m.read_only, Some(true), "{}", v.name);
+            secret_dirs.push(m.mount_path.clone());
+        }
+    }
+    // Every mount lies under /tmp or is read-only: nothing else is writable.
+    for m in &mounts {
+        assert!(
+            m.mount_path == "/tmp" || m.read_only == Some(true),
+            "{}",
+            m.mount_path
+        );
+    }
+    let env_path = |name: &str| env(name).and_then(|e| e.value.clone()).unwrap();
+    for dir in ["PLUGIN_CACHE_DIR", "PLUGIN_SCRATCH_DIR"] {
+        assert!(
+            env_path(dir).starts_with("/tmp/"),
+            "{dir} must be on the /tmp emptyDir"
+        );
+    }
+
+    // The providers file parses, its plugins are loaded from the plugins mount and its
+    // secrets are files in the optional Secret mounts.
+    let providers_path = env_path("PROVIDERS_FILE");
+    let providers_mount = mounts
+        .iter()
+        .find(|m| providers_path.starts_with(&format!("{}/", m.mount_path)))
+        .expect("PROVIDERS_FILE is on a mount");
+    let providers_cm: ConfigMap = round_trip(one(&docs, "ConfigMap", "proxy-operator-providers"));
+    let key = providers_path.rsplit('/').next().unwrap();
+    let file = ProvidersFile::parse(&providers_cm.data.unwrap()[key])
+        .unwrap_or_else(|e| panic!("the providers ConfigMap does not parse: {e}"));
+    assert_eq!(
+        volumes
+            .iter()
+            .find(|v| v.name == providers_mount.name)
+            .and_then(|v| v.config_map.as_ref())
+            .map(|c| c.name.as_str()),
+        Some("proxy-operator-providers")
+    );
+    let mut provider_names = Vec::new();
+    for p in &file.providers {
+        provider_names.push(p.name.clone());
+        for (k, path) in &p.secrets {
+            assert!(
+                secret_dirs.iter().any(|d| path.starts_with(d)),
+                "provider {} secret {k} ({}) is not in a Secret mount",
+                p.name,
+                path.display()
+            );
+        }
+    }
+    assert!(env_path("PLUGIN_DIR") == mount_of("plugins").mount_path);
+
+    // The Service reaches the pods' http port.
+    let svc: Service = round_trip(one(&docs, "Service", "proxy-operator"));
+    let svc = svc.spec.unwrap();
+    let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
+    for (k, v) in svc.selector.unwrap() {
+        assert_eq!(pod_labels.get(&k), Some(&v), "Service selector {k}={v}");
+    }
+    let sp = &svc.ports.unwrap()[0];
+    assert_eq!(
+        serde_json::to_value(&sp.target_port).unwrap(),
+        serde_json::json!("http")
+    );
+
+    // One sample Proxy per provider type, each naming a configured provider.
+    for (file, provider) in [("proxy_hetzner.yaml", "hetzner"), ("proxy_ec2.yaml", "aws")] {
+        let text = std::fs::read_to_string(root().join("config/samples").join(file)).unwrap();
+        let p: Proxy =
+            serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("config/samples/{file}: {e}"));
+        assert_eq!(p.spec.provider, provider, "{file}");
+        assert!(provider_names.contains(&p.spec.provider), "{file}");
+        assert!(
+            p.spec
+                .cloud_init
+                .inline
+                .is_some_and(|c| c.starts_with("#cloud-config"))
+        );
+    }
+}
