@@ -9,6 +9,7 @@ use std::process::Command;
 
 mod bench;
 mod build_plugins;
+mod e2e;
 mod moto;
 mod test;
 
@@ -25,6 +26,10 @@ enum Cmd {
     BuildPlugins(build_plugins::Args),
     /// Install test prerequisites, build the plugins, run every test (what CI runs).
     Test(test::Args),
+    /// Run the operator against the current kube context (kind or k3d) with the Hetzner
+    /// emulator: create, Ready, discovery API, replace, GC, delete. Skips (successfully,
+    /// with a message) when no cluster is reachable.
+    E2e(e2e::Args),
     /// Run the plugin runtime benchmark (release) and write docs/benchmarks.md.
     Bench,
     /// Start a moto EC2 server as `cargo xtask test` does, print its env vars, run until
@@ -36,6 +41,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::BuildPlugins(args) => build_plugins::run(&args),
         Cmd::Test(args) => test::run(&args),
+        Cmd::E2e(args) => e2e::run(&args),
         Cmd::Bench => bench::run(),
         Cmd::Moto(args) => moto::run(&args),
     }
