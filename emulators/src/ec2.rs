@@ -47,6 +47,12 @@
 //!   volume that is deleted on termination.
 //! - `dump`: instances not yet `terminated`, and every volume as a secondary resource.
 //!
+//! Real-proxy mode: with [`Ec2Config::real_proxies`] set, an instance that enters
+//! `running` gets a real forward proxy on 127.0.0.1 (port from its user data, see
+//! [`crate::real_proxy`]) and 127.0.0.1 as its public IP; the proxy stops when the instance
+//! leaves `running` (TerminateInstances, a forced state, a hold, a reset) and when the
+//! emulator is dropped.
+//!
 //! HTTP control routes (no SigV4) follow [`crate::control`], plus
 //! `POST /_emulator/finish-deletes` and `GET /_emulator/requests`.
 
@@ -135,6 +141,8 @@ pub struct Ec2Config {
     /// How far `x-amz-date` may be from the emulator's clock (EC2: 15 minutes).
     pub max_clock_skew: Duration,
     pub signature_mismatch: SignatureMismatch,
+    /// Real-proxy mode (see the module documentation); `None` by default.
+    pub real_proxies: Option<Arc<crate::real_proxy::RealProxies>>,
 }
 
 /// The access key from AWS's documentation examples.
@@ -167,6 +175,7 @@ impl Default for Ec2Config {
             owner_id: "123456789012".into(),
             max_clock_skew: Duration::from_secs(15 * 60),
             signature_mismatch: SignatureMismatch::AuthFailure,
+            real_proxies: None,
         }
     }
 }
@@ -251,6 +260,13 @@ impl Ec2Emulator {
     /// failed authentication included, with `""` when there was no Action).
     pub fn requests(&self) -> Vec<String> {
         lock(&self.state).requests.clone()
+    }
+}
+
+impl Drop for Ec2Emulator {
+    /// Real-proxy mode: the proxies of this emulator's instances stop with it.
+    fn drop(&mut self) {
+        lock(&self.state).stop_all_proxies();
     }
 }
 
@@ -366,6 +382,7 @@ fn set_locked(s: &Shared, id: &str, locked: bool) -> bool {
 /// Forget everything but the configuration.
 fn reset(s: &Shared) {
     let mut st = lock(s);
+    st.stop_all_proxies();
     let cfg = st.cfg.clone();
     *st = State::new(cfg);
 }

@@ -275,6 +275,8 @@ pub struct HetznerConfig {
     pub run_schedule: RunSchedule,
     pub delete_schedule: DeleteSchedule,
     pub on_running: Option<OnRunning>,
+    /// Real-proxy mode (see the module documentation); `None` by default.
+    pub real_proxies: Option<Arc<crate::real_proxy::RealProxies>>,
 }
 
 impl HetznerConfig {
@@ -378,6 +380,7 @@ impl Default for HetznerConfig {
             run_schedule: RunSchedule::AfterReads(1),
             delete_schedule: DeleteSchedule::Immediate,
             on_running: None,
+            real_proxies: None,
         }
     }
 }
@@ -395,6 +398,7 @@ impl fmt::Debug for HetznerConfig {
             .field("run_schedule", &self.run_schedule)
             .field("delete_schedule", &self.delete_schedule)
             .field("on_running", &self.on_running.as_ref().map(|_| "<hook>"))
+            .field("real_proxies", &self.real_proxies)
             .finish()
     }
 }
@@ -470,6 +474,13 @@ impl HetznerEmulator {
         if let Some(n) = parse_id(id) {
             f(&mut lock(&self.state), n);
         }
+    }
+}
+
+impl Drop for HetznerEmulator {
+    /// Real-proxy mode: the proxies of this emulator's servers stop with it.
+    fn drop(&mut self) {
+        lock(&self.state).stop_all_proxies();
     }
 }
 

@@ -16,4 +16,5 @@ pub const MARK_INSTALLATION: &str = "egress.proxy-operator.dev/installation";
 pub mod ec2;
 pub mod example;
 pub mod hetzner;
+pub mod real_proxy;
 mod server;

@@ -299,6 +299,9 @@ impl State {
                 visible_from,
             };
             self.instances.insert(id.clone(), instance);
+            if running {
+                self.start_proxy(&id);
+            }
             ids.push(id);
         }
         self.reservations.insert(
@@ -385,6 +388,9 @@ impl State {
     }
 
     fn enter(&mut self, id: &str, state: &str, now: Instant) {
+        if state != "running" {
+            self.stop_proxy(id);
+        }
         if let Some(inst) = self.instances.get_mut(id) {
             inst.state = state.to_string();
             inst.phase_since = now;
@@ -393,10 +399,39 @@ impl State {
     }
 
     pub(crate) fn enter_running(&mut self, id: &str, now: Instant) {
+        let was_running = self.instances.get(id).is_some_and(|i| i.state == "running");
         self.enter(id, "running", now);
         let ip = self.cfg.public_ip.clone();
         if let Some(inst) = self.instances.get_mut(id) {
             inst.public_ip = Some(ip);
+        }
+        if !was_running {
+            self.start_proxy(id);
+        }
+    }
+
+    /// Real-proxy mode: the instance runs, so does its proxy, and 127.0.0.1 is its address.
+    fn start_proxy(&mut self, id: &str) {
+        let Some(proxies) = self.cfg.real_proxies.clone() else {
+            return;
+        };
+        if let Some(inst) = self.instances.get_mut(id) {
+            let ip = proxies.start(id, inst.user_data.as_deref());
+            inst.public_ip = Some(ip.to_string());
+        }
+    }
+
+    /// Real-proxy mode: the instance left `running`, so its proxy stops.
+    fn stop_proxy(&self, id: &str) {
+        if let Some(proxies) = &self.cfg.real_proxies {
+            proxies.stop(id);
+        }
+    }
+
+    /// Real-proxy mode: stop the proxy of every instance (emulator dropped or reset).
+    pub(crate) fn stop_all_proxies(&self) {
+        for id in self.instances.keys() {
+            self.stop_proxy(id);
         }
     }
 
@@ -439,7 +474,8 @@ impl State {
             return false;
         };
         inst.hold = hold;
-        if hold && inst.state == "running" {
+        let stopped = hold && inst.state == "running";
+        if stopped {
             // Back to provisioning, as the control surface promises: no address, not running.
             inst.public_ip = None;
             inst.state = "pending".into();
@@ -447,6 +483,9 @@ impl State {
         if !hold {
             inst.phase_since = now;
             inst.phase_seen = 0;
+        }
+        if stopped {
+            self.stop_proxy(id);
         }
         true
     }

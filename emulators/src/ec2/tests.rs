@@ -1595,3 +1595,55 @@ fn drop_stops_the_server() {
     drop(emu);
     assert!(std::net::TcpStream::connect(addr).is_err());
 }
+
+/// Real-proxy mode: the instance's user data names the port, running starts the proxy at
+/// 127.0.0.1, TerminateInstances stops it; a second instance stops when the emulator drops.
+#[tokio::test(flavor = "multi_thread")]
+async fn real_proxy_mode_runs_a_proxy_per_running_instance() {
+    use crate::real_proxy::tests::{closed, echo_server, free_port, get_through_tunnel};
+    use crate::real_proxy::{ProxyKind, RealProxies};
+    let echo = echo_server().await;
+    let proxies = RealProxies::new(ProxyKind::Builtin);
+    let emu = Ec2Emulator::start(Ec2Config {
+        public_ip: "198.51.100.7".into(),
+        real_proxies: Some(proxies.clone()),
+        ..Ec2Config::default()
+    });
+    let (p1, p2) = (free_port(), free_port());
+    let user_data = |port: u16| {
+        BASE64.encode(
+            format!("#cloud-config\nwrite_files:\n  - content: |\n      Port {port}\n").as_bytes(),
+        )
+    };
+    let (ud1, ud2) = (user_data(p1), user_data(p2));
+    let i1 = run(&emu, &us(), &[("UserData", &ud1)]).await;
+    let i2 = run(&emu, &us(), &[("UserData", &ud2)]).await;
+    assert!(closed(p1), "no proxy while pending");
+    assert_eq!(state_of(&emu, &i1).await, "pending");
+    assert_eq!(state_of(&emu, &i1).await, "running");
+    let a = describe(&emu, &i1).await;
+    assert_eq!(
+        a.first("ipAddress").as_deref(),
+        Some("127.0.0.1"),
+        "{}",
+        a.body
+    );
+    let body = get_through_tunnel(p1, echo).await;
+    assert!(body.starts_with("hello from 127.0.0.1"), "{body}");
+    assert_eq!(state_of(&emu, &i2).await, "pending");
+    assert_eq!(state_of(&emu, &i2).await, "running");
+    assert_eq!(proxies.port_of(&i2), Some(p2));
+
+    call(
+        &emu,
+        &us(),
+        &[("Action", "TerminateInstances"), ("InstanceId.1", &i1)],
+    )
+    .await
+    .ok();
+    assert!(closed(p1), "TerminateInstances stops the proxy");
+    assert!(!closed(p2), "the other instance keeps its proxy");
+    drop(emu);
+    assert!(closed(p2), "dropping the emulator stops its proxies");
+    assert!(proxies.listening().is_empty());
+}

@@ -199,6 +199,7 @@ impl Backend {
     /// Forget everything but the configuration. ID counters keep counting, so an ID a test
     /// still holds from before the reset never names a new resource.
     pub(crate) fn reset(&mut self) {
+        self.stop_all_proxies();
         self.servers.clear();
         self.ips.clear();
         self.actions.clear();
@@ -344,6 +345,7 @@ impl Backend {
     }
 
     fn run_hook(&mut self, id: u64) {
+        self.start_proxy(id);
         let Some(hook) = self.cfg.on_running.clone() else {
             return;
         };
@@ -364,6 +366,34 @@ impl Backend {
             && let Some(ip) = self.ips.get_mut(&ip_id)
         {
             ip.ip = new_ip.to_string();
+        }
+    }
+
+    /// Real-proxy mode: the server runs, so does its proxy, at 127.0.0.1.
+    fn start_proxy(&mut self, id: u64) {
+        let Some(proxies) = self.cfg.real_proxies.clone() else {
+            return;
+        };
+        let Some(s) = self.servers.get(&id) else {
+            return;
+        };
+        let ip = proxies.start(&id.to_string(), s.user_data.as_deref().map(str::as_bytes));
+        if let Some(addr) = s.ipv4.and_then(|i| self.ips.get_mut(&i)) {
+            addr.ip = ip.to_string();
+        }
+    }
+
+    /// Real-proxy mode: the server no longer runs, nor does its proxy.
+    fn stop_proxy(&self, id: u64) {
+        if let Some(proxies) = &self.cfg.real_proxies {
+            proxies.stop(&id.to_string());
+        }
+    }
+
+    /// Real-proxy mode: stop the proxy of every server (emulator dropped or reset).
+    pub(crate) fn stop_all_proxies(&self) {
+        for id in self.servers.keys() {
+            self.stop_proxy(*id);
         }
     }
 
@@ -406,6 +436,7 @@ impl Backend {
             return None;
         }
         let action = self.new_action("delete_server", vec![(id, "server")]);
+        self.stop_proxy(id);
         let s = self.servers.get_mut(&id)?;
         s.status = "deleting".into();
         s.deleting = Some(Deleting {
@@ -420,6 +451,7 @@ impl Backend {
     /// The server is gone: its delete action succeeds, creation actions still running fail,
     /// auto-delete Primary IPs go with it and the others are unassigned.
     fn finish_delete(&mut self, id: u64) {
+        self.stop_proxy(id);
         let Some(s) = self.servers.remove(&id) else {
             return;
         };
@@ -488,6 +520,7 @@ impl Backend {
         s.reads = 0;
         if hold {
             s.status = "initializing".into();
+            self.stop_proxy(id);
         }
         true
     }
@@ -496,6 +529,7 @@ impl Backend {
         let Some(s) = self.servers.get_mut(&id) else {
             return false;
         };
+        let was_running = s.status == "running";
         s.status = state.to_string();
         s.held = false;
         s.reads = 0;
@@ -508,6 +542,11 @@ impl Backend {
                 let failed = cmd == Some("start_server") && state != "running";
                 self.finish_action(a, failed.then_some(("action_failed", "Action failed")));
             }
+        }
+        match (was_running, state == "running") {
+            (false, true) => self.run_hook(id),
+            (true, false) => self.stop_proxy(id),
+            _ => {}
         }
         true
     }
@@ -550,6 +589,7 @@ impl Backend {
     /// Creation failed inside Hetzner after the API accepted it: the `create_server` action
     /// ends in `error` and the server disappears with its auto-delete IPs.
     pub(crate) fn fail_create(&mut self, id: u64) -> bool {
+        self.stop_proxy(id);
         let Some(s) = self.servers.remove(&id) else {
             return false;
         };
@@ -635,6 +675,7 @@ impl Backend {
                 deleting: None,
             },
         );
+        self.start_proxy(id);
         Ok(id)
     }
 

@@ -1142,3 +1142,57 @@ fn drop_stops_the_server() {
     drop(emu);
     assert!(std::net::TcpStream::connect(addr).is_err());
 }
+
+/// Real-proxy mode: the server's user data names the port; running starts the proxy at
+/// 127.0.0.1 (the server's IPv4 address), DELETE stops it, a server without a `Port` line
+/// runs without one, and the rest stop when the emulator is dropped.
+#[tokio::test(flavor = "multi_thread")]
+async fn real_proxy_mode_runs_a_proxy_per_running_server() {
+    use crate::real_proxy::tests::{closed, echo_server, free_port, get_through_tunnel};
+    use crate::real_proxy::{ProxyKind, RealProxies};
+    let echo = echo_server().await;
+    let proxies = RealProxies::new(ProxyKind::Builtin);
+    let emu = HetznerEmulator::start(HetznerConfig {
+        real_proxies: Some(proxies.clone()),
+        ..HetznerConfig::new(TOKEN)
+    });
+    let (p1, p2) = (free_port(), free_port());
+    let mut ids = Vec::new();
+    for (name, port) in [("px-1", p1), ("px-2", p2)] {
+        let mut b = body(name, json!({}));
+        b["user_data"] = json!(format!(
+            "#cloud-config\nwrite_files:\n  - path: /etc/tinyproxy/tinyproxy.conf\n    content: |\n      Port {port}\n      Allow 0.0.0.0/0\n"
+        ));
+        let r = api(&emu, "POST", "/v1/servers", Some(b)).await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        ids.push(r.body["server"]["id"].as_u64().unwrap());
+    }
+    let no_port = create_id(&emu, "px-3", json!({})).await;
+    assert!(closed(p1), "no proxy while initializing");
+    let first = get(&emu, &format!("/v1/servers/{}", ids[0])).await;
+    assert_eq!(first.body["server"]["status"], "initializing");
+    let running = get(&emu, &format!("/v1/servers/{}", ids[0])).await;
+    assert_eq!(running.body["server"]["status"], "running");
+    assert_eq!(
+        running.body["server"]["public_net"]["ipv4"]["ip"], "127.0.0.1",
+        "{}",
+        running.body
+    );
+    let body = get_through_tunnel(p1, echo).await;
+    assert!(body.starts_with("hello from 127.0.0.1"), "{body}");
+    for id in [ids[1].to_string(), no_port.clone()] {
+        get(&emu, &format!("/v1/servers/{id}")).await;
+        let r = get(&emu, &format!("/v1/servers/{id}")).await;
+        assert_eq!(r.body["server"]["status"], "running");
+    }
+    assert_eq!(proxies.port_of(&no_port), None, "no Port line, no proxy");
+    assert_eq!(proxies.listening().len(), 2, "{:?}", proxies.listening());
+
+    let r = api(&emu, "DELETE", &format!("/v1/servers/{}", ids[0]), None).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(closed(p1), "DELETE stops the proxy");
+    assert!(!closed(p2), "the other server keeps its proxy");
+    drop(emu);
+    assert!(closed(p2), "dropping the emulator stops its proxies");
+    assert!(proxies.listening().is_empty());
+}

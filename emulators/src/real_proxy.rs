@@ -1,0 +1,498 @@
+//! Real-proxy mode: every running emulated instance is a real forward proxy on 127.0.0.1.
+//!
+//! The emulators normally hand out addresses nobody listens on. For the local demo (and any
+//! test that wants the whole path, from `Proxy` object to a request through the proxy),
+//! [`RealProxies`] is plugged into an emulator's configuration
+//! ([`crate::hetzner::HetznerConfig::real_proxies`], [`crate::ec2::Ec2Config::real_proxies`]):
+//!
+//! - when an instance becomes running, a forward proxy is started on `127.0.0.1:PORT` and
+//!   the instance's public IPv4 address becomes `127.0.0.1`;
+//! - when it stops running (delete/terminate started, state forced elsewhere, held back in
+//!   provisioning, emulator reset) the proxy is stopped, and every proxy an emulator started
+//!   is stopped when the emulator is dropped (or when the [`RealProxies`] itself is).
+//!
+//! # Which port
+//!
+//! The instance learns its port the way a real machine does: from its user data. The rule
+//! is tinyproxy's own config syntax: **the first line of the user data that, with leading
+//! and trailing whitespace removed, reads `Port N`** (`N` in 1..=65535) is the port. A
+//! cloud-init that writes a `tinyproxy.conf` through `write_files` carries exactly such a
+//! line, indented inside the YAML block; so do the demo's samples (`config/samples/demo/`).
+//! User data without such a line, or with `Port` followed by something that is not a port,
+//! leaves the instance running *without* a proxy, with a warning naming the instance and
+//! the problem (the content of the user data is never logged). So does a port that is
+//! already taken on 127.0.0.1.
+//!
+//! # Which proxy
+//!
+//! [`ProxyKind::Auto`] runs tinyproxy when it is installed (`tinyproxy -d -c FILE`, with
+//! `Port N`, `Listen 127.0.0.1`, `Allow 127.0.0.1`, stopped by PID: kill, then wait) and
+//! otherwise a small built-in proxy on a thread of its own: `CONNECT host:port` tunnels,
+//! plus plain `GET http://host:port/path` (absolute URI) forwarding. Both accept clients
+//! from 127.0.0.1 only.
+//!
+//! Starting a proxy runs inside the emulator's state lock (the instance's address and its
+//! proxy change together); it waits at most [`START_TIMEOUT`] for tinyproxy to listen.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long tinyproxy gets to start listening before the instance runs without a proxy.
+pub const START_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The address every instance gets in real-proxy mode.
+pub const LOOPBACK: Ipv4Addr = Ipv4Addr::LOCALHOST;
+
+/// Which forward proxy runs on each instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProxyKind {
+    /// tinyproxy when it is on `PATH` (or in `/usr/sbin`, `/usr/bin`), else the built-in one.
+    Auto,
+    /// Always the built-in proxy.
+    Builtin,
+    /// tinyproxy at this path.
+    Tinyproxy(PathBuf),
+}
+
+/// Why an instance's user data names no usable port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortError {
+    /// No `Port N` line at all (or no user data).
+    Missing,
+    /// A `Port` line whose value is not a port number in 1..=65535.
+    Invalid(String),
+}
+
+impl fmt::Display for PortError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PortError::Missing => write!(f, "the user data has no `Port N` line"),
+            PortError::Invalid(v) => write!(
+                f,
+                "the user data's `Port` line has value {v:?}, not a port in 1..=65535"
+            ),
+        }
+    }
+}
+
+/// The proxy port an instance's user data asks for; see "Which port" in the module docs.
+pub fn port_from_user_data(user_data: Option<&[u8]>) -> Result<u16, PortError> {
+    let text = String::from_utf8_lossy(user_data.unwrap_or_default());
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("Port") {
+            continue;
+        }
+        let value: Vec<&str> = words.collect();
+        let value = value.join(" ");
+        return match value.parse::<u16>() {
+            Ok(p) if p > 0 && !value.starts_with('+') => Ok(p),
+            _ => Err(PortError::Invalid(value)),
+        };
+    }
+    Err(PortError::Missing)
+}
+
+/// The forward proxies of the instances of one or more emulators, keyed by instance ID.
+pub struct RealProxies {
+    kind: Resolved,
+    dir: PathBuf,
+    running: Mutex<BTreeMap<String, Running>>,
+}
+
+#[derive(Debug, Clone)]
+enum Resolved {
+    Builtin,
+    Tinyproxy(PathBuf),
+}
+
+enum Running {
+    Tinyproxy {
+        child: Child,
+        conf: PathBuf,
+        port: u16,
+    },
+    Builtin(BuiltinProxy),
+}
+
+impl Running {
+    fn port(&self) -> u16 {
+        match self {
+            Running::Tinyproxy { port, .. } => *port,
+            Running::Builtin(b) => b.addr.port(),
+        }
+    }
+
+    fn stop(self) {
+        match self {
+            Running::Tinyproxy {
+                mut child, conf, ..
+            } => {
+                // By PID: the Child is not reaped until `wait`, so the PID cannot have been
+                // reused by another process.
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = std::fs::remove_file(conf);
+            }
+            Running::Builtin(b) => drop(b),
+        }
+    }
+}
+
+impl fmt::Debug for RealProxies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RealProxies")
+            .field("kind", &self.kind_name())
+            .field("listening", &self.listening())
+            .finish()
+    }
+}
+
+static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
+
+/// tinyproxy on PATH, `/usr/sbin` or `/usr/bin`.
+pub fn find_tinyproxy() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|d| d.join("tinyproxy"))
+        .find(|p| p.is_file())
+}
+
+impl RealProxies {
+    /// Ready to start proxies; nothing runs until an instance does.
+    pub fn new(kind: ProxyKind) -> Arc<RealProxies> {
+        let kind = match kind {
+            ProxyKind::Builtin => Resolved::Builtin,
+            ProxyKind::Tinyproxy(p) => Resolved::Tinyproxy(p),
+            ProxyKind::Auto => find_tinyproxy().map_or(Resolved::Builtin, Resolved::Tinyproxy),
+        };
+        let dir = std::env::temp_dir().join(format!(
+            "egress-real-proxies-{}-{}",
+            std::process::id(),
+            NEXT_DIR.fetch_add(1, Ordering::Relaxed)
+        ));
+        Arc::new(RealProxies {
+            kind,
+            dir,
+            running: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// `"tinyproxy"` or `"built-in"`.
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            Resolved::Builtin => "built-in",
+            Resolved::Tinyproxy(_) => "tinyproxy",
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Instance `id` is running with this user data: start its proxy (replacing one it
+    /// already had) and return the address the instance now has, [`LOOPBACK`]. Failures
+    /// are warnings: the instance runs without a proxy, as a machine with a broken
+    /// cloud-init would.
+    pub fn start(&self, id: &str, user_data: Option<&[u8]>) -> Ipv4Addr {
+        self.stop(id);
+        let port = match port_from_user_data(user_data) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(instance = id, "real-proxy mode: no proxy started: {e}");
+                return LOOPBACK;
+            }
+        };
+        match self.spawn(id, port) {
+            Ok(running) => {
+                tracing::info!(
+                    instance = id,
+                    port,
+                    kind = self.kind_name(),
+                    "real-proxy mode: proxy listening on 127.0.0.1:{port}"
+                );
+                self.lock().insert(id.to_string(), running);
+            }
+            Err(e) => tracing::warn!(
+                instance = id,
+                port,
+                "real-proxy mode: no proxy started on 127.0.0.1:{port}: {e}"
+            ),
+        }
+        LOOPBACK
+    }
+
+    /// Instance `id` stopped running: stop its proxy, if it has one.
+    pub fn stop(&self, id: &str) {
+        let running = self.lock().remove(id);
+        if let Some(r) = running {
+            let port = r.port();
+            r.stop();
+            tracing::info!(instance = id, port, "real-proxy mode: proxy stopped");
+        }
+    }
+
+    /// Stop every proxy.
+    pub fn stop_all(&self) {
+        let all = std::mem::take(&mut *self.lock());
+        for (_, r) in all {
+            r.stop();
+        }
+    }
+
+    /// The port of instance `id`'s proxy, while it runs.
+    pub fn port_of(&self, id: &str) -> Option<u16> {
+        self.lock().get(id).map(Running::port)
+    }
+
+    /// Every running proxy: instance ID and port.
+    pub fn listening(&self) -> Vec<(String, u16)> {
+        self.lock()
+            .iter()
+            .map(|(id, r)| (id.clone(), r.port()))
+            .collect()
+    }
+
+    fn spawn(&self, id: &str, port: u16) -> Result<Running, String> {
+        // tinyproxy would fail to bind a taken port and exit, and a readiness check would
+        // then find the other listener; ask first. The built-in proxy binds for real here.
+        let listener = TcpListener::bind((LOOPBACK, port))
+            .map_err(|e| format!("port {port} on 127.0.0.1 is not available: {e}"))?;
+        match &self.kind {
+            Resolved::Builtin => BuiltinProxy::start(listener, id).map(Running::Builtin),
+            Resolved::Tinyproxy(bin) => {
+                drop(listener);
+                self.spawn_tinyproxy(bin, id, port)
+            }
+        }
+    }
+
+    fn spawn_tinyproxy(&self, bin: &Path, id: &str, port: u16) -> Result<Running, String> {
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| format!("creating {}: {e}", self.dir.display()))?;
+        let safe: String = id
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let conf = self.dir.join(format!("tinyproxy-{safe}-{port}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "Port {port}\nListen 127.0.0.1\nAllow 127.0.0.1\nLogLevel Error\nMaxClients 100\nTimeout 120\n"
+            ),
+        )
+        .map_err(|e| format!("writing {}: {e}", conf.display()))?;
+        let mut child = Command::new(bin)
+            .arg("-d")
+            .arg("-c")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", bin.display()))?;
+        let addr = SocketAddr::from((LOOPBACK, port));
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let _ = std::fs::remove_file(&conf);
+                return Err(format!("tinyproxy exited at start ({status})"));
+            }
+            if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                return Ok(Running::Tinyproxy { child, conf, port });
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = std::fs::remove_file(&conf);
+                return Err(format!("tinyproxy did not listen within {START_TIMEOUT:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RealProxies {
+    fn drop(&mut self) {
+        self.stop_all();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The built-in forward proxy: a thread with its own runtime, serving until dropped.
+struct BuiltinProxy {
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Largest request head the built-in proxy reads.
+const MAX_HEAD: usize = 16 * 1024;
+
+impl BuiltinProxy {
+    fn start(listener: TcpListener, id: &str) -> Result<BuiltinProxy, String> {
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("non-blocking listener: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("proxy-{id}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::warn!("built-in proxy runtime: {e}");
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                        return;
+                    };
+                    let accept = async {
+                        loop {
+                            let Ok((stream, peer)) = listener.accept().await else {
+                                continue;
+                            };
+                            if !peer.ip().is_loopback() {
+                                continue;
+                            }
+                            tokio::spawn(serve(stream));
+                        }
+                    };
+                    tokio::select! {
+                        _ = accept => {}
+                        _ = rx => {}
+                    }
+                });
+                // Dropping the runtime closes every open tunnel.
+            })
+            .map_err(|e| format!("spawning the proxy thread: {e}"))?;
+        Ok(BuiltinProxy {
+            addr,
+            shutdown: Some(tx),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for BuiltinProxy {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn reply(stream: &mut tokio::net::TcpStream, status: &str) {
+    let _ = stream
+        .write_all(
+            format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await;
+}
+
+/// One client connection: a CONNECT tunnel or one absolute-URI HTTP request.
+async fn serve(mut client: tokio::net::TcpStream) {
+    let mut buf = Vec::with_capacity(1024);
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if buf.len() > MAX_HEAD {
+            return reply(&mut client, "431 Request Header Fields Too Large").await;
+        }
+        let mut chunk = [0u8; 4096];
+        match client.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let rest = buf[head_end..].to_vec();
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or_default();
+    let parts: Vec<&str> = request_line.split(' ').collect();
+    let [method, target, version] = parts[..] else {
+        return reply(&mut client, "400 Bad Request").await;
+    };
+    if method == "CONNECT" {
+        let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await else {
+            return reply(&mut client, "502 Bad Gateway").await;
+        };
+        if client
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await
+            .is_err()
+        {
+            return;
+        }
+        if !rest.is_empty() && upstream.write_all(&rest).await.is_err() {
+            return;
+        }
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        return;
+    }
+    // Plain HTTP through the proxy: `GET http://host:port/path HTTP/1.1`.
+    let Some(after_scheme) = target.strip_prefix("http://") else {
+        return reply(&mut client, "400 Bad Request").await;
+    };
+    let (authority, path) = match after_scheme.find('/') {
+        Some(i) => (&after_scheme[..i], &after_scheme[i..]),
+        None => (after_scheme, "/"),
+    };
+    let upstream_addr = if authority.contains(':') {
+        authority.to_string()
+    } else {
+        format!("{authority}:80")
+    };
+    let Ok(mut upstream) = tokio::net::TcpStream::connect(&upstream_addr).await else {
+        return reply(&mut client, "502 Bad Gateway").await;
+    };
+    let mut out = format!("{method} {path} {version}\r\n");
+    let mut has_host = false;
+    for line in lines.filter(|l| !l.is_empty()) {
+        let name = line
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        if name.starts_with("proxy-") || name == "connection" || name == "keep-alive" {
+            continue;
+        }
+        has_host |= name == "host";
+        out.push_str(line);
+        out.push_str("\r\n");
+    }
+    if !has_host {
+        out.push_str(&format!("Host: {authority}\r\n"));
+    }
+    // One request per connection keeps the forwarding a plain byte copy.
+    out.push_str("Connection: close\r\n\r\n");
+    if upstream.write_all(out.as_bytes()).await.is_err()
+        || (!rest.is_empty() && upstream.write_all(&rest).await.is_err())
+    {
+        return reply(&mut client, "502 Bad Gateway").await;
+    }
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
