@@ -21,7 +21,8 @@
 //! User data without such a line, or with `Port` followed by something that is not a port,
 //! leaves the instance running *without* a proxy, with a warning naming the instance and
 //! the problem (the content of the user data is never logged). So does a port that is
-//! already taken on 127.0.0.1.
+//! already taken on 127.0.0.1. An instance with no user data at all (one planted through
+//! the control surface, say) asked for nothing: it runs without a proxy, logged at info.
 //!
 //! # Which proxy
 //!
@@ -207,6 +208,10 @@ impl RealProxies {
         self.stop(id);
         let port = match port_from_user_data(user_data) {
             Ok(p) => p,
+            Err(PortError::Missing) if user_data.is_none_or(<[u8]>::is_empty) => {
+                tracing::info!(instance = id, "real-proxy mode: no user data, no proxy");
+                return LOOPBACK;
+            }
             Err(e) => {
                 tracing::warn!(instance = id, "real-proxy mode: no proxy started: {e}");
                 return LOOPBACK;
