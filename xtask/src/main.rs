@@ -9,6 +9,7 @@ use std::process::Command;
 
 mod bench;
 mod build_plugins;
+mod demo;
 mod e2e;
 mod moto;
 mod test;
@@ -24,6 +25,10 @@ struct Cli {
 enum Cmd {
     /// Build every provider plugin under providers-wasm/ to <target>/plugins/.
     BuildPlugins(build_plugins::Args),
+    /// The local demo: plugins, operator, in-memory Kubernetes API and emulators whose
+    /// instances are real proxies on 127.0.0.1; the whole story, then exit (README's first
+    /// command). `cargo xtask demo --keep-running` stays up until Ctrl-C.
+    Demo(demo::Args),
     /// Install test prerequisites, build the plugins, run every test (what CI runs).
     Test(test::Args),
     /// Run the operator against the current kube context (kind or k3d) with the Hetzner
@@ -40,6 +45,7 @@ enum Cmd {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::BuildPlugins(args) => build_plugins::run(&args),
+        Cmd::Demo(args) => demo::run(&args),
         Cmd::Test(args) => test::run(&args),
         Cmd::E2e(args) => e2e::run(&args),
         Cmd::Bench => bench::run(),

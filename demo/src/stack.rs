@@ -1,0 +1,607 @@
+//! Everything the demo starts, and stopping it again.
+
+use crate::Args;
+use anyhow::{Context, Result, ensure};
+use egress_emulators::ec2::{Ec2Config, Ec2Emulator, Transition};
+use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator, RunSchedule};
+use egress_emulators::real_proxy::{ProxyKind, RealProxies};
+use fake_kube::{AccessRule, FakeApi, UserInfo};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Written on every instance the demo's operator creates, and the scope of its GC.
+pub const INSTALLATION: &str = "egress-demo";
+/// The operator's own namespace (its leader-election Lease lives there).
+pub const OPERATOR_NAMESPACE: &str = "egress-system";
+const HETZNER_TOKEN: &str = "demo-hetzner-token";
+/// The user the demo's discovery token authenticates as.
+pub const DEMO_USER: &str = "demo-user";
+/// Namespaces the demo creates carry this label, so nobody mistakes the control plane.
+const DEMO_LABEL: &str = "egress.proxy-operator.dev/local-demo";
+
+/// How the operator runs: short intervals, so the story takes seconds.
+pub const GC_INTERVAL: &str = "2s";
+pub const GC_MIN_AGE: &str = "5s";
+
+pub struct Stack {
+    pub api_addr: SocketAddr,
+    pub client: kube::Client,
+    pub hetzner: HetznerEmulator,
+    pub ec2: Ec2Emulator,
+    pub hetzner_proxies: Arc<RealProxies>,
+    pub ec2_proxies: Arc<RealProxies>,
+    pub proxy_kind: &'static str,
+    pub echo_port: u16,
+    pub discovery: SocketAddr,
+    pub token: String,
+    pub kubeconfig: PathBuf,
+    pub providers_file: PathBuf,
+    pub samples: PathBuf,
+    /// The sample documents, applied in step 1, and the edit applied in step 4.
+    pub sample_docs: Vec<Value>,
+    pub edit_docs: Vec<Value>,
+}
+
+/// The operator subprocess.
+pub struct Operator {
+    child: tokio::process::Child,
+    pub pid: u32,
+    pub log: PathBuf,
+}
+
+/// Every YAML document of a file, as JSON.
+pub fn load_docs(path: &Path) -> Result<Vec<Value>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut docs = Vec::new();
+    for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+        let v = <serde_yaml::Value as serde::Deserialize>::deserialize(doc)
+            .with_context(|| format!("{}: document {} is not YAML", path.display(), i + 1))?;
+        if v.is_null() {
+            continue;
+        }
+        let v: Value = serde_json::to_value(v)
+            .with_context(|| format!("{}: document {} is not JSON-like", path.display(), i + 1))?;
+        docs.push(v);
+    }
+    Ok(docs)
+}
+
+/// `namespace/name` of a Proxy document, and its `spec.port`.
+pub fn proxy_ports(docs: &[Value]) -> Result<Vec<(String, u16)>> {
+    let mut out = Vec::new();
+    for d in docs.iter().filter(|d| d["kind"] == "Proxy") {
+        let name = format!(
+            "{}/{}",
+            d["metadata"]["namespace"].as_str().unwrap_or("default"),
+            d["metadata"]["name"].as_str().unwrap_or("")
+        );
+        let port = d["spec"]["port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p > 0)
+            .with_context(|| {
+                format!(
+                    "Proxy {name}: spec.port is {}, not a port in 1..=65535",
+                    d["spec"]["port"]
+                )
+            })?;
+        out.push((name, port));
+    }
+    Ok(out)
+}
+
+fn free_port(wanted: u16) -> Result<u16> {
+    let l = std::net::TcpListener::bind(("127.0.0.1", wanted))
+        .with_context(|| format!("port {wanted} on 127.0.0.1 is not free"))?;
+    Ok(l.local_addr()?.port())
+}
+
+fn write_private(path: &Path, content: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(content.as_bytes())?;
+    Ok(())
+}
+
+/// A token nobody can guess from the outside; the demo's API only listens on loopback.
+fn demo_token() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let mut x = (nanos as u64) ^ (u64::from(std::process::id()) << 32);
+    let mut s = String::from("demo-");
+    for _ in 0..3 {
+        // splitmix64
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        s.push_str(&format!("{:016x}", z ^ (z >> 31)));
+    }
+    s
+}
+
+/// An HTTP server on 127.0.0.1 whose every answer is the caller's IP and a newline: the
+/// health probe's egress check, and the target of the demo's own request.
+async fn echo_server(port: u16) -> Result<u16> {
+    let l = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .with_context(|| format!("echo server: binding 127.0.0.1:{port}"))?;
+    let port = l.local_addr()?.port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, peer)) = l.accept().await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 2048];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") && got.len() < 16 * 1024 {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = format!("{}\n", peer.ip());
+                let _ = s
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    Ok(port)
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).with_context(|| format!("resolving {}", p.display()))
+}
+
+impl Stack {
+    pub async fn start(args: &Args) -> Result<(Stack, Operator)> {
+        let samples = absolute(&args.samples)?;
+        let sample_docs = load_docs(&samples.join("proxies.yaml"))?;
+        let edit_docs = load_docs(&samples.join("proxy-edit.yaml"))?;
+        let mut ports = proxy_ports(&sample_docs)?;
+        ports.extend(proxy_ports(&edit_docs)?);
+        ensure!(
+            !ports.is_empty(),
+            "{} holds no Proxy",
+            samples.join("proxies.yaml").display()
+        );
+        for (name, port) in &ports {
+            free_port(*port).with_context(|| {
+                format!(
+                    "Proxy {name} (in {}) uses spec.port {port}; stop what listens there",
+                    samples.display()
+                )
+            })?;
+        }
+        let operator_bin = match &args.operator_bin {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()?
+                .parent()
+                .context("this binary has no directory")?
+                .join("proxy-operator"),
+        };
+        ensure!(
+            operator_bin.is_file(),
+            "the operator binary {} does not exist (build it, or pass --operator-bin)",
+            operator_bin.display()
+        );
+        let plugin_dir = absolute(&args.plugin_dir)?;
+        for p in ["hetzner.wasm", "ec2.wasm"] {
+            ensure!(
+                plugin_dir.join(p).is_file(),
+                "plugin {} is missing (cargo xtask build-plugins builds it)",
+                plugin_dir.join(p).display()
+            );
+        }
+        let crds = absolute(&args.crds)?;
+        let workdir = absolute(&args.workdir)?;
+        std::fs::create_dir_all(workdir.join("secrets"))
+            .with_context(|| format!("creating {}", workdir.display()))?;
+
+        println!("egress-proxies-operator: local demo");
+        println!("  everything below runs on 127.0.0.1 and stops when the demo ends\n");
+
+        // The in-memory Kubernetes API.
+        let api = FakeApi::new();
+        let mut crd_files: Vec<PathBuf> = std::fs::read_dir(&crds)
+            .with_context(|| format!("reading {}", crds.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.extension().is_some_and(|e| e == "yaml")
+                    && p.file_name().is_some_and(|n| n != "kustomization.yaml")
+            })
+            .collect();
+        crd_files.sort();
+        ensure!(!crd_files.is_empty(), "no CRD in {}", crds.display());
+        for f in &crd_files {
+            for doc in load_docs(f)? {
+                api.create(doc)
+                    .map_err(|e| anyhow::anyhow!("installing the CRD {}: {e:?}", f.display()))?;
+            }
+        }
+        api.create(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": OPERATOR_NAMESPACE, "labels": {DEMO_LABEL: "true"}},
+        }))
+        .map_err(|e| anyhow::anyhow!("creating namespace {OPERATOR_NAMESPACE}: {e:?}"))?;
+        let token = demo_token();
+        api.add_token(&token, UserInfo::new(DEMO_USER));
+        api.allow(AccessRule::user(DEMO_USER, ["get", "list"], ["proxies"]));
+        let api_addr = api
+            .serve(&format!("127.0.0.1:{}", args.api_port))
+            .await
+            .with_context(|| format!("serving the in-memory API on 127.0.0.1:{}", args.api_port))?;
+        let kubeconfig = workdir.join("kubeconfig");
+        write_kubeconfig(&api, api_addr, &kubeconfig)?;
+        let client = api.client();
+        println!(
+            "  Kubernetes API  http://{api_addr}  LOCAL DEMO CONTROL PLANE (in-memory, fake-kube), not for production"
+        );
+        println!(
+            "                  kubectl --kubeconfig {} get proxies -A",
+            kubeconfig.display()
+        );
+
+        // Emulators whose instances are real proxies.
+        let kind = if args.builtin_proxy {
+            ProxyKind::Builtin
+        } else {
+            ProxyKind::Auto
+        };
+        let hetzner_proxies = RealProxies::new(kind.clone());
+        let ec2_proxies = RealProxies::new(kind);
+        let proxy_kind = hetzner_proxies.kind_name();
+        let hetzner = HetznerEmulator::start(HetznerConfig {
+            run_schedule: RunSchedule::After(Duration::from_secs(2)),
+            real_proxies: Some(hetzner_proxies.clone()),
+            ..HetznerConfig::new(HETZNER_TOKEN)
+        });
+        let ec2 = Ec2Emulator::start(Ec2Config {
+            launch: Transition::After(Duration::from_secs(2)),
+            real_proxies: Some(ec2_proxies.clone()),
+            ..Ec2Config::default()
+        });
+        println!(
+            "  emulators       hetzner {}  ec2 {}  (every running instance: a real {proxy_kind} proxy on 127.0.0.1)",
+            hetzner.url(),
+            ec2.url()
+        );
+        let echo_port = echo_server(args.echo_port).await?;
+        println!(
+            "  echo server     http://127.0.0.1:{echo_port}/  (answers with the caller's IP: the health probe's egress check)"
+        );
+
+        // The operator.
+        let providers_file = workdir.join("providers.yaml");
+        let secrets = workdir.join("secrets");
+        write_private(
+            &secrets.join("hetzner-token"),
+            &format!("{HETZNER_TOKEN}\n"),
+        )?;
+        write_private(
+            &secrets.join("aws-access-key-id"),
+            egress_emulators::ec2::EXAMPLE_ACCESS_KEY,
+        )?;
+        write_private(
+            &secrets.join("aws-secret-access-key"),
+            egress_emulators::ec2::EXAMPLE_SECRET_KEY,
+        )?;
+        std::fs::write(
+            &providers_file,
+            providers_yaml(&hetzner.url(), &ec2.url(), &secrets),
+        )
+        .with_context(|| format!("writing {}", providers_file.display()))?;
+        let discovery = SocketAddr::from(([127, 0, 0, 1], free_port(args.discovery_port)?));
+        let operator = Operator::spawn(
+            &operator_bin,
+            &[
+                "run".into(),
+                "--plugin-dir".into(),
+                plugin_dir.display().to_string(),
+                "--providers".into(),
+                providers_file.display().to_string(),
+                "--plugin-cache-dir".into(),
+                workdir.join("plugin-cache").display().to_string(),
+                "--plugin-scratch-dir".into(),
+                workdir.join("plugin-calls").display().to_string(),
+                "--installation".into(),
+                INSTALLATION.into(),
+                "--namespace".into(),
+                OPERATOR_NAMESPACE.into(),
+                "--pod-name".into(),
+                "egress-demo-operator".into(),
+                "--listen".into(),
+                discovery.to_string(),
+                "--provisioning-poll".into(),
+                "1s".into(),
+                "--deletion-poll".into(),
+                "1s".into(),
+                "--drift-poll".into(),
+                "10s".into(),
+                "--gc-interval".into(),
+                GC_INTERVAL.into(),
+                "--gc-min-age".into(),
+                GC_MIN_AGE.into(),
+                "--egress-echo-url".into(),
+                format!("http://127.0.0.1:{echo_port}/"),
+                "--probe-interval".into(),
+                "2s".into(),
+                "--probe-timeout".into(),
+                "2s".into(),
+                "--provider-check-interval".into(),
+                "15s".into(),
+                "--reload-interval".into(),
+                "5s".into(),
+            ],
+            &kubeconfig,
+            &workdir,
+        )?;
+        println!(
+            "  operator        {} run (pid {}), log: {}",
+            operator_bin.display(),
+            operator.pid,
+            operator.log.display()
+        );
+        println!(
+            "                  providers file {} (hetzner and ec2 plugins -> the emulators)",
+            providers_file.display()
+        );
+        let stack = Stack {
+            api_addr,
+            client,
+            hetzner,
+            ec2,
+            hetzner_proxies,
+            ec2_proxies,
+            proxy_kind,
+            echo_port,
+            discovery,
+            token,
+            kubeconfig,
+            providers_file,
+            samples,
+            sample_docs,
+            edit_docs,
+        };
+        Ok((stack, operator))
+    }
+
+    /// The ready-to-paste line for the discovery API.
+    pub fn curl_line(&self, path: &str) -> String {
+        format!(
+            "curl -H \"Authorization: Bearer {}\" http://{}{path}",
+            self.token, self.discovery
+        )
+    }
+
+    pub fn print_exploration(&self) {
+        println!("\nexplore (the demo keeps running):");
+        println!(
+            "  Kubernetes API http://{} (local demo control plane, in memory), operator's providers file {}",
+            self.api_addr,
+            self.providers_file.display()
+        );
+        println!(
+            "  kubectl --kubeconfig {} get proxies -A",
+            self.kubeconfig.display()
+        );
+        println!(
+            "  kubectl --kubeconfig {} apply -f {}",
+            self.kubeconfig.display(),
+            self.samples.join("proxies.yaml").display()
+        );
+        println!("  {}", self.curl_line("/v1/proxies"));
+        println!("  {}", self.curl_line("/v1/proxies:pick"));
+        println!("  curl http://{}/metrics", self.discovery);
+        for (id, port) in self.listening() {
+            println!(
+                "  curl -p -x http://127.0.0.1:{port} http://127.0.0.1:{}/   # through instance {id}",
+                self.echo_port
+            );
+        }
+    }
+
+    /// Every running instance's proxy: backend ID and port.
+    pub fn listening(&self) -> Vec<(String, u16)> {
+        let mut out = Vec::new();
+        for (emu, proxies) in [
+            ("hetzner", &self.hetzner_proxies),
+            ("ec2", &self.ec2_proxies),
+        ] {
+            out.extend(
+                proxies
+                    .listening()
+                    .into_iter()
+                    .map(|(id, port)| (format!("{emu}/{id}"), port)),
+            );
+        }
+        out
+    }
+
+    /// Stops the emulators, and with them every instance's proxy; the in-memory API stops
+    /// with the runtime.
+    pub fn stop(self) -> String {
+        let proxies = self.listening().len();
+        let Stack {
+            hetzner,
+            ec2,
+            hetzner_proxies,
+            ec2_proxies,
+            ..
+        } = self;
+        drop((hetzner, ec2));
+        hetzner_proxies.stop_all();
+        ec2_proxies.stop_all();
+        format!("emulators stopped with their {proxies} running proxies")
+    }
+}
+
+/// Waits until `/healthz` answers on the operator's discovery port.
+pub async fn wait_serving(addr: SocketAddr, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(r) = crate::http::get(addr, "/healthz", None).await
+            && r.status == 200
+        {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the operator did not serve /healthz on {addr} within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn providers_yaml(hetzner: &str, ec2: &str, secrets: &Path) -> String {
+    let s = |k: &str| secrets.join(k).display().to_string();
+    format!(
+        r#"# Written by egress-demo (cargo xtask demo): the hetzner and ec2 plugins, pointed at the
+# local emulators. Loopback is refused to plugins unless allow-listed, hence additionalHosts.
+providers:
+  - name: hetzner
+    plugin: hetzner.wasm
+    additionalHosts: ['{hetzner}']
+    secrets: {{token: '{hz_token}'}}
+    config:
+      endpoint: '{hetzner}/v1'
+      locations: [fsn1, nbg1]
+      serverTypes: [cpx11]
+      images: {{ubuntu: ubuntu-24.04}}
+  - name: ec2
+    plugin: ec2.wasm
+    additionalHosts: ['{ec2}']
+    secrets: {{accessKeyId: '{ak}', secretAccessKey: '{sk}'}}
+    config:
+      regions:
+        eu-west-1:
+          endpoint: '{ec2}'
+          zones: {{eu-west-1a: {{}}}}
+          images: {{debian: ami-0fedcba9876543210}}
+      instanceTypes: [t3.micro]
+"#,
+        hz_token = s("hetzner-token"),
+        ak = s("aws-access-key-id"),
+        sk = s("aws-secret-access-key"),
+    )
+}
+
+/// The in-memory API's kubeconfig, with the cluster and context named so nobody mistakes
+/// it for a real cluster.
+fn write_kubeconfig(api: &FakeApi, addr: SocketAddr, path: &Path) -> Result<()> {
+    let kc = serde_json::to_value(api.kubeconfig(addr))?;
+    let text = serde_json::to_string(&kc)?.replace("\"fake-kube\"", "\"egress-local-demo\"");
+    let kc: Value = serde_json::from_str(&text)?;
+    let yaml = serde_yaml::to_string(&kc)?;
+    std::fs::write(
+        path,
+        format!(
+            "# LOCAL DEMO control plane: the in-memory Kubernetes API of `cargo xtask demo`\n\
+             # (fake-kube on {addr}), not a cluster and not for production. Gone when the demo stops.\n{yaml}"
+        ),
+    )
+    .with_context(|| format!("writing {}", path.display()))
+}
+
+impl Operator {
+    fn spawn(bin: &Path, args: &[String], kubeconfig: &Path, workdir: &Path) -> Result<Operator> {
+        let log = workdir.join("operator.log");
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let cache = workdir.join("plugin-cache");
+        std::fs::create_dir_all(&cache)?;
+        // The compiled-plugin cache must be private to this user.
+        std::fs::set_permissions(&cache, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            // A safety net: dropped without `stop` (a panic), it is killed.
+            .kill_on_drop(true);
+        #[cfg(target_os = "linux")]
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            // If the demo dies without stopping it (SIGKILL), the operator gets SIGTERM.
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let pid = child.id().context("the operator has no PID")?;
+        Ok(Operator { child, pid, log })
+    }
+
+    /// Waits until the operator exits, and says how.
+    pub async fn exited(&mut self) -> anyhow::Error {
+        match self.child.wait().await {
+            Ok(status) => anyhow::anyhow!(
+                "the operator exited unexpectedly ({status}); see {}",
+                self.log.display()
+            ),
+            Err(e) => anyhow::anyhow!("waiting for the operator: {e}"),
+        }
+    }
+
+    /// The last lines of the operator's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// SIGTERM by PID (a graceful stop: reconciles in flight finish), SIGKILL after 15 s.
+    pub async fn stop(&mut self) -> String {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return format!("operator had already exited ({status})");
+        }
+        let pid = libc::pid_t::try_from(self.pid).unwrap_or(0);
+        if pid > 0 {
+            // SAFETY: plain syscall; the PID is our unreaped child, so it names no other process.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        match tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await {
+            Ok(Ok(status)) => format!("operator stopped ({status})"),
+            _ => {
+                let _ = self.child.kill().await;
+                "operator did not stop within 15s after SIGTERM: killed".into()
+            }
+        }
+    }
+}

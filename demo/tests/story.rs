@@ -1,0 +1,140 @@
+//! The whole demo, as `cargo xtask demo --keep-running` runs it, then Ctrl-C: the story
+//! must complete, and SIGINT must stop the operator and every proxy and exit 0.
+//!
+//! Needs the plugins (`EGRESS_PLUGIN_DIR`, set by `cargo xtask test`) and the operator
+//! binary next to the demo's (built by the same `cargo test --workspace`); skipped with a
+//! message without them, failed under `CI=true`.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn skip(msg: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{msg}");
+    }
+    eprintln!("\n!!! SKIPPING: {msg}\n");
+}
+
+fn port_open(port: u16) -> bool {
+    std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(300),
+    )
+    .is_ok()
+}
+
+#[test]
+fn the_story_completes_and_ctrl_c_stops_everything() {
+    let Some(plugins) = std::env::var_os("EGRESS_PLUGIN_DIR").map(PathBuf::from) else {
+        return skip("EGRESS_PLUGIN_DIR is not set (cargo xtask test sets it)");
+    };
+    let demo = PathBuf::from(env!("CARGO_BIN_EXE_egress-demo"));
+    let operator = demo.with_file_name("proxy-operator");
+    if !operator.is_file() {
+        return skip(&format!("{} is not built", operator.display()));
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let work = std::env::temp_dir().join(format!("egress-demo-story-{}", std::process::id()));
+    let mut child = Command::new(&demo)
+        .current_dir(&root)
+        .arg("--operator-bin")
+        .arg(&operator)
+        .arg("--plugin-dir")
+        .arg(&plugins)
+        .arg("--workdir")
+        .arg(&work)
+        .arg("--keep-running")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            println!("{line}");
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let mut wait_for = |what: &str, seen: &mut Vec<String>| loop {
+        let left = Duration::from_secs(180).saturating_sub(started.elapsed());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let hit = line.contains(what);
+                seen.push(line);
+                if hit {
+                    return;
+                }
+            }
+            Err(e) => {
+                let _ = child.kill();
+                panic!(
+                    "no line with {what:?} ({e}); output so far:\n{}",
+                    seen.join("\n")
+                );
+            }
+        }
+    };
+    wait_for("running until Ctrl-C", &mut seen);
+    let all = seen.join("\n");
+    let operator_pid: i32 = all
+        .split("(pid ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no operator pid in:\n{all}"));
+    for phase in [
+        "Provisioning",
+        "Running",
+        "Healthy",
+        "Ready",
+        "Replacing",
+        "Deleted",
+    ] {
+        assert!(all.contains(phase), "no {phase} line in:\n{all}");
+    }
+    assert!(all.contains("GC deleted the orphan"), "{all}");
+    assert!(
+        port_open(31282) && port_open(31284),
+        "the Ready proxies listen"
+    );
+
+    // Ctrl-C, as a terminal sends it to the driver.
+    // SAFETY: a plain syscall on our own child's PID.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the demo did not stop after SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(1)) {
+        seen.push(line);
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    assert!(
+        status.success(),
+        "exit {status} after Ctrl-C:\n{}",
+        seen.join("\n")
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{operator_pid}")).exists(),
+        "the operator (pid {operator_pid}) still runs"
+    );
+    assert!(
+        !port_open(31282) && !port_open(31284),
+        "proxies still listen after the demo stopped"
+    );
+}

@@ -1,0 +1,58 @@
+//! `cargo xtask demo [-- DEMO ARGS]`: the README's first command.
+//!
+//! Builds the plugins and the binaries the demo runs, then replaces itself with the demo
+//! driver (`egress-demo`, crate `demo/`), so Ctrl-C and the exit status are the driver's
+//! own. The binaries come from `cargo test --workspace --no-run`: the very build `cargo
+//! xtask test` makes (debug profile, same features), so after the tests the demo starts in
+//! seconds, and the demo never triggers a second build of wasmtime with other features.
+
+use anyhow::{Context, Result, bail};
+use std::os::unix::process::CommandExt;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Arguments for the demo driver, e.g. `--keep-running` or `--builtin-proxy`
+    /// (`cargo xtask demo --help-demo` lists them).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub demo_args: Vec<String>,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
+    let ws = crate::workspace()?;
+    println!("building the operator and the demo driver (the test build, debug profile)");
+    let status = crate::cargo()
+        .current_dir(&ws.root)
+        .args(["test", "--workspace", "--no-run", "--quiet"])
+        .status()
+        .context("running cargo test --no-run")?;
+    if !status.success() {
+        bail!("building the binaries failed ({status})");
+    }
+    let bin = ws.target_dir.join("debug");
+    let (operator, demo) = (bin.join("proxy-operator"), bin.join("egress-demo"));
+    for b in [&operator, &demo] {
+        if !b.is_file() {
+            bail!("{} was not built", b.display());
+        }
+    }
+    let mut driver_args: Vec<String> = args.demo_args.clone();
+    if let Some(i) = driver_args.iter().position(|a| a == "--help-demo") {
+        driver_args[i] = "--help".into();
+    }
+    let err = std::process::Command::new(&demo)
+        .current_dir(&ws.root)
+        .arg("--operator-bin")
+        .arg(&operator)
+        .arg("--plugin-dir")
+        .arg(ws.target_dir.join("plugins"))
+        .arg("--samples")
+        .arg(ws.root.join("config/samples/demo"))
+        .arg("--crds")
+        .arg(ws.root.join("config/crd"))
+        .arg("--workdir")
+        .arg(ws.target_dir.join("demo"))
+        .args(&driver_args)
+        .exec();
+    Err(err).with_context(|| format!("starting {}", demo.display()))
+}
