@@ -355,6 +355,8 @@ impl Stack {
                 "15s".into(),
                 "--reload-interval".into(),
                 "5s".into(),
+                "--shutdown-grace".into(),
+                "5s".into(),
             ],
             &kubeconfig,
             &workdir,

@@ -111,6 +111,9 @@ pub fn line(elapsed: Duration, key: &str, v: &View) -> String {
             None => format!("a real CONNECT through {addr} worked"),
         },
         "Ready" => format!("{addr} (instance {id}), listed by the discovery API"),
+        "Deleting" if v.message.is_empty() => {
+            format!("the finalizer holds the object until instance {id} is deleted")
+        }
         _ => v.message.clone(),
     };
     format!(
