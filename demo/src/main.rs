@@ -18,6 +18,7 @@
 
 mod http;
 mod stack;
+mod status_page;
 mod story;
 mod watch;
 

@@ -170,6 +170,14 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
             "the discovery API does not list the Ready Proxy {n}"
         );
     }
+    let shot = stack.kubeconfig.with_file_name("status.png");
+    if let Some(shot) = crate::status_page::capture(stack, &names, &shot).await? {
+        println!(
+            "  status page: http://{}/status#token=...  (screenshot with every sample Proxy Ready: {})",
+            stack.discovery,
+            shot.display()
+        );
+    }
     let unauthenticated = crate::http::get(stack.discovery, "/v1/proxies", None).await?;
     println!(
         "  (without the token: {}; the API checks callers with TokenReview and SubjectAccessReview)",

@@ -692,26 +692,65 @@ fn age(ts: Option<&str>) -> String {
     }
 }
 
-/// Evaluates the simple JSONPath forms printer columns use (`.spec.a.b`, `.items[0].x`).
+/// Evaluates the JSONPath forms printer columns use: fields (`.spec.a.b`), indexes
+/// (`.items[0].x`) and equality filters, which pick the first matching element as kubectl
+/// shows it (`.status.conditions[?(@.type=="Ready")].status`).
 fn json_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
     let mut cur = obj;
-    for seg in path
-        .trim_start_matches('.')
-        .split('.')
-        .filter(|s| !s.is_empty())
-    {
-        let (field, index) = match seg.split_once('[') {
-            Some((f, rest)) => (f, rest.trim_end_matches(']').parse::<usize>().ok()),
+    for seg in path_segments(path.trim_start_matches('.')) {
+        let (field, bracket) = match seg.split_once('[') {
+            Some((f, rest)) => (f, Some(rest.strip_suffix(']').unwrap_or(rest))),
             None => (seg, None),
         };
         if !field.is_empty() {
             cur = cur.get(field)?;
         }
-        if let Some(i) = index {
-            cur = cur.get(i)?;
+        match bracket {
+            None => {}
+            Some(b) => match b.parse::<usize>() {
+                Ok(i) => cur = cur.get(i)?,
+                Err(_) => {
+                    let (key, want) = parse_filter(b)?;
+                    cur = cur
+                        .as_array()?
+                        .iter()
+                        .find(|item| item.get(key).and_then(Value::as_str) == Some(want))?;
+                }
+            },
         }
     }
     Some(cur)
+}
+
+/// Splits at the dots outside brackets: `a.b[?(@.c=="d")].e` is `a`, `b[?(@.c=="d")]`, `e`.
+fn path_segments(path: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0usize, 0);
+    for (i, c) in path.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            '.' if depth == 0 => {
+                out.push(&path[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&path[start..]);
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+/// `?(@.key=="value")` (or single quotes) -> (key, value).
+fn parse_filter(b: &str) -> Option<(&str, &str)> {
+    let inner = b.strip_prefix("?(@.")?.strip_suffix(')')?;
+    let (key, value) = inner.split_once("==")?;
+    let value = value.trim();
+    let value = value
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .or_else(|| value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))?;
+    Some((key.trim(), value))
 }
 
 fn cell(v: Option<&Value>) -> Value {
@@ -1045,4 +1084,37 @@ pub fn present_all(store: &Store, rt: &ResourceType) -> Vec<Value> {
         .iter()
         .map(|o| store.present(rt, o, &rt.versions[0]))
         .collect()
+}
+
+#[cfg(test)]
+mod json_path_tests {
+    use super::*;
+
+    #[test]
+    fn printer_column_paths() {
+        let obj = json!({
+            "spec": {"provider": "ec2", "ports": [80, 443]},
+            "status": {"conditions": [
+                {"type": "Provisioned", "status": "True"},
+                {"type": "Ready", "status": "False"},
+            ]},
+        });
+        let cases = [
+            (".spec.provider", Some(json!("ec2"))),
+            (".spec.ports[1]", Some(json!(443))),
+            (
+                r#".status.conditions[?(@.type=="Ready")].status"#,
+                Some(json!("False")),
+            ),
+            (
+                ".status.conditions[?(@.type=='Provisioned')].status",
+                Some(json!("True")),
+            ),
+            (r#".status.conditions[?(@.type=="Healthy")].status"#, None),
+            (".spec.missing", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(json_path(&obj, path).cloned(), want, "{path}");
+        }
+    }
 }

@@ -182,31 +182,6 @@ fn check_dom(dom: &str) {
 }
 
 /// Pixels of exactly `rgb` and the number of distinct colours, from a PNG file.
-fn colour_stats(path: &std::path::Path, rgb: [u8; 3]) -> (usize, usize, (u32, u32)) {
-    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
-    let mut reader = decoder.read_info().unwrap();
-    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
-    let info = reader.next_frame(&mut buf).unwrap();
-    let channels = match info.color_type {
-        png::ColorType::Rgb => 3,
-        png::ColorType::Rgba => 4,
-        other => panic!("unexpected PNG colour type {other:?}"),
-    };
-    assert_eq!(info.bit_depth, png::BitDepth::Eight);
-    let data = &buf[..info.buffer_size()];
-    let mut matching = 0;
-    let mut distinct = std::collections::HashSet::new();
-    for px in data.chunks_exact(channels) {
-        if px[..3] == rgb {
-            matching += 1;
-        }
-        if distinct.len() < 1000 {
-            distinct.insert([px[0], px[1], px[2]]);
-        }
-    }
-    (matching, distinct.len(), (info.width, info.height))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_in_chromium_shows_ready_proxies_and_provider_targets() {
     if !chromium_or_skip() {
@@ -239,7 +214,11 @@ async fn page_in_chromium_shows_ready_proxies_and_provider_targets() {
             .unwrap()
             .unwrap();
     }
-    let (ready_pixels, colours, size) = colour_stats(&shot, READY_RGB);
+    let browser::ColourStats {
+        matching: ready_pixels,
+        distinct: colours,
+        size,
+    } = browser::colour_stats(&shot, READY_RGB).unwrap();
     assert_eq!(size, opts.window, "screenshot size");
     assert!(
         colours > 10,

@@ -169,3 +169,48 @@ pub fn screenshot(url: &str, path: &Path, opts: &Options) -> Result<(), BrowserE
     }
     Ok(())
 }
+
+/// What a screenshot shows, roughly: enough to tell a rendered page from a blank one and to
+/// find a colour (a badge) on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ColourStats {
+    /// Pixels exactly of the colour asked for.
+    pub matching: usize,
+    /// Distinct colours, counted up to 1000.
+    pub distinct: usize,
+    pub size: (u32, u32),
+}
+
+/// Decodes the PNG at `path` and counts the pixels of colour `rgb`.
+pub fn colour_stats(path: &Path, rgb: [u8; 3]) -> Result<ColourStats, String> {
+    let what = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(|e| what(&e))?;
+    let mut reader = png::Decoder::new(std::io::BufReader::new(file))
+        .read_info()
+        .map_err(|e| what(&e))?;
+    let size = reader
+        .output_buffer_size()
+        .ok_or_else(|| what(&"image too large"))?;
+    let mut buf = vec![0; size];
+    let info = reader.next_frame(&mut buf).map_err(|e| what(&e))?;
+    let channels = match (info.color_type, info.bit_depth) {
+        (png::ColorType::Rgb, png::BitDepth::Eight) => 3,
+        (png::ColorType::Rgba, png::BitDepth::Eight) => 4,
+        (c, d) => return Err(what(&format!("unexpected PNG format {c:?} {d:?}"))),
+    };
+    let mut matching = 0;
+    let mut distinct = std::collections::HashSet::new();
+    for px in buf[..info.buffer_size()].chunks_exact(channels) {
+        if px[..3] == rgb {
+            matching += 1;
+        }
+        if distinct.len() < 1000 {
+            distinct.insert([px[0], px[1], px[2]]);
+        }
+    }
+    Ok(ColourStats {
+        matching,
+        distinct: distinct.len(),
+        size: (info.width, info.height),
+    })
+}
