@@ -103,6 +103,35 @@ fn the_story_completes_and_ctrl_c_stops_everything() {
         port_open(31282) && port_open(31284),
         "the Ready proxies listen"
     );
+    // The kubectl line the demo prints works against its control plane, READY column included.
+    match Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(work.join("kubeconfig"))
+        .args(["get", "proxies", "-A"])
+        .output()
+    {
+        Ok(out) => {
+            let table = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "kubectl: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            for name in ["ec2-eu-west-1", "hetzner-fsn1"] {
+                let row = table
+                    .lines()
+                    .find(|l| l.split_whitespace().nth(1) == Some(name))
+                    .unwrap_or_else(|| panic!("kubectl does not list {name}:\n{table}"));
+                assert!(
+                    row.split_whitespace().any(|c| c == "True"),
+                    "{name} not shown Ready by kubectl:\n{table}"
+                );
+            }
+        }
+        Err(e) => skip(&format!(
+            "kubectl could not run ({e}): the demo's kubectl line is untested"
+        )),
+    }
 
     // Ctrl-C, as a terminal sends it to the driver.
     // SAFETY: a plain syscall on our own child's PID.
