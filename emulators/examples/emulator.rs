@@ -3,12 +3,15 @@
 //!
 //! ```sh
 //! cargo run -p egress-emulators --example emulator -- hetzner   # or: ec2
+//! cargo run -p egress-emulators --example emulator -- example 8080
 //! ```
 //!
 //! It prints the base URL (the API and the `/_emulator/` control surface) and the
-//! credentials it accepts.
+//! credentials it accepts. The example backend (the one `docs/writing-a-provider.md`
+//! writes a plugin for) takes an optional port, so a providers file can name it.
 
 use egress_emulators::ec2::{EXAMPLE_ACCESS_KEY, EXAMPLE_SECRET_KEY, Ec2Config, Ec2Emulator};
+use egress_emulators::example::{EMULATOR_TOKEN as EXAMPLE_TOKEN, ExampleBackend};
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
 
 const HETZNER_TOKEN: &str = "emulator-token";
@@ -29,8 +32,25 @@ fn main() {
             println!("token: {HETZNER_TOKEN}");
             Box::new(e)
         }
+        "example" => {
+            let port = match std::env::args().nth(2).map(|p| p.parse::<u16>()) {
+                None => 0,
+                Some(Ok(p)) => p,
+                Some(Err(e)) => {
+                    eprintln!("example: port: {e}");
+                    std::process::exit(2);
+                }
+            };
+            let e = ExampleBackend::start_on_port(EXAMPLE_TOKEN, port).unwrap_or_else(|e| {
+                eprintln!("example: cannot listen on 127.0.0.1:{port}: {e}");
+                std::process::exit(1);
+            });
+            println!("example backend at {} (API under /v1)", e.url());
+            println!("token: {EXAMPLE_TOKEN}");
+            Box::new(e)
+        }
         other => {
-            eprintln!("usage: emulator ec2|hetzner (got {other:?})");
+            eprintln!("usage: emulator ec2|hetzner|example [PORT] (got {other:?})");
             std::process::exit(2);
         }
     };

@@ -7,6 +7,7 @@ mod support;
 
 use egress_emulators::control::Emulator;
 use egress_emulators::ec2::{EXAMPLE_ACCESS_KEY, EXAMPLE_SECRET_KEY, Ec2Config, Ec2Emulator};
+use egress_emulators::example::ExampleBackend;
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
 use proxy_operator::conformance::{self, Control, Options, Outcome, Report, Subject};
 use proxy_operator::plugin::WasmProvider;
@@ -90,6 +91,29 @@ async fn hetzner(plugin: &str) -> Setup {
     }
 }
 
+/// The example plugin against the example backend: the plugin `docs/writing-a-provider.md`
+/// builds, line for line.
+async fn example() -> Setup {
+    let emu = ExampleBackend::start("ex-conformance-token");
+    let secrets = tempfile::tempdir().unwrap();
+    let token = secrets.path().join("token");
+    std::fs::write(&token, "ex-conformance-token").unwrap();
+    let entry = format!(
+        "name: ex\nplugin: example.wasm\nadditionalHosts: ['{url}']\n{LIMITS}\n\
+         secrets: {{token: {}}}\nconfig: {{endpoint: '{url}', regions: [r1, r2]}}",
+        token.display(),
+        url = emu.url(),
+    );
+    let p = support::provider(&support::runtime(), "example.wasm", &entry).await;
+    Setup {
+        emu: Box::new(emu),
+        p,
+        placement: placement("r1", "a", "small", "debian"),
+        _secrets: secrets,
+        entry,
+    }
+}
+
 async fn run_suite(s: &Setup) -> Report {
     let control = Control::new(&s.emu.url()).unwrap();
     let opts = Options::new(s.placement.clone());
@@ -122,6 +146,14 @@ async fn hetzner_passes_the_suite() {
     let _dir = plugins_or_skip!();
     let s = hetzner("hetzner.wasm").await;
     assert_all_pass(&run_suite(&s).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_passes_the_suite() {
+    let _dir = plugins_or_skip!();
+    let s = example().await;
+    assert_all_pass(&run_suite(&s).await);
+    assert!(s.emu.dump().instances.is_empty(), "the suite cleans up");
 }
 
 /// `broken.wasm` is the Hetzner plugin with two bugs: Create makes a new server on every

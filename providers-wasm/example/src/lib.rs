@@ -66,14 +66,28 @@ fn api() -> Result<Client, ProviderError> {
     client(&parse_config(&config())?)
 }
 
+/// The backend's own error code: its errors are `{"error": message, "code": code}`.
+fn backend_code(e: &HttpError) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Body {
+        code: String,
+    }
+    match e {
+        HttpError::Status { body, .. } => serde_json::from_slice::<Body>(body).ok().map(|b| b.code),
+        _ => None,
+    }
+}
+
 /// The one place that turns backend answers into error classes.
 fn classify(e: HttpError) -> ProviderError {
-    let (msg, code) = (e.to_string(), e.code_name());
-    match e.status() {
-        Some(404) => ProviderError::not_found(msg),
-        Some(429) => ProviderError::quota(msg),
-        Some(400 | 401 | 403) => ProviderError::permanent(msg),
-        _ => ProviderError::transient(msg), // 5xx, other statuses, transport errors
+    let code = backend_code(&e).unwrap_or_else(|| e.code_name());
+    let msg = e.to_string();
+    match (e.status(), code.as_str()) {
+        (Some(404), "not_found") => ProviderError::not_found(msg), // the backend says: gone
+        (Some(429), _) | (_, "quota_exceeded") => ProviderError::quota(msg),
+        (Some(408 | 409), _) => ProviderError::transient(msg), // locked or busy: try again
+        (Some(400..=499), _) => ProviderError::permanent(msg), // bad request, auth, wrong URL
+        _ => ProviderError::transient(msg),                    // 5xx, transport errors
     }
     .with_code(code)
 }
@@ -91,6 +105,7 @@ fn to_instance(w: Wire) -> Instance {
         "starting" => State::Provisioning,
         "running" if !w.ip.is_empty() => State::Running,
         "running" => State::Provisioning, // never Running without an IP
+        "deleting" => State::Terminated,  // still there while a delete runs
         _ => State::Stopped,              // stopping, stopped, and anything unknown
     };
     let uid = w.labels.get(MARK_UID).cloned().unwrap_or_default();
@@ -188,9 +203,12 @@ impl Provider for Example {
 
     fn delete(id: &str) -> Result<(), ProviderError> {
         let key = split_id(id)?;
-        match api()?.delete(&format!("/v1/instances/{key}")).send().map_err(classify)? {
-            r if r.status == 404 => Ok(()), // already gone counts as deleted
-            r => r.error_for_status().map(drop).map_err(classify),
+        match api()?.delete(&format!("/v1/instances/{key}")).send().and_then(|r| r.error_for_status()) {
+            Ok(_) => Ok(()), // 204 deleted, 202 a delete already in progress
+            Err(e) => match classify(e) {
+                e if matches!(e.class, ErrorClass::NotFound) => Ok(()), // already gone counts as deleted
+                e => Err(e),
+            },
         }
     }
 

@@ -11,11 +11,21 @@ fn status(s: u16) -> HttpError {
     HttpError::Status { status: s, body: br#"{"error":"x"}"#.to_vec() }
 }
 
+fn coded(s: u16, code: &str) -> HttpError {
+    HttpError::Status { status: s, body: format!(r#"{{"error":"x","code":"{code}"}}"#).into_bytes() }
+}
+
 #[test]
 fn classify_table() {
     let cases = [
-        (status(404), ErrorClass::NotFound),
+        (coded(404, "not_found"), ErrorClass::NotFound),
+        // A 404 without the backend's code is a wrong URL, not a gone instance.
+        (status(404), ErrorClass::Permanent),
         (status(429), ErrorClass::QuotaExceeded),
+        (coded(429, "rate_limited"), ErrorClass::QuotaExceeded),
+        (coded(403, "quota_exceeded"), ErrorClass::QuotaExceeded),
+        (coded(401, "unauthorized"), ErrorClass::Permanent),
+        (coded(409, "locked"), ErrorClass::Transient),
         (status(400), ErrorClass::Permanent),
         (status(401), ErrorClass::Permanent),
         (status(403), ErrorClass::Permanent),
@@ -32,6 +42,8 @@ fn classify_table() {
     }
     let e = classify(HttpError::Transport(ErrorCode::ConnectionReadTimeout));
     assert_eq!(e.code.as_deref(), Some("ConnectionReadTimeout"));
+    assert_eq!(classify(coded(403, "quota_exceeded")).code.as_deref(), Some("quota_exceeded"));
+    assert_eq!(classify(status(503)).code.as_deref(), Some("HTTP503"));
 }
 
 fn wire(status: &str, ip: &str) -> Wire {
@@ -55,6 +67,7 @@ fn state_mapping() {
     assert_eq!(state("stopping", ""), State::Stopped);
     assert_eq!(state("stopped", ""), State::Stopped);
     assert_eq!(state("exploded", ""), State::Stopped);
+    assert_eq!(state("deleting", "127.0.0.1"), State::Terminated);
 
     let i = to_instance(wire("running", "127.0.0.1"));
     assert_eq!(i.id, "r1/i-00000001");
