@@ -136,6 +136,51 @@ impl Registry {
             "Lease",
             true,
         ));
+        // What an operator's install manifests hold (`kubectl apply -k`): stored as sent,
+        // no controllers behind them.
+        for (group, plural, kind, namespaced, short) in [
+            ("", "services", "Service", true, "svc"),
+            ("", "serviceaccounts", "ServiceAccount", true, "sa"),
+            ("apps", "deployments", "Deployment", true, "deploy"),
+            (
+                "policy",
+                "poddisruptionbudgets",
+                "PodDisruptionBudget",
+                true,
+                "pdb",
+            ),
+            ("rbac.authorization.k8s.io", "roles", "Role", true, ""),
+            (
+                "rbac.authorization.k8s.io",
+                "rolebindings",
+                "RoleBinding",
+                true,
+                "",
+            ),
+            (
+                "rbac.authorization.k8s.io",
+                "clusterroles",
+                "ClusterRole",
+                false,
+                "",
+            ),
+            (
+                "rbac.authorization.k8s.io",
+                "clusterrolebindings",
+                "ClusterRoleBinding",
+                false,
+                "",
+            ),
+        ] {
+            let mut t = ResourceType::builtin(group, "v1", plural, kind, namespaced);
+            t.short_names = [short]
+                .iter()
+                .filter(|s| !s.is_empty())
+                .map(|s| s.to_string())
+                .collect();
+            t.has_generation = kind == "Deployment" || kind == "PodDisruptionBudget";
+            r.insert(t);
+        }
         let mut crd = ResourceType::builtin(
             "apiextensions.k8s.io",
             "v1",
