@@ -11,7 +11,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Written on every instance the demo's operator creates, and the scope of its GC.
 pub const INSTALLATION: &str = "egress-demo";
@@ -134,41 +133,12 @@ fn demo_token() -> String {
     s
 }
 
-/// An HTTP server on 127.0.0.1 whose every answer is the caller's IP and a newline: the
-/// health probe's egress check, and the target of the demo's own request.
+/// The egress echo on 127.0.0.1 (the health probe's egress check, and the target of the
+/// demo's own request); it runs as long as the demo's runtime.
 async fn echo_server(port: u16) -> Result<u16> {
-    let l = tokio::net::TcpListener::bind(("127.0.0.1", port))
+    let (port, _task) = egress_emulators::echo::start(port)
         .await
         .with_context(|| format!("echo server: binding 127.0.0.1:{port}"))?;
-    let port = l.local_addr()?.port();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, peer)) = l.accept().await else {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            };
-            tokio::spawn(async move {
-                let mut got = Vec::new();
-                let mut buf = [0u8; 2048];
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") && got.len() < 16 * 1024 {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let body = format!("{}\n", peer.ip());
-                let _ = s
-                    .write_all(
-                        format!(
-                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                            body.len()
-                        )
-                        .as_bytes(),
-                    )
-                    .await;
-            });
-        }
-    });
     Ok(port)
 }
 

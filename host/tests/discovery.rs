@@ -2,10 +2,9 @@
 //! filled by a reflector watching the in-memory Kubernetes API (fake-kube), and auth
 //! reviews answered by fake-kube's programmed TokenReview and SubjectAccessReview.
 
-use bytes::Bytes;
+mod support;
+
 use fake_kube::{AccessRule, ApiError, FakeApi, UserInfo};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -42,31 +41,16 @@ async fn call(addr: SocketAddr, path: &str, token: Option<&str>) -> Answer {
 }
 
 async fn call_with(addr: SocketAddr, path: &str, authorization: Option<&str>) -> Answer {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let mut req = http::Request::get(path).header(http::header::HOST, "localhost");
-    if let Some(a) = authorization {
-        req = req.header(http::header::AUTHORIZATION, a);
-    }
-    let resp = sender
-        .send_request(req.body(Empty::<Bytes>::new()).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+    let a = support::http::request(addr, path, authorization).await;
+    let body = serde_json::from_str(&a.body).unwrap_or_else(|_| {
         panic!(
-            "{path}: {status} with a body that is not JSON: {:?}",
-            String::from_utf8_lossy(&bytes)
+            "{path}: {} with a body that is not JSON: {:?}",
+            a.status, a.body
         )
     });
     Answer {
-        status,
-        headers,
+        status: a.status,
+        headers: a.headers,
         body,
     }
 }

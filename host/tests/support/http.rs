@@ -15,14 +15,19 @@ pub struct Answer {
 
 /// `GET path` on `addr`, with `Authorization: Bearer token` when given.
 pub async fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> Answer {
+    request(addr, path, token.map(|t| format!("Bearer {t}")).as_deref()).await
+}
+
+/// `GET path` on `addr` with this `Authorization` header value, verbatim (for malformed ones).
+pub async fn request(addr: SocketAddr, path: &str, authorization: Option<&str>) -> Answer {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .unwrap();
     tokio::spawn(conn);
     let mut req = http::Request::get(path).header(http::header::HOST, "localhost");
-    if let Some(t) = token {
-        req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+    if let Some(a) = authorization {
+        req = req.header(http::header::AUTHORIZATION, a);
     }
     let resp = sender
         .send_request(req.body(Empty::<Bytes>::new()).unwrap())

@@ -5,8 +5,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 /// A tinyproxy child process on a free loopback port, killed on drop.
 pub struct Tinyproxy {
@@ -90,34 +88,5 @@ impl Tinyproxy {
 
 /// An HTTP server on 127.0.0.1 whose every answer is the client's IP: the egress echo.
 pub async fn echo_server() -> (u16, tokio::task::JoinHandle<()>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((mut s, peer)) = l.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut got = Vec::new();
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let body = format!("{}\n", peer.ip());
-                let _ = s
-                    .write_all(
-                        format!(
-                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                            body.len()
-                        )
-                        .as_bytes(),
-                    )
-                    .await;
-            });
-        }
-    });
-    (port, task)
+    egress_emulators::echo::start(0).await.unwrap()
 }
