@@ -39,3 +39,66 @@ pub trait Emulator: Send + Sync {
     /// Forget everything.
     fn reset(&self);
 }
+
+/// Faults waiting for the calls they hit, oldest first: each hits the next `count` calls
+/// of its operation (or of any, for [`FaultOp::Any`]), then goes. `E` is what a hit does
+/// in a given emulator (answer an error, wait).
+#[derive(Debug)]
+pub struct FaultQueue<E> {
+    queued: Vec<(FaultOp, E, u32)>,
+}
+
+impl<E> Default for FaultQueue<E> {
+    fn default() -> Self {
+        FaultQueue { queued: Vec::new() }
+    }
+}
+
+impl<E: Clone> FaultQueue<E> {
+    /// Queues `effect` for the next `count` calls of `op` (nothing when `count` is 0).
+    pub fn push(&mut self, op: FaultOp, effect: E, count: u32) {
+        if count > 0 {
+            self.queued.push((op, effect, count));
+        }
+    }
+
+    /// The oldest fault that applies to a call of `op` (`None`: a call of no particular
+    /// operation, hit only by `Any` faults), consuming one of its uses.
+    pub fn take(&mut self, op: Option<FaultOp>) -> Option<E> {
+        let idx = self
+            .queued
+            .iter()
+            .position(|(o, _, _)| *o == FaultOp::Any || Some(*o) == op)?;
+        let (_, effect, remaining) = &mut self.queued[idx];
+        *remaining -= 1;
+        let effect = effect.clone();
+        if *remaining == 0 {
+            self.queued.remove(idx);
+        }
+        Some(effect)
+    }
+
+    pub fn clear(&mut self) {
+        self.queued.clear();
+    }
+}
+
+#[cfg(test)]
+mod fault_queue_tests {
+    use super::*;
+
+    #[test]
+    fn faults_hit_their_operation_oldest_first_and_expire() {
+        let mut q = FaultQueue::default();
+        q.push(FaultOp::Get, "get-1", 1);
+        q.push(FaultOp::Any, "any", 2);
+        q.push(FaultOp::Create, "never", 0);
+        assert_eq!(q.take(Some(FaultOp::Create)), Some("any"));
+        assert_eq!(q.take(Some(FaultOp::Get)), Some("get-1"));
+        assert_eq!(q.take(None), Some("any"));
+        assert_eq!(q.take(Some(FaultOp::Get)), None);
+        q.push(FaultOp::Delete, "d", 5);
+        q.clear();
+        assert_eq!(q.take(Some(FaultOp::Delete)), None);
+    }
+}

@@ -151,19 +151,12 @@ struct Effect {
 }
 
 #[derive(Debug)]
-struct ActiveFault {
-    op: FaultOp,
-    effect: Effect,
-    remaining: u32,
-}
-
-#[derive(Debug)]
 struct Backend {
     token: String,
     instances: BTreeMap<String, Instance>,
     next_id: u64,
     auto_run: bool,
-    faults: Vec<ActiveFault>,
+    faults: crate::control::FaultQueue<Effect>,
     requests: Vec<String>,
     /// Held in `starting` until released.
     held: BTreeSet<String>,
@@ -182,7 +175,7 @@ impl Backend {
             instances: BTreeMap::new(),
             next_id: 1,
             auto_run: true,
-            faults: Vec::new(),
+            faults: Default::default(),
             requests: Vec::new(),
             held: BTreeSet::new(),
             locked: BTreeSet::new(),
@@ -211,17 +204,7 @@ impl Backend {
 
     /// The oldest fault that applies to a call of `op`, consuming one of its uses.
     fn take_fault(&mut self, op: Option<FaultOp>) -> Option<Effect> {
-        let idx = self
-            .faults
-            .iter()
-            .position(|f| f.op == FaultOp::Any || Some(f.op) == op)?;
-        let fault = &mut self.faults[idx];
-        fault.remaining -= 1;
-        let effect = fault.effect.clone();
-        if fault.remaining == 0 {
-            self.faults.remove(idx);
-        }
-        Some(effect)
+        self.faults.take(op)
     }
 
     fn inject(&mut self, fault: &Fault) {
@@ -264,25 +247,13 @@ impl Backend {
                 ),
             },
         };
-        if fault.count > 0 {
-            self.faults.push(ActiveFault {
-                op: fault.op,
-                effect,
-                remaining: fault.count,
-            });
-        }
+        self.faults.push(fault.op, effect, fault.count);
     }
 
     /// The older single-fault API: replaces whatever was injected before.
     fn replace_fault(&mut self, effect: Effect, count: u32) {
         self.faults.clear();
-        if count > 0 {
-            self.faults.push(ActiveFault {
-                op: FaultOp::Any,
-                effect,
-                remaining: count,
-            });
-        }
+        self.faults.push(FaultOp::Any, effect, count);
     }
 
     fn with<R>(&mut self, id: &str, f: impl FnOnce(&mut Backend, String) -> R) -> Option<R> {

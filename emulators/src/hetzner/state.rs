@@ -125,12 +125,6 @@ pub(crate) enum FaultEffect {
     Fail(HetznerError),
 }
 
-struct ActiveFault {
-    op: FaultOp,
-    effect: FaultEffect,
-    remaining: u32,
-}
-
 /// A list answer: the body plus the `Link` header the reference says lists carry.
 pub(crate) struct Listing {
     pub body: Value,
@@ -149,7 +143,7 @@ pub(crate) struct Backend {
     next_action: u64,
     next_v4: u32,
     next_v6: u32,
-    faults: Vec<ActiveFault>,
+    faults: crate::control::FaultQueue<FaultEffect>,
     failing_scopes: BTreeSet<String>,
     pub requests: Vec<String>,
 }
@@ -190,7 +184,7 @@ impl Backend {
             next_action: FIRST_ACTION_ID,
             next_v4: 0,
             next_v6: 0,
-            faults: Vec::new(),
+            faults: Default::default(),
             failing_scopes: BTreeSet::new(),
             requests: Vec::new(),
         }
@@ -226,28 +220,12 @@ impl Backend {
     }
 
     fn push_fault(&mut self, op: FaultOp, effect: FaultEffect, count: u32) {
-        if count > 0 {
-            self.faults.push(ActiveFault {
-                op,
-                effect,
-                remaining: count,
-            });
-        }
+        self.faults.push(op, effect, count);
     }
 
     /// The oldest fault that applies to this call, consuming one of its uses.
     pub(crate) fn take_fault(&mut self, op: Option<FaultOp>) -> Option<FaultEffect> {
-        let idx = self
-            .faults
-            .iter()
-            .position(|f| f.op == FaultOp::Any || Some(f.op) == op)?;
-        let fault = &mut self.faults[idx];
-        fault.remaining -= 1;
-        let effect = fault.effect.clone();
-        if fault.remaining == 0 {
-            self.faults.remove(idx);
-        }
-        Some(effect)
+        self.faults.take(op)
     }
 
     pub(crate) fn fail_scope(&mut self, scope: &str, fail: bool) {
