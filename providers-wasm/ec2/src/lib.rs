@@ -397,7 +397,8 @@ impl Provider for Ec2Provider {
                 if !defaults.contains(&entry) {
                     warn!(
                         "region {name}: endpoint {entry} is not among the plugin's default hosts; \
-                         add it to the provider's additionalHosts"
+                         calls to it are refused unless the provider's allowedHosts or \
+                         additionalHosts lists it"
                     );
                 }
             }
