@@ -13,7 +13,7 @@ use proxy_operator::api::{
     self, ANNOTATION_SKIP_CLEANUP, CloudInit, Placement, Proxy, ProxySpec, SecretKeyRef, condition,
 };
 use proxy_operator::controller::decide::{event, reason};
-use proxy_operator::controller::{self, Context, FINALIZER, HealthHook, Settings, Timings};
+use proxy_operator::controller::{self, Context, FINALIZER, HealthHook, Settings};
 use proxy_operator::health::{EngineConfig, HealthEngine, Thresholds};
 use proxy_operator::provider::{Class, Op, Provider, State, name_from_uid};
 use proxy_operator::registry::ProviderRegistry;
@@ -27,18 +27,7 @@ const INSTALLATION: &str = "install-test";
 const WAIT: Duration = Duration::from_secs(15);
 
 fn settings() -> Settings {
-    let mut s = Settings::new(INSTALLATION);
-    s.timings = Timings {
-        provisioning_poll: Duration::from_millis(50),
-        deletion_poll: Duration::from_millis(50),
-        drift_poll: Duration::from_millis(200),
-        requeue_now: Duration::from_millis(20),
-        quota_retry: Duration::from_millis(300),
-        input_retry: Duration::from_millis(100),
-    };
-    s.backoff_base = Duration::from_millis(20);
-    s.backoff_max = Duration::from_millis(200);
-    s
+    support::fast_settings(INSTALLATION, 200, 300)
 }
 
 struct Env {

@@ -9,7 +9,7 @@ use fake_kube::FakeApi;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use proxy_operator::api::{self, CloudInit, Placement, Proxy, ProxySpec, condition};
-use proxy_operator::controller::{self, Context, Settings, Timings};
+use proxy_operator::controller::{self, Context};
 use proxy_operator::provider::{Instrumented, Provider, ProviderMetrics};
 use proxy_operator::registry::ProviderRegistry;
 use serde_json::json;
@@ -73,29 +73,13 @@ async fn cluster() -> (FakeApi, kube::Client) {
     (fake, client)
 }
 
-/// Polls and backoff shrunk to tens of milliseconds.
-fn fast_settings(installation: &str, drift_ms: u64, quota_ms: u64) -> Settings {
-    let mut settings = Settings::new(installation);
-    settings.timings = Timings {
-        provisioning_poll: Duration::from_millis(50),
-        deletion_poll: Duration::from_millis(50),
-        drift_poll: Duration::from_millis(drift_ms),
-        requeue_now: Duration::from_millis(20),
-        quota_retry: Duration::from_millis(quota_ms),
-        input_retry: Duration::from_millis(100),
-    };
-    settings.backoff_base = Duration::from_millis(20);
-    settings.backoff_max = Duration::from_millis(200);
-    settings
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_lifecycle_through_the_example_plugin() {
     let _dir = plugins_or_skip!();
     let backend = ExampleBackend::start("tok");
     let (_secrets, registry) = example_registry(&backend, "", "r1, r2").await;
     let (_fake, client) = cluster().await;
-    let settings = fast_settings("install-wasm", 300, 300);
+    let settings = support::fast_settings("install-wasm", 300, 300);
     let ctx = Arc::new(Context::new(client.clone(), registry, settings));
     tokio::spawn(controller::run(ctx, std::future::pending::<()>()));
 
@@ -184,7 +168,7 @@ async fn fault_injection_run_through_the_wasm_plugin() {
     let backend = Arc::new(ExampleBackend::start("tok"));
     let (_secrets, registry) = example_registry(&backend, "limits: {timeout: 500ms}\n", "r1").await;
     let (_fake, client) = cluster().await;
-    let settings = fast_settings("install-chaos", 500, 200);
+    let settings = support::fast_settings("install-chaos", 500, 200);
     let engine = HealthEngine::new(
         EngineConfig {
             interval: Duration::from_millis(100),

@@ -2,6 +2,8 @@
 //! identities) against one in-memory Kubernetes API (fake-kube), and the helper that runs
 //! leader-only loops.
 
+mod support;
+
 use fake_kube::FakeApi;
 use k8s_openapi::api::coordination::v1::Lease;
 use proxy_operator::leader::{
@@ -381,7 +383,7 @@ mod controllers {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Api, PostParams};
     use proxy_operator::api::{self, CloudInit, Placement, Proxy, ProxySpec};
-    use proxy_operator::controller::{self, Context, Settings, Timings};
+    use proxy_operator::controller::{self, Context, Settings};
     use proxy_operator::provider::{
         CreateRequest, Instance, Provider, ProviderError, TargetStatus,
     };
@@ -421,18 +423,7 @@ mod controllers {
     }
 
     fn settings() -> Settings {
-        let mut s = Settings::new("install-test");
-        s.timings = Timings {
-            provisioning_poll: Duration::from_millis(50),
-            deletion_poll: Duration::from_millis(50),
-            drift_poll: Duration::from_millis(200),
-            requeue_now: Duration::from_millis(20),
-            quota_retry: Duration::from_millis(300),
-            input_retry: Duration::from_millis(100),
-        };
-        s.backoff_base = Duration::from_millis(20);
-        s.backoff_max = Duration::from_millis(200);
-        s
+        crate::support::fast_settings("install-test", 200, 300)
     }
 
     fn spec() -> ProxySpec {

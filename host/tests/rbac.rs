@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use proxy_operator::api::{self, CloudInit, Placement, Proxy, ProxySpec, SecretKeyRef};
-use proxy_operator::controller::{self, Context, HealthHook, Settings, Timings};
+use proxy_operator::controller::{self, Context, HealthHook};
 use proxy_operator::discovery::{self, Auth, AuthSettings};
 use proxy_operator::gc::{GcMetrics, GcSettings, Sweeper};
 use proxy_operator::health::{EngineConfig, HealthEngine, Thresholds};
@@ -144,15 +144,7 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
     let fake = Arc::new(FakeProvider::new("fake"));
     fake.set_fixed_ip("127.0.0.1");
     let registry = ProviderRegistry::new([fake.clone() as Arc<dyn Provider>]);
-    let mut settings = Settings::new(INSTALLATION);
-    settings.timings = Timings {
-        provisioning_poll: Duration::from_millis(50),
-        deletion_poll: Duration::from_millis(50),
-        drift_poll: Duration::from_millis(200),
-        requeue_now: Duration::from_millis(20),
-        quota_retry: Duration::from_millis(300),
-        input_retry: Duration::from_millis(100),
-    };
+    let mut settings = support::fast_settings(INSTALLATION, 200, 300);
     settings.instance_name = Some("pod-a".into());
     let engine = HealthEngine::new(
         EngineConfig {

@@ -32,31 +32,13 @@ impl Drop for Operator {
 }
 
 impl Operator {
+    /// (status, body); status 0 while nothing listens.
     async fn get(&self, path: &str) -> (u16, String) {
-        http_get(self.addr, path).await
+        match support::http::try_get(self.addr, path).await {
+            Some(a) => (a.status, a.body),
+            None => (0, "connection refused".into()),
+        }
     }
-}
-
-/// A plain HTTP/1.1 GET on loopback; (0, error) when nothing answers yet.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-        return (0, "connection refused".into());
-    };
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    if s.write_all(req.as_bytes()).await.is_err() {
-        return (0, "write failed".into());
-    }
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf).await;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let code = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|b| b.1).unwrap_or("");
-    (code, body.to_string())
 }
 
 async fn wait_for<T>(what: &str, within: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> T {

@@ -21,6 +21,17 @@ pub async fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> Answer {
 /// `GET path` on `addr` with this `Authorization` header value, verbatim (for malformed ones).
 pub async fn request(addr: SocketAddr, path: &str, authorization: Option<&str>) -> Answer {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    over(stream, path, authorization).await
+}
+
+/// `GET path` without a token; `None` while nothing accepts connections on `addr` (a
+/// server not up yet, or gone).
+pub async fn try_get(addr: SocketAddr, path: &str) -> Option<Answer> {
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    Some(over(stream, path, None).await)
+}
+
+async fn over(stream: tokio::net::TcpStream, path: &str, authorization: Option<&str>) -> Answer {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .unwrap();

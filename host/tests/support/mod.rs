@@ -221,3 +221,25 @@ limits: {{{}}}"#,
         all.join(", ")
     )
 }
+
+/// Controller settings with polls and backoff shrunk to tens of milliseconds, so the
+/// loops' tests converge in seconds.
+pub fn fast_settings(
+    installation: &str,
+    drift_ms: u64,
+    quota_ms: u64,
+) -> proxy_operator::controller::Settings {
+    use std::time::Duration;
+    let mut settings = proxy_operator::controller::Settings::new(installation);
+    settings.timings = proxy_operator::controller::Timings {
+        provisioning_poll: Duration::from_millis(50),
+        deletion_poll: Duration::from_millis(50),
+        drift_poll: Duration::from_millis(drift_ms),
+        requeue_now: Duration::from_millis(20),
+        quota_retry: Duration::from_millis(quota_ms),
+        input_retry: Duration::from_millis(100),
+    };
+    settings.backoff_base = Duration::from_millis(20);
+    settings.backoff_max = Duration::from_millis(200);
+    settings
+}
