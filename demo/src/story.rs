@@ -109,6 +109,23 @@ async fn request_through(stack: &Stack, ip: &str, port: u16) -> Result<()> {
     Ok(())
 }
 
+/// The names (`namespace/name`) among `names` that the discovery API's `items` leave out.
+fn unlisted<'a>(names: &'a [String], items: &[Value]) -> Vec<&'a str> {
+    names
+        .iter()
+        .filter(|n| {
+            !items.iter().any(|i| {
+                format!(
+                    "{}/{}",
+                    i["namespace"].as_str().unwrap_or(""),
+                    i["name"].as_str().unwrap_or("")
+                ) == **n
+            })
+        })
+        .map(String::as_str)
+        .collect()
+}
+
 pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
     let t = args.step_timeout;
     let watch = Watch::start(stack.client.clone(), started);
@@ -147,28 +164,34 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
 
     step(2, "Ask the discovery API for Ready proxies");
     println!("  {}", stack.curl_line("/v1/proxies"));
-    let a = crate::http::get(stack.discovery, "/v1/proxies", Some(&stack.token)).await?;
-    ensure!(
-        a.status == 200,
-        "GET /v1/proxies answered {}: {}",
-        a.status,
-        a.body
-    );
-    let answer: Value = serde_json::from_str(&a.body)
-        .with_context(|| format!("GET /v1/proxies answered no JSON: {}", a.body))?;
+    // The discovery API answers from the operator's informer cache, which sees a status
+    // change a moment after the demo's own watch does: ask until it lists every sample.
+    let deadline = Instant::now() + t;
+    let (answer, items) = loop {
+        let a = crate::http::get(stack.discovery, "/v1/proxies", Some(&stack.token)).await?;
+        ensure!(
+            a.status == 200,
+            "GET /v1/proxies answered {}: {}",
+            a.status,
+            a.body
+        );
+        let answer: Value = serde_json::from_str(&a.body)
+            .with_context(|| format!("GET /v1/proxies answered no JSON: {}", a.body))?;
+        let items = answer["items"].as_array().cloned().unwrap_or_default();
+        let missing = unlisted(&names, &items);
+        if missing.is_empty() {
+            break (answer, items);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the discovery API does not list the Ready Proxies {} within {t:?}: {}",
+            missing.join(", "),
+            a.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     for line in serde_json::to_string_pretty(&answer)?.lines() {
         println!("    {line}");
-    }
-    let items = answer["items"].as_array().cloned().unwrap_or_default();
-    for n in &names {
-        ensure!(
-            items.iter().any(|i| format!(
-                "{}/{}",
-                i["namespace"].as_str().unwrap_or(""),
-                i["name"].as_str().unwrap_or("")
-            ) == *n),
-            "the discovery API does not list the Ready Proxy {n}"
-        );
     }
     let shot = stack.kubeconfig.with_file_name("status.png");
     if let Some(shot) = crate::status_page::capture(stack, &names, &shot).await? {
@@ -361,4 +384,26 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
             .join(", ")
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn unlisted_names_the_proxies_the_discovery_answer_leaves_out() {
+        let names = vec![
+            "demo/a".to_string(),
+            "demo/b".to_string(),
+            "x/a".to_string(),
+        ];
+        let items = vec![
+            json!({"namespace": "demo", "name": "a"}),
+            json!({"namespace": "other", "name": "b"}),
+        ];
+        assert_eq!(unlisted(&names, &items), vec!["demo/b", "x/a"]);
+        assert!(unlisted(&names[..1], &items).is_empty());
+        assert_eq!(unlisted(&names[..1], &[]), vec!["demo/a"]);
+    }
 }

@@ -110,7 +110,7 @@ pub fn line(elapsed: Duration, key: &str, v: &View) -> String {
             Some(ms) => format!("a real CONNECT through {addr} worked ({ms} ms)"),
             None => format!("a real CONNECT through {addr} worked"),
         },
-        "Ready" => format!("{addr} (instance {id}), listed by the discovery API"),
+        "Ready" => format!("{addr} (instance {id}), ready for the discovery API to hand out"),
         "Deleting" if v.message.is_empty() => {
             format!("the finalizer holds the object until instance {id} is deleted")
         }
