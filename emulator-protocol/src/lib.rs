@@ -17,7 +17,7 @@
 //! | `POST /_emulator/lock` | `{"id": .., "locked": true}` | lock the instance as during a backend action (or, without locks, an operation in progress) |
 //! | `POST /_emulator/plant` | [`Plant`] | create an instance behind the plugin's back; answers `{"id": ..}` |
 //! | `POST /_emulator/faults` | [`Fault`] | fail or delay the next calls of an operation |
-//! | `POST /_emulator/scope` | `{"scope": .., "fail": true}` | make listing fail for one region / location |
+//! | `POST /_emulator/scope` | [`ScopeFailure`] | make listing fail for one region / location |
 //! | `POST /_emulator/reset` | | forget everything, faults included; ids are never reused afterwards |
 
 use serde::{Deserialize, Serialize};
@@ -92,6 +92,20 @@ pub struct Plant {
     pub installation: Option<String>,
     /// Creation time as Unix seconds; now when `None`.
     pub created_at: Option<u64>,
+}
+
+/// Make listing fail (or work again) in one region / location, as a backend outage of one
+/// scope looks to the plugin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopeFailure {
+    pub scope: String,
+    /// `false` ends the failure; a body without it starts one.
+    #[serde(default = "yes")]
+    pub fail: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// An instance as the emulator holds it.

@@ -66,7 +66,9 @@ mod tests;
 
 pub use sigv4::{Credential, SignatureMismatch};
 
-use crate::control::{Dump, DumpInstance, DumpSecondary, Emulator, Fault, FaultKind, Plant};
+use crate::control::{
+    Dump, DumpInstance, DumpSecondary, Emulator, Fault, FaultKind, Plant, ScopeFailure,
+};
 use api::{ApiError, Params};
 use axum::Router;
 use axum::extract::{Request, State as AxState};
@@ -800,15 +802,9 @@ async fn control_faults(
     }
 }
 
-#[derive(Deserialize)]
-struct ScopeBody {
-    scope: String,
-    fail: bool,
-}
-
 async fn control_scope(
     AxState(s): AxState<Shared>,
-    body: Result<Json<ScopeBody>, JsonRejection>,
+    body: Result<Json<ScopeFailure>, JsonRejection>,
 ) -> Response {
     match body {
         Ok(Json(b)) => {

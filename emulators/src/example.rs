@@ -56,7 +56,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::control::{Dump, DumpInstance, Emulator, Fault, FaultKind, FaultOp, Plant};
+use crate::control::{
+    Dump, DumpInstance, Emulator, Fault, FaultKind, FaultOp, Plant, ScopeFailure,
+};
 
 /// Where a planted instance without a scope goes.
 pub const DEFAULT_REGION: &str = "r1";
@@ -903,14 +905,7 @@ async fn control_faults(State(state): State<Shared>, Json(f): Json<Fault>) -> Re
     StatusCode::NO_CONTENT.into_response()
 }
 
-#[derive(Deserialize)]
-struct ScopeBody {
-    scope: String,
-    #[serde(default = "yes")]
-    fail: bool,
-}
-
-async fn control_scope(State(state): State<Shared>, Json(b): Json<ScopeBody>) -> Response {
+async fn control_scope(State(state): State<Shared>, Json(b): Json<ScopeFailure>) -> Response {
     lock(&state).fail_region(&b.scope, b.fail);
     StatusCode::NO_CONTENT.into_response()
 }

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::error::HetznerError;
 use super::state::{Shared, lock, parse_id};
-use crate::control::{Fault, FaultOp, Plant};
+use crate::control::{Fault, FaultOp, Plant, ScopeFailure};
 
 pub(crate) fn router() -> Router<Shared> {
     Router::new()
@@ -151,14 +151,7 @@ async fn errors(State(s): State<Shared>, Json(b): Json<ErrorBody>) -> Response {
     StatusCode::NO_CONTENT.into_response()
 }
 
-#[derive(Deserialize)]
-struct ScopeBody {
-    scope: String,
-    #[serde(default = "yes")]
-    fail: bool,
-}
-
-async fn scope(State(s): State<Shared>, Json(b): Json<ScopeBody>) -> Response {
+async fn scope(State(s): State<Shared>, Json(b): Json<ScopeFailure>) -> Response {
     lock(&s).fail_scope(&b.scope, b.fail);
     StatusCode::NO_CONTENT.into_response()
 }
