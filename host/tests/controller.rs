@@ -10,7 +10,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use proxy_operator::api::{
-    self, ANNOTATION_SKIP_CLEANUP, CloudInit, Placement, Proxy, ProxySpec, SecretKeyRef, condition,
+    self, ANNOTATION_SKIP_CLEANUP, CloudInit, Proxy, ProxySpec, SecretKeyRef, condition,
 };
 use proxy_operator::controller::decide::{event, reason};
 use proxy_operator::controller::{self, Context, FINALIZER, HealthHook, Settings};
@@ -210,22 +210,7 @@ fn provisioned(p: &Proxy) -> Option<(String, String)> {
         .map(|c| (c.status.clone(), c.reason.clone()))
 }
 
-fn spec(zone: &str) -> ProxySpec {
-    ProxySpec {
-        provider: "fake".into(),
-        placement: Placement {
-            region: "r1".into(),
-            zone: zone.into(),
-            machine_type: "small".into(),
-            image: "debian".into(),
-        },
-        cloud_init: CloudInit {
-            inline: Some("#cloud-config\npackages: [tinyproxy]\n".into()),
-            secret_key_ref: None,
-        },
-        port: 3128,
-    }
-}
+use support::fake_spec as spec;
 
 #[tokio::test]
 async fn proxy_goes_provisioned_and_running() {

@@ -382,7 +382,7 @@ mod controllers {
     use super::*;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Api, PostParams};
-    use proxy_operator::api::{self, CloudInit, Placement, Proxy, ProxySpec};
+    use proxy_operator::api::{self, Proxy};
     use proxy_operator::controller::{self, Context, Settings};
     use proxy_operator::provider::{
         CreateRequest, Instance, Provider, ProviderError, TargetStatus,
@@ -424,23 +424,6 @@ mod controllers {
 
     fn settings() -> Settings {
         crate::support::fast_settings("install-test", 200, 300)
-    }
-
-    fn spec() -> ProxySpec {
-        ProxySpec {
-            provider: "fake".into(),
-            placement: Placement {
-                region: "r1".into(),
-                zone: "z1".into(),
-                machine_type: "small".into(),
-                image: "debian".into(),
-            },
-            cloud_init: CloudInit {
-                inline: Some("#cloud-config\npackages: [tinyproxy]\n".into()),
-                secret_key_ref: None,
-            },
-            port: 3128,
-        }
     }
 
     struct Operator {
@@ -510,7 +493,7 @@ mod controllers {
             (&mut b, &mut a)
         };
 
-        let p1 = Proxy::new("p1", spec());
+        let p1 = Proxy::new("p1", crate::support::fake_spec("z1"));
         proxies.create(&PostParams::default(), &p1).await.unwrap();
         wait_running(&proxies, "p1").await;
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -528,7 +511,7 @@ mod controllers {
         leader.runner.abort();
         let frozen = leader.calls.load(Ordering::SeqCst);
 
-        let p2 = Proxy::new("p2", spec());
+        let p2 = Proxy::new("p2", crate::support::fake_spec("z1"));
         proxies.create(&PostParams::default(), &p2).await.unwrap();
         wait_running(&proxies, "p2").await;
         println!(

@@ -13,7 +13,7 @@ use fake_kube::{AccessRule, FakeApi, RequestRecord, UserInfo};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use proxy_operator::api::{self, CloudInit, Placement, Proxy, ProxySpec, SecretKeyRef};
+use proxy_operator::api::{self, CloudInit, Proxy, ProxySpec, SecretKeyRef};
 use proxy_operator::controller::{self, Context, HealthHook};
 use proxy_operator::discovery::{self, Auth, AuthSettings};
 use proxy_operator::gc::{GcMetrics, GcSettings, Sweeper};
@@ -64,15 +64,8 @@ async fn client_with_token(api: &FakeApi, addr: std::net::SocketAddr, token: &st
 
 fn spec(cloud_init: CloudInit) -> ProxySpec {
     ProxySpec {
-        provider: "fake".into(),
-        placement: Placement {
-            region: "r".into(),
-            zone: "z".into(),
-            machine_type: "m".into(),
-            image: "i".into(),
-        },
         cloud_init,
-        port: 3128,
+        ..support::fake_spec("z")
     }
 }
 

@@ -776,32 +776,34 @@ fn parse_response(raw: &[u8]) -> Result<(u16, String)> {
 }
 
 fn kubectl(args: &[&str]) -> Result<String> {
-    let out = with_kubeconfig(&mut Command::new("kubectl"))
-        .args(args)
-        .output()
-        .context("running kubectl (is it installed?)")?;
-    ensure!(
-        out.status.success(),
-        "kubectl {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    run_kubectl(args, None)
 }
 
 fn kubectl_stdin(args: &[&str], input: &str) -> Result<String> {
+    run_kubectl(args, Some(input))
+}
+
+/// Runs kubectl against the e2e kubeconfig, feeding it `input` when given; its stdout, or
+/// an error quoting the command and its stderr.
+fn run_kubectl(args: &[&str], input: Option<&str>) -> Result<String> {
     let mut child = with_kubeconfig(&mut Command::new("kubectl"))
         .args(args)
-        .stdin(Stdio::piped())
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("running kubectl")?;
-    child
-        .stdin
-        .take()
-        .context("kubectl stdin")?
-        .write_all(input.as_bytes())?;
+        .context("running kubectl (is it installed?)")?;
+    if let Some(input) = input {
+        child
+            .stdin
+            .take()
+            .context("kubectl stdin")?
+            .write_all(input.as_bytes())?;
+    }
     let out = child.wait_with_output()?;
     ensure!(
         out.status.success(),

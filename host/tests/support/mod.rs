@@ -222,6 +222,26 @@ limits: {{{}}}"#,
     )
 }
 
+/// A Proxy spec for `testing::fake_provider`'s "fake" provider in zone `zone`: the loops'
+/// tests only care about the provider name, the zone and the port.
+pub fn fake_spec(zone: &str) -> proxy_operator::api::ProxySpec {
+    use proxy_operator::api::{CloudInit, Placement, ProxySpec};
+    ProxySpec {
+        provider: "fake".into(),
+        placement: Placement {
+            region: "r1".into(),
+            zone: zone.into(),
+            machine_type: "small".into(),
+            image: "debian".into(),
+        },
+        cloud_init: CloudInit {
+            inline: Some("#cloud-config\npackages: [tinyproxy]\n".into()),
+            secret_key_ref: None,
+        },
+        port: 3128,
+    }
+}
+
 /// Controller settings with polls and backoff shrunk to tens of milliseconds, so the
 /// loops' tests converge in seconds.
 pub fn fast_settings(
