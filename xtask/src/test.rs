@@ -20,7 +20,7 @@ pub struct Args {
 /// (the tests themselves would fail too, but this says why up front).
 const TOOLS: &[(&str, &str)] = &[(
     "kubectl",
-    "the fake API server's kubectl compatibility test and the config/ render tests",
+    "the fake API server's kubectl compatibility test, the config/ render tests, the docs/operations.md commands and the demo story's kubectl line",
 )];
 
 /// Debian packages some tests run as real processes: (binary, package, why).
