@@ -62,8 +62,14 @@ pub struct Limits {
     pub memory_mib: u32,
     /// Concurrent calls into this provider; further calls wait.
     pub concurrency: u32,
-    /// Bytes a call may leave in its `/tmp`, in MiB.
+    /// Bytes a call may write to its `/tmp`, in MiB: every byte written counts (also to
+    /// files later unlinked or overwritten), plus 4 KiB per file, directory or link created.
     pub tmp_mib: u32,
+    /// Files (and directories) a call may hold open at once.
+    pub open_files: u32,
+    /// Host handles a call may hold at once (the wasm resource table: HTTP fields, requests,
+    /// bodies, streams, pollables, files). Bounds the host memory and descriptors behind them.
+    pub handles: u32,
     /// Log lines (host `log` plus stdout/stderr lines) kept per call.
     pub log_lines: u32,
     /// Longest log line kept, in bytes; longer ones are cut.
@@ -79,6 +85,8 @@ impl Default for Limits {
             memory_mib: 64,
             concurrency: 8,
             tmp_mib: 16,
+            open_files: 32,
+            handles: 256,
             log_lines: 200,
             log_line_bytes: 4096,
             http: HttpLimits::default(),
@@ -98,6 +106,11 @@ pub struct HttpLimits {
     pub between_bytes_timeout: Duration,
     /// Largest response body, in bytes.
     pub max_response_bytes: u64,
+    /// Outgoing requests of one call in flight at once (each holds a socket and buffers).
+    pub max_in_flight: u32,
+    /// Largest header set (one wasi:http `fields`) a plugin may build, in bytes of its
+    /// in-memory form.
+    pub max_header_bytes: u32,
 }
 
 impl Default for HttpLimits {
@@ -107,6 +120,8 @@ impl Default for HttpLimits {
             first_byte_timeout: Duration::from_secs(30),
             between_bytes_timeout: Duration::from_secs(10),
             max_response_bytes: 8 * 1024 * 1024,
+            max_in_flight: 4,
+            max_header_bytes: 16 * 1024,
         }
     }
 }
@@ -233,6 +248,26 @@ impl ProviderEntry {
         }
         if l.tmp_mib > 1024 {
             return Err(limit("tmpMib", l.tmp_mib.to_string(), "0 to 1024"));
+        }
+        if !(1..=1024).contains(&l.open_files) {
+            return Err(limit("openFiles", l.open_files.to_string(), "1 to 1024"));
+        }
+        if !(64..=65536).contains(&l.handles) {
+            return Err(limit("handles", l.handles.to_string(), "64 to 65536"));
+        }
+        if !(1..=64).contains(&l.http.max_in_flight) {
+            return Err(limit(
+                "http.maxInFlight",
+                l.http.max_in_flight.to_string(),
+                "1 to 64",
+            ));
+        }
+        if !(1024..=1 << 20).contains(&l.http.max_header_bytes) {
+            return Err(limit(
+                "http.maxHeaderBytes",
+                l.http.max_header_bytes.to_string(),
+                "1024 to 1048576",
+            ));
         }
         if l.log_line_bytes < 80 {
             return Err(limit(
