@@ -452,11 +452,13 @@ fn providers_yaml(hetzner: &str, ec2: &str, secrets: &Path) -> String {
     let s = |k: &str| secrets.join(k).display().to_string();
     format!(
         r#"# Written by egress-demo (cargo xtask demo): the hetzner and ec2 plugins, pointed at the
-# local emulators. Loopback is refused to plugins unless allow-listed, hence additionalHosts.
+# local emulators. Loopback is refused to plugins unless allow-listed, hence additionalHosts;
+# the emulators' instances are proxies on 127.0.0.1, hence allowPrivateAddresses.
 providers:
   - name: hetzner
     plugin: hetzner.wasm
     additionalHosts: ['{hetzner}']
+    allowPrivateAddresses: true
     secrets: {{token: '{hz_token}'}}
     config:
       endpoint: '{hetzner}/v1'
@@ -466,6 +468,7 @@ providers:
   - name: ec2
     plugin: ec2.wasm
     additionalHosts: ['{ec2}']
+    allowPrivateAddresses: true
     secrets: {{accessKeyId: '{ak}', secretAccessKey: '{sk}'}}
     config:
       regions:

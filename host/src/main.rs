@@ -301,8 +301,10 @@ struct TargetArgs {
 
 #[derive(Subcommand)]
 enum PluginCommand {
-    /// Load a plugin and print what it declares: world version, type, version, default
-    /// hosts, behaviour profile, size and digest.
+    /// Load a plugin and print what it declares and asks for, for review before installing:
+    /// world version, type, version, the default hosts it wants (each marked usable or not:
+    /// a plugin may only name public DNS hosts), the interfaces it imports, behaviour
+    /// profile, size and digest.
     Inspect {
         file: PathBuf,
         #[command(flatten)]
@@ -478,7 +480,12 @@ async fn main() -> anyhow::Result<()> {
                 "type": p.info.type_name,
                 "version": p.info.version,
                 "hasCheck": p.info.has_check,
-                "defaultHosts": p.info.default_hosts,
+                "defaultHosts": p.default_host_review().into_iter().map(|(host, problem)| serde_json::json!({
+                    "host": host,
+                    "usable": problem.is_none(),
+                    "problem": problem,
+                })).collect::<Vec<_>>(),
+                "imports": p.imports(),
                 "profile": p.info.profile.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
             });
             println!("{}", serde_json::to_string_pretty(&out)?);

@@ -32,7 +32,7 @@ const LIMITS: &str = "limits: {timeout: 3s}";
 fn ec2_entry(url: &str, secrets: &Path) -> String {
     let s = |k: &str| secrets.join(k).display().to_string();
     format!(
-        "name: aws\nplugin: ec2.wasm\nadditionalHosts: ['{url}']\n{LIMITS}\n\
+        "name: aws\nplugin: ec2.wasm\nadditionalHosts: ['{url}']\nallowPrivateAddresses: true\n{LIMITS}\n\
          secrets: {{accessKeyId: {}, secretAccessKey: {}}}\n\
          config:\n  regions:\n    eu-west-1:\n      endpoint: '{url}'\n      zones: {{eu-west-1a: {{}}}}\n\
          \x20     images: {{debian: ami-0fedcba9876543210}}\n  instanceTypes: [t3.micro]",
@@ -43,7 +43,7 @@ fn ec2_entry(url: &str, secrets: &Path) -> String {
 
 fn hetzner_entry(name: &str, plugin: &str, url: &str, token: &Path) -> String {
     format!(
-        "name: {name}\nplugin: {plugin}\nadditionalHosts: ['{url}']\n{LIMITS}\n\
+        "name: {name}\nplugin: {plugin}\nadditionalHosts: ['{url}']\nallowPrivateAddresses: true\n{LIMITS}\n\
          secrets: {{token: {}}}\n\
          config: {{endpoint: '{url}/v1', locations: [fsn1, nbg1], serverTypes: [cpx11], \
          images: {{ubuntu: ubuntu-24.04}}}}",
@@ -99,7 +99,7 @@ async fn example() -> Setup {
     let token = secrets.path().join("token");
     std::fs::write(&token, "ex-conformance-token").unwrap();
     let entry = format!(
-        "name: ex\nplugin: example.wasm\nadditionalHosts: ['{url}']\n{LIMITS}\n\
+        "name: ex\nplugin: example.wasm\nadditionalHosts: ['{url}']\nallowPrivateAddresses: true\n{LIMITS}\n\
          secrets: {{token: {}}}\nconfig: {{endpoint: '{url}', regions: [r1, r2]}}",
         token.display(),
         url = emu.url(),

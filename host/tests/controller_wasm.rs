@@ -52,7 +52,7 @@ async fn example_registry(
     let token = secrets.path().join("token");
     std::fs::write(&token, "tok").unwrap();
     let entry = format!(
-        "name: ex\nplugin: example.wasm\nadditionalHosts: ['{url}']\n{extra}\
+        "name: ex\nplugin: example.wasm\nadditionalHosts: ['{url}']\nallowPrivateAddresses: true\n{extra}\
          secrets: {{token: {secret}}}\nconfig: {{endpoint: '{url}', regions: [{regions}]}}",
         url = backend.url(),
         secret = token.display()

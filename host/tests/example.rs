@@ -8,7 +8,7 @@ use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State,
 
 fn entry(backend: &ExampleBackend, secret: &std::path::Path) -> String {
     format!(
-        "name: ex\nplugin: example.wasm\nadditionalHosts: ['{url}']\nsecrets: {{token: {secret}}}\nconfig: {{endpoint: '{url}', regions: [r1, r2]}}",
+        "name: ex\nplugin: example.wasm\nadditionalHosts: ['{url}']\nallowPrivateAddresses: true\nsecrets: {{token: {secret}}}\nconfig: {{endpoint: '{url}', regions: [r1, r2]}}",
         url = backend.url(),
         secret = secret.display()
     )

@@ -16,6 +16,8 @@ use tokio::net::TcpListener;
 fn spec(proxy: SocketAddr, target_port: u16, echo: bool) -> ProbeSpec {
     ProbeSpec {
         proxy,
+        // The proxies of these tests run on loopback, as a lab provider's would.
+        allow_internal: true,
         target: format!("127.0.0.1:{target_port}"),
         auth: None,
         egress_echo: echo.then(|| {
@@ -99,6 +101,36 @@ async fn a_proxy_with_basic_auth() {
     let ok = probe(&s, "127.0.0.1").await.unwrap();
     assert_eq!(ok.egress_ip.as_deref(), Some("127.0.0.1"));
     assert!(!format!("{s:?}").contains(password));
+}
+
+/// A plugin that reports an internal IP for its instance must not make the operator connect
+/// there: without `allowPrivateAddresses` the probe refuses before any connection.
+#[tokio::test]
+async fn internal_addresses_are_not_probed_unless_allowed() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    let _srv = tokio::spawn(async move {
+        while let Ok((_s, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let mut s = spec(addr, 443, false);
+    s.allow_internal = false;
+    for target in [
+        addr,
+        "169.254.169.254:80".parse().unwrap(),
+        "[::1]:3128".parse().unwrap(),
+        "[::ffff:10.0.0.1]:3128".parse().unwrap(),
+    ] {
+        s.proxy = target;
+        let err = probe(&s, "127.0.0.1").await.unwrap_err();
+        assert_eq!(err.reason(), "InternalAddress", "{target}: {err}");
+        assert!(err.to_string().contains("allowPrivateAddresses"), "{err}");
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
 
 #[tokio::test]

@@ -16,8 +16,10 @@ enum Expect {
     /// plugin's own) or, for errors that wasi:http reports mid-body without a code, with
     /// one of these texts in its message.
     Code(&'static [&'static str]),
-    /// Success, with this IP field (the hostile plugin reports its findings there).
+    /// Success, with this ID prefix (the hostile plugin reports its findings there).
     Ok(&'static str),
+    /// The host refused the plugin's reply: Transient, naming the field and rule.
+    Rejected(&'static str),
 }
 
 struct Case {
@@ -208,8 +210,58 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
         Case {
             attack: "log-flood".into(),
             limits: "fuel: 100000000000, timeout: 20s",
-            expect: Expect::Ok("127.0.0.1"),
+            expect: Expect::Ok("flooded"),
             within: s(20),
+            trap: None,
+        },
+        // Replies the operator would otherwise act on: each is refused whole.
+        Case {
+            attack: "ip:127.0.0.1".into(),
+            limits: "",
+            expect: Expect::Rejected("instance.ip 127.0.0.1 is a loopback address"),
+            within: s(2),
+            trap: None,
+        },
+        Case {
+            attack: "ip:169.254.169.254".into(),
+            limits: "",
+            expect: Expect::Rejected("link-local (cloud metadata)"),
+            within: s(2),
+            trap: None,
+        },
+        Case {
+            attack: "ip:::ffff:10.0.0.1".into(),
+            limits: "",
+            expect: Expect::Rejected("IPv4-mapped internal"),
+            within: s(2),
+            trap: None,
+        },
+        Case {
+            attack: "ip:fd00:ec2::254".into(),
+            limits: "",
+            expect: Expect::Rejected("unique local"),
+            within: s(2),
+            trap: None,
+        },
+        Case {
+            attack: "ip:localhost".into(),
+            limits: "",
+            expect: Expect::Rejected("is not an IPv4 or IPv6 address"),
+            within: s(2),
+            trap: None,
+        },
+        Case {
+            attack: "created-at:18446744073709551615".into(),
+            limits: "",
+            expect: Expect::Rejected("created-at"),
+            within: s(2),
+            trap: None,
+        },
+        Case {
+            attack: "huge-id:8388608".into(),
+            limits: "fuel: 100000000000",
+            expect: Expect::Rejected("instance.id is 8388608 bytes long, more than 256"),
+            within: s(5),
             trap: None,
         },
     ];
@@ -222,7 +274,7 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
         &rt,
         "example.wasm",
         &format!(
-            "name: good\nplugin: example.wasm\nadditionalHosts: ['{url}']\nsecrets: {{token: {}}}\nconfig: {{endpoint: '{url}', regions: [r1]}}",
+            "name: good\nplugin: example.wasm\nadditionalHosts: ['{url}']\nallowPrivateAddresses: true\nsecrets: {{token: {}}}\nconfig: {{endpoint: '{url}', regions: [r1]}}",
             secrets.path().join("token").display(),
             url = backend.url()
         ),
@@ -340,7 +392,14 @@ fn check(
         {
             Ok(())
         }
-        (Expect::Ok(ip), Ok(i)) if i.ip.starts_with(ip) => Ok(()),
+        (Expect::Ok(prefix), Ok(i)) if i.id.starts_with(prefix) => Ok(()),
+        (Expect::Rejected(text), Err(e))
+            if e.class == Class::Transient
+                && e.message.starts_with("plugin reply rejected: ")
+                && e.message.contains(text) =>
+        {
+            Ok(())
+        }
         _ => Err(format!("unexpected result {result:?}")),
     }
 }
@@ -425,4 +484,134 @@ async fn cancelling_calls_ends_the_ones_in_flight_and_refuses_new_ones() {
         .expect_err("no call starts after cancel_calls");
     assert!(e.message.contains("call not started"), "{e}");
     assert!(start.elapsed() < Duration::from_millis(100));
+}
+
+/// Nothing sensitive leaves a hostile plugin, whatever channel it tries: replies (ID, UID),
+/// errors and codes, host log calls, stdout and stderr, the host's own log and span fields
+/// about its HTTP requests, and text it claims to have read back from the backend. The
+/// cloud-init it sees in one Proxy's `create` stays secret in every later call, and so does
+/// the cloud-init of a Proxy it never saw (the operator tells the provider about every
+/// Proxy). Current-thread runtime: the log capture is per thread.
+#[tokio::test]
+async fn nothing_sensitive_leaves_through_any_channel() {
+    let _dir = plugins_or_skip!();
+    const PASSWORD: &str = "Hunter2Sentinel";
+    const SHORT: &str = "kx9q";
+    const LINE_VALUE: &str = "SENTINEL-RUN-7731";
+    const KEY_LINE: &str = "MIIEvQIBADANBgkqhkiG9w0SENTINELKEYLINE";
+    const APIKEY: &str = "apikeysentinel4242";
+    const OTHER_PROXY: &str = "OTHERPROXY-SENTINEL-55";
+    let cloud_init = format!(
+        "#cloud-config\nwrite_files:\n  - path: /etc/tinyproxy/auth\n    content: |\n      BasicAuth proxyuser {PASSWORD}\n      pw={SHORT}\nruncmd:\n  - echo {LINE_VALUE} > /etc/x\n"
+    );
+    let pem = format!(
+        "-----BEGIN PRIVATE KEY-----\n{KEY_LINE}\nAAAABBBBCCCCDDDDEEEEFFFFsentinelpem\n-----END PRIVATE KEY-----\n"
+    );
+    let secrets = tempfile::tempdir().unwrap();
+    std::fs::write(secrets.path().join("token"), &pem).unwrap();
+    std::fs::write(secrets.path().join("apikey"), APIKEY).unwrap();
+    let yaml = format!(
+        "name: hostile\nplugin: hostile.wasm\nsecrets: {{token: {}, apikey: {}}}\nlimits: {{timeout: 5s}}",
+        secrets.path().join("token").display(),
+        secrets.path().join("apikey").display(),
+    );
+    let rt = support::runtime();
+    let (_guard, captured) = proxy_operator::testing::capture();
+    let p = proxy_operator::provider::Instrumented::new(
+        support::provider(&rt, "hostile.wasm", &yaml).await,
+        Default::default(),
+    );
+    let mut seen = String::new();
+    let mut req = CreateRequest {
+        name: proxy_operator::provider::name_from_uid("uid-1"),
+        uid: "uid-1".into(),
+        namespace: "ns".into(),
+        proxy_name: "p".into(),
+        installation: "test".into(),
+        placement: Placement {
+            machine_type: "stash".into(),
+            ..Placement::default()
+        },
+        cloud_init: cloud_init.clone().into_bytes(),
+        port: 3128,
+    };
+    // Create stashes the document; every later call is a different Proxy's or none.
+    seen.push_str(&format!("{:?}\n", p.create(&req).await));
+    req.placement.machine_type = "id-cloud-init".into();
+    seen.push_str(&format!("{:?}\n", p.create(&req).await));
+    req.placement.machine_type = "leak".into();
+    seen.push_str(&format!("{:?}\n", p.create(&req).await));
+    // A Proxy whose create never ran: the plugin "reads its user data back".
+    let other = format!("#cloud-config\nruncmd:\n  - echo {OTHER_PROXY}\n");
+    p.remember_cloud_init(other.as_bytes());
+    let hex = |t: &str| t.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    let mut attacks = vec![
+        "stash-leak".to_string(),
+        "id-stash".into(),
+        "id-secret".into(),
+        "uid-secret".into(),
+        "secret-print".into(),
+        "log-forge".into(),
+        "secret-host".into(),
+        format!("echo-hex:{}", hex(&other)),
+        format!("echo-hex:{}", hex(&format!("runpass: {OTHER_PROXY}"))),
+        format!(
+            "echo-hex:{}",
+            hex(&data_encoding::BASE64.encode(format!("{{\"ud\":{other:?}}}").as_bytes()))
+        ),
+    ];
+    attacks.push("ok".into());
+    for attack in &attacks {
+        let r = p.get(attack).await;
+        seen.push_str(&format!("{attack}: {r:?}\n"));
+        if attack.starts_with("id-") || attack == "uid-secret" {
+            let e = r.expect_err(attack);
+            assert!(
+                e.message.starts_with("plugin reply rejected")
+                    && e.message.contains("value withheld"),
+                "{attack}: {e}"
+            );
+        }
+    }
+    seen.push_str(&format!("{:?}\n", p.check().await));
+    let logs = captured.all_text();
+    seen.push_str(&logs);
+    for sentinel in [
+        PASSWORD,
+        SHORT,
+        LINE_VALUE,
+        KEY_LINE,
+        "sentinelpem",
+        APIKEY,
+        &APIKEY.to_uppercase(),
+        OTHER_PROXY,
+        "BasicAuth proxyuser",
+    ] {
+        assert!(!seen.contains(sentinel), "{sentinel} leaked:\n{seen}");
+    }
+    // Encoded forms: base64 of the document and of the key line at any alignment.
+    for encoded in [
+        data_encoding::BASE64.encode(cloud_init.as_bytes()),
+        data_encoding::BASE64.encode(KEY_LINE.as_bytes()),
+    ] {
+        assert!(
+            !seen.contains(&encoded[4..encoded.len() - 4]),
+            "{encoded} leaked"
+        );
+    }
+    assert!(seen.contains("[REDACTED]"), "the scrubber ran:\n{seen}");
+    // A plugin's newline never starts a log line of its own.
+    for line in logs.lines() {
+        assert!(
+            !line
+                .trim_start()
+                .starts_with("2026-12-01T00:00:00Z ERROR FORGED"),
+            "{line}"
+        );
+    }
+    assert!(
+        logs.contains("FORGED-LINE"),
+        "the forged text is logged, escaped:\n{logs}"
+    );
+    assert!(!logs.contains('\u{1b}'), "terminal escapes are escaped");
 }

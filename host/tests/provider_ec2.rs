@@ -47,6 +47,7 @@ fn entry(url: &str, secrets: &Path, extra: &str) -> String {
         r#"name: aws
 plugin: ec2.wasm
 additionalHosts: ['{url}']
+allowPrivateAddresses: true
 secrets: {{accessKeyId: {ak}, secretAccessKey: {sk}, sessionToken: {st}}}
 {extra}
 config:

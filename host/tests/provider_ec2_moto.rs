@@ -125,6 +125,7 @@ fn entry(m: &Moto, secrets: &Path, extra_types: &[&str]) -> String {
         r#"name: aws-moto
 plugin: ec2.wasm
 additionalHosts: ['{url}']
+allowPrivateAddresses: true
 secrets: {{accessKeyId: {ak}, secretAccessKey: {sk}}}
 config:
   regions:

@@ -30,7 +30,7 @@ struct Hz {
 
 fn entry(url: &str, token: &Path, extra: &str) -> String {
     format!(
-        "name: hz\nplugin: hetzner.wasm\nadditionalHosts: ['{url}']\nsecrets: {{token: {token}}}\n\
+        "name: hz\nplugin: hetzner.wasm\nadditionalHosts: ['{url}']\nallowPrivateAddresses: true\nsecrets: {{token: {token}}}\n\
          config: {{endpoint: '{url}/v1', locations: [fsn1, nbg1, ash], serverTypes: [cpx11, cx23], \
          images: {{ubuntu: ubuntu-24.04, debian: 114690387}}}}{extra}",
         token = token.display()

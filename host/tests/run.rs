@@ -57,7 +57,7 @@ async fn wait_for<T>(what: &str, within: Duration, mut f: impl AsyncFnMut() -> O
 
 fn providers_yaml(backend: &ExampleBackend, token: &Path, extra: &str) -> String {
     format!(
-        "providers:\n- name: ex\n  plugin: example.wasm\n  additionalHosts: ['{url}']\n  \
+        "providers:\n- name: ex\n  plugin: example.wasm\n  additionalHosts: ['{url}']\n  allowPrivateAddresses: true\n  \
          limits: {{timeout: 60s}}\n  secrets: {{token: {secret}}}\n  \
          config: {{endpoint: '{url}', regions: [r1]}}\n{extra}",
         url = backend.url(),

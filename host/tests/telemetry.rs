@@ -303,7 +303,7 @@ async fn traces_are_exported_to_an_https_collector() {
     std::fs::write(
         d("providers.yaml"),
         format!(
-            "providers:\n- name: ex\n  plugin: example.wasm\n  additionalHosts: ['{url}']\n  \
+            "providers:\n- name: ex\n  plugin: example.wasm\n  additionalHosts: ['{url}']\n  allowPrivateAddresses: true\n  \
              secrets: {{token: {token}}}\n  config: {{endpoint: '{url}', regions: [r1]}}\n",
             url = backend.url(),
             token = d("token").display()

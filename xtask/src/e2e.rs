@@ -262,7 +262,7 @@ impl Env {
             &providers,
             format!(
                 "providers:\n  - name: {PROVIDER}\n    plugin: hetzner.wasm\n    \
-                 additionalHosts: ['{emulator}']\n    secrets:\n      token: {}\n    \
+                 additionalHosts: ['{emulator}']\n    allowPrivateAddresses: true\n    secrets:\n      token: {}\n    \
                  config:\n      endpoint: '{emulator}/v1'\n      locations: [fsn1, nbg1]\n      \
                  serverTypes: [cpx11, cx23]\n      images: {{ubuntu: ubuntu-24.04}}\n",
                 token_file.display()

@@ -5,7 +5,7 @@
 //! typo never silently falls back to a default. Only the `config` block is free-form; it
 //! belongs to the plugin, which validates it in `validate-config`.
 
-use crate::plugin::policy::{AllowRule, RuleError};
+use crate::plugin::policy::{AllowRule, RuleError, plugin_default_problem};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -40,6 +40,12 @@ pub struct ProviderEntry {
     pub secrets: BTreeMap<String, PathBuf>,
     #[serde(default)]
     pub tls: Tls,
+    /// Instance addresses may be internal (loopback, RFC 1918, link-local, CGNAT, ULA):
+    /// a plugin's reply may carry them and the health prober connects to them. Off by
+    /// default, because a plugin could otherwise point the operator's own prober at the
+    /// pod network or the metadata service. For labs, emulators and private clouds.
+    #[serde(default)]
+    pub allow_private_addresses: bool,
     /// The plugin's own config block, handed over as JSON.
     #[serde(default = "empty_object")]
     pub config: serde_json::Value,
@@ -164,6 +170,14 @@ pub enum ConfigError {
         field: &'static str,
         value: String,
         range: &'static str,
+    },
+    #[error(
+        "provider {name:?}: the plugin's default host {entry:?} {reason}; internal addresses can only be opened by the providers file (allowedHosts or additionalHosts)"
+    )]
+    PluginDefault {
+        name: String,
+        entry: String,
+        reason: &'static str,
     },
     #[error(
         "provider {name:?}: secrets: key {key:?} must be non-empty and use only letters, digits, '-', '_' and '.'"
@@ -292,23 +306,44 @@ impl ProviderEntry {
     }
 
     /// The allow-list this provider runs with: the plugin's defaults unless `allowedHosts`
-    /// replaces them, plus `additionalHosts`.
+    /// replaces them, plus `additionalHosts`. A plugin's own defaults may only name public
+    /// DNS hosts ([`plugin_default_problem`]): internal addresses are opened by this file,
+    /// never by the plugin asking.
     pub fn allow_rules(&self, plugin_defaults: &[String]) -> Result<Vec<AllowRule>, ConfigError> {
-        let base = self.allowed_hosts.as_deref().unwrap_or(plugin_defaults);
-        base.iter()
-            .chain(&self.additional_hosts)
-            .map(|h| {
-                h.parse::<AllowRule>().map_err(|source| ConfigError::Host {
+        let mut rules = Vec::new();
+        if self.allowed_hosts.is_none() {
+            for h in plugin_defaults {
+                let rule = h.parse::<AllowRule>().map_err(|source| ConfigError::Host {
                     name: self.name.clone(),
-                    field: if self.allowed_hosts.is_none() && plugin_defaults.contains(h) {
-                        "plugin default-hosts"
-                    } else {
-                        "allowedHosts"
-                    },
+                    field: "plugin default-hosts",
                     source,
-                })
-            })
-            .collect()
+                })?;
+                if let Some(reason) = plugin_default_problem(&rule) {
+                    return Err(ConfigError::PluginDefault {
+                        name: self.name.clone(),
+                        entry: h.clone(),
+                        reason,
+                    });
+                }
+                rules.push(rule);
+            }
+        }
+        for (field, hosts) in [
+            (
+                "allowedHosts",
+                self.allowed_hosts.as_deref().unwrap_or_default(),
+            ),
+            ("additionalHosts", &self.additional_hosts[..]),
+        ] {
+            for h in hosts {
+                rules.push(h.parse::<AllowRule>().map_err(|source| ConfigError::Host {
+                    name: self.name.clone(),
+                    field,
+                    source,
+                })?);
+            }
+        }
+        Ok(rules)
     }
 }
 
@@ -423,6 +458,35 @@ providers:
             .unwrap();
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0].to_string(), "http://127.0.0.1:1");
+    }
+
+    #[test]
+    fn plugin_defaults_cannot_open_internal_addresses() {
+        let f = ProvidersFile::parse("providers: [{name: a, plugin: a.wasm}]").unwrap();
+        for bad in [
+            "http://169.254.169.254:80",
+            "http://127.0.0.1:9000",
+            "http://[::1]:9000",
+            "http://localhost:9000",
+        ] {
+            let err = f.providers[0]
+                .allow_rules(&["https://api.example.com".into(), bad.into()])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(bad) && err.contains("provider \"a\"") && err.contains("allowedHosts"),
+                "{bad}: {err}"
+            );
+        }
+        // The operator may list them; then the plugin's defaults are not consulted.
+        let f = ProvidersFile::parse(
+            "providers: [{name: a, plugin: a.wasm, allowedHosts: ['http://127.0.0.1:9000']}]",
+        )
+        .unwrap();
+        let rules = f.providers[0]
+            .allow_rules(&["http://169.254.169.254:80".into()])
+            .unwrap();
+        assert_eq!(rules.len(), 1);
     }
 
     #[test]

@@ -106,9 +106,10 @@ pub struct HealthHook {
 }
 
 impl HealthHook {
-    fn spec(&self, proxy: SocketAddr) -> ProbeSpec {
+    fn spec(&self, proxy: SocketAddr, allow_internal: bool) -> ProbeSpec {
         ProbeSpec {
             proxy,
+            allow_internal,
             target: self.target.clone(),
             auth: None,
             egress_echo: self.egress_echo.clone(),
@@ -487,6 +488,10 @@ impl<'a> Shell<'a> {
                 }
             }
         };
+        // Every call of this provider scrubs this document from then on, not only Create.
+        if let Some(p) = &self.provider {
+            p.remember_cloud_init(&cloud_init);
+        }
         let hash = spec_hash(&spec.placement, &cloud_init, port);
         (
             Input::Resolved { hash },
@@ -640,11 +645,16 @@ impl<'a> Shell<'a> {
     /// Registers the running address with the health engine, or stops probing it.
     fn sync_health(&self, status: &ProxyStatus, deleting: bool) {
         let Some(hook) = &self.ctx.health else { return };
+        let allow_internal = self
+            .provider
+            .as_ref()
+            .is_some_and(|p| p.private_addresses_allowed());
         match Self::running_at(status).filter(|_| !deleting) {
-            Some(addr) => {
-                hook.engine
-                    .upsert(&self.health_key(), hook.spec(addr), &addr.ip().to_string())
-            }
+            Some(addr) => hook.engine.upsert(
+                &self.health_key(),
+                hook.spec(addr, allow_internal),
+                &addr.ip().to_string(),
+            ),
             None => hook.engine.remove(&self.health_key()),
         }
     }

@@ -18,6 +18,11 @@ use tokio::net::TcpStream;
 pub struct ProbeSpec {
     /// The proxy (`ip:port` from the Proxy's status).
     pub proxy: SocketAddr,
+    /// Whether `proxy` may be an internal address (loopback, private, link-local): only
+    /// when the provider's entry allows private addresses. Otherwise the probe refuses to
+    /// connect, so a plugin cannot aim the operator at the pod network or the metadata
+    /// service by reporting such an IP.
+    pub allow_internal: bool,
     /// `host:port` to open a tunnel to.
     pub target: String,
     /// Basic credentials for the proxy, if it needs them.
@@ -37,6 +42,7 @@ impl std::fmt::Debug for ProbeSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProbeSpec")
             .field("proxy", &self.proxy)
+            .field("allow_internal", &self.allow_internal)
             .field("target", &self.target)
             .field("auth", &self.auth.as_ref().map(|_| "<set>"))
             .field("egress_echo", &self.egress_echo)
@@ -56,6 +62,13 @@ pub struct ProbeOk {
 /// Why a probe failed. [`ProbeError::reason`] is the condition reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProbeError {
+    #[error(
+        "not probing {addr}: it is a {kind} address and the provider does not allow private addresses (allowPrivateAddresses)"
+    )]
+    InternalAddress {
+        addr: SocketAddr,
+        kind: &'static str,
+    },
     #[error("connecting to the proxy at {addr}: {message}")]
     Connect { addr: SocketAddr, message: String },
     #[error("no verdict within {0:?}")]
@@ -81,6 +94,7 @@ impl ProbeError {
     /// A CamelCase reason for the `Healthy` condition.
     pub fn reason(&self) -> &'static str {
         match self {
+            ProbeError::InternalAddress { .. } => "InternalAddress",
             ProbeError::Connect { .. } => "ConnectFailed",
             ProbeError::Timeout(_) => "Timeout",
             ProbeError::AuthRequired { .. } => "ProxyAuthRequired",
@@ -100,6 +114,14 @@ const MAX_ECHO_BODY: usize = 1024;
 /// Probes once. `want_ip` is the instance's address; when an echo URL is configured the
 /// address it reports must equal it.
 pub async fn probe(spec: &ProbeSpec, want_ip: &str) -> Result<ProbeOk, ProbeError> {
+    if !spec.allow_internal
+        && let Some(kind) = crate::plugin::policy::instance_address_problem(spec.proxy.ip(), false)
+    {
+        return Err(ProbeError::InternalAddress {
+            addr: spec.proxy,
+            kind,
+        });
+    }
     let started = Instant::now();
     match tokio::time::timeout(spec.timeout, run(spec, want_ip, started)).await {
         Ok(r) => r,
@@ -339,6 +361,7 @@ mod tests {
     fn debug_hides_credentials() {
         let spec = ProbeSpec {
             proxy: "127.0.0.1:3128".parse().unwrap(),
+            allow_internal: true,
             target: "x:443".into(),
             auth: Some(("u".into(), "sentinel-password".into())),
             egress_echo: None,
@@ -351,6 +374,10 @@ mod tests {
     #[test]
     fn each_error_has_a_condition_reason() {
         let errs = [
+            ProbeError::InternalAddress {
+                addr: "10.0.0.1:3128".parse().unwrap(),
+                kind: "private (RFC 1918)",
+            },
             ProbeError::Connect {
                 addr: "127.0.0.1:1".parse().unwrap(),
                 message: "refused".into(),

@@ -39,6 +39,28 @@ pub struct HttpPolicy {
     pub allow: AllowList,
     pub limits: HttpLimits,
     pub tls: Arc<rustls::ClientConfig>,
+    /// What this provider must never show: request fields the host logs pass through it.
+    pub sensitive: Arc<super::sensitive::Sensitive>,
+}
+
+impl HttpPolicy {
+    /// A request's host as the host's own logs and spans show it: the plugin chose it, so
+    /// it is scrubbed, escaped and cut like any plugin output.
+    fn shown_host(&self, host: &str) -> String {
+        super::reply::text(host, 253, &self.sensitive.redactor())
+    }
+}
+
+/// A request's method as logs and spans show it: a standard method, or `_OTHER` (as
+/// OpenTelemetry's HTTP conventions say) for anything a plugin made up.
+fn shown_method(m: &http::Method) -> &'static str {
+    const KNOWN: [&str; 9] = [
+        "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE",
+    ];
+    KNOWN
+        .into_iter()
+        .find(|k| *k == m.as_str())
+        .unwrap_or("_OTHER")
 }
 
 /// The hooks one call's Store uses.
@@ -59,15 +81,15 @@ impl WasiHttpHooks for HttpHooks {
         _fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
         let policy = self.policy.clone();
-        let method = request.method().clone();
-        let host = request.uri().host().unwrap_or_default().to_string();
+        let method = shown_method(request.method());
+        let host = policy.shown_host(request.uri().host().unwrap_or_default());
         // wasmtime runs the request in a task of its own: the parent is set explicitly.
         let span = tracing::info_span!(
             parent: &self.parent,
             "http.request",
             otel.kind = "client",
             provider.name = policy.provider.as_str(),
-            http.request.method = %method,
+            http.request.method = method,
             server.address = %host,
             server.port = field::Empty,
             http.response.status_code = field::Empty,
@@ -126,9 +148,10 @@ async fn send(
         return Err(Error::HttpRequestUriInvalid);
     };
     tracing::Span::current().record("server.port", target.port);
+    let shown = policy.shown_host(host);
     let explicit = match policy.allow.decide(&target) {
         Decision::Denied => {
-            tracing::warn!(target: "plugin", provider = policy.provider.as_str(), scheme, host, port = target.port, "HTTP request refused: not on the provider's allow-list");
+            tracing::warn!(target: "plugin", provider = policy.provider.as_str(), scheme = ?target.scheme, host = %shown, port = target.port, "HTTP request refused: not on the provider's allow-list");
             return Err(Error::HttpRequestDenied);
         }
         Decision::Allowed { explicit } => explicit,
@@ -138,7 +161,7 @@ async fn send(
     if let Some(h) = request.headers().get(http::header::HOST) {
         let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
         if !h.as_bytes().eq_ignore_ascii_case(authority.as_bytes()) {
-            tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host, "HTTP request refused: Host header differs from the URL");
+            tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, "HTTP request refused: Host header differs from the URL");
             return Err(Error::HttpRequestDenied);
         }
     }
@@ -165,7 +188,7 @@ async fn send(
         .filter(|a| address_allowed(a.ip(), &explicit))
         .collect();
     if vetted.is_empty() {
-        tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host, addresses = ?addrs, "HTTP request refused: the name resolves only to internal addresses that the allow-list does not name");
+        tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, addresses = ?addrs, "HTTP request refused: the name resolves only to internal addresses that the allow-list does not name");
         return Err(Error::DestinationIpProhibited);
     }
     let stream = connect(&vetted, connect_deadline).await?;

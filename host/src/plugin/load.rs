@@ -44,6 +44,38 @@ impl std::fmt::Debug for LoadedPlugin {
     }
 }
 
+impl LoadedPlugin {
+    /// The interfaces the component imports: everything it could ever ask of the host.
+    pub fn imports(&self) -> Vec<String> {
+        let pre = self.pre.instance_pre();
+        let engine = pre.engine();
+        let mut names: Vec<String> = pre
+            .component()
+            .component_type()
+            .imports(engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Each default host the plugin asks for, with why it would be refused (`None`: fine).
+    /// A provider that relies on the defaults fails to load when one is refused.
+    pub fn default_host_review(&self) -> Vec<(String, Option<String>)> {
+        self.info
+            .default_hosts
+            .iter()
+            .map(|h| {
+                let verdict = match h.parse::<super::policy::AllowRule>() {
+                    Err(e) => Some(e.reason.to_string()),
+                    Ok(rule) => super::policy::plugin_default_problem(&rule).map(String::from),
+                };
+                (h.clone(), verdict)
+            })
+            .collect()
+    }
+}
+
 /// Why a plugin file did not load. Every message names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -293,17 +325,23 @@ impl Runtime {
         rules: Vec<super::policy::AllowRule>,
         tls: Arc<rustls::ClientConfig>,
     ) -> WasmProvider {
+        // The anonymous sandbox that reads `info` at load shares nothing with any provider.
+        let sensitive = match entry {
+            Some(_) => self.sensitive.get(name),
+            None => Arc::default(),
+        };
         let http = Arc::new(http::HttpPolicy {
             provider: name.to_string(),
             allow: super::policy::AllowList::new(rules),
             limits: limits.http.clone(),
             tls,
+            sensitive: sensitive.clone(),
         });
         let permits = Arc::new(tokio::sync::Semaphore::new(limits.concurrency as usize));
         WasmProvider {
             runtime: self.clone(),
             plugin,
-            shared: Arc::new(provider_shared(name, limits, entry)),
+            shared: Arc::new(provider_shared(name, limits, entry, sensitive)),
             http,
             permits,
         }

@@ -15,7 +15,9 @@ mod metrics;
 mod output;
 pub mod policy;
 pub mod redact;
+mod reply;
 mod sandbox;
+pub mod sensitive;
 
 pub use cache::CacheOutcome;
 pub use engine::EngineOptions;
@@ -90,6 +92,8 @@ pub struct Runtime {
     max_memory_bytes: u64,
     scratch_dir: PathBuf,
     metrics: std::sync::OnceLock<PluginMetrics>,
+    /// What is sensitive for each provider name; outlives reloads of the provider.
+    sensitive: sensitive::SensitiveByProvider,
     /// Cancelled at the end of the shutdown grace period: calls in flight stop, new ones
     /// are refused.
     calls_cancelled: tokio_util::sync::CancellationToken,
@@ -114,6 +118,7 @@ impl Runtime {
             max_memory_bytes: opts.engine.max_memory_bytes,
             scratch_dir: opts.scratch_dir,
             metrics: std::sync::OnceLock::new(),
+            sensitive: sensitive::SensitiveByProvider::default(),
             calls_cancelled: tokio_util::sync::CancellationToken::new(),
             _ticker: ticker,
         }))
@@ -261,6 +266,18 @@ impl WasmProvider {
         &self.shared.limits
     }
 
+    /// Makes `doc` (a Proxy's cloud-init) sensitive for every later call of this provider,
+    /// whichever Proxy the call is for. The reconciler calls it for every Proxy it sees.
+    pub fn remember_cloud_init(&self, doc: &[u8]) {
+        self.shared.sensitive.add_cloud_init(doc);
+    }
+
+    /// Whether instance addresses may be internal (loopback, private, link-local): from the
+    /// provider entry's `allowPrivateAddresses`, for labs, emulators and private clouds.
+    pub fn private_addresses_allowed(&self) -> bool {
+        self.shared.reply_rules.allow_private_addresses
+    }
+
     /// The allow-list in force, as `scheme://host:port` strings.
     pub fn allowed_hosts(&self) -> Vec<String> {
         self.http
@@ -293,6 +310,11 @@ impl WasmProvider {
         if cancelled.is_cancelled() {
             return Err(fail(Class::Transient, SHUTDOWN_REFUSED.into()));
         }
+        // Known before the guest runs, so that whatever it does with the document in this
+        // call or any later one is scrubbed.
+        if !cloud_init.is_empty() {
+            self.shared.sensitive.add_cloud_init(cloud_init);
+        }
         let _permit = self
             .permits
             .acquire()
@@ -309,7 +331,7 @@ impl WasmProvider {
                 )
             })?;
         let mut store = self
-            .new_store(tmp.path(), cloud_init, deny_http, started + timeout)
+            .new_store(tmp.path(), deny_http, started + timeout)
             .map_err(|e| fail(Class::Transient, format!("cannot set up the sandbox: {e}")))?;
 
         // Dropping the call's future drops its guest mid-call: the Store and /tmp go with it.
@@ -353,7 +375,18 @@ impl WasmProvider {
                 )),
                 Some(TrapKind::Tmp),
             ),
-            Some(Ok(Ok(reply))) => (Ok((scrub_reply(reply, &state.redactor), stats)), None),
+            Some(Ok(Ok(reply))) => {
+                match reply::check(reply, &self.shared.reply_rules, &state.redactor) {
+                    Ok(reply) => (Ok((reply, stats)), None),
+                    Err(problem) => (
+                        Err(fail(
+                            Class::Transient,
+                            format!("plugin reply rejected: {problem}"),
+                        )),
+                        None,
+                    ),
+                }
+            }
         };
         if let Some(m) = self.runtime.metrics.get() {
             m.observe(
@@ -376,7 +409,6 @@ impl WasmProvider {
     fn new_store(
         &self,
         tmp: &Path,
-        cloud_init: &[u8],
         deny_http: bool,
         deadline: Instant,
     ) -> wasmtime::Result<Store<CallState>> {
@@ -402,8 +434,7 @@ impl WasmProvider {
                     as usize,
                 hit: false,
             },
-            redactor: self.shared.redactor(cloud_init),
-            cloud_init: cloud_init.into(),
+            redactor: self.shared.sensitive.redactor(),
             shared: self.shared.clone(),
             log_lines: 0,
             log_dropped: 0,
@@ -496,53 +527,34 @@ fn trap_message(
             })
         }
         Some(trap) => (TrapKind::Other, format!("plugin trapped: {trap}")),
-        None => return (None, state.redactor.scrub(&format!("plugin failed: {err:#}"))),
+        None => {
+            return (
+                None,
+                reply::text(&format!("plugin failed: {err:#}"), reply::MAX_TEXT, &state.redactor),
+            );
+        }
     };
     (Some(kind), message)
 }
 
-/// Every string a guest returns passes through the call's redactor.
-fn scrub_reply(reply: Reply, r: &redact::Redactor) -> Reply {
-    let err = |e: wit::ProviderError| wit::ProviderError {
-        class: e.class,
-        message: r.scrub(&e.message),
-        code: e.code.map(|c| r.scrub(&c)),
-    };
-    match reply {
-        Reply::Info(i) => Reply::Info(i),
-        Reply::Unit(res) => Reply::Unit(res.map_err(err)),
-        Reply::Id(res) => Reply::Id(res.map_err(err)),
-        Reply::Instance(res) => Reply::Instance(res.map_err(err)),
-        Reply::List(res) => Reply::List(res.map_err(err)),
-        Reply::Check(targets) => Reply::Check(
-            targets
-                .into_iter()
-                .map(|t| wit::TargetStatus {
-                    target: r.scrub(&t.target),
-                    ready: t.ready,
-                    reason: r.scrub(&t.reason),
-                    message: r.scrub(&t.message),
-                    details: t
-                        .details
-                        .into_iter()
-                        .map(|(k, v)| (r.scrub(&k), r.scrub(&v)))
-                        .collect(),
-                })
-                .collect(),
-        ),
-    }
-}
-
 /// Builds the shared state of a provider. Used for real providers and for the anonymous
 /// sandbox that reads a plugin's `info` at load.
-fn provider_shared(name: &str, limits: Limits, entry: Option<&ProviderEntry>) -> ProviderShared {
+fn provider_shared(
+    name: &str,
+    limits: Limits,
+    entry: Option<&ProviderEntry>,
+    sensitive: Arc<sensitive::Sensitive>,
+) -> ProviderShared {
     ProviderShared {
         name: name.to_string(),
         config_json: entry.map_or_else(|| "{}".to_string(), |e| e.config.to_string()),
         secrets: entry.map(|e| e.secrets.clone()).unwrap_or_default(),
         limits,
         cache: Mutex::new(sandbox::KvCache::new()),
-        known_secrets: Mutex::new(Vec::new()),
+        sensitive,
+        reply_rules: reply::Rules {
+            allow_private_addresses: entry.is_some_and(|e| e.allow_private_addresses),
+        },
     }
 }
 

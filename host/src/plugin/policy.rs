@@ -245,43 +245,122 @@ pub fn address_allowed(addr: IpAddr, explicit: &[IpAddr]) -> bool {
 /// Addresses a plugin must not reach by name: the host itself, the pod and cluster
 /// networks, cloud metadata services, and anything not globally routable.
 pub fn is_internal(addr: IpAddr) -> bool {
+    internal_kind(addr).is_some()
+}
+
+/// What kind of internal address `addr` is (`"loopback"`, `"link-local"`, ...), or `None`
+/// for a public one. The name goes into error messages.
+pub fn internal_kind(addr: IpAddr) -> Option<&'static str> {
     match addr {
-        IpAddr::V4(v4) => is_internal_v4(v4),
+        IpAddr::V4(v4) => internal_kind_v4(v4),
         IpAddr::V6(v6) => {
             if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_internal_v4(v4);
+                return internal_kind_v4(v4).map(|_| "IPv4-mapped internal");
             }
-            is_internal_v6(v6)
+            internal_kind_v6(v6)
         }
     }
 }
 
-fn is_internal_v4(ip: Ipv4Addr) -> bool {
-    let o = ip.octets();
-    ip.is_unspecified()
-        || ip.is_loopback()
-        || ip.is_private()
-        || ip.is_link_local() // 169.254/16, including the metadata service
-        || ip.is_broadcast()
-        || ip.is_multicast()
-        || ip.is_documentation()
-        || o[0] == 0 // "this network"
-        || (o[0] == 100 && (64..128).contains(&o[1])) // shared address space (CGNAT)
-        || (o[0] == 192 && o[1] == 0 && o[2] == 0) // IETF protocol assignments
-        || (o[0] == 198 && (18..20).contains(&o[1])) // benchmarking
-        || o[0] >= 240 // reserved
+/// Whether an instance may report `addr` as its IP without `allowPrivateAddresses`: public
+/// addresses, and the documentation ranges (they route nowhere, so probing them reaches
+/// nothing; emulators hand them out). Never the unspecified, multicast or broadcast
+/// address: no instance has those.
+pub fn instance_address_problem(addr: IpAddr, allow_private: bool) -> Option<&'static str> {
+    let kind = internal_kind(addr)?;
+    match kind {
+        "documentation" => None,
+        "unspecified" | "multicast" | "broadcast" => Some(kind),
+        _ if allow_private => None,
+        _ => Some(kind),
+    }
 }
 
-fn is_internal_v6(ip: Ipv6Addr) -> bool {
+fn internal_kind_v4(ip: Ipv4Addr) -> Option<&'static str> {
+    let o = ip.octets();
+    Some(if ip.is_unspecified() {
+        "unspecified"
+    } else if ip.is_loopback() {
+        "loopback"
+    } else if ip.is_private() {
+        "private (RFC 1918)"
+    } else if ip.is_link_local() {
+        "link-local (cloud metadata)"
+    } else if ip.is_broadcast() {
+        "broadcast"
+    } else if ip.is_multicast() {
+        "multicast"
+    } else if ip.is_documentation() {
+        "documentation"
+    } else if o[0] == 0 {
+        "this-network"
+    } else if o[0] == 100 && (64..128).contains(&o[1]) {
+        "shared address space (CGNAT)"
+    } else if o[0] == 192 && o[1] == 0 && o[2] == 0 {
+        "IETF protocol assignments"
+    } else if o[0] == 198 && (18..20).contains(&o[1]) {
+        "benchmarking"
+    } else if o[0] >= 240 {
+        "reserved"
+    } else {
+        return None;
+    })
+}
+
+fn internal_kind_v6(ip: Ipv6Addr) -> Option<&'static str> {
     let s = ip.segments();
-    ip.is_unspecified()
-        || ip.is_loopback()
-        || ip.is_multicast()
-        || ip.is_unique_local() // fc00::/7, including AWS's fd00:ec2::254 metadata
-        || ip.is_unicast_link_local() // fe80::/10
-        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
-        || (s[0] == 0x0064 && s[1] == 0xff9b) // NAT64 can reach IPv4 internals
-        || (s[0] == 0 && s[1] == 0 && s[2] == 0 && s[3] == 0 && s[4] == 0 && s[5] == 0) // IPv4-compatible
+    Some(if ip.is_unspecified() {
+        "unspecified"
+    } else if ip.is_loopback() {
+        "loopback"
+    } else if ip.is_multicast() {
+        "multicast"
+    } else if ip.is_unique_local() {
+        // fc00::/7, including AWS's fd00:ec2::254 metadata
+        "unique local"
+    } else if ip.is_unicast_link_local() {
+        "link-local (cloud metadata)"
+    } else if s[0] == 0x2001 && s[1] == 0x0db8 {
+        "documentation"
+    } else if s[0] == 0x0064 && s[1] == 0xff9b {
+        // NAT64 can reach IPv4 internals
+        "NAT64"
+    } else if s[..6].iter().all(|x| *x == 0) {
+        "IPv4-compatible"
+    } else {
+        return None;
+    })
+}
+
+/// Why a plugin's own `default-hosts` entry cannot be used, if it cannot. A plugin may only
+/// name public DNS hosts: an IP literal or a local name would let a plugin open the way to
+/// internal addresses for itself. Only the operator's providers file can do that.
+pub fn plugin_default_problem(rule: &AllowRule) -> Option<&'static str> {
+    let name = match &rule.host {
+        HostPattern::Ip(_) => {
+            return Some("is an IP address; a plugin may only name DNS hosts");
+        }
+        HostPattern::Name(n) | HostPattern::Suffix(n) => n.trim_end_matches('.'),
+    };
+    let last = name.rsplit('.').next().unwrap_or(name);
+    if last.bytes().all(|b| b.is_ascii_digit()) || last.starts_with("0x") {
+        return Some("looks like a numeric address, not a DNS name");
+    }
+    const LOCAL: &[&str] = &[
+        "localhost",
+        "local",
+        "internal",
+        "localdomain",
+        "home.arpa",
+        "arpa",
+    ];
+    if LOCAL
+        .iter()
+        .any(|l| name == *l || name.ends_with(&format!(".{l}")))
+    {
+        return Some("names a local or internal domain");
+    }
+    None
 }
 
 #[cfg(test)]
@@ -414,6 +493,59 @@ mod tests {
             "::ffff:1.1.1.1",
         ] {
             assert!(!is_internal(a.parse().unwrap()), "{a} should be public");
+        }
+    }
+
+    #[test]
+    fn instance_addresses() {
+        let cases = [
+            ("95.216.1.2", false, None),
+            ("203.0.113.10", false, None),
+            ("2001:db8::1", false, None),
+            ("127.0.0.1", false, Some("loopback")),
+            ("127.0.0.1", true, None),
+            (
+                "169.254.169.254",
+                false,
+                Some("link-local (cloud metadata)"),
+            ),
+            ("10.1.2.3", true, None),
+            ("::ffff:127.0.0.1", false, Some("IPv4-mapped internal")),
+            ("fd00:ec2::254", false, Some("unique local")),
+            ("0.0.0.0", true, Some("unspecified")),
+            ("224.0.0.1", true, Some("multicast")),
+        ];
+        for (ip, allow, want) in cases {
+            assert_eq!(
+                instance_address_problem(ip.parse().unwrap(), allow),
+                want,
+                "{ip} allow={allow}"
+            );
+        }
+    }
+
+    #[test]
+    fn plugin_defaults_only_public_dns_names() {
+        let cases = [
+            ("https://api.hetzner.cloud", None),
+            ("https://*.amazonaws.com", None),
+            ("http://169.254.169.254:80", Some("IP address")),
+            ("http://127.0.0.1:8080", Some("IP address")),
+            ("http://[::1]:8080", Some("IP address")),
+            ("http://localhost:8080", Some("local")),
+            ("http://metadata.google.internal", Some("local")),
+            ("http://printer.local", Some("local")),
+            ("http://x.localhost", Some("local")),
+            ("http://127.1", Some("numeric")),
+            ("http://0x7f000001", Some("numeric")),
+        ];
+        for (entry, want) in cases {
+            let rule: AllowRule = entry.parse().unwrap();
+            let got = plugin_default_problem(&rule);
+            match want {
+                None => assert_eq!(got, None, "{entry}"),
+                Some(w) => assert!(got.is_some_and(|g| g.contains(w)), "{entry}: {got:?}"),
+            }
         }
     }
 

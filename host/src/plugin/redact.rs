@@ -1,20 +1,81 @@
 //! Scrubbing of secrets and cloud-init from everything that leaves a guest.
 //!
 //! A plugin can be careless or hostile: it can log its token, echo user data in an error,
-//! or put a credential in a health-check message. The host does not trust it to behave and
-//! replaces every known sensitive byte string before a log line, error message or status
-//! leaves the call. Besides the raw values it also scrubs their base64 forms (providers
-//! base64-encode user data for most APIs) and each substantial line of the cloud-init, so a
-//! plugin that logs part of it is caught too.
+//! return a credential as an instance ID, or cache a Proxy's cloud-init and print it in a
+//! later call. The host does not trust it to behave: every byte string a plugin hands back
+//! (log lines, stdout/stderr, error messages and codes, replies, health-check results) is
+//! scrubbed here before it reaches a log, a span, an event or a status.
+//!
+//! What counts as sensitive is decided per provider, not per call (see
+//! [`super::sensitive`]): every secret the host has handed to the provider and the cloud-init
+//! of every Proxy the operator has seen for it. For each value the redactor matches more
+//! than the raw bytes, because a plugin transforms what it sends:
+//!
+//! | form | why |
+//! |---|---|
+//! | the value, and trimmed | a secret file ends in a newline |
+//! | each line of a multi-line value | a PEM key printed line by line |
+//! | base64 (standard and URL-safe) at any byte offset | user data is base64 in most APIs, often inside a larger encoded body |
+//! | JSON-escaped | a plugin builds an API body with the document as a JSON string |
+//! | percent-encoded | a value in a query string or form body |
+//! | cloud-init: each line, and each value after `:`, `=` or whitespace | a password inside `user:PASSWORD`, `BasicAuth user PASSWORD` |
+//!
+//! Short fragments would match ordinary text (every log line has `port` or `true` in it), so
+//! a cloud-init fragment must be at least [`MIN_FRAGMENT`] bytes and must not be one of the
+//! cloud-init schema's own keywords (public knowledge, not user data). Whole lines count
+//! from [`MIN_LINE`] bytes, values after a separator from [`MIN_VALUE`].
 
 use aho_corasick::{AhoCorasick, MatchKind};
+use std::collections::BTreeSet;
 
 /// Replacement text for a scrubbed value.
 pub const REDACTED: &str = "[REDACTED]";
 
-/// Lines of cloud-init shorter than this are not scrubbed on their own (they would match
-/// ordinary words like `runcmd:`); the whole document and its longer lines always are.
-const MIN_LINE: usize = 12;
+/// Shortest cloud-init line (trimmed) that is scrubbed on its own.
+pub const MIN_LINE: usize = 4;
+/// Shortest value after `:` or `=` in a cloud-init line that is scrubbed on its own.
+pub const MIN_VALUE: usize = 4;
+/// Shortest other cloud-init word (separated by whitespace or punctuation) scrubbed.
+pub const MIN_FRAGMENT: usize = 6;
+/// Shortest line of a multi-line secret scrubbed on its own.
+const MIN_SECRET_LINE: usize = 8;
+/// Shortest value whose encodings (base64, JSON, percent) are matched too: the encoding of
+/// a few bytes is a few characters that ordinary base64 text would match by chance.
+const MIN_ENCODED: usize = 6;
+
+/// Words of the cloud-init schema, YAML and everyday shell that say nothing about a user:
+/// not treated as fragments of a user's document. Whole lines and whole documents are
+/// always scrubbed.
+const PUBLIC_WORDS: &[&str] = &[
+    "#cloud-config",
+    "append",
+    "apt-get",
+    "bootcmd",
+    "content",
+    "daemon-reload",
+    "defer",
+    "enable",
+    "encoding",
+    "false",
+    "final_message",
+    "groups",
+    "hostname",
+    "install",
+    "owner",
+    "package_reboot_if_required",
+    "package_update",
+    "package_upgrade",
+    "packages",
+    "permissions",
+    "power_state",
+    "restart",
+    "runcmd",
+    "shell",
+    "systemctl",
+    "timezone",
+    "users",
+    "write_files",
+];
 
 /// A set of sensitive values, compiled for fast replacement.
 #[derive(Clone, Default)]
@@ -28,44 +89,195 @@ impl std::fmt::Debug for Redactor {
     }
 }
 
-impl Redactor {
-    /// Builds a redactor for the given secrets and cloud-init. Empty values are ignored.
-    pub fn new<'a>(secrets: impl IntoIterator<Item = &'a [u8]>, cloud_init: &[u8]) -> Self {
-        let mut patterns: Vec<Vec<u8>> = Vec::new();
-        let mut add = |value: &[u8]| {
-            if value.is_empty() {
-                return;
-            }
-            patterns.push(value.to_vec());
-            let b64 = data_encoding::BASE64.encode(value);
-            // Without padding too: a value embedded in a longer base64 text loses it.
-            patterns.push(b64.trim_end_matches('=').as_bytes().to_vec());
-        };
-        for secret in secrets {
-            add(secret);
-            let trimmed = secret.trim_ascii();
-            if trimmed.len() != secret.len() {
-                add(trimmed);
+/// Collects the patterns for a [`Redactor`].
+#[derive(Default)]
+pub struct Patterns {
+    set: BTreeSet<Vec<u8>>,
+}
+
+impl Patterns {
+    /// A secret: the value in every form listed in the module docs, and each line of it.
+    pub fn secret(&mut self, value: &[u8]) {
+        self.value(value);
+        let trimmed = value.trim_ascii();
+        if trimmed.len() != value.len() {
+            self.value(trimmed);
+        }
+        if trimmed.contains(&b'\n') {
+            for line in trimmed.split(|b| *b == b'\n') {
+                let line = line.trim_ascii();
+                if line.len() >= MIN_SECRET_LINE {
+                    self.value(line);
+                }
             }
         }
-        add(cloud_init);
-        for line in cloud_init.split(|b| *b == b'\n') {
+    }
+
+    /// A cloud-init document: the whole in every form, each line, and each value in it.
+    pub fn cloud_init(&mut self, doc: &[u8]) {
+        self.value(doc);
+        let trimmed = doc.trim_ascii();
+        if trimmed.len() != doc.len() {
+            self.value(trimmed);
+        }
+        for line in doc.split(|b| *b == b'\n') {
             let line = line.trim_ascii();
-            if line.len() >= MIN_LINE {
-                patterns.push(line.to_vec());
+            if line.len() >= MIN_LINE && !is_public(line) {
+                if line.len() >= MIN_ENCODED * 2 {
+                    self.value(line);
+                } else {
+                    self.plain(line, MIN_LINE);
+                }
+                // Without a YAML list marker: `- echo x` is logged as `echo x`.
+                if let Some(rest) = line.strip_prefix(b"- ") {
+                    self.plain(rest.trim_ascii(), MIN_LINE);
+                }
+            }
+            for (value, after_separator) in words(line) {
+                let min = if after_separator {
+                    MIN_VALUE
+                } else {
+                    MIN_FRAGMENT
+                };
+                if !is_public(value) && !is_small_number(value) {
+                    self.plain(value, min);
+                }
             }
         }
-        patterns.retain(|p| !p.is_empty());
-        if patterns.is_empty() {
+    }
+
+    /// A value as is, and JSON-escaped, percent-encoded and base64 at every offset.
+    fn value(&mut self, v: &[u8]) {
+        if v.is_empty() {
+            return;
+        }
+        self.set.insert(v.to_vec());
+        if v.len() < MIN_ENCODED {
+            return;
+        }
+        let text = String::from_utf8_lossy(v);
+        let json = serde_json::to_string(&text).expect("a string always serializes");
+        let json = &json[1..json.len() - 1];
+        if json.as_bytes() != v {
+            self.set.insert(json.as_bytes().to_vec());
+        }
+        let pct = percent_encode(v);
+        if pct.as_bytes() != v {
+            self.set.insert(pct.into_bytes());
+        }
+        for alphabet in [&data_encoding::BASE64, &data_encoding::BASE64URL] {
+            for b64 in base64_at_every_offset(alphabet, v) {
+                self.set.insert(b64.into_bytes());
+            }
+        }
+    }
+
+    /// A fragment: only the value itself (its encodings would be too short to be safe to
+    /// match), when it is long enough.
+    fn plain(&mut self, v: &[u8], min: usize) {
+        if v.len() >= min {
+            self.set.insert(v.to_vec());
+        }
+    }
+
+    pub fn build(self) -> Redactor {
+        if self.set.is_empty() {
             return Redactor::default();
         }
         let matcher = AhoCorasick::builder()
             .match_kind(MatchKind::LeftmostLongest)
-            .build(&patterns)
+            .build(self.set)
             .expect("literal patterns always build");
         Redactor {
             matcher: Some(matcher),
         }
+    }
+}
+
+/// The words of a cloud-init line, each with whether it follows a `:` or `=` (a value).
+fn words(line: &[u8]) -> Vec<(&[u8], bool)> {
+    let is_sep = |b: u8| {
+        b.is_ascii_whitespace()
+            || matches!(
+                b,
+                b':' | b'=' | b'"' | b'\'' | b',' | b'[' | b']' | b'{' | b'}' | b'(' | b')' | b';'
+            )
+    };
+    let mut out = Vec::new();
+    let mut after_separator = false;
+    let mut start = None;
+    for (i, &b) in line.iter().enumerate() {
+        if is_sep(b) {
+            if let Some(s) = start.take() {
+                out.push((&line[s..i], after_separator));
+                after_separator = false;
+            }
+            if b == b':' || b == b'=' {
+                after_separator = true;
+            }
+        } else if start.is_none() {
+            start = Some(i);
+        }
+    }
+    if let Some(s) = start {
+        out.push((&line[s..], after_separator));
+    }
+    out
+}
+
+fn is_public(word: &[u8]) -> bool {
+    let w = word.strip_suffix(b":").unwrap_or(word);
+    PUBLIC_WORDS.iter().any(|p| p.as_bytes() == w)
+}
+
+/// Ports and counts (`3128`, `0644`): matching them would scrub every number in a log.
+fn is_small_number(word: &[u8]) -> bool {
+    word.len() <= 5 && word.iter().all(u8::is_ascii_digit)
+}
+
+fn percent_encode(v: &[u8]) -> String {
+    let mut out = String::with_capacity(v.len());
+    for &b in v {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The base64 text that `v` becomes inside any larger encoded text: for each of the three
+/// alignments, only the characters that depend on `v`'s bytes alone (the first and last
+/// characters also carry bits of the neighbours, so they are dropped).
+fn base64_at_every_offset(alphabet: &data_encoding::Encoding, v: &[u8]) -> Vec<String> {
+    let mut out = Vec::with_capacity(3);
+    for offset in 0..3usize {
+        let mut buf = vec![0u8; offset];
+        buf.extend_from_slice(v);
+        let enc = alphabet.encode(&buf);
+        // Bits of v start at bit 8*offset and end at bit 8*(offset+len).
+        let first = (8 * offset).div_ceil(6);
+        let last = (8 * (offset + v.len())) / 6;
+        if last > first + 3 {
+            out.push(enc[first..last].to_string());
+        }
+    }
+    out
+}
+
+impl Redactor {
+    /// Builds a redactor for the given secrets and one cloud-init document. Empty values are
+    /// ignored.
+    pub fn new<'a>(secrets: impl IntoIterator<Item = &'a [u8]>, cloud_init: &[u8]) -> Self {
+        let mut p = Patterns::default();
+        for s in secrets {
+            p.secret(s);
+        }
+        if !cloud_init.is_empty() {
+            p.cloud_init(cloud_init);
+        }
+        p.build()
     }
 
     /// The text with every sensitive value replaced by [`REDACTED`].
@@ -82,51 +294,192 @@ impl Redactor {
         }
     }
 
+    /// Whether `text` holds any sensitive value.
+    pub fn finds(&self, text: &str) -> bool {
+        self.matcher
+            .as_ref()
+            .is_some_and(|m| m.is_match(text.as_bytes()))
+    }
+
     /// Like [`Redactor::scrub`] for raw bytes (guest stdout), returned as lossy UTF-8.
     pub fn scrub_bytes(&self, bytes: &[u8]) -> String {
         self.scrub(&String::from_utf8_lossy(bytes))
     }
 }
 
+/// Makes a plugin-supplied string safe to print as one log field: control characters
+/// (newlines above all, which would forge a separate log line, and terminal escapes) and
+/// Unicode line separators become visible escapes.
+pub fn escape_controls(text: &str) -> String {
+    if !text
+        .chars()
+        .any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}'))
+    {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') => {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const CLOUD_INIT: &[u8] = b"#cloud-config\npackages: [tinyproxy]\nwrite_files:\n  - path: /etc/tinyproxy/auth\n    content: |\n      BasicAuth proxyuser Hunter2Sentinel\n      pw=kx9q\n      Port 3128\nruncmd:\n  - echo SENTINEL-CLOUD-INIT-1234 > /etc/x\n  - ab12\n";
+
+    fn redactor() -> Redactor {
+        let pem = b"-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\nVJTUt9Us8cKjMzEfYyjiWA4R4/M2bS1GB4t7NXp98C3SC6dVMvDu\n-----END PRIVATE KEY-----\n";
+        Redactor::new([&b"tok-SECRET-5678\n"[..], &pem[..]], CLOUD_INIT)
+    }
+
+    /// Every way a plugin might hand back a sensitive value, and text that must survive.
     #[test]
-    fn scrubs_values_their_base64_and_cloud_init_lines() {
-        let cloud_init = b"#cloud-config\nruncmd:\n  - echo SENTINEL-CLOUD-INIT-1234 > /etc/x\n";
-        let r = Redactor::new([&b"tok-SECRET-5678\n"[..]], cloud_init);
-        let b64_secret = data_encoding::BASE64.encode(b"tok-SECRET-5678\n");
-        let b64_ci = data_encoding::BASE64.encode(cloud_init);
-        let cases = [
-            ("token tok-SECRET-5678 here", "token [REDACTED] here"),
-            ("nothing to see", "nothing to see"),
+    fn scrubs_every_form_and_keeps_ordinary_text() {
+        let r = redactor();
+        let b64 = |v: &[u8]| data_encoding::BASE64.encode(v);
+        let json = |v: &[u8]| serde_json::to_string(&String::from_utf8_lossy(v)).unwrap();
+        let leaks: Vec<(&str, String)> = vec![
+            ("secret", "token tok-SECRET-5678 here".into()),
+            ("secret base64", format!("x{}y", b64(b"tok-SECRET-5678\n"))),
             (
-                "line - echo SENTINEL-CLOUD-INIT-1234 > /etc/x!",
-                "line [REDACTED]!",
+                "secret base64 at offset 1",
+                b64(b"{\"token\":\"tok-SECRET-5678\"}"),
             ),
-            ("runcmd: stays", "runcmd: stays"),
+            (
+                "secret base64 at offset 2",
+                b64(b"ab tok-SECRET-5678 and more"),
+            ),
+            (
+                "secret url-safe base64",
+                data_encoding::BASE64URL.encode(b"..tok-SECRET-5678"),
+            ),
+            ("secret percent-encoded", "q=tok-SECRET-5678%0A".into()),
+            (
+                "PEM line",
+                "line: VJTUt9Us8cKjMzEfYyjiWA4R4/M2bS1GB4t7NXp98C3SC6dVMvDu".into(),
+            ),
+            (
+                "whole cloud-init",
+                String::from_utf8_lossy(CLOUD_INIT).into(),
+            ),
+            ("cloud-init JSON-escaped", json(CLOUD_INIT)),
+            ("cloud-init base64", b64(CLOUD_INIT)),
+            (
+                "cloud-init base64 inside a JSON body",
+                b64(&[b"{\"user_data\":\"".as_slice(), CLOUD_INIT, b"\"}"].concat()),
+            ),
+            (
+                "long line",
+                "- echo SENTINEL-CLOUD-INIT-1234 > /etc/x".into(),
+            ),
+            (
+                "value in a line",
+                "auth is proxyuser Hunter2Sentinel".into(),
+            ),
+            ("value alone", "Hunter2Sentinel".into()),
+            ("value after =", "got kx9q".into()),
+            ("short line", "line was: pw=kx9q!".into()),
+            ("short list item", "ran ab12".into()),
         ];
-        for (input, want) in cases {
-            assert_eq!(r.scrub(input), want);
+        for (what, leak) in leaks {
+            let out = r.scrub(&leak);
+            for needle in [
+                "SECRET",
+                "SENTINEL",
+                "Hunter2",
+                "kx9q",
+                "ab12",
+                "VJTUt9Us8",
+                "dG9rLVNFQ1JFVC01Njc4",
+            ] {
+                assert!(!out.contains(needle), "{what}: {out}");
+            }
+            assert!(out.contains(REDACTED), "{what}: {out}");
+            assert!(r.finds(&leak), "{what}");
         }
-        for leak in [
-            b64_secret,
-            b64_ci,
-            String::from_utf8_lossy(cloud_init).into_owned(),
+        for fine in [
+            "created server egress-abc in fsn1 on port 3128",
+            "packages installed, runcmd done",
+            "GET /v1/servers?page=2 -> 200",
+            "tinyproxy",
         ] {
-            let out = r.scrub(&format!("x{leak}y"));
-            assert!(
-                !out.contains("SENTINEL") && !out.contains("SECRET"),
-                "{out}"
-            );
-            assert!(out.contains(REDACTED), "{out}");
+            assert_eq!(r.scrub(fine), fine.replace("tinyproxy", REDACTED));
         }
+    }
+
+    #[test]
+    fn base64_offsets_cover_every_alignment() {
+        let v = b"SENTINEL-VALUE";
+        for pad in 0..6 {
+            let mut text = vec![b'x'; pad];
+            text.extend_from_slice(v);
+            text.extend_from_slice(b"tail");
+            let enc = data_encoding::BASE64.encode(&text);
+            let pats = base64_at_every_offset(&data_encoding::BASE64, v);
+            assert!(
+                pats.iter().any(|p| enc.contains(p.as_str())),
+                "pad {pad}: {enc} {pats:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn words_mark_values_after_separators() {
+        let w = words(b"BasicAuth user:pass word=x1 [a, b]");
+        let got: Vec<(String, bool)> = w
+            .into_iter()
+            .map(|(v, s)| (String::from_utf8_lossy(v).into_owned(), s))
+            .collect();
+        let want = [
+            ("BasicAuth", false),
+            ("user", false),
+            ("pass", true),
+            ("word", false),
+            ("x1", true),
+            ("a", false),
+            ("b", false),
+        ];
+        assert_eq!(
+            got,
+            want.iter()
+                .map(|(v, s)| (v.to_string(), *s))
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]
     fn empty_redactor_is_identity() {
         let r = Redactor::new(std::iter::empty(), b"");
         assert_eq!(r.scrub("abc"), "abc");
+        assert!(!r.finds("abc"));
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        let cases = [
+            ("plain", "plain"),
+            ("a\nb", "a\\nb"),
+            (
+                "x\r\n2026-01-01 INFO forged",
+                "x\\r\\n2026-01-01 INFO forged",
+            ),
+            ("\u{1b}[31mred", "\\u{1b}[31mred"),
+            ("sep\u{2028}x", "sep\\u{2028}x"),
+            ("tab\there", "tab\\there"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(escape_controls(input), want, "{input:?}");
+        }
     }
 }

@@ -9,7 +9,8 @@
 use super::bindings::egress::provider::host as wit_host;
 use super::http::HttpHooks;
 use super::output::CapturedOutput;
-use super::redact::Redactor;
+use super::redact::{Redactor, escape_controls};
+use super::sensitive::Sensitive;
 use crate::config::Limits;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -36,15 +37,11 @@ pub struct ProviderShared {
     pub secrets: BTreeMap<String, PathBuf>,
     pub limits: Limits,
     pub cache: Mutex<KvCache>,
-    /// Every secret value handed to this provider so far: scrubbed from all its output.
-    pub known_secrets: Mutex<Vec<Vec<u8>>>,
-}
-
-impl ProviderShared {
-    pub fn redactor(&self, cloud_init: &[u8]) -> Redactor {
-        let secrets = self.known_secrets.lock().unwrap();
-        Redactor::new(secrets.iter().map(Vec::as_slice), cloud_init)
-    }
+    /// Every secret value handed to this provider and every cloud-init seen for it:
+    /// scrubbed from all its output. Outlives reloads (kept by the runtime, per name).
+    pub sensitive: Arc<Sensitive>,
+    /// What a reply must satisfy to be accepted.
+    pub reply_rules: super::reply::Rules,
 }
 
 /// The small per-provider key-value cache behind `cache-get`/`cache-set`.
@@ -124,8 +121,7 @@ pub struct CallState {
     pub(super) hooks: HttpHooks,
     pub(super) limiter: MemoryLimiter,
     pub(super) shared: Arc<ProviderShared>,
-    pub(super) redactor: Redactor,
-    pub(super) cloud_init: Arc<[u8]>,
+    pub(super) redactor: Arc<Redactor>,
     pub(super) log_lines: u32,
     pub(super) log_dropped: u32,
     pub(super) deadline: Instant,
@@ -250,8 +246,9 @@ impl CallState {
             return;
         }
         self.log_lines += 1;
+        // Scrub before escaping (a secret may hold a newline), escape before cutting.
         let text = truncate(
-            &self.redactor.scrub(message),
+            &escape_controls(&self.redactor.scrub(message)),
             limits.log_line_bytes as usize,
         );
         let provider = self.shared.name.as_str();
@@ -273,7 +270,9 @@ impl CallState {
             ("stderr", self.stderr.clone()),
         ] {
             let (bytes, dropped) = out.take();
-            let text = String::from_utf8_lossy(&bytes).into_owned();
+            // The whole capture is scrubbed before it is split into lines: a multi-line
+            // secret printed as is must not come out line by line, unmatched.
+            let text = self.redactor.scrub_bytes(&bytes);
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
                 self.emit(wit_host::Level::Info, &format!("[{stream}] {line}"));
             }
@@ -299,7 +298,10 @@ impl CallState {
         let bytes = self.stderr.tail(usize::MAX);
         let text = self.redactor.scrub_bytes(&bytes);
         let last: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        truncate(&last[last.len().saturating_sub(2)..].join(" / "), 512)
+        truncate(
+            &escape_controls(&last[last.len().saturating_sub(2)..].join(" / ")),
+            512,
+        )
     }
 }
 
@@ -329,13 +331,8 @@ impl wit_host::Host for CallState {
         };
         match std::fs::read(path) {
             Ok(value) => {
-                if !value.is_empty() {
-                    let mut known = self.shared.known_secrets.lock().unwrap();
-                    if !known.contains(&value) {
-                        known.push(value.clone());
-                    }
-                    self.redactor =
-                        Redactor::new(known.iter().map(Vec::as_slice), &self.cloud_init);
+                if self.shared.sensitive.add_secret(&value) {
+                    self.redactor = self.shared.sensitive.redactor();
                 }
                 Ok(value)
             }

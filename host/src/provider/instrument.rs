@@ -152,6 +152,14 @@ impl<P: Provider> Provider for Instrumented<P> {
     async fn check(&self) -> Option<Vec<TargetStatus>> {
         self.inner.check().await
     }
+
+    fn remember_cloud_init(&self, doc: &[u8]) {
+        self.inner.remember_cloud_init(doc)
+    }
+
+    fn private_addresses_allowed(&self) -> bool {
+        self.inner.private_addresses_allowed()
+    }
 }
 
 impl<P: Provider> Instrumented<P> {

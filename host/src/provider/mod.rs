@@ -120,6 +120,14 @@ pub trait Provider: Send + Sync {
     async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError>;
     /// `None` when the provider has no health check: reported as unsupported, not failed.
     async fn check(&self) -> Option<Vec<TargetStatus>>;
+    /// Tells the provider about a Proxy's cloud-init, whether or not a call for it follows:
+    /// a sandboxed plugin must not be able to show any Proxy's document in any call.
+    fn remember_cloud_init(&self, _doc: &[u8]) {}
+    /// Whether its instances may have internal addresses, which the health prober then
+    /// connects to. `false` unless the provider's configuration says so.
+    fn private_addresses_allowed(&self) -> bool {
+        false
+    }
 }
 
 /// A provider shared between owners (the reloader keeps what the registry serves) is still
@@ -143,5 +151,11 @@ impl<P: Provider + ?Sized> Provider for std::sync::Arc<P> {
     }
     async fn check(&self) -> Option<Vec<TargetStatus>> {
         (**self).check().await
+    }
+    fn remember_cloud_init(&self, doc: &[u8]) {
+        (**self).remember_cloud_init(doc)
+    }
+    fn private_addresses_allowed(&self) -> bool {
+        (**self).private_addresses_allowed()
     }
 }

@@ -139,6 +139,14 @@ impl Provider for WasmProvider {
         }
     }
 
+    fn remember_cloud_init(&self, doc: &[u8]) {
+        WasmProvider::remember_cloud_init(self, doc)
+    }
+
+    fn private_addresses_allowed(&self) -> bool {
+        WasmProvider::private_addresses_allowed(self)
+    }
+
     /// A check never fails as a whole: a failed call becomes one not-ready target.
     async fn check(&self) -> Option<Vec<TargetStatus>> {
         if !self.info().has_check {

