@@ -243,7 +243,9 @@ mod tests {
     fn cgroup_limits() {
         let pod = "kubepods.slice/kubepods-burstable.slice/pod1.slice/cri-abc.scope";
         let v1 = "12:pids:/x\n4:memory:/kubepods/pod1/abc\n0::/\n";
-        let cases: Vec<(&str, &str, Vec<(String, &str)>, Option<u64>)> = vec![
+        /// (case, /proc/self/cgroup, files under /sys/fs/cgroup, the limit)
+        type Case<'a> = (&'a str, &'a str, Vec<(String, &'a str)>, Option<u64>);
+        let cases: Vec<Case> = vec![
             (
                 "v2 in a cgroup namespace",
                 "0::/\n",
