@@ -39,6 +39,8 @@ enum Command {
         check: bool,
         #[command(flatten)]
         runtime: RuntimeArgs,
+        #[command(flatten)]
+        fit: FitArgs,
     },
     /// Run the operator: the Proxy reconciler, orphan GC, health probes and provider checks
     /// (on the elected leader), and the discovery API, /metrics, /healthz and /readyz (on
@@ -115,6 +117,8 @@ struct RunArgs {
     source: SourceArgs,
     #[command(flatten)]
     runtime: RuntimeArgs,
+    #[command(flatten)]
+    fit: FitArgs,
     /// Installation identity written on every instance and used to scope GC. Default:
     /// derived from the cluster (kube-system's UID) and --namespace.
     #[arg(long, env = "INSTALLATION_ID")]
@@ -328,14 +332,66 @@ struct RuntimeArgs {
         default_value = "/tmp/proxy-operator/calls"
     )]
     plugin_scratch_dir: PathBuf,
+    /// Largest plugin file loaded (bytes, or a quantity such as 8Mi); a larger one is
+    /// refused before it is read.
+    #[arg(long, default_value = "8Mi", value_parser = parse_quantity)]
+    max_plugin_bytes: u64,
 }
 
 impl RuntimeArgs {
     fn options(&self, file: &ProvidersFile) -> RuntimeOptions {
         let cache =
             (!self.plugin_cache_dir.as_os_str().is_empty()).then(|| self.plugin_cache_dir.clone());
-        RuntimeOptions::for_providers(file, cache, self.plugin_scratch_dir.clone())
+        let mut opts = RuntimeOptions::for_providers(file, cache, self.plugin_scratch_dir.clone());
+        opts.max_plugin_bytes = self.max_plugin_bytes;
+        opts
     }
+}
+
+/// What the providers must fit: every provider at full concurrency, each call at its
+/// memory and /tmp caps (docs/operations.md, "Fitting the pod").
+#[derive(clap::Args)]
+struct FitArgs {
+    /// The pod's memory limit (e.g. 256Mi). Default: the memory limit of this process's
+    /// cgroup; none there means no memory check.
+    #[arg(long, value_parser = parse_quantity)]
+    memory_limit: Option<u64>,
+    /// Memory the operator keeps for itself, off the memory limit: its RSS with the shipped
+    /// plugins loaded is 55-70 MiB (kube client and caches, compiled plugin code, tokio).
+    #[arg(long, default_value = "96Mi", value_parser = parse_quantity)]
+    memory_reserve: u64,
+    /// Size of the /tmp volume holding the per-call scratch directories and the compile
+    /// cache (the emptyDir's sizeLimit). Default: the size of that file system when it is a
+    /// tmpfs; else no /tmp check.
+    #[arg(long, value_parser = parse_quantity)]
+    scratch_limit: Option<u64>,
+}
+
+impl FitArgs {
+    fn budget(&self, runtime: &RuntimeArgs) -> proxy_operator::config::Budget {
+        proxy_operator::config::budget::resolve(
+            self.memory_limit,
+            self.memory_reserve,
+            self.scratch_limit,
+            &runtime.plugin_scratch_dir,
+        )
+    }
+}
+
+fn parse_quantity(s: &str) -> Result<u64, String> {
+    proxy_operator::config::budget::parse_quantity(s)
+}
+
+/// Logs what a fitting providers file needs.
+fn log_fit(need: &proxy_operator::config::fit::Need, budget: &proxy_operator::config::Budget) {
+    use proxy_operator::config::fit::Mib;
+    tracing::info!(
+        memory_need = %Mib(need.memory.total()),
+        memory_available = %budget.memory_bytes.map(|m| Mib(m.saturating_sub(budget.reserve_bytes)).to_string()).unwrap_or_else(|| "unknown".into()),
+        tmp_need = %Mib(need.scratch.total()),
+        tmp_available = %budget.scratch_bytes.map(|m| Mib(m).to_string()).unwrap_or_else(|| "unknown".into()),
+        "providers fit the pod"
+    );
 }
 
 /// `region/zone/machineType/image`; parts may be empty where the provider ignores them.
@@ -616,10 +672,31 @@ async fn main() -> anyhow::Result<()> {
                 },
             check,
             runtime,
+            fit,
         } => {
             let text = std::fs::read_to_string(&providers)
                 .with_context(|| format!("reading providers file {}", providers.display()))?;
             let file = ProvidersFile::parse(&text)?;
+            let budget = fit.budget(&runtime);
+            let fits = proxy_operator::config::fit::check(&file, &budget);
+            match &fits {
+                Ok(need) => {
+                    use proxy_operator::config::fit::Mib;
+                    let of = |b: Option<u64>| {
+                        b.map_or("no limit known".into(), |b| format!("{} available", Mib(b)))
+                    };
+                    println!(
+                        "fit     memory {} ({}), /tmp {} ({})",
+                        Mib(need.memory.total()),
+                        of(budget
+                            .memory_bytes
+                            .map(|m| m.saturating_sub(budget.reserve_bytes))),
+                        Mib(need.scratch.total()),
+                        of(budget.scratch_bytes)
+                    );
+                }
+                Err(e) => println!("failed  {e}"),
+            }
             let rt = Runtime::new(runtime.options(&file))?;
             let report = rt.load(&plugin_dir, &file).await;
             for p in &report.providers {
@@ -650,7 +727,9 @@ async fn main() -> anyhow::Result<()> {
             for e in &report.provider_errors {
                 println!("failed  {e}");
             }
-            if report.provider_errors.is_empty() && report.plugin_errors.is_empty() {
+            if fits.is_err() {
+                anyhow::bail!("the providers file does not fit the pod")
+            } else if report.provider_errors.is_empty() && report.plugin_errors.is_empty() {
                 Ok(())
             } else {
                 anyhow::bail!(
@@ -692,6 +771,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     use proxy_operator::reload::Reloader;
     use std::collections::BTreeMap;
 
+    // A providers file that cannot fit the pod is refused before anything starts.
+    let SourceArgs {
+        plugin_dir,
+        providers,
+    } = &args.source;
+    let text = std::fs::read_to_string(providers)
+        .with_context(|| format!("reading providers file {}", providers.display()))?;
+    let file = ProvidersFile::parse(&text)?;
+    let budget = args.fit.budget(&args.runtime);
+    let need = proxy_operator::config::fit::check(&file, &budget)
+        .with_context(|| format!("providers file {}", providers.display()))?;
+    log_fit(&need, &budget);
+
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
@@ -713,16 +805,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Providers come from the reloader: a provider that fails to load is left out (its
     // Proxies report ProviderNotConfigured), the others run, and later changes on disk
     // swap the set without a restart.
-    let SourceArgs {
-        plugin_dir,
-        providers,
-    } = &args.source;
-    let text = std::fs::read_to_string(providers)
-        .with_context(|| format!("reading providers file {}", providers.display()))?;
-    let file = ProvidersFile::parse(&text)?;
     let rt = Runtime::new(args.runtime.options(&file))?;
     rt.set_metrics(metrics.plugin.clone());
-    let mut reloader = Reloader::new(rt.clone(), plugin_dir, providers, metrics.reload.clone());
+    let mut reloader = Reloader::new(rt.clone(), plugin_dir, providers, metrics.reload.clone())
+        .with_budget(budget);
     reloader.poll().await;
     let provider_load = |r: &Reloader| ProviderLoad {
         serving: r.providers().into_keys().collect(),

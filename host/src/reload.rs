@@ -8,7 +8,7 @@
 //! old one serving, and the error is kept for status and metrics until a later change
 //! loads cleanly.
 
-use crate::config::{ProviderEntry, ProvidersFile};
+use crate::config::{Budget, ProviderEntry, ProvidersFile};
 use crate::plugin::{Runtime, WasmProvider};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -137,6 +137,8 @@ pub struct Reloader {
     /// What was on disk at the last poll, to tell "changed" from "still broken".
     seen: Option<(String, BTreeMap<String, String>)>,
     errors: BTreeMap<String, String>,
+    /// What a providers file must fit (config::fit); a file that does not is refused.
+    budget: Budget,
 }
 
 impl Reloader {
@@ -154,7 +156,16 @@ impl Reloader {
             running: BTreeMap::new(),
             seen: None,
             errors: BTreeMap::new(),
+            budget: Budget::default(),
         }
+    }
+
+    /// Refuses a providers file that does not fit `budget` (config::fit), like one that
+    /// does not parse: every provider keeps its current version. Default: no budget known,
+    /// nothing checked.
+    pub fn with_budget(mut self, budget: Budget) -> Self {
+        self.budget = budget;
+        self
     }
 
     /// The providers serving now, by name.
@@ -181,7 +192,7 @@ impl Reloader {
                 return self.file_error(String::new(), why);
             }
         };
-        let shas = plugin_digests(&self.plugin_dir);
+        let shas = plugin_digests(&self.plugin_dir, self.rt.max_plugin_bytes());
         if self
             .seen
             .as_ref()
@@ -197,6 +208,10 @@ impl Reloader {
                 return self.file_error(text, why);
             }
         };
+        if let Err(e) = crate::config::fit::check(&file, &self.budget) {
+            let why = format!("{}: {e}", self.providers_file.display());
+            return self.file_error(text, why);
+        }
         self.errors.remove("");
         let current: BTreeMap<String, Source> = self
             .running
@@ -296,8 +311,10 @@ impl Reloader {
 }
 
 /// sha256 (hex) of every `*.wasm` directly in `dir`, by file name; unreadable files are
-/// left out (and then reported as missing by whoever needs them).
-fn plugin_digests(dir: &Path) -> BTreeMap<String, String> {
+/// left out (and then reported as missing by whoever needs them). At most `max_bytes + 1`
+/// bytes of a file are read: a larger file gets a digest of what was read, and its load
+/// then fails naming the limit.
+fn plugin_digests(dir: &Path, max_bytes: u64) -> BTreeMap<String, String> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return BTreeMap::new();
     };
@@ -307,8 +324,14 @@ fn plugin_digests(dir: &Path) -> BTreeMap<String, String> {
             if name.starts_with('.') || !name.ends_with(".wasm") {
                 return None;
             }
-            let bytes = std::fs::read(e.path()).ok()?;
-            Some((name, hex::encode(Sha256::digest(&bytes))))
+            let file = std::fs::File::open(e.path()).ok()?;
+            let mut hasher = Sha256::new();
+            std::io::copy(
+                &mut std::io::Read::take(file, max_bytes.saturating_add(1)),
+                &mut hasher,
+            )
+            .ok()?;
+            Some((name, hex::encode(hasher.finalize())))
         })
         .collect()
 }

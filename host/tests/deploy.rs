@@ -14,7 +14,8 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use proxy_operator::api::{self, Proxy};
-use proxy_operator::config::ProvidersFile;
+use proxy_operator::config::fit::{self, Mib};
+use proxy_operator::config::{Budget, ProvidersFile, budget};
 use proxy_operator::rbac;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -222,7 +223,10 @@ fn default_overlay_renders_valid_hardened_manifests() {
         Some(vec!["ALL".to_string()])
     );
     let limits = c.resources.clone().unwrap().limits.unwrap();
-    assert_eq!(limits["memory"].0, "128Mi");
+    assert_eq!(
+        limits["memory"].0, "320Mi",
+        "sized in shipped_manifests_fit_the_pod"
+    );
     let args = c.args.clone().unwrap();
     assert_eq!(args[0], "run");
     assert!(
@@ -376,5 +380,98 @@ fn default_overlay_renders_valid_hardened_manifests() {
                 .inline
                 .is_some_and(|c| c.starts_with("#cloud-config"))
         );
+    }
+}
+
+/// What the pod gives the sandboxes, read from config/manager/manager.yaml as written:
+/// the container's memory limit, `--memory-reserve` (or its default), and the /tmp
+/// emptyDir's sizeLimit, which `--scratch-limit` must repeat.
+fn deployment_budget() -> Budget {
+    let text = std::fs::read_to_string(root().join("config/manager/manager.yaml")).unwrap();
+    let dep: Deployment = serde_yaml::from_str(&text).unwrap();
+    let pod = dep.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    let limit = &c.resources.as_ref().unwrap().limits.as_ref().unwrap()["memory"].0;
+    let args = c.args.clone().unwrap_or_default();
+    let flag = |name: &str| {
+        args.iter()
+            .find_map(|a| a.strip_prefix(&format!("--{name}=")))
+            .map(str::to_string)
+    };
+    let tmp_mount = c
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.mount_path == "/tmp")
+        .expect("/tmp is a volume");
+    let size_limit = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == tmp_mount.name)
+        .and_then(|v| v.empty_dir)
+        .and_then(|e| e.size_limit)
+        .expect("/tmp is an emptyDir with a sizeLimit")
+        .0;
+    assert_eq!(
+        flag("scratch-limit").as_deref(),
+        Some(size_limit.as_str()),
+        "--scratch-limit must equal the /tmp emptyDir's sizeLimit"
+    );
+    let q = |s: &str| budget::parse_quantity(s).unwrap();
+    Budget {
+        memory_bytes: Some(q(limit)),
+        reserve_bytes: q(&flag("memory-reserve").unwrap_or_else(|| "96Mi".into())),
+        scratch_bytes: Some(q(&size_limit)),
+    }
+}
+
+/// The shipped providers file (the ConfigMap in config/manager/providers.yaml).
+fn shipped_providers() -> ProvidersFile {
+    let text = std::fs::read_to_string(root().join("config/manager/providers.yaml")).unwrap();
+    let cm: ConfigMap = serde_yaml::from_str(&text).unwrap();
+    ProvidersFile::parse(&cm.data.unwrap()["providers.yaml"]).unwrap()
+}
+
+/// The shipped defaults and manifests agree: the shipped providers file fits the
+/// Deployment's own memory limit and /tmp size, and a file asking for far more is refused
+/// with a message naming the provider, the fields and the numbers. Needs no kubectl.
+#[test]
+fn shipped_manifests_fit_the_pod() {
+    let budget = deployment_budget();
+    let file = shipped_providers();
+    let need = fit::check(&file, &budget).unwrap_or_else(|e| {
+        panic!("the shipped providers file does not fit the shipped Deployment: {e}")
+    });
+    eprintln!(
+        "shipped: memory {} of {} - {}, /tmp {} of {}",
+        Mib(need.memory.total()),
+        Mib(budget.memory_bytes.unwrap()),
+        Mib(budget.reserve_bytes),
+        Mib(need.scratch.total()),
+        Mib(budget.scratch_bytes.unwrap())
+    );
+
+    let mut greedy = file.clone();
+    greedy.providers[0].limits.memory_mib = 512;
+    greedy.providers[0].limits.concurrency = 8;
+    let name = greedy.providers[0].name.clone();
+    let err = fit::check(&greedy, &budget)
+        .expect_err("memoryMib 512 x concurrency 8 must not fit")
+        .to_string();
+    for needle in [
+        "providers need up to".to_string(),
+        "of sandbox memory".to_string(),
+        format!("{name}: limits.concurrency 8 x (limits.memoryMib 512 + "),
+        format!(
+            "the pod's memory limit {} minus the operator's reserve {} leaves {}",
+            Mib(budget.memory_bytes.unwrap()),
+            Mib(budget.reserve_bytes),
+            Mib(budget.memory_bytes.unwrap() - budget.reserve_bytes)
+        ),
+        "lower limits.concurrency or limits.memoryMib, or raise the pod's memory limit".to_string(),
+    ] {
+        assert!(err.contains(&needle), "{err:?} lacks {needle:?}");
     }
 }

@@ -219,3 +219,51 @@ async fn falls_back_to_on_demand_when_the_pool_cannot_be_reserved() {
         .unwrap();
     assert_eq!(p.get("ok").await.unwrap().ip, "127.0.0.1");
 }
+
+/// A plugin file larger than `max_plugin_bytes` is refused naming the file, its size and
+/// the limit: checked on the file's size before reading, and on the read itself (a file
+/// whose size says nothing, like one growing while it is read, is cut off and refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_a_plugin_file_over_the_size_limit() {
+    let dir = plugins_or_skip!();
+    let path = dir.join("example.wasm");
+    let size = std::fs::metadata(&path).unwrap().len();
+    let runtime = |max: u64| {
+        let mut opts = proxy_operator::plugin::RuntimeOptions::for_providers(
+            &ProvidersFile { providers: vec![] },
+            None,
+            std::env::temp_dir().join("egress-test-scratch"),
+        );
+        assert_eq!(opts.max_plugin_bytes, 8 << 20, "the default");
+        opts.max_plugin_bytes = max;
+        proxy_operator::plugin::Runtime::new(opts).unwrap()
+    };
+
+    let rt = runtime(size - 1);
+    let err = rt.load_plugin(&path).await.unwrap_err();
+    assert!(
+        matches!(&err, LoadError::TooLarge { size: s, limit, .. } if *s == size && *limit == size - 1),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    for needle in [
+        path.display().to_string(),
+        format!("{size} bytes"),
+        format!("({} bytes, --max-plugin-bytes)", size - 1),
+    ] {
+        assert!(msg.contains(&needle), "{msg:?} lacks {needle:?}");
+    }
+    // Exactly at the limit loads.
+    runtime(size).load_plugin(&path).await.unwrap();
+
+    // The size of /dev/zero is 0, and reading it never ends: the bounded read refuses it
+    // after limit + 1 bytes.
+    let err = runtime(1 << 20)
+        .load_plugin(std::path::Path::new("/dev/zero"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, LoadError::TooLarge { size, limit, .. } if *size == (1 << 20) + 1 && *limit == 1 << 20),
+        "{err:?}"
+    );
+}

@@ -104,3 +104,60 @@ async fn reloads_what_changed_and_keeps_the_old_version_when_the_new_one_breaks(
     assert!(c.loaded.is_empty(), "other is unchanged: {:?}", c.loaded);
     assert_eq!(r.providers().keys().collect::<Vec<_>>(), ["other"]);
 }
+
+/// A providers file that does not fit the pod is refused like one that does not parse:
+/// every provider keeps its current version, and the error (naming the provider, the
+/// fields and the numbers) is kept for `/readyz` and `ProviderHealth.status.loadError`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_does_not_fit_the_pod_is_refused() {
+    use proxy_operator::config::fit::MIB;
+    let plugins = plugins_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_dir = dir.path().join("plugins");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    std::fs::copy(
+        plugins.join("example.wasm"),
+        plugin_dir.join("example.wasm"),
+    )
+    .unwrap();
+    let file = dir.path().join("providers.yaml");
+    write_file(&file, "http://127.0.0.1:1", "a");
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = ReloadMetrics::new(&mut registry);
+    let budget = proxy_operator::config::Budget {
+        memory_bytes: Some(320 * MIB),
+        reserve_bytes: 96 * MIB,
+        scratch_bytes: Some(64 * MIB),
+    };
+    let mut r =
+        Reloader::new(support::runtime(), &plugin_dir, &file, metrics.clone()).with_budget(budget);
+    assert_eq!(r.poll().await.unwrap().loaded, ["ex", "other"]);
+    let ex = r.providers()["ex"].clone();
+
+    std::fs::write(
+        &file,
+        "providers:\n\
+         - name: ex\n  plugin: example.wasm\n  limits: {memoryMib: 512, concurrency: 8}\n  config: {endpoint: 'http://127.0.0.1:1', regions: [a]}\n\
+         - name: other\n  plugin: example.wasm\n  config: {endpoint: 'http://127.0.0.1:2', regions: [b]}\n",
+    )
+    .unwrap();
+    let c = r.poll().await.unwrap();
+    let why = &c.failed[""];
+    assert!(
+        why.contains("ex: limits.concurrency 8 x (limits.memoryMib 512 + ")
+            && why.contains("leaves 224 MiB"),
+        "{why}"
+    );
+    assert!(c.loaded.is_empty());
+    assert!(Arc::ptr_eq(&ex, &r.providers()["ex"]), "the old ex serves");
+    assert_eq!(r.errors()[""], *why);
+    assert_eq!(metrics.errors(""), 1);
+    assert!(r.poll().await.is_none(), "reported once");
+
+    // Back within the budget: nothing to rebuild, the error is gone.
+    write_file(&file, "http://127.0.0.1:1", "a");
+    let c = r.poll().await.unwrap();
+    assert!(c.failed.is_empty() && c.loaded.is_empty(), "{c:?}");
+    assert!(r.errors().is_empty(), "{:?}", r.errors());
+}

@@ -253,3 +253,75 @@ async fn a_running_replica_reports_readiness_metrics_reload_errors_and_stops_wit
         "the port is closed after exit"
     );
 }
+
+/// `run` refuses a providers file that cannot fit the pod before it starts anything (it
+/// never reaches the API server here), and `providers` says the same to an admin before
+/// deploying; both exit non-zero naming the provider, the fields and the numbers.
+#[test]
+fn refuses_to_start_when_the_providers_do_not_fit_the_pod() {
+    let plugin_dir = plugins_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(
+        &providers,
+        "providers:\n- name: big\n  plugin: example.wasm\n  limits: {memoryMib: 512, concurrency: 8}\n  \
+         config: {endpoint: 'http://127.0.0.1:1', regions: [r1]}\n",
+    )
+    .unwrap();
+    let common = |cmd: &mut Command| {
+        cmd.arg("--plugin-dir")
+            .arg(&plugin_dir)
+            .arg("--providers")
+            .arg(&providers)
+            .arg("--plugin-cache-dir")
+            .arg(support::cache_dir())
+            .arg("--plugin-scratch-dir")
+            .arg(dir.path().join("scratch"))
+            .args(["--memory-limit", "320Mi", "--scratch-limit", "64Mi"])
+            .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
+            .env("NO_COLOR", "1");
+    };
+    let want = [
+        "providers need up to",
+        "big: limits.concurrency 8 x (limits.memoryMib 512 + ",
+        "the pod's memory limit 320 MiB minus the operator's reserve 96 MiB leaves 224 MiB",
+        "big: limits.concurrency 8 x limits.tmpMib 8 = 64 MiB",
+        "but the scratch space is 64 MiB",
+    ];
+
+    let mut run = Command::new(env!("CARGO_BIN_EXE_proxy-operator"));
+    run.args([
+        "run",
+        "--installation",
+        "fit-test",
+        "--leader-election=false",
+    ]);
+    common(&mut run);
+    let out = run.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "run must refuse: {stderr}");
+    for w in want {
+        assert!(stderr.contains(w), "run's error lacks {w:?}: {stderr}");
+    }
+    assert!(
+        !stderr.contains("Kubernetes"),
+        "refused before connecting: {stderr}"
+    );
+
+    let mut check = Command::new(env!("CARGO_BIN_EXE_proxy-operator"));
+    check.args(["providers", "--check"]);
+    common(&mut check);
+    let out = check.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "providers --check must fail: {stdout}"
+    );
+    assert!(stdout.contains("failed  providers need up to"), "{stdout}");
+    for w in want {
+        assert!(
+            stdout.contains(w),
+            "providers' report lacks {w:?}: {stdout}"
+        );
+    }
+}

@@ -5,6 +5,11 @@
 //! typo never silently falls back to a default. Only the `config` block is free-form; it
 //! belongs to the plugin, which validates it in `validate-config`.
 
+pub mod budget;
+pub mod fit;
+
+pub use fit::{Budget, FitError};
+
 use crate::plugin::policy::{AllowRule, RuleError, plugin_default_problem};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -55,7 +60,9 @@ fn empty_object() -> serde_json::Value {
     serde_json::Value::Object(Default::default())
 }
 
-/// Per-call limits. Defaults suit a provider that makes a handful of API requests per call.
+/// Per-call limits. Defaults suit a provider that makes a handful of API requests per call,
+/// and are sized so that the shipped providers file fits the shipped Deployment (see
+/// [`fit`]).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Limits {
@@ -88,9 +95,12 @@ impl Default for Limits {
         Limits {
             timeout: Duration::from_secs(60),
             fuel: 5_000_000_000,
-            memory_mib: 64,
-            concurrency: 8,
-            tmp_mib: 16,
+            // The two shipped providers at these defaults need up to about 210 MiB of
+            // memory and 48 MiB of /tmp (config::fit): they fit the shipped Deployment
+            // (320Mi minus a 96 MiB reserve; a 64Mi /tmp).
+            memory_mib: 32,
+            concurrency: 2,
+            tmp_mib: 8,
             open_files: 32,
             handles: 256,
             log_lines: 200,

@@ -108,6 +108,14 @@ pub enum LoadError {
     Link { path: PathBuf, message: String },
     #[error("plugin {path}: info() failed: {message}")]
     Info { path: PathBuf, message: String },
+    #[error(
+        "plugin {path}: {size} bytes is more than the largest plugin file accepted ({limit} bytes, --max-plugin-bytes)"
+    )]
+    TooLarge {
+        path: PathBuf,
+        size: u64,
+        limit: u64,
+    },
 }
 
 /// Why a configured provider did not start. The other providers are unaffected.
@@ -153,7 +161,7 @@ impl Runtime {
         if path.extension().is_some_and(|e| e == "cwasm") {
             return Err(LoadError::Precompiled { path: p() });
         }
-        let bytes = std::fs::read(path).map_err(|source| LoadError::Io { path: p(), source })?;
+        let bytes = read_capped(path, self.max_plugin_bytes)?;
         if bytes.starts_with(ELF_MAGIC) {
             return Err(LoadError::Precompiled { path: p() });
         }
@@ -419,6 +427,35 @@ pub struct LoadReport {
     pub providers: Vec<WasmProvider>,
     pub plugin_errors: Vec<Arc<LoadError>>,
     pub provider_errors: Vec<ProviderLoadError>,
+}
+
+/// Reads a plugin file of at most `limit` bytes: the size is checked before reading, and
+/// the read itself stops after `limit + 1` bytes (a file growing meanwhile is still
+/// refused; `size` is then what was read).
+pub(crate) fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>, LoadError> {
+    use std::io::Read;
+    let io = |source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let too_large = |size| LoadError::TooLarge {
+        path: path.to_path_buf(),
+        size,
+        limit,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    if size > limit {
+        return Err(too_large(size));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
 }
 
 /// Load-time calls deny all HTTP; they still need a TLS config to build the policy.

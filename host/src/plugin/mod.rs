@@ -48,7 +48,13 @@ pub struct RuntimeOptions {
     pub cache_dir: Option<PathBuf>,
     /// Parent of the per-call `/tmp` directories (the pod's `/tmp` emptyDir).
     pub scratch_dir: PathBuf,
+    /// Largest plugin file loaded; a larger one is refused before it is read.
+    pub max_plugin_bytes: u64,
 }
+
+/// Default of [`RuntimeOptions::max_plugin_bytes`]: the shipped plugins are 200-340 KiB and
+/// a ConfigMap holds at most 1 MiB, but a plugin may come from a volume.
+pub const DEFAULT_MAX_PLUGIN_BYTES: u64 = 8 << 20;
 
 impl RuntimeOptions {
     /// Sized for a providers file: one pool slot per concurrent call of every provider,
@@ -79,6 +85,7 @@ impl RuntimeOptions {
             },
             cache_dir,
             scratch_dir,
+            max_plugin_bytes: DEFAULT_MAX_PLUGIN_BYTES,
         }
     }
 }
@@ -91,6 +98,7 @@ pub struct Runtime {
     pooling: bool,
     max_memory_bytes: u64,
     scratch_dir: PathBuf,
+    max_plugin_bytes: u64,
     metrics: std::sync::OnceLock<PluginMetrics>,
     /// What is sensitive for each provider name; outlives reloads of the provider.
     sensitive: sensitive::SensitiveByProvider,
@@ -117,6 +125,7 @@ impl Runtime {
             pooling,
             max_memory_bytes: opts.engine.max_memory_bytes,
             scratch_dir: opts.scratch_dir,
+            max_plugin_bytes: opts.max_plugin_bytes,
             metrics: std::sync::OnceLock::new(),
             sensitive: sensitive::SensitiveByProvider::default(),
             calls_cancelled: tokio_util::sync::CancellationToken::new(),
@@ -131,6 +140,11 @@ impl Runtime {
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The largest plugin file this runtime loads (`RuntimeOptions::max_plugin_bytes`).
+    pub fn max_plugin_bytes(&self) -> u64 {
+        self.max_plugin_bytes
     }
 
     /// Feeds `metrics` from every later call of every provider of this runtime. Set once;

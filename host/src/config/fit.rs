@@ -1,0 +1,512 @@
+//! Does a providers file fit the pod? Pure arithmetic over the per-call limits, checked at
+//! start, on every reload and by `proxy-operator providers`.
+//!
+//! Every provider may run `limits.concurrency` calls at once, and each call may use up to
+//! `limits.memoryMib` of linear memory plus what the host holds for it (see
+//! [`Limits::host_bytes_per_call`]), and up to `limits.tmpMib` of `/tmp`. Loading a plugin or
+//! a provider (`info`, `validate-config`) runs one more call at a time, next to the
+//! providers that keep serving. The sum must fit what the pod has:
+//!
+//! - memory: the pod's memory limit minus what the operator itself needs (the reserve);
+//! - scratch: the `/tmp` volume, which also holds the compiled-plugin cache.
+//!
+//! A check that cannot know a budget (no memory limit, no scratch size) is skipped: the
+//! caller says so in the log.
+
+use super::{Limits, ProvidersFile};
+use std::collections::BTreeSet;
+use std::fmt;
+
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+
+/// Largest chunk of an outgoing request body the host takes from the guest at once (the
+/// `wasi:http` output stream's write budget); one per request in flight.
+pub const OUTGOING_BODY_CHUNK_BYTES: u64 = 64 * KIB;
+
+/// Response bytes the host may hold for one request in flight before the guest reads them:
+/// the TLS and HTTP/1 read buffers and the body frames queued in the `wasi:http` stream.
+pub const RESPONSE_BUFFER_BYTES: u64 = 512 * KIB;
+
+/// Host memory every call costs whatever the plugin does: the Store and its instances
+/// (vmctx, tables, the WASI and HTTP contexts, the redactor), and the async stack the guest
+/// runs on, which wasm frames may fill up to 1 MiB (`max_wasm_stack`). Measured: about
+/// 0.1 MiB per Store (32 calls of the hostile test plugin parked in a clock wait, pooling
+/// allocator: RSS +3.0 MiB), so 1 MiB of stack plus 1 MiB covers it with margin.
+pub const STORE_OVERHEAD_BYTES: u64 = 2 * MIB;
+
+/// `/tmp` room kept for the compile cache, per plugin file the providers file names. The
+/// cache writes one artifact (`*.cwasm`) per plugin version; measured for the shipped
+/// plugins: hetzner.wasm 310 KiB -> 1.05 MiB, ec2.wasm 336 KiB -> 1.16 MiB. 4 MiB each
+/// leaves room for the artifact of the running version and of one update next to it.
+pub const COMPILE_CACHE_BYTES_PER_PLUGIN: u64 = 4 * MIB;
+
+/// Calls that load a plugin or a provider (`info`, `validate-config`) run one at a time
+/// (startup and the reloader load sequentially), next to the providers already serving.
+pub const LOAD_SLOTS: u64 = 1;
+
+impl Limits {
+    /// Host memory one call may hold outside its linear memory, in bytes: the worst case
+    /// that the per-call limits allow.
+    ///
+    /// - `handles x http.maxHeaderBytes`: `wasi:http` header fields live in the host, and
+    ///   every resource-table entry the call holds could be one of up to maxHeaderBytes;
+    /// - `http.maxInFlight x (64 KiB + 512 KiB)`: per outgoing request in flight, one body
+    ///   chunk taken from the guest ([`OUTGOING_BODY_CHUNK_BYTES`]) and the response bytes
+    ///   buffered ahead of the guest ([`RESPONSE_BUFFER_BYTES`]);
+    /// - `2 x logLines x logLineBytes`: captured stdout and stderr;
+    /// - [`STORE_OVERHEAD_BYTES`]: the Store, its instances and its stack.
+    pub fn host_bytes_per_call(&self) -> u64 {
+        u64::from(self.handles) * u64::from(self.http.max_header_bytes)
+            + u64::from(self.http.max_in_flight)
+                * (OUTGOING_BODY_CHUNK_BYTES + RESPONSE_BUFFER_BYTES)
+            + 2 * u64::from(self.log_lines) * u64::from(self.log_line_bytes)
+            + STORE_OVERHEAD_BYTES
+    }
+
+    /// Everything one call may hold: `memoryMib` of linear memory plus the host side.
+    pub fn memory_bytes_per_call(&self) -> u64 {
+        (u64::from(self.memory_mib) << 20) + self.host_bytes_per_call()
+    }
+
+    /// `/tmp` one call may fill.
+    pub fn tmp_bytes_per_call(&self) -> u64 {
+        u64::from(self.tmp_mib) << 20
+    }
+}
+
+/// What the pod gives the sandboxes. `None`: not known, that part is not checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Budget {
+    /// The pod's (the process's cgroup's) memory limit.
+    pub memory_bytes: Option<u64>,
+    /// What the operator needs for itself; taken off `memory_bytes`.
+    pub reserve_bytes: u64,
+    /// Size of the filesystem holding the per-call `/tmp` directories and the compile cache.
+    pub scratch_bytes: Option<u64>,
+}
+
+/// One provider's share of a need, for the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// Provider name, or what the part is (`load-time calls`, `compile cache`).
+    pub who: String,
+    /// How it is computed, in the providers file's words.
+    pub how: String,
+    pub bytes: u64,
+}
+
+impl fmt::Display for Part {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} = {}", self.who, self.how, Mib(self.bytes))
+    }
+}
+
+/// The parts of a need, `; `-separated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parts(pub Vec<Part>);
+
+impl fmt::Display for Parts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Parts {
+    pub fn total(&self) -> u64 {
+        self.0.iter().map(|p| p.bytes).sum()
+    }
+}
+
+/// Bytes as MiB: whole when exact, else one decimal, rounded up (a need never looks smaller
+/// than it is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mib(pub u64);
+
+impl fmt::Display for Mib {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_multiple_of(MIB) {
+            write!(f, "{} MiB", self.0 / MIB)
+        } else {
+            let tenths = self.0.saturating_mul(10).div_ceil(MIB);
+            write!(f, "{}.{} MiB", tenths / 10, tenths % 10)
+        }
+    }
+}
+
+/// Why a providers file does not fit the pod. Names the providers, the fields and the
+/// numbers, and what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FitError {
+    #[error(
+        "providers need up to {} of sandbox memory ({parts}) but the pod's memory limit {} minus the operator's reserve {} leaves {}: lower limits.concurrency or limits.memoryMib, or raise the pod's memory limit",
+        Mib(parts.total()), Mib(*limit), Mib(*reserve), Mib(limit.saturating_sub(*reserve))
+    )]
+    Memory {
+        parts: Parts,
+        limit: u64,
+        reserve: u64,
+    },
+    #[error(
+        "providers need up to {} of /tmp ({parts}) but the scratch space is {}: lower limits.concurrency or limits.tmpMib, or raise the /tmp volume's sizeLimit (and --scratch-limit)",
+        Mib(parts.total()), Mib(*limit)
+    )]
+    Scratch { parts: Parts, limit: u64 },
+    #[error("{memory}; and {scratch}")]
+    Both {
+        memory: Box<FitError>,
+        scratch: Box<FitError>,
+    },
+}
+
+/// What a file needs, for the log when it fits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Need {
+    pub memory: Parts,
+    pub scratch: Parts,
+}
+
+/// The worst-case memory of a providers file: every provider at full concurrency, plus the
+/// load-time calls.
+pub fn memory_need(file: &ProvidersFile) -> Parts {
+    let mut parts: Vec<Part> = file
+        .providers
+        .iter()
+        .map(|p| {
+            let l = &p.limits;
+            Part {
+                who: p.name.clone(),
+                how: format!(
+                    "limits.concurrency {} x (limits.memoryMib {} + {} host-side)",
+                    l.concurrency,
+                    l.memory_mib,
+                    Mib(l.host_bytes_per_call())
+                ),
+                bytes: u64::from(l.concurrency) * l.memory_bytes_per_call(),
+            }
+        })
+        .collect();
+    // `info` runs with the default limits, `validate-config` with the entry's.
+    let load = load_time_limits(file, Limits::memory_bytes_per_call);
+    parts.push(Part {
+        who: "load-time calls (info, validate-config)".into(),
+        how: format!(
+            "{LOAD_SLOTS} x (memoryMib {} + {} host-side)",
+            load.memory_mib,
+            Mib(load.host_bytes_per_call())
+        ),
+        bytes: LOAD_SLOTS * load.memory_bytes_per_call(),
+    });
+    Parts(parts)
+}
+
+/// The worst-case `/tmp` use of a providers file: every provider at full concurrency, the
+/// load-time calls, and the compile cache.
+pub fn scratch_need(file: &ProvidersFile) -> Parts {
+    let mut parts: Vec<Part> = file
+        .providers
+        .iter()
+        .map(|p| {
+            let l = &p.limits;
+            Part {
+                who: p.name.clone(),
+                how: format!(
+                    "limits.concurrency {} x limits.tmpMib {}",
+                    l.concurrency, l.tmp_mib
+                ),
+                bytes: u64::from(l.concurrency) * l.tmp_bytes_per_call(),
+            }
+        })
+        .collect();
+    let load = load_time_limits(file, Limits::tmp_bytes_per_call);
+    parts.push(Part {
+        who: "load-time calls".into(),
+        how: format!("{LOAD_SLOTS} x tmpMib {}", load.tmp_mib),
+        bytes: LOAD_SLOTS * load.tmp_bytes_per_call(),
+    });
+    let plugins: BTreeSet<&str> = file.providers.iter().map(|p| p.plugin.as_str()).collect();
+    parts.push(Part {
+        who: "compile cache".into(),
+        how: format!(
+            "{} plugin file(s) x {}",
+            plugins.len(),
+            Mib(COMPILE_CACHE_BYTES_PER_PLUGIN)
+        ),
+        bytes: plugins.len() as u64 * COMPILE_CACHE_BYTES_PER_PLUGIN,
+    });
+    Parts(parts)
+}
+
+/// The limits of the largest load-time call by `size`: `info` runs with the defaults,
+/// `validate-config` with each entry's limits.
+fn load_time_limits(file: &ProvidersFile, size: fn(&Limits) -> u64) -> Limits {
+    let default = Limits::default();
+    file.providers
+        .iter()
+        .map(|p| &p.limits)
+        .chain(std::iter::once(&default))
+        .max_by_key(|l| size(l))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Checks `file` against `budget`; `Ok` carries the needs (for the log). A part of the
+/// budget that is `None` is not checked.
+pub fn check(file: &ProvidersFile, budget: &Budget) -> Result<Need, FitError> {
+    let need = Need {
+        memory: memory_need(file),
+        scratch: scratch_need(file),
+    };
+    let memory = budget.memory_bytes.and_then(|limit| {
+        (need.memory.total() > limit.saturating_sub(budget.reserve_bytes)).then(|| {
+            FitError::Memory {
+                parts: need.memory.clone(),
+                limit,
+                reserve: budget.reserve_bytes,
+            }
+        })
+    });
+    let scratch = budget.scratch_bytes.and_then(|limit| {
+        (need.scratch.total() > limit).then(|| FitError::Scratch {
+            parts: need.scratch.clone(),
+            limit,
+        })
+    });
+    match (memory, scratch) {
+        (None, None) => Ok(need),
+        (Some(e), None) | (None, Some(e)) => Err(e),
+        (Some(m), Some(s)) => Err(FitError::Both {
+            memory: Box::new(m),
+            scratch: Box::new(s),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(yaml: &str) -> ProvidersFile {
+        ProvidersFile::parse(yaml).unwrap()
+    }
+
+    const TWO: &str = "
+providers:
+  - name: hetzner
+    plugin: hetzner.wasm
+  - name: aws
+    plugin: ec2.wasm
+";
+
+    #[test]
+    fn host_bytes_per_call_adds_up_the_documented_terms() {
+        let l = Limits {
+            handles: 100,
+            log_lines: 10,
+            log_line_bytes: 100,
+            ..Limits::default()
+        };
+        let mut want = 100 * u64::from(l.http.max_header_bytes);
+        want += u64::from(l.http.max_in_flight) * (64 + 512) * KIB;
+        want += 2 * 10 * 100;
+        want += STORE_OVERHEAD_BYTES;
+        assert_eq!(l.host_bytes_per_call(), want);
+        assert_eq!(
+            l.memory_bytes_per_call(),
+            (u64::from(l.memory_mib) << 20) + want
+        );
+    }
+
+    #[test]
+    fn mib_is_exact_or_rounded_up() {
+        for (bytes, text) in [
+            (0, "0 MiB"),
+            (MIB, "1 MiB"),
+            (352 * MIB, "352 MiB"),
+            (MIB + 1, "1.1 MiB"),
+            (MIB + MIB / 2, "1.5 MiB"),
+            (12 * MIB - 1, "12.0 MiB"),
+        ] {
+            assert_eq!(Mib(bytes).to_string(), text, "{bytes}");
+        }
+    }
+
+    #[test]
+    fn table() {
+        let per_call = Limits::default().memory_bytes_per_call();
+        let default_need = 5 * per_call; // 2 providers x 2 + 1 load-time call
+        let big = "
+providers:
+  - name: hetzner
+    plugin: hetzner.wasm
+    limits: {memoryMib: 512, concurrency: 8}
+  - name: aws
+    plugin: ec2.wasm
+";
+        let tmp = "
+providers:
+  - name: hetzner
+    plugin: hetzner.wasm
+    limits: {tmpMib: 16, concurrency: 8}
+";
+        /// (case, file, budget, Ok or the substrings of the error)
+        type Case<'a> = (&'a str, &'a str, Budget, Result<(), Vec<&'a str>>);
+        let cases: Vec<Case> = vec![
+            ("nothing known", big, Budget::default(), Ok(())),
+            (
+                "defaults fit 320 MiB minus 96",
+                TWO,
+                Budget {
+                    memory_bytes: Some(320 * MIB),
+                    reserve_bytes: 96 * MIB,
+                    scratch_bytes: Some(64 * MIB),
+                },
+                Ok(()),
+            ),
+            (
+                "exactly enough",
+                TWO,
+                Budget {
+                    memory_bytes: Some(default_need + 10),
+                    reserve_bytes: 10,
+                    scratch_bytes: None,
+                },
+                Ok(()),
+            ),
+            (
+                "one byte short",
+                TWO,
+                Budget {
+                    memory_bytes: Some(default_need + 9),
+                    reserve_bytes: 10,
+                    scratch_bytes: None,
+                },
+                Err(vec!["sandbox memory", "hetzner: limits.concurrency 2 x"]),
+            ),
+            (
+                "memoryMib 512 x concurrency 8",
+                big,
+                Budget {
+                    memory_bytes: Some(320 * MIB),
+                    reserve_bytes: 96 * MIB,
+                    scratch_bytes: Some(64 * MIB),
+                },
+                Err(vec![
+                    "hetzner: limits.concurrency 8 x (limits.memoryMib 512 + ",
+                    "aws: limits.concurrency 2 x (limits.memoryMib 32 + ",
+                    "load-time calls (info, validate-config): 1 x (memoryMib 512 + ",
+                    "the pod's memory limit 320 MiB minus the operator's reserve 96 MiB leaves 224 MiB",
+                    "lower limits.concurrency or limits.memoryMib, or raise the pod's memory limit",
+                ]),
+            ),
+            (
+                "reserve above the limit",
+                TWO,
+                Budget {
+                    memory_bytes: Some(64 * MIB),
+                    reserve_bytes: 96 * MIB,
+                    scratch_bytes: None,
+                },
+                Err(vec!["leaves 0 MiB"]),
+            ),
+            (
+                "tmpMib 16 x concurrency 8 against 64 MiB",
+                tmp,
+                Budget {
+                    memory_bytes: None,
+                    reserve_bytes: 0,
+                    scratch_bytes: Some(64 * MIB),
+                },
+                Err(vec![
+                    "providers need up to 148 MiB of /tmp",
+                    "hetzner: limits.concurrency 8 x limits.tmpMib 16 = 128 MiB",
+                    "load-time calls: 1 x tmpMib 16 = 16 MiB",
+                    "compile cache: 1 plugin file(s) x 4 MiB = 4 MiB",
+                    "but the scratch space is 64 MiB",
+                    "limits.tmpMib",
+                ]),
+            ),
+            (
+                "both short",
+                big,
+                Budget {
+                    memory_bytes: Some(128 * MIB),
+                    reserve_bytes: 96 * MIB,
+                    scratch_bytes: Some(16 * MIB),
+                },
+                Err(vec![
+                    "sandbox memory",
+                    "; and providers need up to",
+                    "of /tmp",
+                ]),
+            ),
+            (
+                "an empty file needs one load slot",
+                "providers: []",
+                Budget {
+                    memory_bytes: Some(per_call),
+                    reserve_bytes: 0,
+                    scratch_bytes: Some(8 * MIB),
+                },
+                Ok(()),
+            ),
+        ];
+        for (name, yaml, budget, want) in cases {
+            let got = check(&file(yaml), &budget);
+            match (got, want) {
+                (Ok(_), Ok(())) => {}
+                (Err(e), Err(needles)) => {
+                    let msg = e.to_string();
+                    for n in needles {
+                        assert!(msg.contains(n), "{name}: {msg:?} lacks {n:?}");
+                    }
+                }
+                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_message_adds_up() {
+        let f = file(
+            "
+providers:
+  - name: hetzner
+    plugin: hetzner.wasm
+    limits: {memoryMib: 32, concurrency: 8}
+",
+        );
+        let e = check(
+            &f,
+            &Budget {
+                memory_bytes: Some(256 * MIB),
+                reserve_bytes: 96 * MIB,
+                scratch_bytes: None,
+            },
+        )
+        .unwrap_err();
+        let FitError::Memory { parts, .. } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(parts.0.len(), 2);
+        assert_eq!(
+            parts.0[0].bytes,
+            8 * Limits::default().memory_bytes_per_call()
+        );
+        assert_eq!(parts.total(), 9 * Limits::default().memory_bytes_per_call());
+        assert!(
+            e.to_string().starts_with(&format!(
+                "providers need up to {} of sandbox memory (hetzner: limits.concurrency 8 x (limits.memoryMib 32 + {} host-side) = ",
+                Mib(parts.total()),
+                Mib(Limits::default().host_bytes_per_call())
+            )),
+            "{e}"
+        );
+    }
+}
