@@ -345,7 +345,10 @@ impl Runtime {
             tls,
             sensitive: sensitive.clone(),
         });
-        let permits = Arc::new(tokio::sync::Semaphore::new(limits.concurrency as usize));
+        let permits = match entry {
+            Some(_) => self.permits(name, limits.concurrency),
+            None => Arc::new(tokio::sync::Semaphore::new(limits.concurrency as usize)),
+        };
         WasmProvider {
             runtime: self.clone(),
             plugin,

@@ -102,6 +102,10 @@ pub struct Runtime {
     metrics: std::sync::OnceLock<PluginMetrics>,
     /// What is sensitive for each provider name; outlives reloads of the provider.
     sensitive: sensitive::SensitiveByProvider,
+    /// Each provider name's call slots, kept across reloads so that calls still running on
+    /// the previous generation of a provider count against the same `limits.concurrency`
+    /// (what the pod's memory fit assumes). A new concurrency gets a new semaphore.
+    permits: Mutex<std::collections::BTreeMap<String, (u32, Arc<Semaphore>)>>,
     /// Cancelled at the end of the shutdown grace period: calls in flight stop, new ones
     /// are refused.
     calls_cancelled: tokio_util::sync::CancellationToken,
@@ -128,9 +132,24 @@ impl Runtime {
             max_plugin_bytes: opts.max_plugin_bytes,
             metrics: std::sync::OnceLock::new(),
             sensitive: sensitive::SensitiveByProvider::default(),
+            permits: Mutex::default(),
             calls_cancelled: tokio_util::sync::CancellationToken::new(),
             _ticker: ticker,
         }))
+    }
+
+    /// The call slots of provider `name` with `concurrency` slots, shared with its earlier
+    /// generations while the concurrency stays the same.
+    fn permits(&self, name: &str, concurrency: u32) -> Arc<Semaphore> {
+        let mut all = self.permits.lock().unwrap_or_else(|e| e.into_inner());
+        match all.get(name) {
+            Some((n, s)) if *n == concurrency => s.clone(),
+            _ => {
+                let s = Arc::new(Semaphore::new(concurrency as usize));
+                all.insert(name.to_string(), (concurrency, s.clone()));
+                s
+            }
+        }
     }
 
     /// Whether instances come from the pooling allocator.
@@ -443,11 +462,9 @@ impl WasmProvider {
                 deny_all: deny_http,
                 parent: tracing::Span::current(),
             },
-            limiter: MemoryLimiter {
-                max_memory: (u64::from(limits.memory_mib) << 20).min(self.runtime.max_memory_bytes)
-                    as usize,
-                hit: false,
-            },
+            limiter: MemoryLimiter::new(
+                (u64::from(limits.memory_mib) << 20).min(self.runtime.max_memory_bytes) as usize,
+            ),
             redactor: self.shared.sensitive.redactor(),
             shared: self.shared.clone(),
             log_lines: 0,

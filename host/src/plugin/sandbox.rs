@@ -152,35 +152,68 @@ impl WasiHttpView for CallState {
 }
 
 /// Caps linear memory and tables; remembers a refused growth so the error names the limit.
+///
+/// The cap is on the **sum** of every linear memory of the call's instance (a component
+/// can hold several core instances, each with its own memory), so `limits.memoryMib` bounds
+/// the whole call, not each memory. wasmtime asks the limiter when a memory is created
+/// (from 0) and on every growth, so the sum of the differences is the total.
 pub struct MemoryLimiter {
     pub max_memory: usize,
     pub hit: bool,
+    /// Bytes of linear memory of all the instance's memories so far.
+    pub total: usize,
+    /// Table elements of all the instance's tables so far.
+    pub table_elements: usize,
 }
+
+impl MemoryLimiter {
+    pub fn new(max_memory: usize) -> Self {
+        MemoryLimiter {
+            max_memory,
+            hit: false,
+            total: 0,
+            table_elements: 0,
+        }
+    }
+}
+
+/// Table elements (function references) one call may hold across all its tables: a Rust
+/// plugin needs a few hundred; each costs the host a pointer or two.
+pub const MAX_TABLE_ELEMENTS: usize = 65_536;
 
 impl ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _max: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.max_memory {
+        let total = self.total.saturating_add(desired.saturating_sub(current));
+        if total > self.max_memory {
             self.hit = true;
             return Err(wasmtime::format_err!(
-                "memory cap reached: growing to {desired} bytes exceeds limits.memoryMib ({} bytes)",
+                "memory cap reached: growing to {total} bytes in all exceeds limits.memoryMib ({} bytes)",
                 self.max_memory
             ));
         }
+        self.total = total;
         Ok(true)
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _max: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= 1_000_000)
+        let total = self
+            .table_elements
+            .saturating_add(desired.saturating_sub(current));
+        if total > MAX_TABLE_ELEMENTS {
+            return Ok(false);
+        }
+        self.table_elements = total;
+        Ok(true)
     }
 
     fn instances(&self) -> usize {
