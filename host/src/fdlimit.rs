@@ -57,6 +57,8 @@ pub fn raise_nofile() -> std::io::Result<NofileLimit> {
     Ok(result)
 }
 
+// rlim_t is u64 on Linux but not on every unix.
+#[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
 fn to_u64(v: libc::rlim_t) -> u64 {
     if v == libc::RLIM_INFINITY {
         u64::MAX
