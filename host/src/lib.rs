@@ -6,6 +6,7 @@ pub mod config;
 pub mod conformance;
 pub mod controller;
 pub mod discovery;
+pub mod fdlimit;
 pub mod gc;
 pub mod health;
 pub mod installation;

@@ -512,6 +512,17 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry = proxy_operator::telemetry::init(
         &std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
     )?;
+    // Plugins' files and sockets come out of the same open-file limit as the operator's
+    // own: take all the hard limit allows (plugin/fs.rs and plugin/http.rs cap each call).
+    match proxy_operator::fdlimit::raise_nofile() {
+        Ok(l) => tracing::debug!(
+            before = l.before,
+            soft = l.soft,
+            hard = l.hard,
+            "open-file limit (RLIMIT_NOFILE)"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot read the open-file limit (RLIMIT_NOFILE)"),
+    }
     match Cli::parse().command {
         Command::Crds { output_dir } => crds(output_dir.as_deref()),
         Command::Openapi => {
@@ -793,7 +804,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .await
             .context("deriving the installation identity (or pass --installation)")?,
     };
-    tracing::info!(installation = installation.as_str(), "starting");
+    tracing::info!(
+        installation = installation.as_str(),
+        open_file_limit = proxy_operator::fdlimit::nofile_limit(),
+        "starting"
+    );
 
     // The Proxy cache behind the discovery API, also read by the proxy gauges at scrape.
     let (store, reflect) = proxy_operator::discovery::proxy_reflector(client.clone());

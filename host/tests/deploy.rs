@@ -424,6 +424,7 @@ fn deployment_budget() -> Budget {
         memory_bytes: Some(q(limit)),
         reserve_bytes: q(&flag("memory-reserve").unwrap_or_else(|| "96Mi".into())),
         scratch_bytes: Some(q(&size_limit)),
+        descriptors: None,
     }
 }
 

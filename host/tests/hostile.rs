@@ -31,9 +31,14 @@ struct Case {
     trap: Option<TrapKind>,
 }
 
+/// The tests of this file run one at a time: one of them measures the whole process's
+/// descriptors and memory, which the others' attacks would disturb.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
     let _dir = plugins_or_skip!();
+    let _one = ONE_AT_A_TIME.lock().await;
     let server = support::TestServer::start().await;
     let rt = support::runtime();
     let metrics = PluginMetrics::register(&mut prometheus_client::registry::Registry::default());
@@ -173,6 +178,90 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
             limits: "tmpMib: 1",
             expect: Expect::Limit("/tmp cap (limits.tmpMib = 1)"),
             within: s(4),
+            trap: Some(TrapKind::Tmp),
+        },
+        // Host resources: every one below is held by the host for the guest, so linear
+        // memory and fuel do not bound it; each has its own cap and trap kind.
+        Case {
+            // 256 fields of 15 KB each fit under maxHeaderBytes; the table cap stops them.
+            attack: "fields-flood:15000".into(),
+            limits: "logLines: 10",
+            expect: Expect::Limit(
+                "host handles (HTTP fields, requests, bodies, streams, pollables, files) than its cap (limits.handles = 256)",
+            ),
+            within: s(3),
+            trap: Some(TrapKind::Handles),
+        },
+        Case {
+            // One header set bigger than maxHeaderBytes: wasmtime-wasi-http traps.
+            attack: "fields-flood:200000".into(),
+            limits: "logLines: 10",
+            expect: Expect::Limit(
+                "header set larger than its cap (limits.http.maxHeaderBytes = 16384)",
+            ),
+            within: s(2),
+            trap: Some(TrapKind::Headers),
+        },
+        Case {
+            attack: format!("hold-requests:{}", u("/slow")),
+            limits: "timeout: 20s",
+            expect: Expect::Limit(
+                "HTTP requests in flight than its cap (limits.http.maxInFlight = 4)",
+            ),
+            within: s(3),
+            trap: Some(TrapKind::Requests),
+        },
+        Case {
+            // One request after the other never trips the cap, even at its tightest.
+            attack: format!("http-seq:{}", u("/ok")),
+            limits: "http: {maxInFlight: 1}",
+            expect: Expect::Ok("50_requests"),
+            within: s(5),
+            trap: None,
+        },
+        Case {
+            attack: "open-files".into(),
+            limits: "logLines: 10",
+            expect: Expect::Limit("more files open than its cap (limits.openFiles = 32)"),
+            within: s(3),
+            trap: Some(TrapKind::Files),
+        },
+        Case {
+            attack: "unlink-write:33554432".into(),
+            limits: "tmpMib: 1",
+            expect: Expect::Limit("/tmp cap (limits.tmpMib = 1)"),
+            within: s(3),
+            trap: Some(TrapKind::Tmp),
+        },
+        Case {
+            // 50 levels of 100-byte names: the file is 5 KB of path deep, past PATH_MAX.
+            attack: "deep-tmp:50:33554432".into(),
+            limits: "tmpMib: 1",
+            expect: Expect::Limit("/tmp cap (limits.tmpMib = 1)"),
+            within: s(3),
+            trap: Some(TrapKind::Tmp),
+        },
+        Case {
+            // The chain itself: 4 KiB per directory, 4096 levels at the default cap.
+            attack: "deep-tmp:1000000:0".into(),
+            limits: "tmpMib: 16, timeout: 20s",
+            expect: Expect::Limit("/tmp cap (limits.tmpMib = 16)"),
+            within: s(8),
+            trap: Some(TrapKind::Tmp),
+        },
+        Case {
+            // 16k directories: counted, and removed after the call without delaying it.
+            attack: "many-dirs".into(),
+            limits: "tmpMib: 64, timeout: 20s",
+            expect: Expect::Limit("/tmp cap (limits.tmpMib = 64)"),
+            within: s(10),
+            trap: Some(TrapKind::Tmp),
+        },
+        Case {
+            attack: "grow-tmp:1099511627776".into(),
+            limits: "tmpMib: 1",
+            expect: Expect::Limit("/tmp cap (limits.tmpMib = 1)"),
+            within: s(3),
             trap: Some(TrapKind::Tmp),
         },
         Case {
@@ -358,11 +447,15 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
     );
 }
 
-const ALL_TRAP_KINDS: [TrapKind; 8] = [
+const ALL_TRAP_KINDS: [TrapKind; 12] = [
     TrapKind::Fuel,
     TrapKind::Deadline,
     TrapKind::Memory,
     TrapKind::Tmp,
+    TrapKind::Files,
+    TrapKind::Handles,
+    TrapKind::Requests,
+    TrapKind::Headers,
     TrapKind::Stack,
     TrapKind::Panic,
     TrapKind::Other,
@@ -407,6 +500,7 @@ fn check(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn validate_config_cannot_hang_or_dial() {
     let _dir = plugins_or_skip!();
+    let _one = ONE_AT_A_TIME.lock().await;
     let rt = support::runtime();
     let plugin = support::load(&rt, "hostile.wasm").await;
     let cases = [
@@ -450,6 +544,7 @@ async fn validate_config_cannot_hang_or_dial() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_calls_ends_the_ones_in_flight_and_refuses_new_ones() {
     let _dir = plugins_or_skip!();
+    let _one = ONE_AT_A_TIME.lock().await;
     let server = support::TestServer::start().await;
     let rt = support::runtime();
     let metrics = PluginMetrics::register(&mut prometheus_client::registry::Registry::default());
@@ -614,4 +709,86 @@ async fn nothing_sensitive_leaves_through_any_channel() {
         "the forged text is logged, escaped:\n{logs}"
     );
     assert!(!logs.contains('\u{1b}'), "terminal escapes are escaped");
+}
+
+/// Entries of /proc/self/fd: the descriptors the whole test process holds.
+fn open_descriptors() -> u64 {
+    std::fs::read_dir("/proc/self/fd").unwrap().count() as u64
+}
+
+/// The process's resident memory, in bytes (VmRSS).
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// Runs `attack` while sampling `measure` every 2 ms; returns the error and the largest
+/// sample above the one taken before.
+async fn peak_during(
+    p: &proxy_operator::plugin::WasmProvider,
+    attack: &str,
+    measure: fn() -> u64,
+) -> (ProviderError, u64) {
+    let before = measure();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(measure());
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            peak.max(measure())
+        })
+    };
+    let result = p.get(attack).await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.await.unwrap();
+    let e = result.expect_err("the attack is stopped");
+    (e, peak.saturating_sub(before))
+}
+
+/// What the sandbox's caps promise about the host process itself: a plugin cannot take
+/// more descriptors than `limits.openFiles` (the attack once reached EMFILE and starved
+/// the operator), nor hold more host memory in `wasi:http` fields than
+/// `limits.handles x limits.http.maxHeaderBytes` (once 840 MB from 1 MiB of guest memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_and_memory_of_the_host_stay_bounded_under_attack() {
+    let _dir = plugins_or_skip!();
+    let _one = ONE_AT_A_TIME.lock().await;
+    let server = support::TestServer::start().await;
+    let rt = support::runtime();
+    let p = support::provider(
+        &rt,
+        "hostile.wasm",
+        &support::hostile_yaml(server.port, "openFiles: 32"),
+    )
+    .await;
+    // Warm up: the first call sets up what every call shares (pool slot, caches).
+    p.get("ok").await.unwrap();
+
+    let (e, grew) = peak_during(&p, "open-files", open_descriptors).await;
+    assert!(e.message.contains("limits.openFiles = 32"), "{e}");
+    // 32 files, the call's /tmp preopen, and a few for the runtime's own threads.
+    assert!(
+        grew <= 32 + 1 + 8,
+        "descriptors grew by {grew} during the open-files attack"
+    );
+    // ...and they are all given back.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    p.get("ok").await.unwrap();
+
+    let (e, grew) = peak_during(&p, "fields-flood:15000", resident_bytes).await;
+    assert!(e.message.contains("limits.handles = 256"), "{e}");
+    // The fields hold at most handles x maxHeaderBytes = 256 x 16 KiB = 4 MiB; the guest's
+    // own memory is capped at memoryMib (32 here) and the flood touches under 2 MiB of
+    // it; the rest is allocator slack. Without the caps the same attack took 800+ MB.
+    assert!(
+        grew < 64 << 20,
+        "resident memory grew by {} MiB during the fields flood",
+        grew >> 20
+    );
 }

@@ -129,6 +129,7 @@ async fn a_file_that_does_not_fit_the_pod_is_refused() {
         memory_bytes: Some(320 * MIB),
         reserve_bytes: 96 * MIB,
         scratch_bytes: Some(64 * MIB),
+        descriptors: None,
     };
     let mut r =
         Reloader::new(support::runtime(), &plugin_dir, &file, metrics.clone()).with_budget(budget);

@@ -192,6 +192,7 @@ pub fn resolve(
         memory_bytes: memory,
         reserve_bytes: reserve,
         scratch_bytes: scratch,
+        descriptors: Some(crate::fdlimit::nofile_limit()),
     }
 }
 

@@ -84,6 +84,10 @@ pub struct Budget {
     pub reserve_bytes: u64,
     /// Size of the filesystem holding the per-call `/tmp` directories and the compile cache.
     pub scratch_bytes: Option<u64>,
+    /// The process's open-file limit (soft `RLIMIT_NOFILE`, after raising it at start):
+    /// the plugins' worst case plus the operator's own reserve must fit
+    /// ([`crate::fdlimit::check_descriptor_budget`]).
+    pub descriptors: Option<u64>,
 }
 
 /// One provider's share of a need, for the message.
@@ -158,6 +162,8 @@ pub enum FitError {
         Mib(parts.total()), Mib(*limit)
     )]
     Scratch { parts: Parts, limit: u64 },
+    #[error("{0}")]
+    Descriptors(String),
     #[error("{memory}; and {scratch}")]
     Both {
         memory: Box<FitError>,
@@ -279,7 +285,12 @@ pub fn check(file: &ProvidersFile, budget: &Budget) -> Result<Need, FitError> {
         })
     });
     match (memory, scratch) {
-        (None, None) => Ok(need),
+        (None, None) => match budget.descriptors {
+            Some(nofile) => crate::fdlimit::check_descriptor_budget(file, nofile)
+                .map(|()| need)
+                .map_err(FitError::Descriptors),
+            None => Ok(need),
+        },
         (Some(e), None) | (None, Some(e)) => Err(e),
         (Some(m), Some(s)) => Err(FitError::Both {
             memory: Box::new(m),
@@ -366,8 +377,30 @@ providers:
                     memory_bytes: Some(320 * MIB),
                     reserve_bytes: 96 * MIB,
                     scratch_bytes: Some(64 * MIB),
+                    descriptors: None,
                 },
                 Ok(()),
+            ),
+            (
+                "defaults within a 1024-descriptor process",
+                TWO,
+                Budget {
+                    descriptors: Some(1024 + 2 * 2 * (32 + 4 + 1)),
+                    ..Budget::default()
+                },
+                Ok(()),
+            ),
+            (
+                "descriptors short",
+                TWO,
+                Budget {
+                    descriptors: Some(1024 + 2 * 2 * (32 + 4 + 1) - 1),
+                    ..Budget::default()
+                },
+                Err(vec![
+                    "limits.concurrency x (limits.openFiles + limits.http.maxInFlight + 1) is 148",
+                    "RLIMIT_NOFILE",
+                ]),
             ),
             (
                 "exactly enough",
@@ -376,6 +409,7 @@ providers:
                     memory_bytes: Some(default_need + 10),
                     reserve_bytes: 10,
                     scratch_bytes: None,
+                    descriptors: None,
                 },
                 Ok(()),
             ),
@@ -386,6 +420,7 @@ providers:
                     memory_bytes: Some(default_need + 9),
                     reserve_bytes: 10,
                     scratch_bytes: None,
+                    descriptors: None,
                 },
                 Err(vec!["sandbox memory", "hetzner: limits.concurrency 2 x"]),
             ),
@@ -396,6 +431,7 @@ providers:
                     memory_bytes: Some(320 * MIB),
                     reserve_bytes: 96 * MIB,
                     scratch_bytes: Some(64 * MIB),
+                    descriptors: None,
                 },
                 Err(vec![
                     "hetzner: limits.concurrency 8 x (limits.memoryMib 512 + ",
@@ -412,6 +448,7 @@ providers:
                     memory_bytes: Some(64 * MIB),
                     reserve_bytes: 96 * MIB,
                     scratch_bytes: None,
+                    descriptors: None,
                 },
                 Err(vec!["leaves 0 MiB"]),
             ),
@@ -422,6 +459,7 @@ providers:
                     memory_bytes: None,
                     reserve_bytes: 0,
                     scratch_bytes: Some(64 * MIB),
+                    descriptors: None,
                 },
                 Err(vec![
                     "providers need up to 148 MiB of /tmp",
@@ -439,6 +477,7 @@ providers:
                     memory_bytes: Some(128 * MIB),
                     reserve_bytes: 96 * MIB,
                     scratch_bytes: Some(16 * MIB),
+                    descriptors: None,
                 },
                 Err(vec![
                     "sandbox memory",
@@ -453,6 +492,7 @@ providers:
                     memory_bytes: Some(per_call),
                     reserve_bytes: 0,
                     scratch_bytes: Some(8 * MIB),
+                    descriptors: None,
                 },
                 Ok(()),
             ),
@@ -488,6 +528,7 @@ providers:
                 memory_bytes: Some(256 * MIB),
                 reserve_bytes: 96 * MIB,
                 scratch_bytes: None,
+                descriptors: None,
             },
         )
         .unwrap_err();

@@ -8,8 +8,13 @@
 //! the provider's limits; response bodies are capped; TLS uses the provider's trust. Each
 //! request is a child span of the provider operation that made it, with method, host,
 //! status and duration, and never headers or bodies.
+//!
+//! What one call may hold in the host is bounded here too: at most
+//! `limits.http.maxInFlight` requests at once (each a socket and hyper's buffers), and at
+//! most [`OUTGOING_CHUNK_BYTES`] buffered per outgoing body.
 
 use super::policy::{AllowList, Decision, Target, address_allowed};
+use super::sandbox::{LimitHit, Tripwire};
 use crate::config::HttpLimits;
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -21,6 +26,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{Instrument, field};
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
@@ -63,6 +69,16 @@ fn shown_method(m: &http::Method) -> &'static str {
         .unwrap_or("_OTHER")
 }
 
+/// Largest write into an outgoing body, and (with one chunk buffered) the most one
+/// outgoing body holds in the host before the server reads it.
+pub const OUTGOING_CHUNK_BYTES: usize = 64 * 1024;
+
+/// How long a request past `limits.http.maxInFlight` waits for a slot before the call is
+/// stopped. A finished request frees its slot when its connection task ends, a moment
+/// after the guest drops the response; this keeps a plugin making one request after
+/// another from ever tripping on that moment.
+pub const IN_FLIGHT_GRACE: Duration = Duration::from_millis(500);
+
 /// The hooks one call's Store uses.
 pub struct HttpHooks {
     pub policy: Arc<HttpPolicy>,
@@ -71,15 +87,54 @@ pub struct HttpHooks {
     /// The provider operation's span: every request is its child, whatever spans the
     /// runtime's own instrumentation opens in between.
     pub parent: tracing::Span,
+    /// One permit per request in flight, `limits.http.maxInFlight` in all.
+    pub in_flight: Arc<Semaphore>,
+    /// The call's tripwire: a request past the cap stops the call.
+    pub stop: Arc<Tripwire>,
 }
 
+impl HttpHooks {
+    pub fn new(
+        policy: Arc<HttpPolicy>,
+        deny_all: bool,
+        parent: tracing::Span,
+        stop: Arc<Tripwire>,
+    ) -> Self {
+        let slots = policy.limits.max_in_flight as usize;
+        HttpHooks {
+            policy,
+            deny_all,
+            parent,
+            in_flight: Arc::new(Semaphore::new(slots)),
+            stop,
+        }
+    }
+}
+
+/// A request's slot, held by its connection task and by its response body: released when
+/// both are gone, that is when the guest has dropped the response (or its pending future)
+/// and the socket is closed.
+type Slot = Arc<OwnedSemaphorePermit>;
+
 impl WasiHttpHooks for HttpHooks {
+    fn p2_outgoing_body_chunk_size(&mut self) -> usize {
+        OUTGOING_CHUNK_BYTES
+    }
+
+    fn p2_outgoing_body_buffer_chunks(&mut self) -> usize {
+        1
+    }
+
     fn send_request(
         &mut self,
         request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
+        // Taken here, in the Store, so requests are counted in the order the guest made them.
+        let slot = self.in_flight.clone().try_acquire_owned();
+        let in_flight = self.in_flight.clone();
+        let stop = self.stop.clone();
         let policy = self.policy.clone();
         let method = shown_method(request.method());
         let host = policy.shown_host(request.uri().host().unwrap_or_default());
@@ -104,7 +159,21 @@ impl WasiHttpHooks for HttpHooks {
                     tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %host, "HTTP request refused: validate-config must not dial the backend");
                     Err(Error::HttpRequestDenied)
                 } else {
-                    send(&policy, request, options).await
+                    let slot = match slot {
+                        Ok(p) => Some(p),
+                        Err(_) => tokio::time::timeout(IN_FLIGHT_GRACE, in_flight.acquire_owned())
+                            .await
+                            .ok()
+                            .and_then(Result::ok),
+                    };
+                    match slot {
+                        Some(slot) => send(&policy, request, options, Arc::new(slot)).await,
+                        None => {
+                            stop.trip(LimitHit::Requests);
+                            tracing::warn!(target: "plugin", provider = policy.provider.as_str(), limit = policy.limits.max_in_flight, "HTTP request refused: too many requests in flight (limits.http.maxInFlight); the call is stopped");
+                            Err(Error::HttpRequestDenied)
+                        }
+                    }
                 };
                 let span = tracing::Span::current();
                 span.record("duration_ms", start.elapsed().as_secs_f64() * 1000.0);
@@ -140,6 +209,7 @@ async fn send(
     policy: &HttpPolicy,
     mut request: http::Request<WasiBody>,
     options: Option<RequestOptions>,
+    slot: Slot,
 ) -> SendResult {
     let uri = request.uri().clone();
     let scheme = uri.scheme_str().unwrap_or_default();
@@ -226,16 +296,35 @@ async fn send(
         .build()
         .map_err(|_| Error::HttpRequestUriInvalid)?;
 
-    let conn_task = tokio::spawn(conn);
+    // The connection (and its socket) lives exactly as long as whoever waits on it: this
+    // future until the response head arrives, then the io future wasmtime keeps with the
+    // response body. Dropping either (the guest dropped the response, or the call ended)
+    // closes the socket.
+    let conn_slot = slot.clone();
+    let conn_task = AbortOnDrop(tokio::spawn(async move {
+        let _slot = conn_slot;
+        conn.await
+    }));
     let response = tokio::time::timeout(first_byte_timeout, sender.send_request(request))
         .await
         .map_err(|_| Error::ConnectionReadTimeout)??;
 
+    // Response headers live in the host as long as the guest holds the response, after
+    // its request has left the in-flight count: they get the same cap as the guest's own.
+    let header_bytes: usize = response
+        .headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len())
+        .sum();
+    if header_bytes > policy.limits.max_header_bytes as usize {
+        return Err(Error::HttpResponseHeaderSectionSize(
+            u32::try_from(header_bytes).ok(),
+        ));
+    }
     let max = policy.limits.max_response_bytes;
     if let Some(len) = response.body().size_hint().exact()
         && len > max
     {
-        conn_task.abort();
         return Err(Error::HttpResponseBodySize(Some(len)));
     }
     let response = response.map(|incoming| {
@@ -245,6 +334,7 @@ async fn send(
             seen: 0,
             between_bytes: between_bytes_timeout,
             timer: Box::pin(tokio::time::sleep(between_bytes_timeout)),
+            _slot: slot,
         }
         .boxed_unsync()
     });
@@ -256,6 +346,23 @@ async fn send(
         }
     };
     Ok((response, Box::new(io)))
+}
+
+/// A task that is aborted when its handle is dropped (tokio's own handle detaches).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
 }
 
 trait IoStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
@@ -306,6 +413,8 @@ struct CappedBody {
     seen: u64,
     between_bytes: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
+    /// The request's in-flight slot, held while the guest holds the body.
+    _slot: Slot,
 }
 
 impl Body for CappedBody {

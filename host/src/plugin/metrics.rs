@@ -37,6 +37,14 @@ pub enum TrapKind {
     Memory,
     /// `limits.tmpMib` exceeded.
     Tmp,
+    /// `limits.openFiles` reached.
+    Files,
+    /// `limits.handles` reached: the call's resource table is full.
+    Handles,
+    /// `limits.http.maxInFlight` exceeded.
+    Requests,
+    /// `limits.http.maxHeaderBytes` exceeded by one header set.
+    Headers,
     /// Native stack overflow, or an out-of-bounds access (a Rust guest's stack overflow).
     Stack,
     /// The guest panicked (`unreachable`).
@@ -54,6 +62,10 @@ impl TrapKind {
             TrapKind::Deadline => "deadline",
             TrapKind::Memory => "memory",
             TrapKind::Tmp => "tmp",
+            TrapKind::Files => "files",
+            TrapKind::Handles => "handles",
+            TrapKind::Requests => "requests",
+            TrapKind::Headers => "headers",
             TrapKind::Stack => "stack",
             TrapKind::Panic => "panic",
             TrapKind::Other => "other",
@@ -96,7 +108,7 @@ impl PluginMetrics {
         );
         registry.register(
             "proxy_operator_plugin_traps",
-            "Plugin calls the sandbox stopped, by provider, operation and kind (fuel, deadline, memory, tmp, stack, panic, other, shutdown)",
+            "Plugin calls the sandbox stopped, by provider, operation and kind (fuel, deadline, memory, tmp, files, handles, requests, headers, stack, panic, other, shutdown)",
             traps.clone(),
         );
         PluginMetrics {

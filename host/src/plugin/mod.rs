@@ -9,6 +9,7 @@
 pub mod bindings;
 mod cache;
 mod engine;
+mod fs;
 mod http;
 mod load;
 mod metrics;
@@ -31,7 +32,7 @@ use crate::provider::{Class, Op, ProviderError};
 use bindings::egress::provider::types as wit;
 use bindings::exports::egress::provider::plugin as wit_plugin;
 use bindings::exports::egress::provider::provider as wit_provider;
-use sandbox::{CallState, LimitHit, MemoryLimiter, ProviderShared};
+use sandbox::{CallState, LimitHit, MemoryLimiter, ProviderShared, Tripwire};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -219,7 +220,8 @@ fn linker(engine: &Engine) -> wasmtime::Result<Linker<CallState>> {
     cli::terminal_stdout::add_to_linker::<_, WasiCli>(&mut l, CallState::cli)?;
     cli::terminal_stderr::add_to_linker::<_, WasiCli>(&mut l, CallState::cli)?;
     filesystem::preopens::add_to_linker::<_, WasiFilesystem>(&mut l, CallState::filesystem)?;
-    filesystem::types::add_to_linker::<_, WasiFilesystem>(&mut l, CallState::filesystem)?;
+    // Counted: the /tmp quota and the open-file cap (plugin/fs.rs).
+    filesystem::types::add_to_linker::<_, fs::CountedFs>(&mut l, CallState::counted_fs)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut l)?;
     bindings::egress::provider::host::add_to_linker::<_, HasSelf<CallState>>(&mut l, |s| s)?;
     Ok(l)
@@ -354,70 +356,71 @@ impl WasmProvider {
             .await
             .map_err(|_| fail(Class::Transient, "provider is shutting down".into()))?;
         let started = Instant::now();
-        let tmp = tempfile::Builder::new()
-            .prefix("call-")
-            .tempdir_in(&self.runtime.scratch_dir)
-            .map_err(|e| {
-                fail(
-                    Class::Transient,
-                    format!("cannot create the call's /tmp: {e}"),
-                )
-            })?;
+        let tmp = ScratchDir::new(&self.runtime.scratch_dir).map_err(|e| {
+            fail(
+                Class::Transient,
+                format!("cannot create the call's /tmp: {e}"),
+            )
+        })?;
         let mut store = self
-            .new_store(tmp.path(), deny_http, started + timeout)
+            .new_store(&tmp.0, deny_http, started + timeout)
             .map_err(|e| fail(Class::Transient, format!("cannot set up the sandbox: {e}")))?;
+        let stop = store.data().stop.clone();
 
-        // Dropping the call's future drops its guest mid-call: the Store and /tmp go with it.
+        // Dropping the call's future drops its guest mid-call: the Store and /tmp go with
+        // it. A limit tripped outside the guest's own code (an HTTP future, a host call the
+        // guest is blocked in) ends the call at once.
         let outcome = tokio::select! {
             r = tokio::time::timeout(timeout, dispatch(&self.plugin.pre, &mut store, call)) => Some(r),
-            _ = cancelled.cancelled() => None,
+            () = stop.tripped() => Some(Ok(Err(wasmtime::format_err!("stopped by a limit")))),
+            () = cancelled.cancelled() => None,
         };
 
         let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
         let state = store.data_mut();
-        if matches!(outcome, Some(Ok(Ok(_)))) {
-            // A call that finished between two ticks still must not leave too much behind.
-            state.tmp_over_cap();
-        }
         let stats = CallStats {
             fuel_used,
             duration: started.elapsed(),
         };
-        // The error is built before the output is flushed: a panic message is read from
-        // the captured stderr.
+        // The first limit that tripped is the one reported, whatever the guest did after
+        // (a refused request it ignored still ends the call). The error is built before
+        // the output is flushed: a panic message is read from the captured stderr.
         let (result, trap) = match outcome {
             None => (
                 Err(fail(Class::Transient, SHUTDOWN_CANCELLED.into())),
                 Some(TrapKind::Shutdown),
             ),
-            Some(Err(_elapsed)) => (
-                Err(fail(
-                    Class::Transient,
-                    limit_message(LimitHit::Deadline, limits, timeout),
-                )),
-                Some(TrapKind::Deadline),
-            ),
-            Some(Ok(Err(trap))) => {
-                let (kind, message) = trap_message(&trap, state, limits, timeout);
-                (Err(fail(Class::Transient, message)), kind)
-            }
-            Some(Ok(Ok(_))) if state.limit_hit == Some(LimitHit::Tmp) => (
-                Err(fail(
-                    Class::Transient,
-                    limit_message(LimitHit::Tmp, limits, timeout),
-                )),
-                Some(TrapKind::Tmp),
-            ),
-            Some(Ok(Ok(reply))) => {
-                match reply::check(reply, &self.shared.reply_rules, &state.redactor) {
-                    Ok(reply) => (Ok((reply, stats)), None),
-                    Err(problem) => (
-                        Err(fail(
-                            Class::Transient,
-                            format!("plugin reply rejected: {problem}"),
-                        )),
-                        None,
+            Some(outcome) => {
+                if let Some(Err(trap)) = outcome.as_ref().ok()
+                    && let Some(hit) = limit_of_trap(trap)
+                {
+                    stop.trip(hit);
+                }
+                if outcome.is_err() {
+                    stop.trip(LimitHit::Deadline);
+                }
+                match (stop.hit(), outcome) {
+                    (Some(hit), _) => (
+                        Err(fail(Class::Transient, limit_message(hit, limits, timeout))),
+                        Some(trap_kind(hit)),
                     ),
+                    (None, Ok(Err(trap))) => {
+                        let (kind, message) = trap_message(&trap, state, limits);
+                        (Err(fail(Class::Transient, message)), kind)
+                    }
+                    (None, Ok(Ok(reply))) => {
+                        match reply::check(reply, &self.shared.reply_rules, &state.redactor) {
+                            Ok(reply) => (Ok((reply, stats)), None),
+                            Err(problem) => (
+                                Err(fail(
+                                    Class::Transient,
+                                    format!("plugin reply rejected: {problem}"),
+                                )),
+                                None,
+                            ),
+                        }
+                    }
+                    (None, Err(_elapsed)) => unreachable!("a deadline trips the tripwire"),
                 }
             }
         };
@@ -434,6 +437,8 @@ impl WasmProvider {
         if let Err(e) = &result {
             tracing::debug!(provider = %self.shared.name, op = %op, fuel_used, error = %e.message, "plugin call failed");
         }
+        // Close the guest's files before its /tmp goes; the removal itself runs off the
+        // call's path (ScratchDir's drop).
         drop(store);
         drop(tmp);
         result
@@ -453,26 +458,40 @@ impl WasmProvider {
         wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
             .preopened_dir(tmp, "/tmp", FsPerms::ReadWrite)?;
+        let stop = Arc::new(Tripwire::default());
+        // Every host object the guest holds (fields, requests, bodies, streams, pollables,
+        // files) is an entry of this table: its cap bounds them all.
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(limits.handles as usize);
+        // Each `fields` holds at most this much: with the table cap, fields hold at most
+        // handles x maxHeaderBytes of host memory.
+        let mut http_ctx = wasmtime_wasi_http::WasiHttpCtx::new();
+        http_ctx.set_field_size_limit(limits.http.max_header_bytes as usize);
         let state = CallState {
             wasi: wasi.build(),
-            http_ctx: wasmtime_wasi_http::WasiHttpCtx::new(),
-            table: ResourceTable::new(),
-            hooks: http::HttpHooks {
-                policy: self.http.clone(),
-                deny_all: deny_http,
-                parent: tracing::Span::current(),
-            },
+            http_ctx,
+            table,
+            hooks: http::HttpHooks::new(
+                self.http.clone(),
+                deny_http,
+                tracing::Span::current(),
+                stop.clone(),
+            ),
             limiter: MemoryLimiter::new(
                 (u64::from(limits.memory_mib) << 20).min(self.runtime.max_memory_bytes) as usize,
+                stop.clone(),
             ),
             redactor: self.shared.sensitive.redactor(),
             shared: self.shared.clone(),
             log_lines: 0,
             log_dropped: 0,
             deadline,
-            tmp: tmp.to_path_buf(),
-            tmp_cap: u64::from(limits.tmp_mib) << 20,
-            limit_hit: None,
+            fs: fs::FsLimits::new(
+                u64::from(limits.tmp_mib) << 20,
+                limits.open_files as usize,
+                stop.clone(),
+            ),
+            stop,
             stdout,
             stderr,
         };
@@ -511,33 +530,97 @@ fn limit_message(hit: LimitHit, limits: &Limits, timeout: Duration) -> String {
             "plugin wrote more than its /tmp cap (limits.tmpMib = {}) and was stopped",
             limits.tmp_mib
         ),
+        LimitHit::Files => format!(
+            "plugin held more files open than its cap (limits.openFiles = {}) and was stopped",
+            limits.open_files
+        ),
+        LimitHit::Handles => format!(
+            "plugin held more host handles (HTTP fields, requests, bodies, streams, pollables, files) than its cap (limits.handles = {}) and was stopped",
+            limits.handles
+        ),
+        LimitHit::Requests => format!(
+            "plugin had more HTTP requests in flight than its cap (limits.http.maxInFlight = {}) and was stopped",
+            limits.http.max_in_flight
+        ),
+        LimitHit::Headers => format!(
+            "plugin built a header set larger than its cap (limits.http.maxHeaderBytes = {}) and was stopped",
+            limits.http.max_header_bytes
+        ),
     }
 }
 
-/// Says which limit stopped the guest, or what the trap was, and its kind for the traps
-/// metric (`None`: the guest failed without trapping, e.g. a host call error). Always
-/// Transient: the next call gets a fresh instance, and the limit names what to raise if it
-/// keeps happening.
+fn trap_kind(hit: LimitHit) -> TrapKind {
+    match hit {
+        LimitHit::Deadline => TrapKind::Deadline,
+        LimitHit::Memory => TrapKind::Memory,
+        LimitHit::Tmp => TrapKind::Tmp,
+        LimitHit::Files => TrapKind::Files,
+        LimitHit::Handles => TrapKind::Handles,
+        LimitHit::Requests => TrapKind::Requests,
+        LimitHit::Headers => TrapKind::Headers,
+    }
+}
+
+/// The limit behind a trap that wasmtime raised itself: a host call that could not push
+/// its result into the full resource table (`limits.handles`), or a header set grown past
+/// `limits.http.maxHeaderBytes` (wasmtime-wasi-http traps rather than return an error).
+fn limit_of_trap(err: &wasmtime::Error) -> Option<LimitHit> {
+    use wasmtime::component::ResourceTableError;
+    use wasmtime_wasi_http::FieldMapError;
+    err.chain().find_map(|e| {
+        if let Some(ResourceTableError::Full) = e.downcast_ref::<ResourceTableError>() {
+            return Some(LimitHit::Handles);
+        }
+        match e.downcast_ref::<FieldMapError>() {
+            Some(FieldMapError::TotalSizeTooBig | FieldMapError::TooManyFields) => {
+                Some(LimitHit::Headers)
+            }
+            _ => None,
+        }
+    })
+}
+
+/// A call's `/tmp`. Dropping it removes the directory on a blocking thread, off the call's
+/// path: a guest that filled it with many entries cannot make its call return late, nor
+/// hold up the task that dropped it (a call cancelled by its caller). At shutdown the
+/// removal is best effort: a removal not started when the runtime stops is skipped, and
+/// the directory stays in the pod's scratch volume until the pod goes.
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new(parent: &Path) -> std::io::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("call-")
+            .tempdir_in(parent)?;
+        Ok(ScratchDir(dir.keep()))
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let path = std::mem::take(&mut self.0);
+        let remove = move || {
+            if let Err(e) = fs::remove_tree(&path) {
+                tracing::warn!(dir = %path.display(), error = %e, "cannot remove a plugin call's /tmp");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn_blocking(remove);
+            }
+            Err(_) => remove(),
+        }
+    }
+}
+
+/// Says what the trap was, and its kind for the traps metric (`None`: the guest failed
+/// without trapping, e.g. a host call error), when no limit stopped the call. Always
+/// Transient: the next call gets a fresh instance.
 fn trap_message(
     err: &wasmtime::Error,
     state: &CallState,
     limits: &Limits,
-    timeout: Duration,
 ) -> (Option<TrapKind>, String) {
-    let limit = |hit: LimitHit| {
-        let kind = match hit {
-            LimitHit::Deadline => TrapKind::Deadline,
-            LimitHit::Memory => TrapKind::Memory,
-            LimitHit::Tmp => TrapKind::Tmp,
-        };
-        (Some(kind), limit_message(hit, limits, timeout))
-    };
-    if let Some(hit) = state.limit_hit {
-        return limit(hit);
-    }
-    if state.limiter.hit {
-        return limit(LimitHit::Memory);
-    }
     let (kind, message) = match err.downcast_ref::<Trap>() {
         Some(Trap::OutOfFuel) => (TrapKind::Fuel, format!(
             "plugin used up its fuel budget (limits.fuel = {}) and was stopped: a runaway loop or far too much work in one call",

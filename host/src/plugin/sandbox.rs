@@ -7,15 +7,17 @@
 //! the set of secret values to redact).
 
 use super::bindings::egress::provider::host as wit_host;
+use super::fs::FsLimits;
 use super::http::HttpHooks;
 use super::output::CapturedOutput;
 use super::redact::{Redactor, escape_controls};
 use super::sensitive::Sensitive;
 use crate::config::Limits;
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -25,9 +27,51 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 /// say exactly why instead of showing a bare trap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitHit {
+    /// `limits.timeout` (or the load-time budget).
     Deadline,
+    /// `limits.memoryMib`.
     Memory,
+    /// `limits.tmpMib`: bytes written to `/tmp` plus 4 KiB per entry created.
     Tmp,
+    /// `limits.openFiles`.
+    Files,
+    /// `limits.handles`: the call's resource table is full.
+    Handles,
+    /// `limits.http.maxInFlight`.
+    Requests,
+    /// `limits.http.maxHeaderBytes`: a header set grew past it (wasmtime-wasi-http traps).
+    Headers,
+}
+
+/// The one place that knows which limit stopped a call: the first one to trip wins.
+///
+/// Shared (behind an `Arc`) by everything that enforces a limit: the memory limiter, the
+/// `/tmp` accounting, the HTTP hooks (whose futures run outside the Store), the epoch
+/// callback and the table-full detection. Tripping it also wakes the call's driver, so a
+/// guest blocked in a host call (a pollable, an HTTP request) stops at once instead of at
+/// its deadline.
+#[derive(Debug, Default)]
+pub struct Tripwire {
+    hit: OnceLock<LimitHit>,
+    tripped: CancellationToken,
+}
+
+impl Tripwire {
+    /// Records `hit` unless a limit was already recorded, and wakes [`Tripwire::tripped`].
+    pub fn trip(&self, hit: LimitHit) {
+        let _ = self.hit.set(hit);
+        self.tripped.cancel();
+    }
+
+    /// The limit that stopped the call, if one did.
+    pub fn hit(&self) -> Option<LimitHit> {
+        self.hit.get().copied()
+    }
+
+    /// Resolves once a limit has tripped.
+    pub async fn tripped(&self) {
+        self.tripped.cancelled().await
+    }
 }
 
 /// Per-provider state shared by all its calls.
@@ -125,9 +169,10 @@ pub struct CallState {
     pub(super) log_lines: u32,
     pub(super) log_dropped: u32,
     pub(super) deadline: Instant,
-    pub(super) tmp: PathBuf,
-    pub(super) tmp_cap: u64,
-    pub(super) limit_hit: Option<LimitHit>,
+    /// `/tmp` quota and open files.
+    pub(super) fs: FsLimits,
+    /// Which limit stopped the call (shared with the HTTP hooks and the `/tmp` streams).
+    pub(super) stop: Arc<Tripwire>,
     pub(super) stdout: CapturedOutput,
     pub(super) stderr: CapturedOutput,
 }
@@ -151,7 +196,8 @@ impl WasiHttpView for CallState {
     }
 }
 
-/// Caps linear memory and tables; remembers a refused growth so the error names the limit.
+/// Caps linear memory and tables; a refused growth trips the call's [`Tripwire`] so the
+/// error names the limit.
 ///
 /// The cap is on the **sum** of every linear memory of the call's instance (a component
 /// can hold several core instances, each with its own memory), so `limits.memoryMib` bounds
@@ -159,7 +205,7 @@ impl WasiHttpView for CallState {
 /// (from 0) and on every growth, so the sum of the differences is the total.
 pub struct MemoryLimiter {
     pub max_memory: usize,
-    pub hit: bool,
+    pub stop: Arc<Tripwire>,
     /// Bytes of linear memory of all the instance's memories so far.
     pub total: usize,
     /// Table elements of all the instance's tables so far.
@@ -167,10 +213,10 @@ pub struct MemoryLimiter {
 }
 
 impl MemoryLimiter {
-    pub fn new(max_memory: usize) -> Self {
+    pub fn new(max_memory: usize, stop: Arc<Tripwire>) -> Self {
         MemoryLimiter {
             max_memory,
-            hit: false,
+            stop,
             total: 0,
             table_elements: 0,
         }
@@ -190,7 +236,7 @@ impl ResourceLimiter for MemoryLimiter {
     ) -> wasmtime::Result<bool> {
         let total = self.total.saturating_add(desired.saturating_sub(current));
         if total > self.max_memory {
-            self.hit = true;
+            self.stop.trip(LimitHit::Memory);
             return Err(wasmtime::format_err!(
                 "memory cap reached: growing to {total} bytes in all exceeds limits.memoryMib ({} bytes)",
                 self.max_memory
@@ -229,46 +275,19 @@ impl ResourceLimiter for MemoryLimiter {
     }
 }
 
-/// Bytes under `dir`, not following symlinks. Cheap for the handful of files a call makes.
-pub fn dir_size(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in rd.flatten() {
-            let Ok(meta) = entry.metadata() else { continue };
-            if meta.is_dir() {
-                stack.push(entry.path());
-            } else {
-                total += meta.len();
-            }
-        }
-    }
-    total
-}
-
 impl CallState {
-    /// Called on every epoch tick while the guest runs: enforce the wall-clock deadline
-    /// and the `/tmp` cap, and otherwise let other tasks run.
+    /// Called on every epoch tick while the guest runs: stop it if a limit tripped
+    /// (possibly outside the Store, in an HTTP future) or its wall-clock deadline passed,
+    /// and otherwise let other tasks run.
     pub(super) fn on_tick(&mut self) -> wasmtime::Result<wasmtime::UpdateDeadline> {
+        if let Some(hit) = self.stop.hit() {
+            return Err(wasmtime::format_err!("limit reached: {hit:?}"));
+        }
         if Instant::now() >= self.deadline {
-            self.limit_hit = Some(LimitHit::Deadline);
+            self.stop.trip(LimitHit::Deadline);
             return Err(wasmtime::format_err!("call deadline reached"));
         }
-        if self.tmp_over_cap() {
-            return Err(wasmtime::format_err!("/tmp cap reached"));
-        }
         Ok(wasmtime::UpdateDeadline::Yield(1))
-    }
-
-    pub(super) fn tmp_over_cap(&mut self) -> bool {
-        if dir_size(&self.tmp) > self.tmp_cap {
-            self.limit_hit = Some(LimitHit::Tmp);
-            return true;
-        }
-        false
     }
 
     /// Emits one guest log line, scrubbed and capped.
@@ -427,6 +446,17 @@ mod tests {
             now,
         );
         assert_eq!(c.get("huge", now), None);
+    }
+
+    #[test]
+    fn the_first_limit_to_trip_wins_and_wakes_the_call() {
+        let stop = Arc::new(Tripwire::default());
+        assert_eq!(stop.hit(), None);
+        stop.trip(LimitHit::Requests);
+        stop.trip(LimitHit::Deadline);
+        assert_eq!(stop.hit(), Some(LimitHit::Requests));
+        // Already tripped: resolves at once.
+        futures::executor::block_on(stop.tripped());
     }
 
     #[test]

@@ -19,6 +19,14 @@
 //!   `echo-hex:<hex>` (logs the decoded text: as if read back from the backend),
 //!   `log-forge` (a newline and terminal escapes in a log message), `secret-host` (a
 //!   refused request whose host name and method are the `apikey` secret).
+//! - Host resources, each held until the host stops the call: `fields-flood:<bytes>`
+//!   (`wasi:http` fields of one `<bytes>`-long header each, kept alive), `hold-requests:<url>`
+//!   (64 requests sent and never read), `http-seq:<url>` (50 requests one after the other,
+//!   each read and dropped: must succeed), `open-files` (files opened and kept),
+//!   `unlink-write:<bytes>` (written to a file already unlinked), `deep-tmp:<levels>:<bytes>`
+//!   (a chain of directories with 100-byte names, each entered through its descriptor, so
+//!   far past `PATH_MAX`; then `<bytes>` written at the bottom), `many-dirs` (directories
+//!   until stopped), `grow-tmp:<bytes>` (a file grown by `set-size`).
 //! - `create`: by `placement.machine-type`: `stash` (keeps the cloud-init in the host cache
 //!   and succeeds), `id-cloud-init` (returns the cloud-init as the ID), anything else leaks
 //!   cloud-init and the `token` secret through logs, stdout, stderr, the error message and
@@ -177,6 +185,140 @@ fn fill_tmp(bytes: u64) -> std::io::Result<usize> {
         left -= n as u64;
     }
     f.flush()?;
+    Ok(bytes as usize)
+}
+
+fn fields_flood(bytes: usize) -> Result<Instance, ProviderError> {
+    use wasip2::http::types::Fields;
+    let value = vec![b'v'; bytes];
+    let mut hoard = Vec::new();
+    for i in 0..1_000_000u32 {
+        let f = Fields::new();
+        if let Err(e) = f.append("x-flood", &value) {
+            return Err(ProviderError::permanent(format!(
+                "fields {i}: host refused the header: {e:?}"
+            ))
+            .with_code("HeaderRefused"));
+        }
+        hoard.push(f);
+    }
+    Ok(report(format!("held {} fields", hoard.len())))
+}
+
+fn hold_requests(url: &str) -> Result<Instance, ProviderError> {
+    use wasip2::http::outgoing_handler;
+    use wasip2::http::types::{Fields, OutgoingRequest, Scheme};
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| ProviderError::permanent("hold-requests needs an http:// URL"))?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        let req = OutgoingRequest::new(Fields::new());
+        let _ = req.set_scheme(Some(&Scheme::Http));
+        let _ = req.set_authority(Some(authority));
+        let _ = req.set_path_with_query(Some(if path.is_empty() { "/" } else { path }));
+        match outgoing_handler::handle(req, None) {
+            Ok(f) => held.push(f),
+            Err(e) => {
+                return Err(ProviderError::transient(format!("handle: {e:?}")).with_code("Refused"));
+            }
+        }
+    }
+    // Keep them all in flight, and wait.
+    sleep_ms(60_000);
+    Ok(report(format!("held {} requests", held.len())))
+}
+
+fn http_sequence(url: &str) -> Result<Instance, ProviderError> {
+    for i in 0..50 {
+        if let Err(e) = Request::get(url).send() {
+            return Err(
+                ProviderError::transient(format!("request {i}: {e}")).with_code(e.code_name())
+            );
+        }
+    }
+    Ok(report("50 requests"))
+}
+
+fn open_files() -> std::io::Result<usize> {
+    let mut held = Vec::new();
+    for i in 0..100_000 {
+        held.push(std::fs::File::create(format!("/tmp/open-{i}"))?);
+    }
+    Ok(held.len())
+}
+
+fn unlink_write(bytes: u64) -> std::io::Result<usize> {
+    let mut f = std::fs::File::create("/tmp/ghost")?;
+    std::fs::remove_file("/tmp/ghost")?;
+    let chunk = vec![b'g'; 64 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        f.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    Ok(bytes as usize)
+}
+
+fn tmp_dir() -> std::io::Result<wasip2::filesystem::types::Descriptor> {
+    wasip2::filesystem::preopens::get_directories()
+        .into_iter()
+        .find(|(_, path)| path.trim_end_matches('/') == "/tmp")
+        .map(|(d, _)| d)
+        .ok_or_else(|| std::io::Error::other("no /tmp preopen"))
+}
+
+fn fs_err(what: &str, code: wasip2::filesystem::types::ErrorCode) -> std::io::Error {
+    std::io::Error::other(format!("{what}: {code:?}"))
+}
+
+fn deep_tmp(levels: u32, bytes: u64) -> std::io::Result<usize> {
+    use wasip2::filesystem::types::{DescriptorFlags, OpenFlags, PathFlags};
+    let name = "d".repeat(100);
+    let mut dir = tmp_dir()?;
+    for _ in 0..levels {
+        dir.create_directory_at(&name)
+            .map_err(|c| fs_err("create-directory-at", c))?;
+        dir = dir
+            .open_at(
+                PathFlags::empty(),
+                &name,
+                OpenFlags::DIRECTORY,
+                DescriptorFlags::READ | DescriptorFlags::MUTATE_DIRECTORY,
+            )
+            .map_err(|c| fs_err("open-at", c))?;
+    }
+    let file = dir
+        .open_at(
+            PathFlags::empty(),
+            "deep",
+            OpenFlags::CREATE,
+            DescriptorFlags::WRITE,
+        )
+        .map_err(|c| fs_err("open-at", c))?;
+    let chunk = vec![b'p'; 64 * 1024];
+    let mut at = 0;
+    while at < bytes {
+        let n = (bytes - at).min(chunk.len() as u64) as usize;
+        at += file
+            .write(&chunk[..n], at)
+            .map_err(|c| fs_err("write", c))?;
+    }
+    Ok(at as usize)
+}
+
+fn many_dirs() -> std::io::Result<usize> {
+    for i in 0..1_000_000 {
+        std::fs::create_dir(format!("/tmp/dir-{i}"))?;
+    }
+    Ok(1_000_000)
+}
+
+fn grow_tmp(bytes: u64) -> std::io::Result<usize> {
+    let f = std::fs::File::create("/tmp/sparse")?;
+    f.set_len(bytes)?;
     Ok(bytes as usize)
 }
 
@@ -355,6 +497,23 @@ impl Provider for Hostile {
                 })?;
                 io_report("wrote", fill_tmp(n))
             }
+            "fields-flood" => fields_flood(arg.parse().unwrap_or(15_000)),
+            "hold-requests" => hold_requests(arg),
+            "http-seq" => http_sequence(arg),
+            "open-files" => io_report("opened", open_files()),
+            "unlink-write" => io_report("wrote", unlink_write(arg.parse().unwrap_or(1 << 30))),
+            "deep-tmp" => {
+                let (levels, bytes) = arg.split_once(':').unwrap_or((arg, "0"));
+                io_report(
+                    "wrote",
+                    deep_tmp(
+                        levels.parse().unwrap_or(100_000),
+                        bytes.parse().unwrap_or(0),
+                    ),
+                )
+            }
+            "many-dirs" => io_report("made", many_dirs()),
+            "grow-tmp" => io_report("grew", grow_tmp(arg.parse().unwrap_or(1 << 40))),
             "log-flood" => {
                 log_flood();
                 Ok(report("flooded"))
