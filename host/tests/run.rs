@@ -73,9 +73,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_running_replica_reports_readiness_metrics_reload_errors_and_stops_within_its_grace() {
-    let plugin_dir = plugins_or_skip!();
+/// The in-memory API with the operator's CRDs, served on loopback; a client and a
+/// kubeconfig (in `dir`) for it.
+async fn fake_cluster(dir: &Path) -> (FakeApi, kube::Client, std::path::PathBuf) {
     let fake = FakeApi::new();
     let client = fake.client();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -83,17 +83,22 @@ async fn a_running_replica_reports_readiness_metrics_reload_errors_and_stops_wit
         crds.create(&PostParams::default(), &crd).await.unwrap();
     }
     let api_addr = fake.serve("127.0.0.1:0").await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
+    let kubeconfig = dir.join("kubeconfig");
     fake.write_kubeconfig(api_addr, &kubeconfig).unwrap();
-    let token = dir.path().join("token");
-    std::fs::write(&token, "tok").unwrap();
-    let backend = ExampleBackend::start("tok");
-    let providers = dir.path().join("providers.yaml");
-    std::fs::write(&providers, providers_yaml(&backend, &token, "")).unwrap();
+    (fake, client, kubeconfig)
+}
 
+/// Starts `proxy-operator run` against the fake API at `kubeconfig`, with fast loops, the
+/// discovery API without auth, its log in `dir/operator.log`; `extra` flags are appended.
+fn start_operator(
+    plugin_dir: &Path,
+    providers: &Path,
+    kubeconfig: &Path,
+    dir: &Path,
+    extra: &[&str],
+) -> Operator {
     let listen = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let log = dir.path().join("operator.log");
+    let log = dir.join("operator.log");
     let child = Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
         .args([
             "run",
@@ -102,13 +107,13 @@ async fn a_running_replica_reports_readiness_metrics_reload_errors_and_stops_wit
             "--leader-election=false",
         ])
         .arg("--plugin-dir")
-        .arg(&plugin_dir)
+        .arg(plugin_dir)
         .arg("--providers")
-        .arg(&providers)
+        .arg(providers)
         .arg("--plugin-cache-dir")
         .arg(support::cache_dir())
         .arg("--plugin-scratch-dir")
-        .arg(dir.path().join("scratch"))
+        .arg(dir.join("scratch"))
         .args([
             "--listen",
             &listen.to_string(),
@@ -121,19 +126,39 @@ async fn a_running_replica_reports_readiness_metrics_reload_errors_and_stops_wit
             "300ms",
         ])
         .args(["--provisioning-poll", "100ms", "--requeue-now", "50ms"])
-        .args(["--probe-target", "127.0.0.1:9", "--shutdown-grace", "1s"])
-        .env("KUBECONFIG", &kubeconfig)
+        .args(extra)
+        .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("starting proxy-operator run");
-    let op = Operator {
+    Operator {
         child,
         addr: listen,
         log,
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_replica_reports_readiness_metrics_reload_errors_and_stops_within_its_grace() {
+    let plugin_dir = plugins_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let (_fake, client, kubeconfig) = fake_cluster(dir.path()).await;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok").unwrap();
+    let backend = ExampleBackend::start("tok");
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(&providers, providers_yaml(&backend, &token, "")).unwrap();
+
+    let op = start_operator(
+        &plugin_dir,
+        &providers,
+        &kubeconfig,
+        dir.path(),
+        &["--probe-target", "127.0.0.1:9", "--shutdown-grace", "1s"],
+    );
 
     // Ready once the cache synced and the plugins loaded; /healthz answers throughout.
     let body = wait_for(
@@ -322,6 +347,172 @@ fn refuses_to_start_when_the_providers_do_not_fit_the_pod() {
         assert!(
             stdout.contains(w),
             "providers' report lacks {w:?}: {stdout}"
+        );
+    }
+}
+
+/// Entries of /proc/PID/fd and VmRSS (bytes) of a process.
+fn descriptors_and_rss(pid: u32) -> (u64, u64) {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count() as u64)
+        .unwrap_or(0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|k| k.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024;
+    (fds, rss)
+}
+
+/// One hostile provider inside a running operator, its Proxies' every reconcile an attack
+/// on the host's descriptors, memory and /tmp: the operator stays within its descriptor and
+/// memory bounds, keeps answering /healthz, and the other provider's Proxy stays Ready (a
+/// real CONNECT through tinyproxy keeps passing) all along. The hostile Proxies' status
+/// says which limit stopped each call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_provider_cannot_starve_the_operator_or_the_other_providers() {
+    let plugin_dir = plugins_or_skip!();
+    let Some(tinyproxy) = support::tinyproxy::tinyproxy_bin() else {
+        return;
+    };
+    let (echo, _echo) = support::tinyproxy::echo_server().await;
+    let proxy =
+        support::tinyproxy::Tinyproxy::start(&tinyproxy, &format!("ConnectPort {echo}")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_fake, client, kubeconfig) = fake_cluster(dir.path()).await;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok").unwrap();
+    let backend = ExampleBackend::start("tok");
+    let providers = dir.path().join("providers.yaml");
+    // The hostile provider runs at the default limits (concurrency 2, openFiles 32,
+    // handles 256, memoryMib 32, tmpMib 8).
+    std::fs::write(
+        &providers,
+        providers_yaml(
+            &backend,
+            &token,
+            "- name: hostile\n  plugin: hostile.wasm\n",
+        ),
+    )
+    .unwrap();
+    let op = start_operator(
+        &plugin_dir,
+        &providers,
+        &kubeconfig,
+        dir.path(),
+        &[
+            "--probe-target",
+            &format!("127.0.0.1:{echo}"),
+            "--probe-interval",
+            "300ms",
+        ],
+    );
+    let pid = op.child.id();
+    wait_for("/readyz", Duration::from_secs(60), async || {
+        (op.get("/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let spec = |name: &str, provider: &str, machine: &str, port: u16| -> Proxy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "egress.proxy-operator.dev/v1alpha1",
+            "kind": "Proxy",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"provider": provider,
+                     "placement": {"region": "r1", "machineType": machine},
+                     "cloudInit": {"inline": "#cloud-config\n"}, "port": port},
+        }))
+        .unwrap()
+    };
+    // The good Proxy's instance is 127.0.0.1 (the example backend); tinyproxy is its proxy.
+    proxies
+        .create(
+            &PostParams::default(),
+            &spec("good", "ex", "small", proxy.addr.port()),
+        )
+        .await
+        .unwrap();
+    let ready = |p: &Proxy| {
+        p.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    };
+    wait_for(
+        "the good Proxy to be Ready",
+        Duration::from_secs(60),
+        async || {
+            proxies
+                .get("good")
+                .await
+                .ok()
+                .filter(|p| ready(p))
+                .map(|_| ())
+        },
+    )
+    .await;
+    let (fds_before, rss_before) = descriptors_and_rss(pid);
+
+    let attacks = [
+        ("files", "get:open-files", "limits.openFiles = 32"),
+        ("fields", "get:fields-flood:15000", "limits.handles = 256"),
+        ("memory", "get:memory", "limits.memoryMib = 32"),
+        ("dirs", "get:many-dirs", "limits.tmpMib = 8"),
+    ];
+    for (name, machine, _) in attacks {
+        proxies
+            .create(
+                &PostParams::default(),
+                &spec(name, "hostile", machine, 3128),
+            )
+            .await
+            .unwrap();
+    }
+    // Every reconcile of each hostile Proxy repeats its attack (backoff from 1 s); watch
+    // for 15 s: the good Proxy stays Ready, /healthz answers, the process stays bounded.
+    let until = Instant::now() + Duration::from_secs(15);
+    let (mut fds_peak, mut rss_peak) = (fds_before, rss_before);
+    while Instant::now() < until {
+        let (fds, rss) = descriptors_and_rss(pid);
+        fds_peak = fds_peak.max(fds);
+        rss_peak = rss_peak.max(rss);
+        assert_eq!(
+            op.get("/healthz").await.0,
+            200,
+            "/healthz stopped answering"
+        );
+        let good = proxies.get("good").await.unwrap();
+        assert!(ready(&good), "the good Proxy lost Ready: {:?}", good.status);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Descriptors: two hostile calls at a time, each at most openFiles + maxInFlight + its
+    // /tmp; plus the probes', kube client's and reconciles' own sockets.
+    let fds_grew = fds_peak.saturating_sub(fds_before);
+    assert!(
+        fds_grew <= 2 * (32 + 4 + 1) + 40,
+        "the operator's descriptors grew by {fds_grew} under attack"
+    );
+    // Memory: two hostile calls at a time, each at most memoryMib (32) + its host-side
+    // worst case (about 10 MiB): 84 MiB; the rest is allocator slack. Before the caps,
+    // the fields flood alone took the process to 840 MB.
+    let rss_grew = rss_peak.saturating_sub(rss_before);
+    assert!(
+        rss_grew < 128 << 20,
+        "the operator's resident memory grew by {} MiB under attack",
+        rss_grew >> 20
+    );
+    // Each hostile Proxy's status names the limit that stopped its calls.
+    for (name, _, limit) in attacks {
+        let p = proxies.get(name).await.unwrap();
+        let status = serde_json::to_string(&p.status).unwrap();
+        assert!(
+            status.contains(limit),
+            "{name}: status lacks {limit:?}: {status}"
         );
     }
 }

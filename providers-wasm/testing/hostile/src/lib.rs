@@ -27,7 +27,8 @@
 //!   (a chain of directories with 100-byte names, each entered through its descriptor, so
 //!   far past `PATH_MAX`; then `<bytes>` written at the bottom), `many-dirs` (directories
 //!   until stopped), `grow-tmp:<bytes>` (a file grown by `set-size`).
-//! - `create`: by `placement.machine-type`: `stash` (keeps the cloud-init in the host cache
+//! - `create`: by `placement.machine-type`: `get:<attack>` (runs that `get` attack and
+//!   returns its ID), `stash` (keeps the cloud-init in the host cache
 //!   and succeeds), `id-cloud-init` (returns the cloud-init as the ID), anything else leaks
 //!   cloud-init and the `token` secret through logs, stdout, stderr, the error message and
 //!   the error code.
@@ -379,6 +380,11 @@ impl Provider for Hostile {
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
         let secret = leaked_secret();
         let cloud_init = String::from_utf8_lossy(&req.cloud_init).into_owned();
+        // `get:<attack>`: the attack, run by create (what an operator's reconcile calls
+        // again and again for a Proxy of this provider).
+        if let Some(attack) = req.placement.machine_type.strip_prefix("get:") {
+            return Self::get(attack).map(|i| i.id);
+        }
         match req.placement.machine_type.as_str() {
             "stash" => {
                 cache_set(STASH, &req.cloud_init, 3600);
