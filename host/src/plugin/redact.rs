@@ -80,7 +80,12 @@ const PUBLIC_WORDS: &[&str] = &[
 /// A set of sensitive values, compiled for fast replacement.
 #[derive(Clone, Default)]
 pub struct Redactor {
+    /// Every pattern: what free text is scrubbed of.
     matcher: Option<AhoCorasick>,
+    /// Whole values only (secrets, documents, long lines, and their encodings), without
+    /// the short fragments: what an identifier must not contain. Fragments would reject
+    /// honest IDs (`eu-west-1/i-...` when a cloud-init mentions `eu-west-1`).
+    whole: Option<AhoCorasick>,
 }
 
 impl std::fmt::Debug for Redactor {
@@ -92,7 +97,10 @@ impl std::fmt::Debug for Redactor {
 /// Collects the patterns for a [`Redactor`].
 #[derive(Default)]
 pub struct Patterns {
+    /// Whole values and their encodings.
     set: BTreeSet<Vec<u8>>,
+    /// Fragments of cloud-init (words, values, short lines).
+    fragments: BTreeSet<Vec<u8>>,
 }
 
 impl Patterns {
@@ -176,20 +184,25 @@ impl Patterns {
     /// match), when it is long enough.
     fn plain(&mut self, v: &[u8], min: usize) {
         if v.len() >= min {
-            self.set.insert(v.to_vec());
+            self.fragments.insert(v.to_vec());
         }
     }
 
     pub fn build(self) -> Redactor {
-        if self.set.is_empty() {
-            return Redactor::default();
-        }
-        let matcher = AhoCorasick::builder()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(self.set)
-            .expect("literal patterns always build");
+        let compile = |set: &BTreeSet<Vec<u8>>| {
+            (!set.is_empty()).then(|| {
+                AhoCorasick::builder()
+                    .match_kind(MatchKind::LeftmostLongest)
+                    .build(set)
+                    .expect("literal patterns always build")
+            })
+        };
+        let whole = compile(&self.set);
+        let mut all = self.set;
+        all.extend(self.fragments);
         Redactor {
-            matcher: Some(matcher),
+            matcher: compile(&all),
+            whole,
         }
     }
 }
@@ -294,9 +307,18 @@ impl Redactor {
         }
     }
 
-    /// Whether `text` holds any sensitive value.
+    /// Whether `text` holds any sensitive value, fragments included.
     pub fn finds(&self, text: &str) -> bool {
         self.matcher
+            .as_ref()
+            .is_some_and(|m| m.is_match(text.as_bytes()))
+    }
+
+    /// Whether `text` holds a whole sensitive value: a secret, a line of one, a cloud-init
+    /// document or one of its long lines, in any encoding. For identifiers, which a
+    /// fragment of ordinary words could match by chance.
+    pub fn finds_whole(&self, text: &str) -> bool {
+        self.whole
             .as_ref()
             .is_some_and(|m| m.is_match(text.as_bytes()))
     }

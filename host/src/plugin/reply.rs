@@ -109,7 +109,7 @@ fn instance(
     } else {
         ident(&format!("{field}.uid"), i.uid, MAX_UID, r)?
     };
-    let ip = address(&format!("{field}.ip"), i.ip, rules, r)?;
+    let ip = address(&format!("{field}.ip"), i.ip, rules)?;
     if let Some(t) = &i.created_at
         && (t.seconds > MAX_CREATED_AT || t.nanoseconds >= 1_000_000_000)
     {
@@ -130,7 +130,7 @@ fn instance(
 /// An identifier: non-empty printable ASCII without spaces, at most `max` bytes, holding
 /// nothing sensitive.
 fn ident(field: &str, v: String, max: usize, r: &Redactor) -> Result<String, String> {
-    if r.finds(&v) {
+    if r.finds_whole(&v) {
         return Err(format!(
             "{field} holds a secret or cloud-init of this provider (value withheld)"
         ));
@@ -153,15 +153,12 @@ fn ident(field: &str, v: String, max: usize, r: &Redactor) -> Result<String, Str
 /// An instance address: empty (none yet), or a plain IPv4/IPv6 address that is public
 /// unless the provider allows private ones. The unspecified address means "none yet"
 /// (backends report `0.0.0.0` while an IP is being assigned) and becomes empty.
-fn address(field: &str, v: String, rules: &Rules, r: &Redactor) -> Result<String, String> {
+fn address(field: &str, v: String, rules: &Rules) -> Result<String, String> {
     if v.is_empty() {
         return Ok(v);
     }
-    if r.finds(&v) {
-        return Err(format!(
-            "{field} holds a secret or cloud-init of this provider (value withheld)"
-        ));
-    }
+    // No redaction check: a plain address is not text, and cloud-init often names
+    // addresses (`Allow 10.0.0.0/8`, `Listen 127.0.0.1`) that instances may have.
     let Ok(ip) = v.parse::<IpAddr>() else {
         return Err(format!(
             "{field} {} is not an IPv4 or IPv6 address",
@@ -271,7 +268,7 @@ mod tests {
     fn redactor() -> Redactor {
         Redactor::new(
             [&b"tok-SECRET-5678"[..]],
-            b"#cloud-config\nwrite_files:\n  - content: proxyuser:Hunter2Sentinel\n",
+            b"#cloud-config\nwrite_files:\n  - content: proxyuser:Hunter2Sentinel\nruncmd:\n  - aws configure set region eu-west-1\n  - echo Allow 10.1.2.3 >> /etc/x\n",
         )
     }
 
@@ -390,10 +387,22 @@ mod tests {
                 Some("value withheld"),
             ),
             (
-                "cloud-init value as uid",
-                inst("a", "", "Hunter2Sentinel", None),
+                "region named in cloud-init",
+                inst("eu-west-1/i-0abc", "", "u", None),
                 false,
-                Some("instance.uid holds"),
+                None,
+            ),
+            (
+                "address named in cloud-init",
+                inst("a", "10.1.2.3", "u", None),
+                true,
+                None,
+            ),
+            (
+                "the secret inside an id",
+                inst("x-tok-SECRET-5678-y", "", "u", None),
+                false,
+                Some("value withheld"),
             ),
             (
                 "year 10000",
