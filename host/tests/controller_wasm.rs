@@ -166,7 +166,8 @@ async fn fault_injection_run_through_the_wasm_plugin() {
     let tp = support::tinyproxy::Tinyproxy::start(&bin, &format!("ConnectPort {echo}")).await;
 
     let backend = Arc::new(ExampleBackend::start("tok"));
-    let (_secrets, registry) = example_registry(&backend, "limits: {timeout: 500ms}\n", "r1").await;
+    let (_secrets, registry) =
+        example_registry(&backend, "limits: {timeout: 500ms, concurrency: 8}\n", "r1").await;
     let (_fake, client) = cluster().await;
     let settings = support::fast_settings("install-chaos", 500, 200);
     let engine = HealthEngine::new(

@@ -25,7 +25,7 @@
 //! cloud-init schema's own keywords (public knowledge, not user data). Whole lines count
 //! from [`MIN_LINE`] bytes, values after a separator from [`MIN_VALUE`].
 
-use aho_corasick::{AhoCorasick, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use std::collections::BTreeSet;
 
 /// Replacement text for a scrubbed value.
@@ -191,8 +191,11 @@ impl Patterns {
     pub fn build(self) -> Redactor {
         let compile = |set: &BTreeSet<Vec<u8>>| {
             (!set.is_empty()).then(|| {
+                // A contiguous NFA builds in time linear in the patterns; a DFA (what the
+                // builder picks for small sets) takes minutes for one 16 KiB document.
                 AhoCorasick::builder()
                     .match_kind(MatchKind::LeftmostLongest)
+                    .kind(Some(AhoCorasickKind::ContiguousNFA))
                     .build(set)
                     .expect("literal patterns always build")
             })
@@ -503,5 +506,19 @@ mod tests {
         for (input, want) in cases {
             assert_eq!(escape_controls(input), want, "{input:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod build_time {
+    /// A large, repetitive user data (EC2 accepts 16 KiB) once made the matcher build take
+    /// minutes (a DFA over periodic patterns) and hung every call of that provider.
+    #[test]
+    fn a_16_kib_document_compiles_quickly() {
+        let started = std::time::Instant::now();
+        let r = super::Redactor::new(std::iter::empty(), &vec![b'#'; 16 * 1024 + 1]);
+        assert!(r.finds(&"#".repeat(16 * 1024 + 1)));
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
     }
 }
