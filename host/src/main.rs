@@ -11,6 +11,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How stale `status.lastProbe` may get while the health verdict does not change: a refresh
+/// is a status write, and at rest a Proxy should cost next to none.
+const PROBE_REFRESH: Duration = Duration::from_secs(30 * 60);
+
 #[derive(Parser)]
 #[command(
     name = "proxy-operator",
@@ -875,7 +879,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             egress_echo: args.egress_echo_url.clone(),
             timeout: args.probe_timeout,
             tls: Some(tls),
-            probe_refresh: args.drift_poll.max(args.probe_interval),
+            probe_refresh: PROBE_REFRESH.max(args.drift_poll),
         })
         .with_metrics(metrics.reconcile.clone());
     let gc_settings = GcSettings {

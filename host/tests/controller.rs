@@ -94,6 +94,17 @@ impl Env {
     /// `target` every 50 ms, and makes the fake provider put every instance on 127.0.0.1
     /// (where the test runs a real proxy).
     async fn with_health(&mut self, target: &str, failure_threshold: u32) -> Arc<HealthEngine> {
+        self.with_health_refresh(target, failure_threshold, Duration::from_secs(300))
+            .await
+    }
+
+    /// [`Env::with_health`] with `lastProbe` refreshed at most every `probe_refresh`.
+    async fn with_health_refresh(
+        &mut self,
+        target: &str,
+        failure_threshold: u32,
+        probe_refresh: Duration,
+    ) -> Arc<HealthEngine> {
         let engine = HealthEngine::new(
             EngineConfig {
                 interval: Duration::from_millis(50),
@@ -112,7 +123,7 @@ impl Env {
             egress_echo: None,
             timeout: Duration::from_secs(2),
             tls: None,
-            probe_refresh: Duration::from_secs(300),
+            probe_refresh,
         });
         self.crash_controller().await;
         self.start_controller();
@@ -819,7 +830,15 @@ async fn fault_injection_run() {
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "not all Running and Ready"
+            "not all Running and Ready: {:#?}",
+            list.iter()
+                .filter(
+                    |p| !(provisioned(p) == Some(("True".into(), reason::RUNNING.into()))
+                        && p.condition(condition::READY)
+                            .is_some_and(|c| c.status == "True"))
+                )
+                .map(|p| (p.name_any(), p.status.clone()))
+                .collect::<Vec<_>>()
         );
         if restarts < 8 {
             tokio::time::sleep(Duration::from_millis(next(50, 400))).await;
@@ -971,4 +990,102 @@ fn p_cond(
         .find(|c| c.type_ == t)
         .map(|c| (c.status.clone(), c.reason.clone()))
         .unwrap_or_default()
+}
+
+/// What N Running, healthy Proxies cost while nothing changes.
+#[derive(Debug)]
+struct AtRest {
+    proxies: usize,
+    intervals: f64,
+    gets: usize,
+    lists: usize,
+    /// Requests to the API server that change something (create, update, patch, delete).
+    writes: usize,
+}
+
+impl AtRest {
+    fn per_proxy_per_interval(&self, n: usize) -> f64 {
+        n as f64 / self.proxies as f64 / self.intervals
+    }
+}
+
+/// Starts `n` Proxies behind a real tinyproxy with probing on, waits until all are Ready
+/// and settled, then counts provider calls and API writes over `intervals` drift polls.
+async fn at_rest(n: usize, intervals: u32, probe_refresh: Duration) -> Option<AtRest> {
+    let bin = support::tinyproxy::tinyproxy_bin()?;
+    let (echo, _echo) = support::tinyproxy::echo_server().await;
+    let tp = support::tinyproxy::Tinyproxy::start(&bin, &format!("ConnectPort {echo}")).await;
+    let mut env = Env::start().await;
+    env.with_health_refresh(&format!("127.0.0.1:{echo}"), 1, probe_refresh)
+        .await;
+    for i in 0..n {
+        let mut s = spec("z1");
+        s.port = i32::from(tp.addr.port());
+        env.create(&format!("p{i}"), s).await;
+    }
+    for i in 0..n {
+        env.wait_ready(&format!("p{i}"), "True").await;
+    }
+    let drift = settings().timings.drift_poll;
+    // Settle: every Proxy has had a drift poll since it became Ready.
+    tokio::time::sleep(drift * 2).await;
+    let calls_before = env.fake.calls().len();
+    env.api.clear_requests();
+    let started = tokio::time::Instant::now();
+    tokio::time::sleep(drift * intervals).await;
+    let elapsed = started.elapsed();
+    let calls = env.fake.calls()[calls_before..].to_vec();
+    let requests = env.api.requests();
+    let writes = requests
+        .iter()
+        .filter(|r| !matches!(r.verb.as_str(), "get" | "list" | "watch"))
+        .count();
+    let at_rest = AtRest {
+        proxies: n,
+        intervals: elapsed.as_secs_f64() / drift.as_secs_f64(),
+        gets: calls.iter().filter(|(op, _)| *op == Op::Get).count(),
+        lists: calls.iter().filter(|(op, _)| *op == Op::List).count(),
+        writes,
+    };
+    assert_eq!(
+        calls.len(),
+        at_rest.gets + at_rest.lists,
+        "at rest only Get or List: {calls:?}"
+    );
+    eprintln!("{at_rest:?}");
+    drop(tp);
+    Some(at_rest)
+}
+
+/// Issue 12, item 3: a status write of the operator's own does not come back as another
+/// reconcile (with another Get). Even with `lastProbe` refreshed on every drift poll, the
+/// previous default, each Proxy costs one Get per drift interval, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_status_writes_do_not_trigger_reconciles() {
+    let drift = settings().timings.drift_poll;
+    let Some(r) = at_rest(8, 6, drift).await else {
+        return;
+    };
+    let gets = r.per_proxy_per_interval(r.gets);
+    let writes = r.per_proxy_per_interval(r.writes);
+    assert!(
+        writes > 0.5,
+        "lastProbe is refreshed about once per interval here: {r:?}"
+    );
+    assert!(
+        gets <= 1.2,
+        "one Get per Proxy per drift interval, none for our own writes: {gets:.2} ({r:?})"
+    );
+}
+
+/// Issue 12, item 3: with `lastProbe` refreshed at most every 30 minutes (the default), a
+/// Proxy whose facts do not change costs no API write at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_rest_nothing_is_written() {
+    let Some(r) = at_rest(8, 6, Duration::from_secs(1800)).await else {
+        return;
+    };
+    assert_eq!(r.writes, 0, "{r:?}");
+    let gets = r.per_proxy_per_interval(r.gets);
+    assert!(gets <= 1.2, "{gets:.2} ({r:?})");
 }

@@ -535,6 +535,13 @@ fn after_get(
             reason::REPLACING,
             format!("old instance {id} is gone; creating the replacement"),
         ))),
+        (GetPurpose::Observe, Err(e))
+            if e.class == Class::QuotaExceeded && o.provisioned_true() =>
+        {
+            // A rate-limited drift check says nothing about a running instance: keep its
+            // address published (Ready stays), and look again after QuotaRetry.
+            Decision::next(Next::Requeue(t.quota_retry))
+        }
         (GetPurpose::Observe | GetPurpose::Replace, Err(e)) => provider_failure(o, e, t),
         (GetPurpose::Finalize, Ok(_)) => Decision::next(Next::Call(Call::Delete {
             id: id.clone(),
@@ -1182,8 +1189,17 @@ mod tests {
                     .events(&[event::INSTANCE_LOST]),
             ),
             (
-                "Get: quota is a condition and a slow retry",
+                "drift Get of a running instance: quota keeps it Ready, slow retry",
                 obs(),
+                Some(Answer::Got(
+                    GetPurpose::Observe,
+                    Err(err(Class::QuotaExceeded, Op::Get)),
+                )),
+                want(Next::Requeue(t.quota_retry)),
+            ),
+            (
+                "Get while provisioning: quota is a condition and a slow retry",
+                with(|o| o.provisioned = Some(cond("False", reason::PROVISIONING, 1))),
                 Some(Answer::Got(
                     GetPurpose::Observe,
                     Err(err(Class::QuotaExceeded, Op::Get)),

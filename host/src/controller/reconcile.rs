@@ -20,7 +20,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -271,7 +271,14 @@ pub async fn run(
         });
     }
     let _stop_probes = stop_probes.drop_guard();
-    Controller::new(proxies, watcher::Config::default())
+    // The watch triggers a reconcile only when something the reconciler reads changed
+    // (see `trigger_hash`): the operator's own status writes come back through the watch
+    // and would otherwise each cost one more reconcile with a provider call.
+    let (reader, writer) = reflector::store();
+    let changes = reflector(writer, watcher(proxies, watcher::Config::default()))
+        .applied_objects()
+        .predicate_filter(trigger_hash, PredicateConfig::default());
+    Controller::for_stream(changes, reader)
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .reconcile_all_on(ctx.registry.changes())
         .reconcile_on(probed)
@@ -284,6 +291,23 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// What of a Proxy, when it changes, needs a reconcile: the generation (the spec, and the
+/// API server's bump when deletion starts), the deletion timestamp itself (not every API
+/// server bumps the generation for it), the finalizers (ours may have been removed) and
+/// the annotations (skip-cleanup). Not the status: the reconciler is its only writer, and
+/// everything else it reads (the provider, the instance, the health verdict) arrives by
+/// timer (drift and provisioning polls), by registry swap or by probe.
+pub fn trigger_hash(proxy: &Proxy) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let meta = &proxy.metadata;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    meta.generation.hash(&mut h);
+    meta.deletion_timestamp.is_some().hash(&mut h);
+    meta.finalizers.hash(&mut h);
+    meta.annotations.hash(&mut h);
+    Some(h.finish())
 }
 
 /// Backoff after a failed reconcile: base * 2^(n-1), capped.
@@ -853,6 +877,53 @@ mod tests {
                 observed_generation: Some(3)
             })
         );
+    }
+
+    #[test]
+    fn only_what_the_reconciler_reads_triggers_it() {
+        let mut base = Proxy::new(
+            "p",
+            ProxySpec {
+                provider: "fake".into(),
+                placement: Default::default(),
+                cloud_init: CloudInit::default(),
+                port: 8080,
+            },
+        );
+        base.metadata.generation = Some(1);
+        base.metadata.resource_version = Some("10".into());
+        let h = trigger_hash(&base);
+        let changed = |f: &dyn Fn(&mut Proxy)| {
+            let mut p = base.clone();
+            f(&mut p);
+            trigger_hash(&p) != h
+        };
+        // Our own writes: status (and with it resourceVersion, managedFields).
+        assert!(!changed(&|p| {
+            p.status = Some(ProxyStatus {
+                ip: Some("192.0.2.1".into()),
+                ..Default::default()
+            });
+            p.metadata.resource_version = Some("11".into());
+        }));
+        assert!(!changed(&|p| {
+            p.metadata.labels = Some([("team".to_string(), "a".to_string())].into())
+        }));
+        // What the reconciler reads.
+        assert!(changed(&|p| p.metadata.generation = Some(2)));
+        assert!(changed(&|p| p.metadata.deletion_timestamp = Some(now())));
+        assert!(changed(
+            &|p| p.metadata.finalizers = Some(vec![FINALIZER.into()])
+        ));
+        assert!(changed(&|p| {
+            p.metadata.annotations = Some(
+                [(
+                    crate::api::ANNOTATION_SKIP_CLEANUP.to_string(),
+                    "true".to_string(),
+                )]
+                .into(),
+            )
+        }));
     }
 
     #[test]
