@@ -872,7 +872,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(metrics.health.clone()),
     );
     let tls = proxy_operator::plugin::tls_config(None, false).map_err(anyhow::Error::msg)?;
+    // Drift detection and GC share one list per provider per drift poll; a list older than
+    // two drift polls (the lists failed) is not used.
+    let inventory = Arc::new(proxy_operator::inventory::Inventory::new(
+        args.drift_poll.saturating_mul(2),
+    ));
     let ctx = Context::new(client.clone(), registry.clone(), settings)
+        .with_inventory(inventory.clone())
         .with_health(HealthHook {
             engine,
             target: args.probe_target.clone(),
@@ -1024,7 +1030,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                     registry.clone(),
                     gc_settings.clone(),
                     metrics_gc.clone(),
-                );
+                )
+                .with_inventory(inventory.clone());
                 let (ctx, stop) = (ctx.clone(), term.clone());
                 let monitor_run = monitor_run(term.clone());
                 async move {

@@ -8,6 +8,7 @@ use super::decide::{
 use super::{input, spec_hash, status};
 use crate::api::{Proxy, ProxyStatus, condition};
 use crate::health::{HealthEngine, ProbeSpec};
+use crate::inventory::Inventory;
 use crate::provider::State;
 use crate::provider::{
     Class, CreateRequest, Op, Placement, Provider, ProviderError, name_from_uid,
@@ -197,6 +198,9 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     health: Option<HealthHook>,
     metrics: ReconcileMetrics,
+    /// Drift detection by list (see [`crate::inventory`]); without it, one Get per Running
+    /// Proxy per drift poll.
+    inventory: Option<Arc<Inventory>>,
 }
 
 impl Context {
@@ -216,7 +220,21 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             health: None,
             metrics: ReconcileMetrics::default(),
+            inventory: None,
         }
+    }
+
+    /// Detect drift of Running Proxies from one ListByTag per provider per drift poll,
+    /// kept in `inventory` (shared with orphan GC), instead of one Get per Proxy. The
+    /// controller runs the listing loop.
+    pub fn with_inventory(mut self, inventory: Arc<Inventory>) -> Self {
+        self.inventory = Some(inventory);
+        self
+    }
+
+    /// The inventory this context keeps, if any.
+    pub fn inventory(&self) -> Option<Arc<Inventory>> {
+        self.inventory.clone()
     }
 
     /// Count reconciles and their durations into `metrics` (registered by the caller).
@@ -251,6 +269,7 @@ pub async fn run(
     let probed = futures::stream::unfold(probed_rx, |mut rx| async move {
         rx.recv().await.map(|r| (r, rx))
     });
+    let mut recheck_rx = None;
     let stop_probes = tokio_util::sync::CancellationToken::new();
     if let Some(hook) = &ctx.health {
         let engine = hook.engine.clone();
@@ -271,10 +290,32 @@ pub async fn run(
         });
     }
     let _stop_probes = stop_probes.drop_guard();
+    let (reader, writer) = reflector::store();
+    let stop_inventory = tokio_util::sync::CancellationToken::new();
+    if let Some(inventory) = &ctx.inventory {
+        // Proxies a new list does not confirm are reconciled at once (and so Get).
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<Proxy>>();
+        recheck_rx = Some(rx);
+        tokio::spawn(crate::inventory::run(
+            inventory.clone(),
+            ctx.registry.clone(),
+            ctx.settings.installation.clone(),
+            reader.clone(),
+            ctx.settings.timings.drift_poll,
+            move |r| {
+                let _ = tx.send(r);
+            },
+            stop_inventory.clone(),
+        ));
+    }
+    let _stop_inventory = stop_inventory.drop_guard();
+    let rechecks = futures::stream::unfold(recheck_rx, |rx| async move {
+        let mut rx = rx?;
+        rx.recv().await.map(|r| (r, Some(rx)))
+    });
     // The watch triggers a reconcile only when something the reconciler reads changed
     // (see `trigger_hash`): the operator's own status writes come back through the watch
     // and would otherwise each cost one more reconcile with a provider call.
-    let (reader, writer) = reflector::store();
     let changes = reflector(writer, watcher(proxies, watcher::Config::default()))
         .applied_objects()
         .predicate_filter(trigger_hash, PredicateConfig::default());
@@ -282,6 +323,7 @@ pub async fn run(
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .reconcile_all_on(ctx.registry.changes())
         .reconcile_on(probed)
+        .reconcile_on(rechecks)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -424,6 +466,7 @@ impl<'a> Shell<'a> {
         };
         let mut status = self.proxy.status.clone().unwrap_or_default();
         let has_finalizer = self.proxy.finalizers().iter().any(|f| f == FINALIZER);
+        let listed = self.listed(&status);
         let mut answer: Option<Answer> = None;
         for _ in 0..MAX_STEPS {
             let observed = observe(
@@ -432,6 +475,7 @@ impl<'a> Shell<'a> {
                 has_finalizer,
                 self.provider.is_some(),
                 input.clone(),
+                listed.clone(),
             );
             let Decision {
                 status: change,
@@ -468,6 +512,19 @@ impl<'a> Shell<'a> {
         }
         warn!("reconcile did not settle; coming back shortly");
         Ok(Action::requeue(timings.requeue_now))
+    }
+
+    /// What the provider's last fresh list says about the recorded instance.
+    fn listed(&self, status: &ProxyStatus) -> Option<crate::provider::Instance> {
+        let inventory = self.ctx.inventory.as_ref()?;
+        let provider = self.provider.as_ref()?;
+        let id = status.provider_id.as_deref().filter(|s| !s.is_empty())?;
+        inventory.lookup(
+            &self.proxy.spec.provider,
+            provider,
+            id,
+            std::time::SystemTime::now(),
+        )
     }
 
     /// Cloud-init bytes and port, and the [`Input`] decide sees.
@@ -768,6 +825,7 @@ pub fn observe(
     has_finalizer: bool,
     provider_configured: bool,
     input: Input,
+    listed: Option<crate::provider::Instance>,
 ) -> Observed {
     Observed {
         generation: proxy.metadata.generation.unwrap_or_default(),
@@ -780,6 +838,8 @@ pub fn observe(
         provider_id: status.provider_id.clone().filter(|s| !s.is_empty()),
         stored_hash: status.spec_hash.clone().filter(|s| !s.is_empty()),
         port: proxy.spec.port,
+        ip: status.ip.clone().filter(|s| !s.is_empty()),
+        listed,
         provisioned: status
             .conditions
             .iter()
@@ -863,6 +923,7 @@ mod tests {
             true,
             false,
             Input::Resolved { hash: "h".into() },
+            None,
         );
         assert_eq!(o.generation, 3);
         assert!(o.skip_cleanup && o.has_finalizer && !o.deleting && !o.provider_configured);
