@@ -1019,6 +1019,8 @@ struct AtRest {
     lists: usize,
     /// Requests to the API server that change something (create, update, patch, delete).
     writes: usize,
+    /// API reads (get, list; not watch).
+    reads: usize,
 }
 
 impl AtRest {
@@ -1072,6 +1074,10 @@ async fn at_rest(
         gets: calls.iter().filter(|(op, _)| *op == Op::Get).count(),
         lists: calls.iter().filter(|(op, _)| *op == Op::List).count(),
         writes,
+        reads: requests
+            .iter()
+            .filter(|r| matches!(r.verb.as_str(), "get" | "list"))
+            .count(),
     };
     assert_eq!(
         calls.len(),
@@ -1114,6 +1120,8 @@ async fn at_rest_one_list_per_interval_no_get_no_write() {
         return;
     };
     assert_eq!(r.writes, 0, "{r:?}");
+    // Inline cloud-init: no API read either (a secretKeyRef is read once per reconcile).
+    assert_eq!(r.reads, 0, "{r:?}");
     assert_eq!(r.gets, 0, "{r:?}");
     let lists = r.lists as f64 / r.intervals;
     assert!(

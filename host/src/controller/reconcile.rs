@@ -316,9 +316,12 @@ pub async fn run(
     // The watch triggers a reconcile only when something the reconciler reads changed
     // (see `trigger_hash`): the operator's own status writes come back through the watch
     // and would otherwise each cost one more reconcile with a provider call.
-    let changes = reflector(writer, watcher(proxies, watcher::Config::default()))
-        .applied_objects()
-        .predicate_filter(trigger_hash, PredicateConfig::default());
+    let changes = reflector(
+        writer,
+        watcher(proxies, watcher::Config::default()).modify(trim_for_cache),
+    )
+    .applied_objects()
+    .predicate_filter(trigger_hash, PredicateConfig::default());
     Controller::for_stream(changes, reader)
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .reconcile_all_on(ctx.registry.changes())
@@ -334,6 +337,17 @@ pub async fn run(
         })
         .await;
 }
+
+/// Drops what the reconciler never reads from the cached copy of a Proxy: `managedFields`
+/// (status is applied with `force`) and kubectl's last-applied copy of the spec.
+pub fn trim_for_cache(proxy: &mut Proxy) {
+    proxy.managed_fields_mut().clear();
+    if let Some(a) = proxy.metadata.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// What of a Proxy, when it changes, needs a reconcile: the generation (the spec, and the
 /// API server's bump when deletion starts), the deletion timestamp itself (not every API
@@ -985,6 +999,43 @@ mod tests {
                 .into(),
             )
         }));
+    }
+
+    #[test]
+    fn the_cache_keeps_what_the_reconciler_reads() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        let mut p = Proxy::new(
+            "p",
+            ProxySpec {
+                provider: "fake".into(),
+                placement: Default::default(),
+                cloud_init: CloudInit::default(),
+                port: 8080,
+            },
+        );
+        p.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        }]);
+        p.metadata.annotations = Some(
+            [
+                (LAST_APPLIED.to_string(), "{...}".to_string()),
+                (
+                    crate::api::ANNOTATION_SKIP_CLEANUP.to_string(),
+                    "true".to_string(),
+                ),
+            ]
+            .into(),
+        );
+        p.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        trim_for_cache(&mut p);
+        assert!(p.managed_fields().is_empty());
+        assert_eq!(
+            p.annotations().keys().collect::<Vec<_>>(),
+            [crate::api::ANNOTATION_SKIP_CLEANUP]
+        );
+        assert!(p.skip_cleanup());
+        assert_eq!(p.finalizers(), [FINALIZER]);
     }
 
     #[test]
