@@ -13,6 +13,7 @@
 //! If the live set itself cannot be read, nothing is deleted at all.
 
 use crate::api::Proxy;
+use crate::inventory::Inventory;
 use crate::provider::{Class, Instance, Provider};
 use crate::registry::ProviderRegistry;
 use kube::ResourceExt;
@@ -22,6 +23,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -172,6 +174,8 @@ pub struct Sweeper {
     metrics: GcMetrics,
     /// Page size when listing Proxies.
     page_size: u32,
+    /// The reconciler's lists, used instead of listing again while fresh.
+    inventory: Option<Arc<Inventory>>,
 }
 
 impl Sweeper {
@@ -187,7 +191,15 @@ impl Sweeper {
             settings,
             metrics,
             page_size: 500,
+            inventory: None,
         }
+    }
+
+    /// Reads each provider's instances from `inventory` while it holds a fresh list of
+    /// them (see [`crate::inventory`]), and lists (and records the list there) otherwise.
+    pub fn with_inventory(mut self, inventory: Arc<Inventory>) -> Self {
+        self.inventory = Some(inventory);
+        self
     }
 
     /// Sweeps every provider once, one after another.
@@ -197,13 +209,15 @@ impl Sweeper {
             installation = self.settings.installation.as_str()
         );
         async {
-            // The live set is read before any list: a Proxy created after this point has
-            // instances younger than MinAge, which are kept anyway.
+            // The live set is read before any new list: a Proxy created after this point
+            // has instances younger than MinAge, which are kept anyway. A list from the
+            // inventory may be older than the live set, which is safer still: every
+            // instance in it existed, and so did its Proxy, before the live set was read.
             let live = self.live_uids().await?;
             let mut report = Vec::new();
             for (name, provider) in self.registry.snapshot().iter() {
                 let one = self
-                    .sweep_provider(name, provider.as_ref(), &live)
+                    .sweep_provider(name, provider, &live)
                     .instrument(info_span!("gc.provider", provider.name = name.as_str()))
                     .await;
                 report.push(one);
@@ -232,14 +246,32 @@ impl Sweeper {
     async fn sweep_provider(
         &self,
         name: &str,
-        provider: &dyn Provider,
+        provider: &Arc<dyn Provider>,
         live: &HashSet<String>,
     ) -> ProviderSweep {
         let mut out = ProviderSweep {
             provider: name.to_string(),
             ..Default::default()
         };
-        let instances = match provider.list_by_tag(&self.settings.installation).await {
+        let listed = self
+            .inventory
+            .as_ref()
+            .and_then(|inv| inv.listing(name, provider, SystemTime::now()));
+        let at = SystemTime::now();
+        let result = match listed {
+            Some(l) => {
+                debug!(age = ?l.age(at), "instances from the inventory");
+                Ok(l.instances.values().cloned().collect())
+            }
+            None => {
+                let r = provider.list_by_tag(&self.settings.installation).await;
+                if let (Some(inv), Ok(list)) = (&self.inventory, &r) {
+                    inv.record(name, provider, at, list.clone());
+                }
+                r
+            }
+        };
+        let instances: Vec<Instance> = match result {
             Ok(list) => list,
             Err(e) => {
                 warn!(error = %e, "listing failed; provider skipped this round");
@@ -491,6 +523,66 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
+    }
+
+    /// With the reconciler's inventory: a fresh list is used instead of listing again (its
+    /// instances judged by the same rules), a stale one is not, and GC's own list then
+    /// refreshes the inventory.
+    #[tokio::test]
+    async fn sweep_reads_a_fresh_inventory_instead_of_listing() {
+        let (api, proxies) = cluster().await;
+        let live_uid = proxy(&proxies, "live").await;
+        let old = SystemTime::now() - Duration::from_secs(3600);
+        let a = Arc::new(FakeProvider::new("a"));
+        let orphan = a.insert("proxy-orphan", "uid-gone", "me", Some(old));
+        a.insert("proxy-live", &live_uid, "me", Some(old));
+        a.insert("proxy-young", "uid-new", "me", Some(SystemTime::now()));
+        let a_dyn = a.clone() as Arc<dyn Provider>;
+        let reg = ProviderRegistry::new([a_dyn.clone()]);
+        let inventory = Arc::new(Inventory::new(Duration::from_secs(240)));
+        let listed = a_dyn.list_by_tag("me").await.unwrap();
+        inventory.record("a", &a_dyn, SystemTime::now(), listed);
+        let lists = a.count_calls(Op::List);
+        let sweeper = Sweeper::new(
+            api.client(),
+            reg.clone(),
+            GcSettings::new("me"),
+            GcMetrics::default(),
+        )
+        .with_inventory(inventory.clone());
+        let report = sweeper.sweep().await.unwrap();
+        assert_eq!(a.count_calls(Op::List), lists, "no list of its own");
+        assert_eq!(report[0].swept, 3);
+        assert_eq!(report[0].deleted, std::slice::from_ref(&orphan));
+        assert_eq!(a.count_calls(Op::Delete), 1);
+
+        // Stale (or from a provider since reloaded): GC lists itself and records it.
+        let stale = Arc::new(Inventory::new(Duration::from_secs(240)));
+        stale.record(
+            "a",
+            &a_dyn,
+            SystemTime::now() - Duration::from_secs(600),
+            vec![],
+        );
+        let sweeper = Sweeper::new(
+            api.client(),
+            reg,
+            GcSettings::new("me"),
+            GcMetrics::default(),
+        )
+        .with_inventory(stale.clone());
+        let report = sweeper.sweep().await.unwrap();
+        assert_eq!(a.count_calls(Op::List), lists + 1);
+        assert_eq!(
+            report[0].swept, 3,
+            "the orphan is still listed while deleting"
+        );
+        assert!(
+            stale
+                .listing("a", &a_dyn, SystemTime::now())
+                .is_some_and(|l| l.instances.len() == 3),
+            "GC's list refreshed the inventory"
+        );
     }
 
     #[tokio::test]

@@ -10,6 +10,7 @@ pub mod fdlimit;
 pub mod gc;
 pub mod health;
 pub mod installation;
+pub mod inventory;
 pub mod leader;
 pub mod metrics;
 pub mod ops;

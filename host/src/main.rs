@@ -11,6 +11,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How stale `status.lastProbe` may get while the health verdict does not change: a refresh
+/// is a status write, and at rest a Proxy should cost next to none.
+const PROBE_REFRESH: Duration = Duration::from_secs(30 * 60);
+
 #[derive(Parser)]
 #[command(
     name = "proxy-operator",
@@ -868,14 +872,20 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(metrics.health.clone()),
     );
     let tls = proxy_operator::plugin::tls_config(None, false).map_err(anyhow::Error::msg)?;
+    // Drift detection and GC share one list per provider per drift poll; a list older than
+    // two drift polls (the lists failed) is not used.
+    let inventory = Arc::new(proxy_operator::inventory::Inventory::new(
+        args.drift_poll.saturating_mul(2),
+    ));
     let ctx = Context::new(client.clone(), registry.clone(), settings)
+        .with_inventory(inventory.clone())
         .with_health(HealthHook {
             engine,
             target: args.probe_target.clone(),
             egress_echo: args.egress_echo_url.clone(),
             timeout: args.probe_timeout,
             tls: Some(tls),
-            probe_refresh: args.drift_poll.max(args.probe_interval),
+            probe_refresh: PROBE_REFRESH.max(args.drift_poll),
         })
         .with_metrics(metrics.reconcile.clone());
     let gc_settings = GcSettings {
@@ -1020,7 +1030,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                     registry.clone(),
                     gc_settings.clone(),
                     metrics_gc.clone(),
-                );
+                )
+                .with_inventory(inventory.clone());
                 let (ctx, stop) = (ctx.clone(), term.clone());
                 let monitor_run = monitor_run(term.clone());
                 async move {

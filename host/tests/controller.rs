@@ -15,6 +15,7 @@ use proxy_operator::api::{
 use proxy_operator::controller::decide::{event, reason};
 use proxy_operator::controller::{self, Context, FINALIZER, HealthHook, Settings};
 use proxy_operator::health::{EngineConfig, HealthEngine, Thresholds};
+use proxy_operator::inventory::Inventory;
 use proxy_operator::provider::{Class, Op, Provider, State, name_from_uid};
 use proxy_operator::registry::ProviderRegistry;
 use proxy_operator::testing::fake_provider::{Behaviour, FakeProvider};
@@ -41,6 +42,8 @@ struct Env {
     /// Reconcile counters, registered in `registry`.
     metrics: prometheus_client::registry::Registry,
     reconcile_metrics: controller::ReconcileMetrics,
+    /// Drift detection by list, as in production (`None`: one Get per drift poll).
+    inventory: Option<Arc<Inventory>>,
 }
 
 impl Env {
@@ -71,6 +74,9 @@ impl Env {
             health: None,
             metrics: Default::default(),
             reconcile_metrics: Default::default(),
+            // Production uses two drift polls; three here, so that a loaded test machine
+            // delaying a 200 ms list does not make the inventory stale.
+            inventory: Some(Arc::new(Inventory::new(settings().timings.drift_poll * 3))),
         };
         env.reconcile_metrics = controller::ReconcileMetrics::register(&mut env.metrics);
         env.start_controller();
@@ -83,6 +89,9 @@ impl Env {
         if let Some(hook) = &self.health {
             ctx = ctx.with_health(hook.clone());
         }
+        if let Some(inventory) = &self.inventory {
+            ctx = ctx.with_inventory(inventory.clone());
+        }
         let ctx = Arc::new(ctx);
         self.controller = Some(tokio::spawn(controller::run(
             ctx,
@@ -94,6 +103,17 @@ impl Env {
     /// `target` every 50 ms, and makes the fake provider put every instance on 127.0.0.1
     /// (where the test runs a real proxy).
     async fn with_health(&mut self, target: &str, failure_threshold: u32) -> Arc<HealthEngine> {
+        self.with_health_refresh(target, failure_threshold, Duration::from_secs(300))
+            .await
+    }
+
+    /// [`Env::with_health`] with `lastProbe` refreshed at most every `probe_refresh`.
+    async fn with_health_refresh(
+        &mut self,
+        target: &str,
+        failure_threshold: u32,
+        probe_refresh: Duration,
+    ) -> Arc<HealthEngine> {
         let engine = HealthEngine::new(
             EngineConfig {
                 interval: Duration::from_millis(50),
@@ -112,7 +132,7 @@ impl Env {
             egress_echo: None,
             timeout: Duration::from_secs(2),
             tls: None,
-            probe_refresh: Duration::from_secs(300),
+            probe_refresh,
         });
         self.crash_controller().await;
         self.start_controller();
@@ -416,7 +436,13 @@ async fn permanent_error_latches_until_the_spec_changes() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(env.fake.count_calls(Op::Create), creates);
-    assert!(env.fake.calls().iter().all(|(op, _)| *op == Op::Create));
+    // (Lists are the inventory's, per provider, not per Proxy.)
+    assert!(
+        env.fake
+            .calls()
+            .iter()
+            .all(|(op, _)| matches!(op, Op::Create | Op::List))
+    );
     assert!(
         env.events("p1")
             .contains(&event::PERMANENT_ERROR.to_string())
@@ -530,7 +556,10 @@ async fn missing_secret_is_a_condition_then_the_secret_is_used() {
             .message
             .contains("default/ci not found")
     );
-    assert!(env.fake.calls().is_empty(), "no Create without cloud-init");
+    assert!(
+        env.fake.calls().iter().all(|(op, _)| *op == Op::List),
+        "no Create without cloud-init (lists are the inventory's)"
+    );
 
     let secrets: Api<Secret> = Api::namespaced(env.api.client(), "default");
     let mut secret = Secret::default();
@@ -819,7 +848,15 @@ async fn fault_injection_run() {
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "not all Running and Ready"
+            "not all Running and Ready: {:#?}",
+            list.iter()
+                .filter(
+                    |p| !(provisioned(p) == Some(("True".into(), reason::RUNNING.into()))
+                        && p.condition(condition::READY)
+                            .is_some_and(|c| c.status == "True"))
+                )
+                .map(|p| (p.name_any(), p.status.clone()))
+                .collect::<Vec<_>>()
         );
         if restarts < 8 {
             tokio::time::sleep(Duration::from_millis(next(50, 400))).await;
@@ -971,4 +1008,195 @@ fn p_cond(
         .find(|c| c.type_ == t)
         .map(|c| (c.status.clone(), c.reason.clone()))
         .unwrap_or_default()
+}
+
+/// What N Running, healthy Proxies cost while nothing changes.
+#[derive(Debug)]
+struct AtRest {
+    proxies: usize,
+    intervals: f64,
+    gets: usize,
+    lists: usize,
+    /// Requests to the API server that change something (create, update, patch, delete).
+    writes: usize,
+    /// API reads (get, list; not watch).
+    reads: usize,
+}
+
+impl AtRest {
+    fn per_proxy_per_interval(&self, n: usize) -> f64 {
+        n as f64 / self.proxies as f64 / self.intervals
+    }
+}
+
+/// Starts `n` Proxies behind a real tinyproxy with probing on, waits until all are Ready
+/// and settled, then counts provider calls and API writes over `intervals` drift polls.
+async fn at_rest(
+    n: usize,
+    intervals: u32,
+    probe_refresh: Duration,
+    inventory: bool,
+) -> Option<AtRest> {
+    let bin = support::tinyproxy::tinyproxy_bin()?;
+    let (echo, _echo) = support::tinyproxy::echo_server().await;
+    let tp = support::tinyproxy::Tinyproxy::start(&bin, &format!("ConnectPort {echo}")).await;
+    let mut env = Env::start().await;
+    if !inventory {
+        env.inventory = None;
+    }
+    env.with_health_refresh(&format!("127.0.0.1:{echo}"), 1, probe_refresh)
+        .await;
+    for i in 0..n {
+        let mut s = spec("z1");
+        s.port = i32::from(tp.addr.port());
+        env.create(&format!("p{i}"), s).await;
+    }
+    for i in 0..n {
+        env.wait_ready(&format!("p{i}"), "True").await;
+    }
+    let drift = settings().timings.drift_poll;
+    // Settle: every Proxy has had a drift poll since it became Ready.
+    tokio::time::sleep(drift * 2).await;
+    let calls_before = env.fake.calls().len();
+    env.api.clear_requests();
+    let started = tokio::time::Instant::now();
+    tokio::time::sleep(drift * intervals).await;
+    let elapsed = started.elapsed();
+    let calls = env.fake.calls()[calls_before..].to_vec();
+    let requests = env.api.requests();
+    let writes = requests
+        .iter()
+        .filter(|r| !matches!(r.verb.as_str(), "get" | "list" | "watch"))
+        .count();
+    let at_rest = AtRest {
+        proxies: n,
+        intervals: elapsed.as_secs_f64() / drift.as_secs_f64(),
+        gets: calls.iter().filter(|(op, _)| *op == Op::Get).count(),
+        lists: calls.iter().filter(|(op, _)| *op == Op::List).count(),
+        writes,
+        reads: requests
+            .iter()
+            .filter(|r| matches!(r.verb.as_str(), "get" | "list"))
+            .count(),
+    };
+    assert_eq!(
+        calls.len(),
+        at_rest.gets + at_rest.lists,
+        "at rest only Get or List: {calls:?}"
+    );
+    eprintln!("{at_rest:?}");
+    drop(tp);
+    Some(at_rest)
+}
+
+/// Issue 12, item 3: a status write of the operator's own does not come back as another
+/// reconcile (with another Get). Even with `lastProbe` refreshed on every drift poll, the
+/// previous default, each Proxy costs one Get per drift interval, not two (drift detection
+/// by Get here, without the inventory; before this change: 2.14).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_status_writes_do_not_trigger_reconciles() {
+    let drift = settings().timings.drift_poll;
+    let Some(r) = at_rest(8, 6, drift, false).await else {
+        return;
+    };
+    let gets = r.per_proxy_per_interval(r.gets);
+    let writes = r.per_proxy_per_interval(r.writes);
+    assert!(
+        writes > 0.5,
+        "lastProbe is refreshed about once per interval here: {r:?}"
+    );
+    assert!(
+        gets <= 1.2,
+        "one Get per Proxy per drift interval, none for our own writes: {gets:.2} ({r:?})"
+    );
+}
+
+/// Issue 12, items 2 and 3, as in production: with `lastProbe` refreshed at most every 30
+/// minutes (the default), a Proxy whose facts do not change costs no API write, and drift
+/// detection costs one ListByTag per provider per drift interval and no Get at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_rest_one_list_per_interval_no_get_no_write() {
+    let Some(r) = at_rest(8, 6, Duration::from_secs(1800), true).await else {
+        return;
+    };
+    assert_eq!(r.writes, 0, "{r:?}");
+    // Inline cloud-init: no API read either (a secretKeyRef is read once per reconcile).
+    assert_eq!(r.reads, 0, "{r:?}");
+    assert_eq!(r.gets, 0, "{r:?}");
+    let lists = r.lists as f64 / r.intervals;
+    assert!(
+        (0.8..=1.2).contains(&lists),
+        "one list per provider per interval: {lists:.2} ({r:?})"
+    );
+}
+
+/// Issue 12, item 2: an instance deleted behind the operator's back is noticed by the next
+/// list (missing from it: reconciled at once, and Get says NotFound) and recreated, within
+/// one drift interval plus one list; the other Running Proxies cost no Get meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_by_list_notices_a_vanished_instance_within_one_interval() {
+    let env = Env::start().await;
+    for i in 0..5 {
+        env.create(&format!("p{i}"), spec("z1")).await;
+    }
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let p = env.wait_running(&format!("p{i}")).await;
+        ids.push(p.status.unwrap().provider_id.unwrap());
+    }
+    let drift = settings().timings.drift_poll;
+    // Settle: the inventory has listed since all are Running.
+    tokio::time::sleep(drift * 2).await;
+    let before = env.fake.calls().len();
+    env.fake.vanish(&ids[0]);
+    let vanished = tokio::time::Instant::now();
+    env.wait("p0", "recreated", |_| env.fake.created() == 6)
+        .await;
+    let noticed = vanished.elapsed();
+    env.wait_running("p0").await;
+    assert!(
+        noticed <= drift + Duration::from_millis(150),
+        "noticed after {noticed:?} (drift interval {drift:?})"
+    );
+    let calls = env.fake.calls()[before..].to_vec();
+    let gets: Vec<&String> = calls
+        .iter()
+        .filter(|(op, _)| *op == Op::Get)
+        .map(|(_, id)| id)
+        .collect();
+    assert!(
+        gets.iter().all(|id| **id == ids[0]),
+        "only the vanished instance was asked for: {calls:?}"
+    );
+    assert!(env.events("p0").contains(&event::INSTANCE_LOST.to_string()));
+}
+
+/// A failing list leaves the inventory stale: after two drift intervals it is no longer
+/// used, and Running Proxies fall back to one Get per drift poll; when lists work again,
+/// the Gets stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_inventory_falls_back_to_get() {
+    let env = Env::start().await;
+    for i in 0..3 {
+        env.create(&format!("p{i}"), spec("z1")).await;
+    }
+    for i in 0..3 {
+        env.wait_running(&format!("p{i}")).await;
+    }
+    let drift = settings().timings.drift_poll;
+    tokio::time::sleep(drift * 2).await;
+    let gets = || env.fake.count_calls(Op::Get);
+    let g0 = gets();
+    tokio::time::sleep(drift * 2).await;
+    assert_eq!(gets(), g0, "fresh lists: no Get");
+    env.fake.fail_next(Op::List, Class::Transient, 1000);
+    // Stale after three intervals; then about one Get per Proxy per interval.
+    tokio::time::sleep(drift * 8).await;
+    let g1 = gets();
+    assert!(g1 - g0 >= 3, "fell back to Get: {} Gets", g1 - g0);
+    env.fake.clear_faults();
+    tokio::time::sleep(drift * 2).await;
+    let g2 = gets();
+    tokio::time::sleep(drift * 3).await;
+    assert_eq!(gets(), g2, "lists work again: no Get");
 }

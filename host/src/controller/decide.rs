@@ -8,7 +8,9 @@
 //! Kubernetes or provider in sight.
 //!
 //! The provider's answers are the only thing known about an instance: nothing watches the
-//! backend, so every state change is found by polling Get.
+//! backend, so every state change is found by polling, with Get, or (for a Running Proxy)
+//! with the provider's periodic list (see `crate::inventory`), which can confirm that
+//! nothing changed but never that an instance is gone.
 
 use crate::provider::{Class, Instance, ProviderError, State};
 use std::time::Duration;
@@ -116,6 +118,11 @@ pub struct Observed {
     pub stored_hash: Option<String>,
     pub port: i32,
     pub provisioned: Option<CondView>,
+    /// `status.ip`.
+    pub ip: Option<String>,
+    /// The instance `provider_id` as the provider's last fresh list shows it; `None` when
+    /// no fresh list shows it (only Get can tell then).
+    pub listed: Option<Instance>,
 }
 
 impl Observed {
@@ -130,6 +137,20 @@ impl Observed {
         self.provisioned
             .as_ref()
             .is_some_and(|c| c.status == "True")
+    }
+
+    /// The listed instance, when it confirms a Running Proxy as its status has it: same
+    /// ID, Running, same address. Everything else (a Proxy in transition, an instance
+    /// missing from the list, stopped or moved) is left to Get.
+    fn listed_unchanged(&self) -> Option<&Instance> {
+        let c = self.provisioned.as_ref()?;
+        if c.status != "True" || c.reason != reason::RUNNING {
+            return None;
+        }
+        let inst = self.listed.as_ref()?;
+        let same = Some(&inst.id) == self.provider_id.as_ref()
+            && crate::inventory::listed_running_at(Some(inst), self.ip.as_deref()?);
+        same.then_some(inst)
     }
 
     /// A permanent error from this generation: no provider calls until the spec changes.
@@ -402,6 +423,10 @@ fn plan(o: &Observed, t: &Timings) -> Decision {
     };
     let changed = o.stored_hash.as_ref().is_some_and(|stored| stored != hash);
     if !changed {
+        if let Some(inst) = o.listed_unchanged() {
+            // The drift check, answered by the provider's list: no call.
+            return observe(o, inst, t);
+        }
         return Decision::next(Next::Call(Call::Get {
             id: id.clone(),
             purpose: GetPurpose::Observe,
@@ -535,6 +560,13 @@ fn after_get(
             reason::REPLACING,
             format!("old instance {id} is gone; creating the replacement"),
         ))),
+        (GetPurpose::Observe, Err(e))
+            if e.class == Class::QuotaExceeded && o.provisioned_true() =>
+        {
+            // A rate-limited drift check says nothing about a running instance: keep its
+            // address published (Ready stays), and look again after QuotaRetry.
+            Decision::next(Next::Requeue(t.quota_retry))
+        }
         (GetPurpose::Observe | GetPurpose::Replace, Err(e)) => provider_failure(o, e, t),
         (GetPurpose::Finalize, Ok(_)) => Decision::next(Next::Call(Call::Delete {
             id: id.clone(),
@@ -745,6 +777,8 @@ mod tests {
             stored_hash: Some("h1".into()),
             port: 3128,
             provisioned: Some(cond("True", reason::RUNNING, 1)),
+            ip: Some("192.0.2.1".into()),
+            listed: None,
         }
     }
 
@@ -1036,6 +1070,91 @@ mod tests {
                 None,
                 want(get(GetPurpose::Observe)),
             ),
+            // --- the inventory (the provider's last fresh list) ---
+            (
+                "Running, listed Running at the same address: no call, DriftPoll",
+                with(|o| o.listed = Some(inst(State::Running, "192.0.2.1"))),
+                None,
+                want(Next::Requeue(t.drift_poll))
+                    .cond(true, reason::RUNNING)
+                    .status(|s| {
+                        s.state = Some(Some(State::Running));
+                        s.address = Some(Some(("192.0.2.1".into(), 3128)));
+                    }),
+            ),
+            (
+                "Running, not in the list (or no fresh list): Get, never 'gone'",
+                with(|o| o.listed = None),
+                None,
+                want(get(GetPurpose::Observe)),
+            ),
+            (
+                "Running, listed at another address: Get",
+                with(|o| o.listed = Some(inst(State::Running, "192.0.2.9"))),
+                None,
+                want(get(GetPurpose::Observe)),
+            ),
+            (
+                "Running, listed Stopped: Get (the list may be older than a restart)",
+                with(|o| o.listed = Some(inst(State::Stopped, "192.0.2.1"))),
+                None,
+                want(get(GetPurpose::Observe)),
+            ),
+            (
+                "Running, listed Running without an address: Get",
+                with(|o| o.listed = Some(inst(State::Running, ""))),
+                None,
+                want(get(GetPurpose::Observe)),
+            ),
+            (
+                "listed under another ID: Get",
+                with(|o| {
+                    let mut i = inst(State::Running, "192.0.2.1");
+                    i.id = "fsn1/other".into();
+                    o.listed = Some(i);
+                }),
+                None,
+                want(get(GetPurpose::Observe)),
+            ),
+            (
+                "in transition (Provisioning), listed Running: Get",
+                with(|o| {
+                    o.provisioned = Some(cond("False", reason::PROVISIONING, 1));
+                    o.listed = Some(inst(State::Running, "192.0.2.1"));
+                }),
+                None,
+                want(get(GetPurpose::Observe)),
+            ),
+            (
+                "QuotaExceeded condition, listed Running: Get (the condition must clear)",
+                with(|o| {
+                    o.provisioned = Some(cond("False", reason::QUOTA_EXCEEDED, 1));
+                    o.listed = Some(inst(State::Running, "192.0.2.1"));
+                }),
+                None,
+                want(get(GetPurpose::Observe)),
+            ),
+            (
+                "spec changed, listed Running: replace (Delete), the list is not asked",
+                with(|o| {
+                    o.input = Input::Resolved { hash: "h2".into() };
+                    o.listed = Some(inst(State::Running, "192.0.2.1"));
+                }),
+                None,
+                want(delete(DeletePurpose::Replace))
+                    .cond(false, reason::REPLACING)
+                    .status(|s| s.address = Some(None))
+                    .events(&[event::REPLACING]),
+            ),
+            (
+                "deleting, listed Running: Get (Finalize)",
+                with(|o| {
+                    o.deleting = true;
+                    o.listed = Some(inst(State::Running, "192.0.2.1"));
+                }),
+                None,
+                want(get(GetPurpose::Finalize)),
+            ),
             (
                 "Running with IP: write ip/state, Provisioned, requeue after DriftPoll",
                 with(|o| o.provisioned = Some(cond("False", reason::PROVISIONING, 1))),
@@ -1182,8 +1301,17 @@ mod tests {
                     .events(&[event::INSTANCE_LOST]),
             ),
             (
-                "Get: quota is a condition and a slow retry",
+                "drift Get of a running instance: quota keeps it Ready, slow retry",
                 obs(),
+                Some(Answer::Got(
+                    GetPurpose::Observe,
+                    Err(err(Class::QuotaExceeded, Op::Get)),
+                )),
+                want(Next::Requeue(t.quota_retry)),
+            ),
+            (
+                "Get while provisioning: quota is a condition and a slow retry",
+                with(|o| o.provisioned = Some(cond("False", reason::PROVISIONING, 1))),
                 Some(Answer::Got(
                     GetPurpose::Observe,
                     Err(err(Class::QuotaExceeded, Op::Get)),

@@ -8,6 +8,7 @@ use super::decide::{
 use super::{input, spec_hash, status};
 use crate::api::{Proxy, ProxyStatus, condition};
 use crate::health::{HealthEngine, ProbeSpec};
+use crate::inventory::Inventory;
 use crate::provider::State;
 use crate::provider::{
     Class, CreateRequest, Op, Placement, Provider, ProviderError, name_from_uid,
@@ -20,7 +21,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -197,6 +198,9 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     health: Option<HealthHook>,
     metrics: ReconcileMetrics,
+    /// Drift detection by list (see [`crate::inventory`]); without it, one Get per Running
+    /// Proxy per drift poll.
+    inventory: Option<Arc<Inventory>>,
 }
 
 impl Context {
@@ -216,7 +220,21 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             health: None,
             metrics: ReconcileMetrics::default(),
+            inventory: None,
         }
+    }
+
+    /// Detect drift of Running Proxies from one ListByTag per provider per drift poll,
+    /// kept in `inventory` (shared with orphan GC), instead of one Get per Proxy. The
+    /// controller runs the listing loop.
+    pub fn with_inventory(mut self, inventory: Arc<Inventory>) -> Self {
+        self.inventory = Some(inventory);
+        self
+    }
+
+    /// The inventory this context keeps, if any.
+    pub fn inventory(&self) -> Option<Arc<Inventory>> {
+        self.inventory.clone()
     }
 
     /// Count reconciles and their durations into `metrics` (registered by the caller).
@@ -251,6 +269,7 @@ pub async fn run(
     let probed = futures::stream::unfold(probed_rx, |mut rx| async move {
         rx.recv().await.map(|r| (r, rx))
     });
+    let mut recheck_rx = None;
     let stop_probes = tokio_util::sync::CancellationToken::new();
     if let Some(hook) = &ctx.health {
         let engine = hook.engine.clone();
@@ -271,10 +290,43 @@ pub async fn run(
         });
     }
     let _stop_probes = stop_probes.drop_guard();
-    Controller::new(proxies, watcher::Config::default())
+    let (reader, writer) = reflector::store();
+    let stop_inventory = tokio_util::sync::CancellationToken::new();
+    if let Some(inventory) = &ctx.inventory {
+        // Proxies a new list does not confirm are reconciled at once (and so Get).
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<Proxy>>();
+        recheck_rx = Some(rx);
+        tokio::spawn(crate::inventory::run(
+            inventory.clone(),
+            ctx.registry.clone(),
+            ctx.settings.installation.clone(),
+            reader.clone(),
+            ctx.settings.timings.drift_poll,
+            move |r| {
+                let _ = tx.send(r);
+            },
+            stop_inventory.clone(),
+        ));
+    }
+    let _stop_inventory = stop_inventory.drop_guard();
+    let rechecks = futures::stream::unfold(recheck_rx, |rx| async move {
+        let mut rx = rx?;
+        rx.recv().await.map(|r| (r, Some(rx)))
+    });
+    // The watch triggers a reconcile only when something the reconciler reads changed
+    // (see `trigger_hash`): the operator's own status writes come back through the watch
+    // and would otherwise each cost one more reconcile with a provider call.
+    let changes = reflector(
+        writer,
+        watcher(proxies, watcher::Config::default()).modify(trim_for_cache),
+    )
+    .applied_objects()
+    .predicate_filter(trigger_hash, PredicateConfig::default());
+    Controller::for_stream(changes, reader)
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .reconcile_all_on(ctx.registry.changes())
         .reconcile_on(probed)
+        .reconcile_on(rechecks)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -284,6 +336,34 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// Drops what the reconciler never reads from the cached copy of a Proxy: `managedFields`
+/// (status is applied with `force`) and kubectl's last-applied copy of the spec.
+pub fn trim_for_cache(proxy: &mut Proxy) {
+    proxy.managed_fields_mut().clear();
+    if let Some(a) = proxy.metadata.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// What of a Proxy, when it changes, needs a reconcile: the generation (the spec, and the
+/// API server's bump when deletion starts), the deletion timestamp itself (not every API
+/// server bumps the generation for it), the finalizers (ours may have been removed) and
+/// the annotations (skip-cleanup). Not the status: the reconciler is its only writer, and
+/// everything else it reads (the provider, the instance, the health verdict) arrives by
+/// timer (drift and provisioning polls), by registry swap or by probe.
+pub fn trigger_hash(proxy: &Proxy) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let meta = &proxy.metadata;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    meta.generation.hash(&mut h);
+    meta.deletion_timestamp.is_some().hash(&mut h);
+    meta.finalizers.hash(&mut h);
+    meta.annotations.hash(&mut h);
+    Some(h.finish())
 }
 
 /// Backoff after a failed reconcile: base * 2^(n-1), capped.
@@ -400,6 +480,7 @@ impl<'a> Shell<'a> {
         };
         let mut status = self.proxy.status.clone().unwrap_or_default();
         let has_finalizer = self.proxy.finalizers().iter().any(|f| f == FINALIZER);
+        let listed = self.listed(&status);
         let mut answer: Option<Answer> = None;
         for _ in 0..MAX_STEPS {
             let observed = observe(
@@ -408,6 +489,7 @@ impl<'a> Shell<'a> {
                 has_finalizer,
                 self.provider.is_some(),
                 input.clone(),
+                listed.clone(),
             );
             let Decision {
                 status: change,
@@ -444,6 +526,19 @@ impl<'a> Shell<'a> {
         }
         warn!("reconcile did not settle; coming back shortly");
         Ok(Action::requeue(timings.requeue_now))
+    }
+
+    /// What the provider's last fresh list says about the recorded instance.
+    fn listed(&self, status: &ProxyStatus) -> Option<crate::provider::Instance> {
+        let inventory = self.ctx.inventory.as_ref()?;
+        let provider = self.provider.as_ref()?;
+        let id = status.provider_id.as_deref().filter(|s| !s.is_empty())?;
+        inventory.lookup(
+            &self.proxy.spec.provider,
+            provider,
+            id,
+            std::time::SystemTime::now(),
+        )
     }
 
     /// Cloud-init bytes and port, and the [`Input`] decide sees.
@@ -744,6 +839,7 @@ pub fn observe(
     has_finalizer: bool,
     provider_configured: bool,
     input: Input,
+    listed: Option<crate::provider::Instance>,
 ) -> Observed {
     Observed {
         generation: proxy.metadata.generation.unwrap_or_default(),
@@ -756,6 +852,8 @@ pub fn observe(
         provider_id: status.provider_id.clone().filter(|s| !s.is_empty()),
         stored_hash: status.spec_hash.clone().filter(|s| !s.is_empty()),
         port: proxy.spec.port,
+        ip: status.ip.clone().filter(|s| !s.is_empty()),
+        listed,
         provisioned: status
             .conditions
             .iter()
@@ -839,6 +937,7 @@ mod tests {
             true,
             false,
             Input::Resolved { hash: "h".into() },
+            None,
         );
         assert_eq!(o.generation, 3);
         assert!(o.skip_cleanup && o.has_finalizer && !o.deleting && !o.provider_configured);
@@ -853,6 +952,90 @@ mod tests {
                 observed_generation: Some(3)
             })
         );
+    }
+
+    #[test]
+    fn only_what_the_reconciler_reads_triggers_it() {
+        let mut base = Proxy::new(
+            "p",
+            ProxySpec {
+                provider: "fake".into(),
+                placement: Default::default(),
+                cloud_init: CloudInit::default(),
+                port: 8080,
+            },
+        );
+        base.metadata.generation = Some(1);
+        base.metadata.resource_version = Some("10".into());
+        let h = trigger_hash(&base);
+        let changed = |f: &dyn Fn(&mut Proxy)| {
+            let mut p = base.clone();
+            f(&mut p);
+            trigger_hash(&p) != h
+        };
+        // Our own writes: status (and with it resourceVersion, managedFields).
+        assert!(!changed(&|p| {
+            p.status = Some(ProxyStatus {
+                ip: Some("192.0.2.1".into()),
+                ..Default::default()
+            });
+            p.metadata.resource_version = Some("11".into());
+        }));
+        assert!(!changed(&|p| {
+            p.metadata.labels = Some([("team".to_string(), "a".to_string())].into())
+        }));
+        // What the reconciler reads.
+        assert!(changed(&|p| p.metadata.generation = Some(2)));
+        assert!(changed(&|p| p.metadata.deletion_timestamp = Some(now())));
+        assert!(changed(
+            &|p| p.metadata.finalizers = Some(vec![FINALIZER.into()])
+        ));
+        assert!(changed(&|p| {
+            p.metadata.annotations = Some(
+                [(
+                    crate::api::ANNOTATION_SKIP_CLEANUP.to_string(),
+                    "true".to_string(),
+                )]
+                .into(),
+            )
+        }));
+    }
+
+    #[test]
+    fn the_cache_keeps_what_the_reconciler_reads() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        let mut p = Proxy::new(
+            "p",
+            ProxySpec {
+                provider: "fake".into(),
+                placement: Default::default(),
+                cloud_init: CloudInit::default(),
+                port: 8080,
+            },
+        );
+        p.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        }]);
+        p.metadata.annotations = Some(
+            [
+                (LAST_APPLIED.to_string(), "{...}".to_string()),
+                (
+                    crate::api::ANNOTATION_SKIP_CLEANUP.to_string(),
+                    "true".to_string(),
+                ),
+            ]
+            .into(),
+        );
+        p.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        trim_for_cache(&mut p);
+        assert!(p.managed_fields().is_empty());
+        assert_eq!(
+            p.annotations().keys().collect::<Vec<_>>(),
+            [crate::api::ANNOTATION_SKIP_CLEANUP]
+        );
+        assert!(p.skip_cleanup());
+        assert_eq!(p.finalizers(), [FINALIZER]);
     }
 
     #[test]
