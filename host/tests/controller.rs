@@ -1164,10 +1164,17 @@ async fn drift_by_list_notices_a_vanished_instance_within_one_interval() {
         .filter(|(op, _)| *op == Op::Get)
         .map(|(_, id)| id)
         .collect();
+    // The vanished instance is asked for. The others are not, unless a list came late on a
+    // loaded machine (the inventory then ages out and each Running Proxy falls back to
+    // one Get); that no Get is made at rest is `at_rest_one_list_per_interval_no_get_no_write`.
     assert!(
-        gets.iter().all(|id| **id == ids[0]),
-        "only the vanished instance was asked for: {calls:?}"
+        gets.contains(&&ids[0]),
+        "the vanished instance was asked for: {calls:?}"
     );
+    for other in &ids[1..] {
+        let n = gets.iter().filter(|id| ***id == *other).count();
+        assert!(n <= 1, "{other} asked for {n} times: {calls:?}");
+    }
     assert!(env.events("p0").contains(&event::INSTANCE_LOST.to_string()));
 }
 

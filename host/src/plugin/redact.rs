@@ -332,6 +332,18 @@ impl Redactor {
     }
 }
 
+/// `s` cut to at most `max` bytes on a character boundary, saying how much was cut.
+pub fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes cut)", &s[..end], s.len() - end)
+}
+
 /// Makes a plugin-supplied string safe to print as one log field: control characters
 /// (newlines above all, which would forge a separate log line, and terminal escapes) and
 /// Unicode line separators become visible escapes.

@@ -11,7 +11,7 @@
 use super::Reply;
 use super::bindings::egress::provider::types as wit;
 use super::policy::instance_address_problem;
-use super::redact::{Redactor, escape_controls};
+use super::redact::{Redactor, cut, escape_controls};
 use std::net::IpAddr;
 
 /// Longest instance ID (EC2 `i-` IDs are 19 bytes, region-scoped IDs a few more).
@@ -191,17 +191,6 @@ fn error(e: wit::ProviderError, r: &Redactor) -> wit::ProviderError {
 pub(crate) fn text(v: &str, max: usize, r: &Redactor) -> String {
     let clean = escape_controls(&r.scrub(v));
     cut(&clean, max)
-}
-
-fn cut(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes cut)", &s[..end], s.len() - end)
 }
 
 /// A value for an error message: escaped and short.

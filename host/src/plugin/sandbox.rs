@@ -357,16 +357,7 @@ impl CallState {
     }
 }
 
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes cut)", &s[..end], s.len() - end)
-}
+use super::redact::cut as truncate;
 
 impl wit_host::Host for CallState {
     fn log(&mut self, level: wit_host::Level, message: String) {
