@@ -7,6 +7,7 @@
 //! policy and redaction. A trap or limit in one call ends that call only.
 
 pub mod bindings;
+pub mod budget;
 mod cache;
 mod engine;
 mod fs;
