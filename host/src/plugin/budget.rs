@@ -32,6 +32,31 @@ impl Spec {
     }
 }
 
+/// The budget of a shipped plugin when its provider entry sets none, by the plugin's
+/// `info().type-name`; `None` (unlimited) for any other plugin. A plugin claiming a
+/// shipped type only gets a limit from it, never more room.
+///
+/// - `hetzner`: 3,600 requests per hour, Hetzner Cloud's documented default per project
+///   (its bucket refills one request a second). Burst 100: an operator restart never
+///   spends more than 100 of a project's requests at once, leaving the rest to the other
+///   tools of that project; the `RateLimit-*` headers lower it further.
+/// - `ec2`: 72,000 per hour (20 a second), burst 100: the documented request-rate bucket
+///   of EC2's non-mutating actions (`Describe*`, which every `get` and `list` of the
+///   plugin is), refilled at 20 tokens a second up to 100, per account and Region.
+pub fn shipped_default(type_name: &str) -> Option<Spec> {
+    match type_name {
+        "hetzner" => Some(Spec {
+            per_hour: 3600,
+            burst: 100,
+        }),
+        "ec2" => Some(Spec {
+            per_hour: 72_000,
+            burst: 100,
+        }),
+        _ => None,
+    }
+}
+
 /// The longest pause a `Retry-After` can impose: a backend (or whatever answers in its
 /// name) cannot stop a provider for longer than this in one answer.
 pub const MAX_PAUSE: Duration = Duration::from_secs(3600);
@@ -348,6 +373,13 @@ mod tests {
 
     fn secs(s: f64) -> Duration {
         Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn shipped_defaults() {
+        assert_eq!(shipped_default("hetzner"), Some(spec(3600, 100)));
+        assert_eq!(shipped_default("ec2"), Some(spec(72_000, 100)));
+        assert_eq!(shipped_default("example"), None);
     }
 
     #[test]
