@@ -19,6 +19,7 @@
 //! | `POST /_emulator/faults` | [`Fault`] | fail or delay the next calls of an operation |
 //! | `POST /_emulator/scope` | [`ScopeFailure`] | make listing fail for one region / location |
 //! | `POST /_emulator/reset` | | forget everything, faults included; ids are never reused afterwards |
+//! | `POST /_emulator/rate-limit` | [`RateLimit`] or `null` | optional: enforce the backend's rate limit (a token bucket) the way the backend answers it, or stop enforcing it |
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -54,6 +55,16 @@ pub enum FaultKind {
     RateLimit,
     /// Authentication failed (EC2 AuthFailure, Hetzner unauthorized / 401).
     Auth,
+}
+
+/// A backend rate limit as a token bucket: `burst` calls at once, refilled at `per_hour`.
+/// Off unless set. Each emulator answers a call past it the way its backend does (Hetzner:
+/// 429 `rate_limit_exceeded`; EC2: 503 `RequestLimitExceeded`, one bucket per action and
+/// region).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimit {
+    pub per_hour: u32,
+    pub burst: u32,
 }
 
 /// Inject `kind` into the next `count` calls of `op`.

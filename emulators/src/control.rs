@@ -38,6 +38,9 @@ pub trait Emulator: Send + Sync {
     fn dump(&self) -> Dump;
     /// Forget everything.
     fn reset(&self);
+    /// Enforce the backend's rate limit the way the backend answers it (`None`: off, the
+    /// default). Optional: an emulator without one ignores it.
+    fn set_rate_limit(&self, _limit: Option<RateLimit>) {}
 }
 
 /// Faults waiting for the calls they hit, oldest first: each hits the next `count` calls

@@ -53,6 +53,12 @@
 //! leaves `running` (TerminateInstances, a forced state, a hold, a reset) and when the
 //! emulator is dropped.
 //!
+//! Rate limit: off by default. With [`Ec2Config::rate_limit`] (or `POST
+//! /_emulator/rate-limit`) every signed call of a valid action takes a token from the
+//! bucket of its action and region (EC2's "request rate limiting", per API, account and
+//! Region); a call without one answers 503 `RequestLimitExceeded` ("Request limit
+//! exceeded.") and does nothing. EC2 sends no rate-limit headers and no `Retry-After`.
+//!
 //! HTTP control routes (no SigV4) follow [`crate::control`], plus
 //! `POST /_emulator/finish-deletes` and `GET /_emulator/requests`.
 
@@ -145,6 +151,10 @@ pub struct Ec2Config {
     pub signature_mismatch: SignatureMismatch,
     /// Real-proxy mode (see the module documentation); `None` by default.
     pub real_proxies: Option<Arc<crate::real_proxy::RealProxies>>,
+    /// EC2's request rate limiting, enforced: one bucket per action and region (as EC2
+    /// keeps one per API per account and Region); a call past it answers 503
+    /// `RequestLimitExceeded`. `None` (the default): never limited.
+    pub rate_limit: Option<crate::rate_limit::RateLimit>,
 }
 
 /// The access key from AWS's documentation examples.
@@ -178,6 +188,7 @@ impl Default for Ec2Config {
             max_clock_skew: Duration::from_secs(15 * 60),
             signature_mismatch: SignatureMismatch::AuthFailure,
             real_proxies: None,
+            rate_limit: None,
         }
     }
 }
@@ -322,6 +333,12 @@ impl Emulator for Ec2Emulator {
     fn reset(&self) {
         reset(&self.state);
     }
+
+    fn set_rate_limit(&self, limit: Option<crate::rate_limit::RateLimit>) {
+        let mut st = lock(&self.state);
+        st.rate_limit = limit;
+        st.rate_buckets.clear();
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -386,7 +403,10 @@ fn reset(s: &Shared) {
     let mut st = lock(s);
     st.stop_all_proxies();
     let cfg = st.cfg.clone();
+    // The rate limit is configuration: it stays, with full buckets.
+    let rate_limit = st.rate_limit;
     *st = State::new(cfg);
+    st.rate_limit = rate_limit;
 }
 
 fn fail_scope(s: &Shared, scope: &str, fail: bool) {
@@ -490,7 +510,23 @@ fn router(state: Shared) -> Router {
         .route("/_emulator/scope", post(control_scope))
         .route("/_emulator/reset", post(control_reset))
         .route("/_emulator/requests", get(control_requests))
+        .route("/_emulator/rate-limit", post(control_rate_limit))
         .with_state(state)
+}
+
+async fn control_rate_limit(
+    AxState(s): AxState<Shared>,
+    body: Result<Json<Option<crate::rate_limit::RateLimit>>, JsonRejection>,
+) -> Response {
+    match body {
+        Ok(Json(limit)) => {
+            let mut st = lock(&s);
+            st.rate_limit = limit;
+            st.rate_buckets.clear();
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => bad_json(e),
+    }
 }
 
 fn error_response(err: &ApiError, request_id: &str) -> Response {
@@ -592,6 +628,17 @@ async fn api_call(AxState(shared): AxState<Shared>, req: Request) -> Response {
                 format!("The action {action} is not valid for this web service."),
             );
             return error_response(&err, &request_id);
+        }
+        if let Some(limit) = st.rate_limit {
+            let now = Instant::now();
+            let bucket = st
+                .rate_buckets
+                .entry((verified.region.clone(), action.clone()))
+                .or_insert_with(|| crate::rate_limit::Limiter::new(limit, now));
+            if !bucket.take(now) {
+                let err = ApiError::new(503, "RequestLimitExceeded", "Request limit exceeded.");
+                return error_response(&err, &request_id);
+            }
         }
         if st.failing_scopes.contains(&verified.region) {
             let err = ApiError::new(

@@ -15,6 +15,16 @@
 //! `locked` 423; `rate_limit_exceeded` 429). Lists carry `meta.pagination` and a `Link`
 //! header; every answer carries the `RateLimit-*` headers.
 //!
+//! # Rate limit
+//!
+//! Off by default. With [`HetznerConfig::rate_limit`] (or `POST /_emulator/rate-limit`)
+//! every API call, authenticated or not, takes a token of a bucket of `burst` tokens
+//! refilled at `per_hour`; a call without one answers `429 rate_limit_exceeded` ("limit of
+//! N requests per hour reached", `details: null`, as captured from the real API) and does
+//! nothing. Every answer says `RateLimit-Limit: per_hour`, `RateLimit-Remaining` (whole
+//! tokens left) and `RateLimit-Reset` (Unix time when the bucket is full again), as
+//! Hetzner documents them; Hetzner's own bucket is 3600 deep and refills one a second.
+//!
 //! # Lifecycle
 //!
 //! A new server is `initializing` and already has its Primary IPs (IPv4 and IPv6 unless
@@ -277,6 +287,10 @@ pub struct HetznerConfig {
     pub on_running: Option<OnRunning>,
     /// Real-proxy mode (see the module documentation); `None` by default.
     pub real_proxies: Option<Arc<crate::real_proxy::RealProxies>>,
+    /// Hetzner's rate limit, enforced: a call past it answers `429 rate_limit_exceeded`,
+    /// and every answer's `RateLimit-*` headers show the bucket. `None` (the default):
+    /// never limited, and the headers show Hetzner's default 3600/h with a full bucket.
+    pub rate_limit: Option<crate::rate_limit::RateLimit>,
 }
 
 impl HetznerConfig {
@@ -381,6 +395,7 @@ impl Default for HetznerConfig {
             delete_schedule: DeleteSchedule::Immediate,
             on_running: None,
             real_proxies: None,
+            rate_limit: None,
         }
     }
 }
@@ -399,6 +414,7 @@ impl fmt::Debug for HetznerConfig {
             .field("delete_schedule", &self.delete_schedule)
             .field("on_running", &self.on_running.as_ref().map(|_| "<hook>"))
             .field("real_proxies", &self.real_proxies)
+            .field("rate_limit", &self.rate_limit)
             .finish()
     }
 }
@@ -538,5 +554,9 @@ impl Emulator for HetznerEmulator {
 
     fn reset(&self) {
         lock(&self.state).reset();
+    }
+
+    fn set_rate_limit(&self, limit: Option<crate::rate_limit::RateLimit>) {
+        lock(&self.state).set_rate_limit(limit);
     }
 }

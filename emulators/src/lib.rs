@@ -17,5 +17,6 @@ pub mod ec2;
 pub mod echo;
 pub mod example;
 pub mod hetzner;
+pub mod rate_limit;
 pub mod real_proxy;
 mod server;

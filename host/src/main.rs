@@ -492,6 +492,7 @@ async fn load_provider(
     name: &str,
     plugin_dir: &std::path::Path,
     runtime: &RuntimeArgs,
+    shipped_budgets: bool,
 ) -> anyhow::Result<WasmProvider> {
     let text = std::fs::read_to_string(file_path)
         .with_context(|| format!("reading providers file {}", file_path.display()))?;
@@ -504,7 +505,9 @@ async fn load_provider(
         file_path.display(),
         names.join(", ")
     );
-    let rt = Runtime::new(runtime.options(&file))?;
+    let mut opts = runtime.options(&file);
+    opts.shipped_budgets = shipped_budgets;
+    let rt = Runtime::new(opts)?;
     let entry = &file.providers[0];
     // Only the plugin this entry names: the others in the directory are not under test.
     let plugin = rt.load_plugin(&plugin_dir.join(&entry.plugin)).await?;
@@ -579,7 +582,16 @@ async fn main() -> anyhow::Result<()> {
             }
             let control = Control::new(&emulator)?;
             let p =
-                load_provider(&providers, &provider, &target.plugin_dir, &target.runtime).await?;
+                // Against an emulator, far faster than a real backend allows: the shipped
+                // plugins' default budgets are off (a `budget` in the entry still applies).
+                load_provider(
+                    &providers,
+                    &provider,
+                    &target.plugin_dir,
+                    &target.runtime,
+                    false,
+                )
+                .await?;
             let mut opts = Options::new(target.placement.clone());
             opts.only = only;
             opts.wait = wait;
@@ -609,7 +621,7 @@ async fn main() -> anyhow::Result<()> {
                     op,
                 },
         } => {
-            let p = load_provider(&config, &provider, &plugin_dir, &runtime).await?;
+            let p = load_provider(&config, &provider, &plugin_dir, &runtime, true).await?;
             let answer = call(&p, op).await;
             match answer {
                 Ok(v) => {
@@ -638,7 +650,14 @@ async fn main() -> anyhow::Result<()> {
                 },
         } => {
             let control = emulator.as_deref().map(Control::new).transpose()?;
-            let p = load_provider(&config, &provider, &target.plugin_dir, &target.runtime).await?;
+            let p = load_provider(
+                &config,
+                &provider,
+                &target.plugin_dir,
+                &target.runtime,
+                true,
+            )
+            .await?;
             let mut opts = lifecycle::LifecycleOptions::new(target.placement.clone());
             opts.poll = poll;
             opts.wait = wait;

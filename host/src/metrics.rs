@@ -86,6 +86,26 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
         "counter",
         &["provider", "op", "kind"],
     ),
+    (
+        "proxy_operator_plugin_http_requests",
+        "counter",
+        &["provider", "priority"],
+    ),
+    (
+        "proxy_operator_plugin_budget_wait_seconds",
+        "histogram",
+        &["provider", "priority"],
+    ),
+    (
+        "proxy_operator_plugin_budget_tokens",
+        "gauge",
+        &["provider"],
+    ),
+    (
+        "proxy_operator_plugin_http_rate_limited",
+        "counter",
+        &["provider"],
+    ),
     ("proxy_operator_reconciles", "counter", &["result"]),
     (
         "proxy_operator_reconcile_duration_seconds",
@@ -381,6 +401,10 @@ mod tests {
             1_000_000,
             Some(crate::plugin::TrapKind::Fuel),
         );
+        m.plugin
+            .budget()
+            .granted("ec2", "urgent", Duration::from_millis(1), 99.0);
+        m.plugin.budget().rate_limited("ec2");
         m.reconcile.observe(
             &Ok(kube::runtime::controller::Action::await_change()),
             Duration::from_millis(5),

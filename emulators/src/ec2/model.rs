@@ -163,6 +163,10 @@ pub(crate) struct State {
     pub faults: Vec<ActiveFault>,
     pub failing_scopes: BTreeSet<String>,
     pub requests: Vec<String>,
+    /// The enforced rate limit (see `Ec2Config::rate_limit`) and its buckets by (region,
+    /// action).
+    pub rate_limit: Option<crate::rate_limit::RateLimit>,
+    pub rate_buckets: HashMap<(String, String), crate::rate_limit::Limiter>,
     seq: u64,
     rng: u64,
     next_ip: u32,
@@ -183,6 +187,7 @@ impl State {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .as_nanos() as u64;
+        let rate_limit = cfg.rate_limit;
         State {
             cfg,
             instances: BTreeMap::new(),
@@ -192,6 +197,8 @@ impl State {
             faults: Vec::new(),
             failing_scopes: BTreeSet::new(),
             requests: Vec::new(),
+            rate_limit,
+            rate_buckets: HashMap::new(),
             seq: 0,
             rng: seed,
             next_ip: 10,

@@ -1647,3 +1647,60 @@ async fn real_proxy_mode_runs_a_proxy_per_running_instance() {
     assert!(closed(p2), "dropping the emulator stops its proxies");
     assert!(proxies.listening().is_empty());
 }
+
+/// Off by default; with a limit, one bucket per action and region, and a call past it
+/// answers EC2's 503 `RequestLimitExceeded` XML error and does nothing.
+#[tokio::test]
+async fn rate_limit_answers_like_ec2() {
+    let emu = Ec2Emulator::start(Ec2Config::default());
+    let list = [("Action", "DescribeInstances")];
+    for _ in 0..10 {
+        call(&emu, &us(), &list).await.ok();
+    }
+    let a = control(
+        &emu,
+        "POST",
+        "/_emulator/rate-limit",
+        json!({"per_hour": 3600, "burst": 2}),
+    )
+    .await;
+    assert_eq!(a.status, 204);
+    call(&emu, &us(), &list).await.ok();
+    call(&emu, &us(), &list).await.ok();
+    let a = call(&emu, &us(), &list).await;
+    assert_eq!((a.status, a.code().as_str()), (503, "RequestLimitExceeded"));
+    assert_eq!(
+        a.first("Message").as_deref(),
+        Some("Request limit exceeded.")
+    );
+    // Another action, another region: their own buckets.
+    let id = run(&emu, &us(), &[]).await;
+    call(&emu, &Signer::new("eu-west-1"), &list).await.ok();
+    // A throttled RunInstances launches nothing.
+    run(&emu, &us(), &[]).await;
+    let a = call(
+        &emu,
+        &us(),
+        &[
+            ("Action", "RunInstances"),
+            ("ImageId", AMI),
+            ("InstanceType", "t3.micro"),
+            ("MinCount", "1"),
+            ("MaxCount", "1"),
+        ],
+    )
+    .await;
+    assert_eq!((a.status, a.code().as_str()), (503, "RequestLimitExceeded"));
+    assert_eq!(emu.dump().instances.len(), 2, "{id}");
+    // Refills at 3600/h: one a second. A reset keeps the limit; off through the trait.
+    tokio::time::sleep(Duration::from_millis(1050)).await;
+    call(&emu, &us(), &list).await.ok();
+    emu.reset();
+    call(&emu, &us(), &list).await.ok();
+    call(&emu, &us(), &list).await.ok();
+    assert_eq!(call(&emu, &us(), &list).await.status, 503);
+    emu.set_rate_limit(None);
+    for _ in 0..5 {
+        call(&emu, &us(), &list).await.ok();
+    }
+}

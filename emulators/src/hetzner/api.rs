@@ -76,37 +76,60 @@ async fn gate(State(state): State<Shared>, req: Request, next: Next) -> Response
         None => format!("{} {}", req.method(), path),
     };
     let op = classify(req.method(), &path);
-    let (fault, authorized, used) = {
+    let now = std::time::Instant::now();
+    let (fault, authorized, limited) = {
         let mut b = lock(&state);
         b.requests.push(line);
-        let fault = b.take_fault(op);
+        // The rate limit stands in front of everything, authentication included.
+        let limited = b
+            .limiter
+            .as_mut()
+            .and_then(|l| (!l.take(now)).then(|| l.spec().per_hour));
+        // A limited call never reaches what stands behind the limiter: its faults wait.
+        let fault = if limited.is_none() {
+            b.take_fault(op)
+        } else {
+            None
+        };
         let want = format!("Bearer {}", b.cfg.token);
         let authorized = req
             .headers()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             == Some(want.as_str());
-        (fault, authorized, b.requests.len() as u64)
+        (fault, authorized, limited)
     };
-    let mut resp = match fault {
-        Some(FaultEffect::Fail(e)) => e.into_response(),
-        Some(FaultEffect::Delay(d)) => {
+    let mut resp = match (limited, fault) {
+        (Some(per_hour), _) => HetznerError::rate_limited_at(per_hour).into_response(),
+        (None, Some(FaultEffect::Fail(e))) => e.into_response(),
+        (None, Some(FaultEffect::Delay(d))) => {
             tokio::time::sleep(d).await;
             pass(&state, authorized, req, next).await
         }
-        None => pass(&state, authorized, req, next).await,
+        (None, None) => pass(&state, authorized, req, next).await,
+    };
+    // Read after the call: a slow fault or a long handler has let the bucket refill.
+    let (limit, remaining, full_in) = match lock(&state).limiter.as_mut() {
+        Some(l) => {
+            let now = std::time::Instant::now();
+            (
+                u64::from(l.spec().per_hour),
+                l.remaining(now),
+                l.until_full(now).as_secs(),
+            )
+        }
+        None => (RATE_LIMIT, RATE_LIMIT, 0),
     };
     let headers = resp.headers_mut();
-    let remaining = RATE_LIMIT.saturating_sub(used);
     headers
         .entry("ratelimit-limit")
-        .or_insert(HeaderValue::from(RATE_LIMIT));
+        .or_insert(HeaderValue::from(limit));
     headers
         .entry("ratelimit-remaining")
         .or_insert(HeaderValue::from(remaining));
     headers
         .entry("ratelimit-reset")
-        .or_insert(HeaderValue::from(now_secs() + (RATE_LIMIT - remaining)));
+        .or_insert(HeaderValue::from(now_secs() + full_in));
     resp
 }
 

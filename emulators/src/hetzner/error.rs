@@ -97,11 +97,15 @@ impl HetznerError {
     }
 
     pub(crate) fn rate_limited() -> Self {
-        // Message and `details: null` captured from the real API.
+        Self::rate_limited_at(3600)
+    }
+
+    /// Message and `details: null` captured from the real API (at its default 3600).
+    pub(crate) fn rate_limited_at(per_hour: u32) -> Self {
         Self::new(
             429,
             "rate_limit_exceeded",
-            "limit of 3600 requests per hour reached",
+            format!("limit of {per_hour} requests per hour reached"),
         )
         .with_details(Value::Null)
     }

@@ -146,6 +146,8 @@ pub(crate) struct Backend {
     faults: crate::control::FaultQueue<FaultEffect>,
     failing_scopes: BTreeSet<String>,
     pub requests: Vec<String>,
+    /// The enforced rate limit, if any.
+    pub(crate) limiter: Option<crate::rate_limit::Limiter>,
 }
 
 pub(crate) fn now_secs() -> u64 {
@@ -173,7 +175,11 @@ pub(crate) fn parse_id(id: &str) -> Option<u64> {
 
 impl Backend {
     pub(crate) fn new(cfg: HetznerConfig, base_url: String) -> Self {
+        let limiter = cfg
+            .rate_limit
+            .map(|l| crate::rate_limit::Limiter::new(l, std::time::Instant::now()));
         Backend {
+            limiter,
             cfg,
             base_url,
             servers: BTreeMap::new(),
@@ -200,6 +206,12 @@ impl Backend {
         self.faults.clear();
         self.failing_scopes.clear();
         self.requests.clear();
+        // The limit is configuration: it stays, with a full bucket.
+        self.set_rate_limit(self.limiter.as_ref().map(|l| l.spec()));
+    }
+
+    pub(crate) fn set_rate_limit(&mut self, limit: Option<crate::rate_limit::RateLimit>) {
+        self.limiter = limit.map(|l| crate::rate_limit::Limiter::new(l, std::time::Instant::now()));
     }
 
     // ---- faults -------------------------------------------------------------------------

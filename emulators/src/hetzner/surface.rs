@@ -29,6 +29,15 @@ pub(crate) fn router() -> Router<Shared> {
         .route("/_emulator/scope", post(scope))
         .route("/_emulator/reset", post(reset))
         .route("/_emulator/requests", get(requests))
+        .route("/_emulator/rate-limit", post(rate_limit))
+}
+
+async fn rate_limit(
+    State(s): State<Shared>,
+    Json(limit): Json<Option<crate::rate_limit::RateLimit>>,
+) -> Response {
+    lock(&s).set_rate_limit(limit);
+    StatusCode::NO_CONTENT.into_response()
 }
 
 fn done(found: bool, id: &str) -> Response {

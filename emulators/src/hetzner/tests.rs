@@ -1196,3 +1196,76 @@ async fn real_proxy_mode_runs_a_proxy_per_running_server() {
     assert!(closed(p2), "dropping the emulator stops its proxies");
     assert!(proxies.listening().is_empty());
 }
+
+/// Off by default: never limited, and the headers show Hetzner's default with a full
+/// bucket.
+#[tokio::test]
+async fn rate_limit_is_off_by_default() {
+    let emu = start();
+    for _ in 0..20 {
+        let r = get(&emu, "/v1/servers").await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers["ratelimit-limit"], "3600");
+        assert_eq!(r.headers["ratelimit-remaining"], "3600");
+    }
+}
+
+/// With a limit, every call takes a token, authenticated or not; past the burst the answer
+/// is Hetzner's 429 with its body, and the headers follow the bucket on every answer.
+#[tokio::test]
+async fn rate_limit_answers_like_hetzner() {
+    let emu = HetznerEmulator::start(HetznerConfig {
+        rate_limit: Some(crate::rate_limit::RateLimit {
+            per_hour: 120,
+            burst: 3,
+        }),
+        ..HetznerConfig::new(TOKEN)
+    });
+    let before = state::now_secs();
+    let r = get(&emu, "/v1/servers").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["ratelimit-limit"], "120");
+    assert_eq!(r.headers["ratelimit-remaining"], "2");
+    // One token short of full at 120/h: 30 s.
+    let reset: u64 = r.headers["ratelimit-reset"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((before + 30..=before + 31).contains(&reset), "{reset}");
+    assert_eq!(raw(&emu, "GET", "/v1/servers", None, "").await.status, 401);
+    let r = create(&emu, "proxy-a", json!({})).await;
+    assert_eq!(r.status, 201);
+    assert_eq!(r.headers["ratelimit-remaining"], "0");
+    let r = create(&emu, "proxy-b", json!({})).await;
+    assert_eq!((r.status, r.code()), (429, "rate_limit_exceeded"));
+    assert_eq!(
+        r.body["error"]["message"],
+        "limit of 120 requests per hour reached"
+    );
+    assert_eq!(r.body["error"]["details"], Value::Null);
+    assert_eq!(r.headers["ratelimit-remaining"], "0");
+    assert_eq!(r.headers["ratelimit-limit"], "120");
+    // A limited call does nothing.
+    assert_eq!(emu.dump().instances.len(), 1);
+
+    // Turned off (and on) through the control surface; a reset keeps it, refilled.
+    let r = raw(&emu, "POST", "/_emulator/rate-limit", None, "null").await;
+    assert_eq!(r.status, 204);
+    assert_eq!(get(&emu, "/v1/servers").await.status, 200);
+    let on = json!({"per_hour": 3600, "burst": 1}).to_string();
+    assert_eq!(
+        raw(&emu, "POST", "/_emulator/rate-limit", None, &on)
+            .await
+            .status,
+        204
+    );
+    assert_eq!(get(&emu, "/v1/servers").await.status, 200);
+    assert_eq!(get(&emu, "/v1/servers").await.status, 429);
+    emu.reset();
+    assert_eq!(get(&emu, "/v1/servers").await.status, 200);
+    assert_eq!(get(&emu, "/v1/servers").await.status, 429);
+    // The bucket refills: one token a second at 3600/h.
+    tokio::time::sleep(std::time::Duration::from_millis(1050)).await;
+    assert_eq!(get(&emu, "/v1/servers").await.status, 200);
+}

@@ -40,6 +40,11 @@ pub struct ProviderEntry {
     pub additional_hosts: Vec<String>,
     #[serde(default)]
     pub limits: Limits,
+    /// Backend requests this provider may send, across all its calls (reconciler, GC,
+    /// provider checks). Unset: the shipped plugin's documented default
+    /// ([`crate::plugin::budget::shipped_default`]), or unlimited for any other plugin.
+    #[serde(default)]
+    pub budget: Option<RequestBudget>,
     /// Secret key -> file path (usually in an optional Secret mount). Read on every call.
     #[serde(default)]
     pub secrets: BTreeMap<String, PathBuf>,
@@ -106,6 +111,24 @@ impl Default for Limits {
             log_lines: 200,
             log_line_bytes: 4096,
             http: HttpLimits::default(),
+        }
+    }
+}
+
+/// A provider's request budget: a token bucket refilled at `requestsPerHour`, holding at
+/// most `burst` tokens; every backend request takes one.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RequestBudget {
+    pub requests_per_hour: u32,
+    pub burst: u32,
+}
+
+impl RequestBudget {
+    pub fn spec(self) -> crate::plugin::budget::Spec {
+        crate::plugin::budget::Spec {
+            per_hour: self.requests_per_hour,
+            burst: self.burst,
         }
     }
 }
@@ -179,6 +202,13 @@ pub enum ConfigError {
         name: String,
         field: &'static str,
         value: String,
+        range: &'static str,
+    },
+    #[error("provider {name:?}: budget.{field} = {value} is out of range ({range})")]
+    Budget {
+        name: String,
+        field: &'static str,
+        value: u32,
         range: &'static str,
     },
     #[error(
@@ -299,6 +329,24 @@ impl ProviderEntry {
                 l.log_line_bytes.to_string(),
                 "at least 80",
             ));
+        }
+        if let Some(b) = self.budget {
+            let budget = |field, value, range| ConfigError::Budget {
+                name: name.clone(),
+                field,
+                value,
+                range,
+            };
+            if !(1..=10_000_000).contains(&b.requests_per_hour) {
+                return Err(budget(
+                    "requestsPerHour",
+                    b.requests_per_hour,
+                    "1 to 10000000",
+                ));
+            }
+            if !(1..=100_000).contains(&b.burst) {
+                return Err(budget("burst", b.burst, "1 to 100000"));
+            }
         }
         for key in self.secrets.keys() {
             if key.is_empty()
@@ -447,6 +495,30 @@ providers:
                 "providers: [{name: a, plugin: a.wasm, secrets: {'a/b': /x}}]",
                 "\"a/b\"",
             ),
+            (
+                "providers: [{name: a, plugin: a.wasm, budget: {requestsPerHour: 0, burst: 5}}]",
+                "budget.requestsPerHour = 0 is out of range (1 to 10000000)",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, budget: {requestsPerHour: 3600, burst: 0}}]",
+                "budget.burst = 0 is out of range (1 to 100000)",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, budget: {requestsPerHour: 3600, burst: 100001}}]",
+                "budget.burst = 100001",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, budget: {requestsPerHour: 3600}}]",
+                "burst",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, budget: {requestsPerHour: 3600, burst: 5, perMinute: 1}}]",
+                "perMinute",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, budget: {requestsPerHour: -1, burst: 5}}]",
+                "requestsPerHour",
+            ),
         ];
         for (text, needle) in cases {
             let err = ProvidersFile::parse(text).expect_err(text).to_string();
@@ -455,6 +527,22 @@ providers:
                 "{text}: error {err:?} lacks {needle:?}"
             );
         }
+    }
+
+    #[test]
+    fn budget_is_optional_and_parsed() {
+        let f = ProvidersFile::parse(
+            "providers: [{name: a, plugin: a.wasm, budget: {requestsPerHour: 120, burst: 5}}, {name: b, plugin: b.wasm}]",
+        )
+        .unwrap();
+        assert_eq!(
+            f.providers[0].budget,
+            Some(RequestBudget {
+                requests_per_hour: 120,
+                burst: 5
+            })
+        );
+        assert_eq!(f.providers[1].budget, None);
     }
 
     #[test]

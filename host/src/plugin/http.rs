@@ -47,6 +47,8 @@ pub struct HttpPolicy {
     pub tls: Arc<rustls::ClientConfig>,
     /// What this provider must never show: request fields the host logs pass through it.
     pub sensitive: Arc<super::sensitive::Sensitive>,
+    /// The provider's request budget (shared by all its calls); `None`: unlimited.
+    pub budget: Option<Arc<super::budget::Budget>>,
 }
 
 impl HttpPolicy {
@@ -79,6 +81,15 @@ pub const OUTGOING_CHUNK_BYTES: usize = 64 * 1024;
 /// another from ever tripping on that moment.
 pub const IN_FLIGHT_GRACE: Duration = Duration::from_millis(500);
 
+/// What one call's requests need of the provider's request budget.
+pub struct CallBudget {
+    /// The call's priority, read from the caller's task when the call started.
+    pub priority: super::budget::Priority,
+    /// The call's deadline: a token that would come later is not waited for.
+    pub deadline: Instant,
+    pub metrics: Option<super::PluginMetrics>,
+}
+
 /// The hooks one call's Store uses.
 pub struct HttpHooks {
     pub policy: Arc<HttpPolicy>,
@@ -91,6 +102,7 @@ pub struct HttpHooks {
     pub in_flight: Arc<Semaphore>,
     /// The call's tripwire: a request past the cap stops the call.
     pub stop: Arc<Tripwire>,
+    pub budget: Arc<CallBudget>,
 }
 
 impl HttpHooks {
@@ -99,6 +111,7 @@ impl HttpHooks {
         deny_all: bool,
         parent: tracing::Span,
         stop: Arc<Tripwire>,
+        budget: CallBudget,
     ) -> Self {
         let slots = policy.limits.max_in_flight as usize;
         HttpHooks {
@@ -107,6 +120,7 @@ impl HttpHooks {
             parent,
             in_flight: Arc::new(Semaphore::new(slots)),
             stop,
+            budget: Arc::new(budget),
         }
     }
 }
@@ -152,6 +166,7 @@ impl WasiHttpHooks for HttpHooks {
             duration_ms = field::Empty,
         );
         let deny_all = self.deny_all;
+        let call = self.budget.clone();
         Box::new(
             async move {
                 let start = Instant::now();
@@ -167,7 +182,21 @@ impl WasiHttpHooks for HttpHooks {
                             .and_then(Result::ok),
                     };
                     match slot {
-                        Some(slot) => send(&policy, request, options, Arc::new(slot)).await,
+                        Some(slot) => match take_token(&policy, &call).await {
+                            Ok(()) => {
+                                let result =
+                                    send(&policy, request, options, Arc::new(slot)).await;
+                                if let Ok((resp, _)) = &result {
+                                    feedback(&policy, &call, resp);
+                                }
+                                result
+                            }
+                            Err(()) => {
+                                stop.trip(LimitHit::Budget);
+                                tracing::warn!(target: "plugin", provider = policy.provider.as_str(), priority = call.priority.as_str(), "HTTP request not sent: the provider's request budget has no token for it before the call's deadline; the call is stopped");
+                                Err(Error::HttpRequestDenied)
+                            }
+                        },
                         None => {
                             stop.trip(LimitHit::Requests);
                             tracing::warn!(target: "plugin", provider = policy.provider.as_str(), limit = policy.limits.max_in_flight, "HTTP request refused: too many requests in flight (limits.http.maxInFlight); the call is stopped");
@@ -189,6 +218,67 @@ impl WasiHttpHooks for HttpHooks {
             }
             .instrument(span),
         )
+    }
+}
+
+/// Waits for a token of the provider's budget, in the call's priority order (no budget:
+/// at once). `Err`: none before the call's deadline.
+async fn take_token(policy: &HttpPolicy, call: &CallBudget) -> Result<(), ()> {
+    let Some(budget) = &policy.budget else {
+        return Ok(());
+    };
+    let waited = budget
+        .acquire(call.priority, call.deadline)
+        .await
+        .map_err(|_| ())?;
+    if let Some(m) = &call.metrics {
+        m.budget().granted(
+            &policy.provider,
+            call.priority.as_str(),
+            waited,
+            budget.tokens(),
+        );
+    }
+    Ok(())
+}
+
+/// Tells the provider's budget what the backend said about its rate limit: `Retry-After`
+/// on a 429 or 503, the `RateLimit-*` headers on any answer. Also counts the 429s.
+fn feedback<B>(policy: &HttpPolicy, call: &CallBudget, resp: &http::Response<B>) {
+    let status = resp.status().as_u16();
+    if status == 429
+        && let Some(m) = &call.metrics
+    {
+        m.budget().rate_limited(&policy.provider);
+    }
+    let Some(budget) = &policy.budget else {
+        return;
+    };
+    let h = resp.headers();
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+    let number = |name: &str| text(name).and_then(|v| v.trim().parse::<u64>().ok());
+    let now_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let fb = super::budget::Feedback {
+        status,
+        retry_after: text("retry-after")
+            .and_then(|v| super::budget::parse_retry_after(v, now_unix)),
+        limit: number("ratelimit-limit"),
+        remaining: number("ratelimit-remaining"),
+    };
+    if fb
+        == (super::budget::Feedback {
+            status,
+            ..Default::default()
+        })
+        && status != 429
+    {
+        return;
+    }
+    budget.observe(&fb);
+    if let Some(m) = &call.metrics {
+        m.budget().tokens(&policy.provider, budget.tokens());
     }
 }
 

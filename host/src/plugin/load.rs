@@ -338,8 +338,20 @@ impl Runtime {
             Some(_) => self.sensitive.get(name),
             None => Arc::default(),
         };
+        // Only a configured provider has a budget: the one that reads `info` makes no
+        // requests.
+        let budget = entry
+            .and_then(|e| {
+                e.budget.map(|b| b.spec()).or_else(|| {
+                    self.shipped_budgets
+                        .then(|| super::budget::shipped_default(&plugin.info.type_name))
+                        .flatten()
+                })
+            })
+            .map(|spec| self.budget(name, spec));
         let http = Arc::new(http::HttpPolicy {
             provider: name.to_string(),
+            budget,
             allow: super::policy::AllowList::new(rules),
             limits: limits.http.clone(),
             tls,

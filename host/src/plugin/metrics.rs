@@ -8,6 +8,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::time::Duration;
@@ -24,6 +25,18 @@ pub struct TrapLabels {
     pub op: String,
     /// One of [`TrapKind::as_str`].
     pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PriorityLabels {
+    pub provider: String,
+    /// One of [`Priority::as_str`](crate::provider::priority::Priority::as_str).
+    pub priority: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderLabels {
+    pub provider: String,
 }
 
 /// Why the sandbox stopped a call. A fixed set, so the label cannot grow without bound.
@@ -53,6 +66,8 @@ pub enum TrapKind {
     Other,
     /// The call was cut short because the operator is shutting down.
     Shutdown,
+    /// The provider's request budget had no token for a request before the call's deadline.
+    Budget,
 }
 
 impl TrapKind {
@@ -70,6 +85,7 @@ impl TrapKind {
             TrapKind::Panic => "panic",
             TrapKind::Other => "other",
             TrapKind::Shutdown => "shutdown",
+            TrapKind::Budget => "budget",
         }
     }
 }
@@ -80,6 +96,49 @@ pub struct PluginMetrics {
     duration: Family<CallLabels, Histogram>,
     fuel: Family<CallLabels, Histogram>,
     traps: Family<TrapLabels, Counter>,
+    budget: BudgetMetrics,
+}
+
+/// The request budget's families, fed by the HTTP hooks.
+#[derive(Clone)]
+pub(crate) struct BudgetMetrics {
+    requests: Family<PriorityLabels, Counter>,
+    wait: Family<PriorityLabels, Histogram>,
+    tokens: Family<ProviderLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    rate_limited: Family<ProviderLabels, Counter>,
+}
+
+impl BudgetMetrics {
+    fn labels(provider: &str, priority: &str) -> PriorityLabels {
+        PriorityLabels {
+            provider: provider.to_string(),
+            priority: priority.to_string(),
+        }
+    }
+
+    /// A request got its token after `waited` (sent or not: counted once it may go).
+    pub(crate) fn granted(&self, provider: &str, priority: &str, waited: Duration, tokens: f64) {
+        let l = Self::labels(provider, priority);
+        self.requests.get_or_create(&l).inc();
+        self.wait.get_or_create(&l).observe(waited.as_secs_f64());
+        self.tokens(provider, tokens);
+    }
+
+    pub(crate) fn tokens(&self, provider: &str, tokens: f64) {
+        self.tokens
+            .get_or_create(&ProviderLabels {
+                provider: provider.to_string(),
+            })
+            .set(tokens);
+    }
+
+    pub(crate) fn rate_limited(&self, provider: &str) {
+        self.rate_limited
+            .get_or_create(&ProviderLabels {
+                provider: provider.to_string(),
+            })
+            .inc();
+    }
 }
 
 impl PluginMetrics {
@@ -96,6 +155,15 @@ impl PluginMetrics {
             Histogram::new(exponential_buckets(1e4, 4.0, 12))
         });
         let traps = Family::<TrapLabels, Counter>::default();
+        let budget = BudgetMetrics {
+            requests: Family::default(),
+            // 1 ms .. ~65 s: a wait is bounded by the call's limits.timeout.
+            wait: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 17))
+            }),
+            tokens: Family::default(),
+            rate_limited: Family::default(),
+        };
         registry.register(
             "proxy_operator_plugin_call_duration_seconds",
             "Wall time of plugin calls (sandbox set-up included), by provider and operation",
@@ -108,13 +176,34 @@ impl PluginMetrics {
         );
         registry.register(
             "proxy_operator_plugin_traps",
-            "Plugin calls the sandbox stopped, by provider, operation and kind (fuel, deadline, memory, tmp, files, handles, requests, headers, stack, panic, other, shutdown)",
+            "Plugin calls the sandbox stopped, by provider, operation and kind (fuel, deadline, memory, tmp, files, handles, requests, headers, budget, stack, panic, other, shutdown)",
             traps.clone(),
+        );
+        registry.register(
+            "proxy_operator_plugin_http_requests",
+            "Backend requests plugins were let send under their provider's request budget, by provider and priority (urgent, transition, background)",
+            budget.requests.clone(),
+        );
+        registry.register(
+            "proxy_operator_plugin_budget_wait_seconds",
+            "Time backend requests waited for a token of their provider's request budget, by provider and priority",
+            budget.wait.clone(),
+        );
+        registry.register(
+            "proxy_operator_plugin_budget_tokens",
+            "Tokens left in each provider's request budget, as of its last request or backend answer",
+            budget.tokens.clone(),
+        );
+        registry.register(
+            "proxy_operator_plugin_http_rate_limited",
+            "Backend answers 429 (Too Many Requests) received, by provider",
+            budget.rate_limited.clone(),
         );
         PluginMetrics {
             duration,
             fuel,
             traps,
+            budget,
         }
     }
 
@@ -143,6 +232,28 @@ impl PluginMetrics {
                 })
                 .inc();
         }
+    }
+
+    pub(crate) fn budget(&self) -> &BudgetMetrics {
+        &self.budget
+    }
+
+    /// Backend requests of `provider` let through at `priority` so far (for tests).
+    pub fn budget_requests(&self, provider: &str, priority: &str) -> u64 {
+        self.budget
+            .requests
+            .get_or_create(&BudgetMetrics::labels(provider, priority))
+            .get()
+    }
+
+    /// 429 answers `provider` received so far (for tests).
+    pub fn rate_limited(&self, provider: &str) -> u64 {
+        self.budget
+            .rate_limited
+            .get_or_create(&ProviderLabels {
+                provider: provider.into(),
+            })
+            .get()
     }
 
     /// Calls stopped with `kind` so far (for tests).

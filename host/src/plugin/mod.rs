@@ -7,6 +7,7 @@
 //! policy and redaction. A trap or limit in one call ends that call only.
 
 pub mod bindings;
+pub mod budget;
 mod cache;
 mod engine;
 mod fs;
@@ -51,6 +52,10 @@ pub struct RuntimeOptions {
     pub scratch_dir: PathBuf,
     /// Largest plugin file loaded; a larger one is refused before it is read.
     pub max_plugin_bytes: u64,
+    /// Whether a provider entry without `budget` gets its shipped plugin's default
+    /// ([`budget::shipped_default`]). On, except where a plugin is driven against an
+    /// emulator far faster than any real backend allows (the conformance suite, tests).
+    pub shipped_budgets: bool,
 }
 
 /// Default of [`RuntimeOptions::max_plugin_bytes`]: the shipped plugins are 200-340 KiB and
@@ -87,6 +92,7 @@ impl RuntimeOptions {
             cache_dir,
             scratch_dir,
             max_plugin_bytes: DEFAULT_MAX_PLUGIN_BYTES,
+            shipped_budgets: true,
         }
     }
 }
@@ -100,6 +106,7 @@ pub struct Runtime {
     max_memory_bytes: u64,
     scratch_dir: PathBuf,
     max_plugin_bytes: u64,
+    shipped_budgets: bool,
     metrics: std::sync::OnceLock<PluginMetrics>,
     /// What is sensitive for each provider name; outlives reloads of the provider.
     sensitive: sensitive::SensitiveByProvider,
@@ -107,6 +114,10 @@ pub struct Runtime {
     /// the previous generation of a provider count against the same `limits.concurrency`
     /// (what the pod's memory fit assumes). A new concurrency gets a new semaphore.
     permits: Mutex<std::collections::BTreeMap<String, (u32, Arc<Semaphore>)>>,
+    /// Each provider name's request budget, kept across reloads like `permits`: a reload
+    /// neither refills the bucket nor forgets what the backend said. A new spec gets a new
+    /// bucket.
+    budgets: Mutex<std::collections::BTreeMap<String, Arc<budget::Budget>>>,
     /// Cancelled at the end of the shutdown grace period: calls in flight stop, new ones
     /// are refused.
     calls_cancelled: tokio_util::sync::CancellationToken,
@@ -131,9 +142,11 @@ impl Runtime {
             max_memory_bytes: opts.engine.max_memory_bytes,
             scratch_dir: opts.scratch_dir,
             max_plugin_bytes: opts.max_plugin_bytes,
+            shipped_budgets: opts.shipped_budgets,
             metrics: std::sync::OnceLock::new(),
             sensitive: sensitive::SensitiveByProvider::default(),
             permits: Mutex::default(),
+            budgets: Mutex::default(),
             calls_cancelled: tokio_util::sync::CancellationToken::new(),
             _ticker: ticker,
         }))
@@ -149,6 +162,20 @@ impl Runtime {
                 let s = Arc::new(Semaphore::new(concurrency as usize));
                 all.insert(name.to_string(), (concurrency, s.clone()));
                 s
+            }
+        }
+    }
+
+    /// The request budget of provider `name` at `spec`, shared with its earlier
+    /// generations while the spec stays the same.
+    fn budget(&self, name: &str, spec: budget::Spec) -> Arc<budget::Budget> {
+        let mut all = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        match all.get(name) {
+            Some(b) if b.spec() == spec => b.clone(),
+            _ => {
+                let b = Arc::new(budget::Budget::new(spec));
+                all.insert(name.to_string(), b.clone());
+                b
             }
         }
     }
@@ -362,8 +389,10 @@ impl WasmProvider {
                 format!("cannot create the call's /tmp: {e}"),
             )
         })?;
+        // Read here, in the caller's task: the HTTP hooks run in tasks of their own.
+        let priority = crate::provider::priority::for_call(op);
         let mut store = self
-            .new_store(&tmp.0, deny_http, started + timeout)
+            .new_store(&tmp.0, deny_http, started + timeout, priority)
             .map_err(|e| fail(Class::Transient, format!("cannot set up the sandbox: {e}")))?;
         let stop = store.data().stop.clone();
 
@@ -401,7 +430,10 @@ impl WasmProvider {
                 }
                 match (stop.hit(), outcome) {
                     (Some(hit), _) => (
-                        Err(fail(Class::Transient, limit_message(hit, limits, timeout))),
+                        Err(fail(
+                            Class::Transient,
+                            limit_message(hit, limits, timeout, self.budget_spec()),
+                        )),
                         Some(trap_kind(hit)),
                     ),
                     (None, Ok(Err(trap))) => {
@@ -444,11 +476,17 @@ impl WasmProvider {
         result
     }
 
+    /// The request budget in force, if any.
+    pub fn budget_spec(&self) -> Option<budget::Spec> {
+        self.http.budget.as_ref().map(|b| b.spec())
+    }
+
     fn new_store(
         &self,
         tmp: &Path,
         deny_http: bool,
         deadline: Instant,
+        priority: budget::Priority,
     ) -> wasmtime::Result<Store<CallState>> {
         let limits = &self.shared.limits;
         let out_cap = (limits.log_lines as usize) * (limits.log_line_bytes as usize);
@@ -476,6 +514,11 @@ impl WasmProvider {
                 deny_http,
                 tracing::Span::current(),
                 stop.clone(),
+                http::CallBudget {
+                    priority,
+                    deadline,
+                    metrics: self.runtime.metrics.get().cloned(),
+                },
             ),
             limiter: MemoryLimiter::new(
                 (u64::from(limits.memory_mib) << 20).min(self.runtime.max_memory_bytes) as usize,
@@ -512,8 +555,20 @@ const SHUTDOWN_CANCELLED: &str =
 /// Budget of the load-time calls (`info`, `validate-config`), which must not do I/O.
 pub const LOAD_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn limit_message(hit: LimitHit, limits: &Limits, timeout: Duration) -> String {
+fn limit_message(
+    hit: LimitHit,
+    limits: &Limits,
+    timeout: Duration,
+    budget: Option<budget::Spec>,
+) -> String {
     match hit {
+        LimitHit::Budget => {
+            let (per_hour, burst) = budget.map_or((0, 0), |b| (b.per_hour, b.burst));
+            format!(
+                "the provider's request budget (budget.requestsPerHour = {per_hour}, burst = {burst}) had no token for a backend request before the call's deadline (limits.timeout = {}); the call was stopped without sending it",
+                humantime::format_duration(limits.timeout)
+            )
+        }
         LimitHit::Deadline if timeout < limits.timeout => format!(
             "plugin call ran past the load-time wall-clock budget ({}) and was stopped",
             humantime::format_duration(timeout)
@@ -552,6 +607,7 @@ fn limit_message(hit: LimitHit, limits: &Limits, timeout: Duration) -> String {
 fn trap_kind(hit: LimitHit) -> TrapKind {
     match hit {
         LimitHit::Deadline => TrapKind::Deadline,
+        LimitHit::Budget => TrapKind::Budget,
         LimitHit::Memory => TrapKind::Memory,
         LimitHit::Tmp => TrapKind::Tmp,
         LimitHit::Files => TrapKind::Files,

@@ -29,6 +29,8 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 pub enum LimitHit {
     /// `limits.timeout` (or the load-time budget).
     Deadline,
+    /// The provider's request budget had no token before the call's deadline.
+    Budget,
     /// `limits.memoryMib`.
     Memory,
     /// `limits.tmpMib`: bytes written to `/tmp` plus 4 KiB per entry created.

@@ -7,6 +7,7 @@
 mod error;
 mod instrument;
 mod name;
+pub mod priority;
 mod wasm;
 
 pub use error::{Class, Op, ProviderError};

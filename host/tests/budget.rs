@@ -1,0 +1,250 @@
+//! The request budget end to end: the Hetzner plugin through the host against the Hetzner
+//! emulator with a tight rate limit on both sides. Time is compressed by scaling the rate
+//! (14,400/h = 4 a second, burst 5) rather than the clock: the emulator's bucket runs on
+//! real time.
+
+mod support;
+
+use egress_emulators::control::{Emulator, Plant};
+use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
+use egress_emulators::rate_limit::RateLimit;
+use proxy_operator::plugin::{PluginMetrics, WasmProvider};
+use proxy_operator::provider::priority::{self, Priority};
+use proxy_operator::provider::{CreateRequest, Placement, Provider, name_from_uid};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "hz-budget-token";
+const INST: &str = "inst-budget";
+const PER_HOUR: u32 = 14_400;
+const BURST: u32 = 5;
+
+struct Setup {
+    emu: HetznerEmulator,
+    p: WasmProvider,
+    metrics: PluginMetrics,
+    registry: prometheus_client::registry::Registry,
+    _secrets: tempfile::TempDir,
+}
+
+async fn setup(host_budget: &str, concurrency: u32) -> Setup {
+    let secrets = tempfile::tempdir().unwrap();
+    let token = secrets.path().join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    let emu = HetznerEmulator::start(HetznerConfig {
+        rate_limit: Some(RateLimit {
+            per_hour: PER_HOUR,
+            burst: BURST,
+        }),
+        ..HetznerConfig::new(TOKEN)
+    });
+    let url = emu.url();
+    let rt = support::runtime();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = PluginMetrics::register(&mut registry);
+    rt.set_metrics(metrics.clone());
+    let yaml = format!(
+        "name: hz\nplugin: hetzner.wasm\nadditionalHosts: ['{url}']\nallowPrivateAddresses: true\n\
+         secrets: {{token: {token}}}\nbudget: {host_budget}\n\
+         limits: {{concurrency: {concurrency}, timeout: 30s}}\n\
+         config: {{endpoint: '{url}/v1', locations: [fsn1], serverTypes: [cpx11], images: {{ubuntu: ubuntu-24.04}}}}",
+        token = token.display()
+    );
+    let p = support::provider(&rt, "hetzner.wasm", &yaml).await;
+    Setup {
+        emu,
+        p,
+        metrics,
+        registry,
+        _secrets: secrets,
+    }
+}
+
+fn plant(emu: &HetznerEmulator, i: usize) -> String {
+    let id = emu.plant(Plant {
+        name: format!("planted-{i}"),
+        scope: "fsn1".into(),
+        managed: true,
+        uid: Some(format!("uid-{i}")),
+        installation: Some(INST.into()),
+        created_at: None,
+    });
+    format!("fsn1/{id}")
+}
+
+fn request(uid: &str) -> CreateRequest {
+    CreateRequest {
+        name: name_from_uid(uid),
+        uid: uid.into(),
+        namespace: "default".into(),
+        proxy_name: "p1".into(),
+        installation: INST.into(),
+        placement: Placement {
+            region: "fsn1".into(),
+            zone: String::new(),
+            machine_type: "cpx11".into(),
+            image: "ubuntu".into(),
+        },
+        cloud_init: b"#cloud-config\n".to_vec(),
+        port: 3128,
+    }
+}
+
+/// The value of one sample line of `family` with `labels`, from the text exposition.
+fn sample(text: &str, family: &str, labels: &str) -> f64 {
+    let prefix = format!("{family}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix:?} in\n{text}"))
+}
+
+fn exposition(s: &Setup) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &s.registry).unwrap();
+    text
+}
+
+/// Many drift checks queue behind an empty bucket, then a user's create arrives: it is
+/// served before the queued gets, the emulator never has to answer 429, and the metrics
+/// show who waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_overtakes_queued_drift_checks_within_the_backends_limit() {
+    let _dir = plugins_or_skip!();
+    const GETS: usize = 16;
+    // Every call holds a slot, so the order is the budget's alone.
+    let s = setup(
+        &format!("{{requestsPerHour: {PER_HOUR}, burst: {BURST}}}"),
+        GETS as u32 + 2,
+    )
+    .await;
+    let ids: Vec<String> = (0..GETS).map(|i| plant(&s.emu, i)).collect();
+    let done = Arc::new(Mutex::new(Vec::<(String, Instant)>::new()));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for id in ids {
+        let (p, done) = (s.p.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let got = priority::scope(Priority::Background, p.get(&id)).await;
+            done.lock()
+                .unwrap()
+                .push((format!("get {id}"), Instant::now()));
+            got.map(|_| ())
+        }));
+    }
+    // The gets have drained the bucket (down to Background's reserve) and queued.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (p, d) = (s.p.clone(), done.clone());
+    let create = tokio::spawn(async move {
+        let id = p.create(&request("uid-new")).await;
+        d.lock().unwrap().push(("create".into(), Instant::now()));
+        id
+    });
+    let id = create.await.unwrap().expect("create");
+    assert!(!id.is_empty());
+    for t in tasks {
+        t.await.unwrap().expect("get");
+    }
+    let elapsed = start.elapsed();
+    let done = done.lock().unwrap().clone();
+    let position = done.iter().position(|(what, _)| what == "create").unwrap();
+    let order: Vec<&str> = done.iter().map(|(w, _)| w.as_str()).collect();
+    // Before the create came, at most the burst's worth of gets (minus Background's
+    // reserve) and what refilled in 300 ms could finish; everything else queued behind it.
+    assert!(
+        position <= 6,
+        "the create finished after {position} gets: {order:?}"
+    );
+    assert!(
+        done.len() - position > GETS - 6,
+        "the queued gets must finish after the create: {order:?}"
+    );
+
+    // Within the backend's limit all along: 16 gets and a create (one request each at
+    // least) over a burst of 5 at 4 a second takes about 3 s, and no 429.
+    let requests = s.emu.requests().len();
+    assert!(requests > GETS, "{requests} requests");
+    let floor = Duration::from_secs_f64((requests as f64 - f64::from(BURST)) / 4.0 * 0.9);
+    assert!(
+        elapsed >= floor,
+        "{requests} requests in {elapsed:?}: faster than the limit allows"
+    );
+    assert_eq!(s.metrics.rate_limited("hz"), 0);
+
+    // The metrics: every request counted by priority, the background ones waited.
+    let background = s.metrics.budget_requests("hz", "background");
+    let urgent = s.metrics.budget_requests("hz", "urgent");
+    assert_eq!(background as usize, GETS, "one request per get");
+    assert!(urgent >= 1);
+    assert_eq!((background + urgent) as usize, requests);
+    let text = exposition(&s);
+    let waited = sample(
+        &text,
+        "proxy_operator_plugin_budget_wait_seconds_sum",
+        "provider=\"hz\",priority=\"background\"",
+    );
+    assert!(waited > 1.0, "background waited {waited} s in all\n{text}");
+    let tokens = sample(
+        &text,
+        "proxy_operator_plugin_budget_tokens",
+        "provider=\"hz\"",
+    );
+    assert!((0.0..=f64::from(BURST)).contains(&tokens), "{tokens}");
+}
+
+/// A host budget far above what the backend allows: the first answer's `RateLimit-*`
+/// headers bring the bucket down to the backend's, and from then on the emulator never
+/// answers 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_adapts_to_the_backends_ratelimit_headers() {
+    let _dir = plugins_or_skip!();
+    let s = setup("{requestsPerHour: 360000, burst: 50}", 1).await;
+    let ids: Vec<String> = (0..3).map(|i| plant(&s.emu, i)).collect();
+    let start = Instant::now();
+    for i in 0..16 {
+        let id = &ids[i % ids.len()];
+        priority::scope(Priority::Urgent, s.p.get(id))
+            .await
+            .unwrap_or_else(|e| panic!("get {i}: {e}"));
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(s.metrics.rate_limited("hz"), 0, "no 429 at all");
+    // 16 requests at the backend's 4 a second after its burst of 5: close to 3 s, not
+    // the 0.2 s the host's own budget would have allowed.
+    assert!(elapsed >= Duration::from_millis(2400), "{elapsed:?}");
+    let text = exposition(&s);
+    let tokens = sample(
+        &text,
+        "proxy_operator_plugin_budget_tokens",
+        "provider=\"hz\"",
+    );
+    assert!(tokens < 5.0, "the bucket follows the backend's: {tokens}");
+}
+
+/// A 429 with `Retry-After` pauses every call of the provider; a 429 without one empties
+/// the bucket. Both are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_is_counted_and_empties_the_bucket() {
+    let _dir = plugins_or_skip!();
+    let s = setup("{requestsPerHour: 3600, burst: 10}", 2).await;
+    let id = plant(&s.emu, 0);
+    s.emu.inject(egress_emulators::control::Fault {
+        op: egress_emulators::control::FaultOp::Get,
+        kind: egress_emulators::control::FaultKind::RateLimit,
+        count: 1,
+    });
+    // The plugin reports the 429 as QuotaExceeded; the host counts it.
+    assert!(s.p.get(&id).await.is_err());
+    assert_eq!(s.metrics.rate_limited("hz"), 1);
+    // Empty now: the next request waits about a second (3600/h).
+    let start = Instant::now();
+    priority::scope(Priority::Urgent, s.p.get(&id))
+        .await
+        .expect("get after the 429");
+    assert!(
+        start.elapsed() >= Duration::from_millis(800),
+        "{:?}",
+        start.elapsed()
+    );
+}
