@@ -14,6 +14,7 @@
 
 use crate::api::Proxy;
 use crate::inventory::Inventory;
+use crate::provider::priority::{Priority, scope};
 use crate::provider::{Class, Instance, Provider};
 use crate::registry::ProviderRegistry;
 use kube::ResourceExt;
@@ -264,7 +265,11 @@ impl Sweeper {
                 Ok(l.instances.values().cloned().collect())
             }
             None => {
-                let r = provider.list_by_tag(&self.settings.installation).await;
+                let r = scope(
+                    Priority::Background,
+                    provider.list_by_tag(&self.settings.installation),
+                )
+                .await;
                 if let (Some(inv), Ok(list)) = (&self.inventory, &r) {
                     inv.record(name, provider, at, list.clone());
                 }
@@ -301,26 +306,28 @@ impl Sweeper {
                     );
                     self.metrics.skip(name, "no_uid");
                 }
-                Verdict::Delete => match provider.delete(&instance.id).await {
-                    Ok(()) => {
-                        info!(
-                            provider.id = instance.id.as_str(),
-                            uid = instance.uid.as_str(),
-                            "orphan deleted"
-                        );
-                        GcMetrics::provider(&self.metrics.deleted, name);
-                        out.deleted.push(instance.id.clone());
+                Verdict::Delete => {
+                    match scope(Priority::Background, provider.delete(&instance.id)).await {
+                        Ok(()) => {
+                            info!(
+                                provider.id = instance.id.as_str(),
+                                uid = instance.uid.as_str(),
+                                "orphan deleted"
+                            );
+                            GcMetrics::provider(&self.metrics.deleted, name);
+                            out.deleted.push(instance.id.clone());
+                        }
+                        Err(e) if e.class == Class::NotFound => {
+                            GcMetrics::provider(&self.metrics.deleted, name);
+                            out.deleted.push(instance.id.clone());
+                        }
+                        Err(e) => {
+                            warn!(provider.id = instance.id.as_str(), error = %e, "deleting orphan failed; retried next round");
+                            self.metrics.skip(name, "delete_failed");
+                            out.delete_errors += 1;
+                        }
                     }
-                    Err(e) if e.class == Class::NotFound => {
-                        GcMetrics::provider(&self.metrics.deleted, name);
-                        out.deleted.push(instance.id.clone());
-                    }
-                    Err(e) => {
-                        warn!(provider.id = instance.id.as_str(), error = %e, "deleting orphan failed; retried next round");
-                        self.metrics.skip(name, "delete_failed");
-                        out.delete_errors += 1;
-                    }
-                },
+                }
             }
         }
         out

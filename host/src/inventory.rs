@@ -14,6 +14,7 @@
 //! one list.
 
 use crate::api::Proxy;
+use crate::provider::priority::{Priority, scope};
 use crate::provider::{Instance, Provider, State};
 use crate::registry::ProviderRegistry;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -185,7 +186,12 @@ pub async fn list_all(
     inventory.retain(&names);
     let lists = futures::future::join_all(providers.iter().map(|(name, p)| async move {
         let at = SystemTime::now();
-        (name, p, at, p.list_by_tag(installation).await)
+        (
+            name,
+            p,
+            at,
+            scope(Priority::Background, p.list_by_tag(installation)).await,
+        )
     }))
     .await;
     let mut recheck = Vec::new();

@@ -3,13 +3,15 @@
 //! that is all in `decide.rs`.
 
 use super::decide::{
-    Answer, Call, CondView, Decision, EventNote, Failure, Input, Next, Observed, Timings, decide,
+    Answer, Call, CondView, Decision, DeletePurpose, EventNote, Failure, GetPurpose, Input, Next,
+    Observed, Timings, decide,
 };
 use super::{input, spec_hash, status};
 use crate::api::{Proxy, ProxyStatus, condition};
 use crate::health::{HealthEngine, ProbeSpec};
 use crate::inventory::Inventory;
 use crate::provider::State;
+use crate::provider::priority::{Priority, scope};
 use crate::provider::{
     Class, CreateRequest, Op, Placement, Provider, ProviderError, name_from_uid,
 };
@@ -640,17 +642,32 @@ impl<'a> Shell<'a> {
                     cloud_init: r.cloud_init.clone(),
                     port: r.port,
                 };
-                let result = provider.create(&req).await;
+                let result = scope(Priority::Urgent, provider.create(&req)).await;
                 log_call("create", &req.name, result.as_ref().err());
                 Answer::Created(result)
             }
             Call::Get { id, purpose } => {
-                let result = provider.get(&id).await;
+                // A Running Proxy's Get is a drift check: background work that waits while
+                // the provider's request budget is short. Anything else is in transition.
+                let running = self.proxy.status.as_ref().and_then(|s| s.state.as_deref())
+                    == Some(State::Running.as_str());
+                let priority = match purpose {
+                    GetPurpose::Observe if running => Priority::Background,
+                    _ => Priority::Transition,
+                };
+                let result = scope(priority, provider.get(&id)).await;
                 log_call("get", &id, result.as_ref().err());
                 Answer::Got(purpose, result)
             }
             Call::Delete { id, purpose } => {
-                let result = provider.delete(&id).await;
+                // Deleting a user's Proxy is theirs to wait for; replacing is transition.
+                let priority = match purpose {
+                    DeletePurpose::Finalize | DeletePurpose::FinalizeAfterPermanentGet => {
+                        Priority::Urgent
+                    }
+                    DeletePurpose::Replace | DeletePurpose::Stopped => Priority::Transition,
+                };
+                let result = scope(priority, provider.delete(&id)).await;
                 log_call("delete", &id, result.as_ref().err());
                 Answer::Deleted(purpose, result)
             }
