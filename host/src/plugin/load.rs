@@ -359,7 +359,7 @@ impl Runtime {
         });
         let permits = match entry {
             Some(_) => self.permits(name, limits.concurrency),
-            None => Arc::new(tokio::sync::Semaphore::new(limits.concurrency as usize)),
+            None => super::slots::Slots::new(limits.concurrency as usize),
         };
         WasmProvider {
             runtime: self.clone(),

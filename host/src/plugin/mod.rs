@@ -20,6 +20,7 @@ pub mod redact;
 mod reply;
 mod sandbox;
 pub mod sensitive;
+mod slots;
 
 pub use cache::CacheOutcome;
 pub use engine::EngineOptions;
@@ -34,10 +35,10 @@ use bindings::egress::provider::types as wit;
 use bindings::exports::egress::provider::plugin as wit_plugin;
 use bindings::exports::egress::provider::provider as wit_provider;
 use sandbox::{CallState, LimitHit, MemoryLimiter, ProviderShared, Tripwire};
+use slots::Slots;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::Semaphore;
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, Store, Trap};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
@@ -113,7 +114,7 @@ pub struct Runtime {
     /// Each provider name's call slots, kept across reloads so that calls still running on
     /// the previous generation of a provider count against the same `limits.concurrency`
     /// (what the pod's memory fit assumes). A new concurrency gets a new semaphore.
-    permits: Mutex<std::collections::BTreeMap<String, (u32, Arc<Semaphore>)>>,
+    permits: Mutex<std::collections::BTreeMap<String, (u32, Arc<Slots>)>>,
     /// Each provider name's request budget, kept across reloads like `permits`: a reload
     /// neither refills the bucket nor forgets what the backend said. A new spec gets a new
     /// bucket.
@@ -154,12 +155,12 @@ impl Runtime {
 
     /// The call slots of provider `name` with `concurrency` slots, shared with its earlier
     /// generations while the concurrency stays the same.
-    fn permits(&self, name: &str, concurrency: u32) -> Arc<Semaphore> {
+    fn permits(&self, name: &str, concurrency: u32) -> Arc<Slots> {
         let mut all = self.permits.lock().unwrap_or_else(|e| e.into_inner());
         match all.get(name) {
             Some((n, s)) if *n == concurrency => s.clone(),
             _ => {
-                let s = Arc::new(Semaphore::new(concurrency as usize));
+                let s = Slots::new(concurrency as usize);
                 all.insert(name.to_string(), (concurrency, s.clone()));
                 s
             }
@@ -301,7 +302,7 @@ pub struct WasmProvider {
     plugin: Arc<LoadedPlugin>,
     shared: Arc<ProviderShared>,
     http: Arc<http::HttpPolicy>,
-    permits: Arc<Semaphore>,
+    permits: Arc<Slots>,
 }
 
 /// What a finished call reports besides its reply, for metrics and benchmarks.
@@ -377,11 +378,10 @@ impl WasmProvider {
         if !cloud_init.is_empty() {
             self.shared.sensitive.add_cloud_init(cloud_init);
         }
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| fail(Class::Transient, "provider is shutting down".into()))?;
+        // Read here, in the caller's task: the HTTP hooks run in tasks of their own. The
+        // same priority orders the wait for a call slot and for the request budget.
+        let priority = crate::provider::priority::for_call(op);
+        let _permit = self.permits.acquire(priority).await;
         let started = Instant::now();
         let tmp = ScratchDir::new(&self.runtime.scratch_dir).map_err(|e| {
             fail(
@@ -389,8 +389,6 @@ impl WasmProvider {
                 format!("cannot create the call's /tmp: {e}"),
             )
         })?;
-        // Read here, in the caller's task: the HTTP hooks run in tasks of their own.
-        let priority = crate::provider::priority::for_call(op);
         let mut store = self
             .new_store(&tmp.0, deny_http, started + timeout, priority)
             .map_err(|e| fail(Class::Transient, format!("cannot set up the sandbox: {e}")))?;
