@@ -711,19 +711,6 @@ async fn nothing_sensitive_leaves_through_any_channel() {
     assert!(!logs.contains('\u{1b}'), "terminal escapes are escaped");
 }
 
-/// Entries of /proc/self/fd: the descriptors the whole test process holds.
-fn open_descriptors() -> u64 {
-    std::fs::read_dir("/proc/self/fd").unwrap().count() as u64
-}
-
-/// The process's resident memory, in bytes (VmRSS).
-fn resident_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib * 1024
-}
-
 /// Runs `attack` while sampling `measure` every 2 ms; returns the error and the largest
 /// sample above the one taken before.
 async fn peak_during(
@@ -770,7 +757,10 @@ async fn descriptors_and_memory_of_the_host_stay_bounded_under_attack() {
     // Warm up: the first call sets up what every call shares (pool slot, caches).
     p.get("ok").await.unwrap();
 
-    let (e, grew) = peak_during(&p, "open-files", open_descriptors).await;
+    let (e, grew) = peak_during(&p, "open-files", || {
+        support::process::descriptors(std::process::id())
+    })
+    .await;
     assert!(e.message.contains("limits.openFiles = 32"), "{e}");
     // 32 files, the call's /tmp preopen, and a few for the runtime's own threads.
     assert!(
@@ -781,7 +771,10 @@ async fn descriptors_and_memory_of_the_host_stay_bounded_under_attack() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     p.get("ok").await.unwrap();
 
-    let (e, grew) = peak_during(&p, "fields-flood:15000", resident_bytes).await;
+    let (e, grew) = peak_during(&p, "fields-flood:15000", || {
+        support::process::resident_bytes(std::process::id())
+    })
+    .await;
     assert!(e.message.contains("limits.handles = 256"), "{e}");
     // The fields hold at most handles x maxHeaderBytes = 256 x 16 KiB = 4 MiB; the guest's
     // own memory is capped at memoryMib (32 here) and the flood touches under 2 MiB of

@@ -351,22 +351,6 @@ fn refuses_to_start_when_the_providers_do_not_fit_the_pod() {
     }
 }
 
-/// Entries of /proc/PID/fd and VmRSS (bytes) of a process.
-fn descriptors_and_rss(pid: u32) -> (u64, u64) {
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count() as u64)
-        .unwrap_or(0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|k| k.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1024;
-    (fds, rss)
-}
-
 /// One hostile provider inside a running operator, its Proxies' every reconcile an attack
 /// on the host's descriptors, memory and /tmp: the operator stays within its descriptor and
 /// memory bounds, keeps answering /healthz, and the other provider's Proxy stays Ready (a
@@ -471,7 +455,10 @@ async fn a_hostile_provider_cannot_starve_the_operator_or_the_other_providers() 
         },
     )
     .await;
-    let (fds_before, rss_before) = descriptors_and_rss(pid);
+    let (fds_before, rss_before) = (
+        support::process::descriptors(pid),
+        support::process::resident_bytes(pid),
+    );
 
     let attacks = [
         ("files", "get:open-files", "limits.openFiles = 32"),
@@ -493,7 +480,10 @@ async fn a_hostile_provider_cannot_starve_the_operator_or_the_other_providers() 
     let until = Instant::now() + Duration::from_secs(15);
     let (mut fds_peak, mut rss_peak) = (fds_before, rss_before);
     while Instant::now() < until {
-        let (fds, rss) = descriptors_and_rss(pid);
+        let (fds, rss) = (
+            support::process::descriptors(pid),
+            support::process::resident_bytes(pid),
+        );
         fds_peak = fds_peak.max(fds);
         rss_peak = rss_peak.max(rss);
         assert_eq!(

@@ -182,21 +182,14 @@ impl WasiHttpHooks for HttpHooks {
                             .and_then(Result::ok),
                     };
                     match slot {
-                        Some(slot) => match take_token(&policy, &call).await {
-                            Ok(()) => {
-                                let result =
-                                    send(&policy, request, options, Arc::new(slot)).await;
-                                if let Ok((resp, _)) = &result {
-                                    feedback(&policy, &call, resp);
-                                }
-                                result
-                            }
-                            Err(()) => {
-                                stop.trip(LimitHit::Budget);
-                                tracing::warn!(target: "plugin", provider = policy.provider.as_str(), priority = call.priority.as_str(), "HTTP request not sent: the provider's request budget has no token for it before the call's deadline; the call is stopped");
-                                Err(Error::HttpRequestDenied)
-                            }
-                        },
+                        Some(slot) => {
+                            let call = Call {
+                                budget: &call,
+                                stop: &stop,
+                                shown_host: &host,
+                            };
+                            send(&policy, request, options, Arc::new(slot), call).await
+                        }
                         None => {
                             stop.trip(LimitHit::Requests);
                             tracing::warn!(target: "plugin", provider = policy.provider.as_str(), limit = policy.limits.max_in_flight, "HTTP request refused: too many requests in flight (limits.http.maxInFlight); the call is stopped");
@@ -295,11 +288,20 @@ fn min_opt(configured: Duration, requested: Option<Duration>) -> Duration {
     requested.map_or(configured, |r| r.min(configured))
 }
 
+/// What [`send`] needs of the call the request belongs to.
+struct Call<'a> {
+    budget: &'a CallBudget,
+    stop: &'a Tripwire,
+    /// The request's host as logs show it (scrubbed once, in `send_request`).
+    shown_host: &'a str,
+}
+
 async fn send(
     policy: &HttpPolicy,
     mut request: http::Request<WasiBody>,
     options: Option<RequestOptions>,
     slot: Slot,
+    call: Call<'_>,
 ) -> SendResult {
     let uri = request.uri().clone();
     let scheme = uri.scheme_str().unwrap_or_default();
@@ -308,7 +310,7 @@ async fn send(
         return Err(Error::HttpRequestUriInvalid);
     };
     tracing::Span::current().record("server.port", target.port);
-    let shown = policy.shown_host(host);
+    let shown = call.shown_host;
     let explicit = match policy.allow.decide(&target) {
         Decision::Denied => {
             tracing::warn!(target: "plugin", provider = policy.provider.as_str(), scheme = ?target.scheme, host = %shown, port = target.port, "HTTP request refused: not on the provider's allow-list");
@@ -324,6 +326,12 @@ async fn send(
             tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, "HTTP request refused: Host header differs from the URL");
             return Err(Error::HttpRequestDenied);
         }
+    }
+    // Only a request that may go out costs a token of the provider's budget.
+    if take_token(policy, call.budget).await.is_err() {
+        call.stop.trip(LimitHit::Budget);
+        tracing::warn!(target: "plugin", provider = policy.provider.as_str(), priority = call.budget.priority.as_str(), "HTTP request not sent: the provider's request budget has no token for it before the call's deadline; the call is stopped");
+        return Err(Error::HttpRequestDenied);
     }
 
     let connect_timeout = min_opt(
@@ -398,6 +406,7 @@ async fn send(
     let response = tokio::time::timeout(first_byte_timeout, sender.send_request(request))
         .await
         .map_err(|_| Error::ConnectionReadTimeout)??;
+    feedback(policy, call.budget, &response);
 
     // Response headers live in the host as long as the guest holds the response, after
     // its request has left the in-flight count: they get the same cap as the guest's own.

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod process;
 pub mod tinyproxy;
 
 use proxy_operator::config::{ProviderEntry, ProvidersFile};
