@@ -199,15 +199,9 @@ fn quote(v: &str) -> String {
 }
 
 fn info(i: wit::PluginInfo) -> Result<wit::PluginInfo, String> {
-    let label_ok = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 63
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    };
-    if !label_ok(&i.type_name) {
+    if !crate::config::is_dns1123_label(&i.type_name) {
         return Err(format!(
-            "info.type-name {} must be 1 to 63 lowercase letters, digits or '-'",
+            "info.type-name {} must be a DNS-1123 label (1 to 63 lowercase letters, digits or '-')",
             quote(&i.type_name)
         ));
     }
