@@ -246,21 +246,21 @@ async fn run() {
     let client = fake.client();
     let t = Instant::now();
     seed(&client).await;
-    let (store, reflect) = discovery::proxy_reflector(client.clone());
+    let (cache, reflect) = discovery::proxy_reflector(client.clone());
     tokio::spawn(reflect);
     fake.add_token(TOKEN, UserInfo::new("bench"));
     fake.allow(AccessRule::user("bench", ["get", "list"], ["proxies"]));
 
     let on = start(discovery::router(
-        store.clone(),
+        cache.clone(),
         Auth::Kubernetes(client.clone(), AuthSettings::default()),
     ))
     .await;
-    let off = start(discovery::router(store.clone(), Auth::DisabledInsecure)).await;
+    let off = start(discovery::router(cache.clone(), Auth::DisabledInsecure)).await;
     // Wait for the store, then warm the auth caches.
     let mut s = connect(on).await;
     loop {
-        let ready = store.state().len() == PROXIES;
+        let ready = cache.store.state().len() == PROXIES;
         if ready && once(&mut s, "/v1/proxies", Some(TOKEN)).await > 0 {
             break;
         }

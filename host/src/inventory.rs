@@ -14,6 +14,7 @@
 //! one list.
 
 use crate::api::Proxy;
+use crate::cache::ProxyCache;
 use crate::provider::priority::{Priority, scope};
 use crate::provider::{Instance, Provider, State};
 use crate::registry::ProviderRegistry;
@@ -225,13 +226,13 @@ pub async fn list_all(
     recheck
 }
 
-/// Lists every provider every `interval` (the first at once) until `stop`, and sends the
-/// Proxies a list does not confirm to `recheck`.
+/// Lists every provider every `interval` (the first at once, once `proxies` has listed)
+/// until `stop`, and sends the Proxies a list does not confirm to `recheck`.
 pub async fn run(
     inventory: Arc<Inventory>,
     registry: ProviderRegistry,
     installation: String,
-    store: Store<Proxy>,
+    proxies: ProxyCache,
     interval: Duration,
     recheck: impl Fn(ObjectRef<Proxy>),
     stop: tokio_util::sync::CancellationToken,
@@ -244,12 +245,16 @@ pub async fn run(
             _ = ticker.tick() => {}
         }
         // The first list waits for the Proxy cache, so its rechecks see every Proxy.
-        if store.wait_until_ready().await.is_err() {
+        let ready = tokio::select! {
+            _ = stop.cancelled() => return,
+            ready = proxies.synced.wait() => ready,
+        };
+        if !ready {
             return;
         }
         let refs = tokio::select! {
             _ = stop.cancelled() => return,
-            refs = list_all(&inventory, &registry, &installation, &store) => refs,
+            refs = list_all(&inventory, &registry, &installation, &proxies.store) => refs,
         };
         for r in refs {
             recheck(r);

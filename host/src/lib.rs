@@ -2,6 +2,7 @@
 //! with every cloud backend a sandboxed WebAssembly plugin.
 
 pub mod api;
+pub mod cache;
 pub mod config;
 pub mod conformance;
 pub mod controller;
@@ -20,5 +21,6 @@ pub mod provider_health;
 pub mod rbac;
 pub mod registry;
 pub mod reload;
+
 pub mod telemetry;
 pub mod testing;

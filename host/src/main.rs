@@ -834,8 +834,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
 
     // The Proxy cache behind the discovery API, also read by the proxy gauges at scrape.
-    let (store, reflect) = proxy_operator::discovery::proxy_reflector(client.clone());
-    let metrics = OperatorMetrics::new(store.clone());
+    let (cache, reflect) = proxy_operator::discovery::proxy_reflector(client.clone());
+    let metrics = OperatorMetrics::new(cache.store.clone());
     let provider_metrics = metrics.provider.clone();
     let (metrics_gc, metrics_monitor) = (metrics.gc.clone(), metrics.monitor.clone());
     let readiness = Readiness::default();
@@ -928,9 +928,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
 
     {
-        let (store, readiness) = (store.clone(), readiness.clone());
+        let (synced, readiness) = (cache.synced.clone(), readiness.clone());
         tokio::spawn(async move {
-            if store.wait_until_ready().await.is_ok() {
+            if synced.wait().await {
                 tracing::info!("proxy cache synced");
                 readiness.set_cache_synced();
             }
@@ -946,7 +946,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (provider_health, reflect_health) =
         proxy_operator::discovery::provider_health_reflector(client.clone());
     let router =
-        proxy_operator::discovery::router_with_providers(store, Some(provider_health), auth).merge(
+        proxy_operator::discovery::router_with_providers(cache, Some(provider_health), auth).merge(
             proxy_operator::ops::router(Arc::new(metrics), readiness.clone()),
         );
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -182,12 +182,12 @@ impl Env {
             namespaces: vec!["team-a".into()],
             ..Default::default()
         });
-        let (store, reflect) = discovery::proxy_reflector(client.clone());
+        let (cache, reflect) = discovery::proxy_reflector(client.clone());
         tokio::spawn(reflect);
         let auth = auth(client.clone());
         let disabled = matches!(auth, Auth::DisabledInsecure);
         let router = tracing::warn_span!("env", disabled_auth_test = disabled)
-            .in_scope(|| discovery::router(store, auth));
+            .in_scope(|| discovery::router(cache, auth));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(discovery::serve(listener, router, std::future::pending()));
@@ -989,7 +989,11 @@ async fn auth_can_be_disabled_with_a_loud_warning() {
 async fn an_unsynced_cache_answers_503_not_an_empty_list() {
     logs();
     let (store, writer) = kube::runtime::reflector::store::<Proxy>();
-    let router = discovery::router(store, Auth::DisabledInsecure);
+    let (mark, synced) = proxy_operator::cache::channel();
+    let router = discovery::router(
+        discovery::ProxyCache { store, synced },
+        Auth::DisabledInsecure,
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(discovery::serve(listener, router, std::future::pending()));
@@ -1001,7 +1005,7 @@ async fn an_unsynced_cache_answers_503_not_an_empty_list() {
             "{path}"
         );
     }
-    drop(writer);
+    drop((writer, mark));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -161,11 +161,11 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
     });
     let controller = tokio::spawn(controller::run(Arc::new(ctx), std::future::pending::<()>()));
 
-    let (store, reflect) = discovery::proxy_reflector(op.clone());
+    let (cache, reflect) = discovery::proxy_reflector(op.clone());
     let (health_store, reflect_health) = discovery::provider_health_reflector(op.clone());
     let reflectors = [tokio::spawn(reflect), tokio::spawn(reflect_health)];
     let router = discovery::router_with_providers(
-        store,
+        cache,
         Some(health_store),
         Auth::Kubernetes(op.clone(), AuthSettings::default()),
     );

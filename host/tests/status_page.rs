@@ -124,7 +124,7 @@ async fn start(auth_on: bool) -> Env {
     .await
     .unwrap();
 
-    let (store, reflect) = discovery::proxy_reflector(client.clone());
+    let (cache, reflect) = discovery::proxy_reflector(client.clone());
     let (health, reflect_health) = discovery::provider_health_reflector(client.clone());
     tokio::spawn(reflect);
     tokio::spawn(reflect_health);
@@ -133,13 +133,13 @@ async fn start(auth_on: bool) -> Env {
     } else {
         Auth::DisabledInsecure
     };
-    let router = discovery::router_with_providers(store.clone(), Some(health.clone()), auth);
+    let router = discovery::router_with_providers(cache.clone(), Some(health.clone()), auth);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(discovery::serve(listener, router, std::future::pending()));
     // Both caches hold everything before the browser looks.
     let deadline = tokio::time::Instant::now() + WAIT;
-    while store.len() < 3 || health.state().iter().all(|h| h.status.is_none()) {
+    while cache.store.len() < 3 || health.state().iter().all(|h| h.status.is_none()) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "caches did not fill"

@@ -293,6 +293,7 @@ pub async fn run(
     }
     let _stop_probes = stop_probes.drop_guard();
     let (reader, writer) = reflector::store();
+    let (mark_synced, synced) = crate::cache::channel();
     let stop_inventory = tokio_util::sync::CancellationToken::new();
     if let Some(inventory) = &ctx.inventory {
         // Proxies a new list does not confirm are reconciled at once (and so Get).
@@ -302,7 +303,10 @@ pub async fn run(
             inventory.clone(),
             ctx.registry.clone(),
             ctx.settings.installation.clone(),
-            reader.clone(),
+            crate::cache::ProxyCache {
+                store: reader.clone(),
+                synced,
+            },
             ctx.settings.timings.drift_poll,
             move |r| {
                 let _ = tx.send(r);
@@ -322,6 +326,7 @@ pub async fn run(
         writer,
         watcher(proxies, watcher::Config::default()).modify(trim_for_cache),
     )
+    .inspect(move |ev| mark_synced.observe(ev))
     .applied_objects()
     .predicate_filter(trigger_hash, PredicateConfig::default());
     Controller::for_stream(changes, reader)

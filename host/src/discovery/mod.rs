@@ -25,6 +25,8 @@ pub mod status_page;
 pub mod view;
 
 use crate::api::{ProviderHealth, Proxy};
+pub use crate::cache::ProxyCache;
+use crate::cache::Synced;
 use auth::{AuthError, Authenticator, Identity};
 use axum::Router;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -32,7 +34,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use kube::ResourceExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -40,7 +42,6 @@ use query::{BadParameter, Filters};
 use serde_json::{Value, json};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use auth::AuthSettings;
 
@@ -62,22 +63,22 @@ struct Shared {
     store: Store<Proxy>,
     /// ProviderHealth objects for the status page; None when the caller keeps none.
     providers: Option<Store<ProviderHealth>>,
-    synced: AtomicBool,
+    synced: Synced,
     auth: Option<Authenticator>,
     picker: pick::Picker,
     rendered: render::RenderCache,
 }
 
-/// The discovery API over `store` (fill it with [`proxy_reflector`], or any reflector of
-/// Proxies across all namespaces).
-pub fn router(store: Store<Proxy>, auth: Auth) -> Router {
-    router_with_providers(store, None, auth)
+/// The discovery API over `cache` (fill it with [`proxy_reflector`], or any reflector of
+/// Proxies across all namespaces); it answers 503 until the cache has listed once.
+pub fn router(cache: ProxyCache, auth: Auth) -> Router {
+    router_with_providers(cache, None, auth)
 }
 
 /// [`router`], with a reflector store of ProviderHealth objects (fill it with
 /// [`provider_health_reflector`]) whose targets the status page shows.
 pub fn router_with_providers(
-    store: Store<Proxy>,
+    cache: ProxyCache,
     providers: Option<Store<ProviderHealth>>,
     auth: Auth,
 ) -> Router {
@@ -93,9 +94,9 @@ pub fn router_with_providers(
         }
     };
     let shared = Arc::new(Shared {
-        store,
+        store: cache.store,
         providers,
-        synced: AtomicBool::new(false),
+        synced: cache.synced,
         auth,
         picker: pick::Picker::default(),
         rendered: render::RenderCache::default(),
@@ -111,18 +112,20 @@ pub fn router_with_providers(
         .with_state(shared)
 }
 
-/// A reflector store of every Proxy in the cluster and the future that keeps it filled
-/// (run it for as long as the API serves; it retries with backoff on watch errors).
-/// `managedFields` are dropped from cached objects: the API never shows them.
+/// A cache of every Proxy in the cluster and the future that keeps it filled (run it for
+/// as long as the API serves; it retries with backoff on watch errors). `managedFields`
+/// are dropped from cached objects: the API never shows them.
 pub fn proxy_reflector(
     client: kube::Client,
-) -> (Store<Proxy>, impl Future<Output = ()> + Send + 'static) {
+) -> (ProxyCache, impl Future<Output = ()> + Send + 'static) {
     let (store, writer) = reflector::store::<Proxy>();
+    let (mark, synced) = crate::cache::channel();
     let api = kube::Api::<Proxy>::all(client);
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(|p: &mut Proxy| p.managed_fields_mut().clear())
-        .reflect(writer);
+        .reflect(writer)
+        .inspect(move |ev| mark.observe(ev));
     let fut = async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(ev) = stream.next().await {
@@ -131,7 +134,7 @@ pub fn proxy_reflector(
             }
         }
     };
-    (store, fut)
+    (ProxyCache { store, synced }, fut)
 }
 
 /// A reflector store of every ProviderHealth object (cluster-scoped) and the future that
@@ -294,11 +297,7 @@ impl Shared {
 
     /// 503 until the reflector has listed once: an empty answer before that would be a lie.
     fn check_synced(&self) -> Result<(), ApiError> {
-        if self.synced.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        if let Some(Ok(())) = self.store.wait_until_ready().now_or_never() {
-            self.synced.store(true, Ordering::Relaxed);
+        if self.synced.is_synced() {
             return Ok(());
         }
         Err(ApiError::new(
