@@ -3,9 +3,14 @@
 //!
 //! The core is pure: [`Inventory`] keeps, per provider, `ID -> Instance` and the time the
 //! list was taken; [`Inventory::lookup`] answers only from a fresh list (younger than
-//! `max_age`, two drift intervals by default) taken from the provider that is configured
-//! now. A list that fails leaves the previous one in place, which then ages out: a stale
-//! inventory is never used, and the reconciler falls back to Get.
+//! `max_age`, two drift intervals by default, or two of that provider's list intervals if
+//! longer) taken from the provider that is configured now. A list that fails leaves the
+//! previous one in place, which then ages out: a stale inventory is never used, and the
+//! reconciler falls back to Get.
+//!
+//! A list costs one request per page, so its cost grows with the fleet while the budget
+//! does not: [`list_interval`] spaces a provider's lists so that they use at most
+//! [`LIST_SHARE`] of its request budget, measured on what its last list actually sent.
 //!
 //! An ID missing from a list proves nothing (the contract lets only Get conclude
 //! not-found): [`to_recheck`] names the Running Proxies a new list does not confirm, and
@@ -16,7 +21,7 @@
 use crate::api::Proxy;
 use crate::cache::ProxyCache;
 use crate::provider::priority::{Priority, scope};
-use crate::provider::{Instance, Provider, State};
+use crate::provider::{Instance, Pacing, Provider, State};
 use crate::registry::ProviderRegistry;
 use kube::runtime::reflector::{ObjectRef, Store};
 use std::collections::{BTreeMap, HashMap};
@@ -32,6 +37,9 @@ pub struct Listing {
     /// The provider that answered ([`provider_key`]): a reloaded provider starts empty.
     provider: usize,
     pub instances: HashMap<String, Instance>,
+    /// How long it stays fresh, when longer than the inventory's `max_age` (a provider
+    /// listed less often than every drift poll).
+    fresh_for: Duration,
 }
 
 impl Listing {
@@ -53,6 +61,8 @@ pub fn provider_key(p: &Arc<dyn Provider>) -> usize {
 pub struct Inventory {
     max_age: Duration,
     lists: RwLock<BTreeMap<String, Arc<Listing>>>,
+    /// Provider names with a list under way (how many marks each).
+    in_flight: RwLock<BTreeMap<String, usize>>,
 }
 
 impl Inventory {
@@ -61,6 +71,7 @@ impl Inventory {
         Inventory {
             max_age,
             lists: RwLock::new(BTreeMap::new()),
+            in_flight: Default::default(),
         }
     }
 
@@ -76,10 +87,24 @@ impl Inventory {
         at: SystemTime,
         instances: Vec<Instance>,
     ) -> Arc<Listing> {
+        self.record_for(name, provider, at, instances, Duration::ZERO)
+    }
+
+    /// [`Inventory::record`], for a list that stays fresh for `fresh_for` if that is
+    /// longer than `max_age`.
+    pub fn record_for(
+        &self,
+        name: &str,
+        provider: &Arc<dyn Provider>,
+        at: SystemTime,
+        instances: Vec<Instance>,
+        fresh_for: Duration,
+    ) -> Arc<Listing> {
         let listing = Arc::new(Listing {
             at,
             provider: provider_key(provider),
             instances: instances.into_iter().map(|i| (i.id.clone(), i)).collect(),
+            fresh_for,
         });
         let mut lists = self.lists.write().unwrap_or_else(|e| e.into_inner());
         // A slower, older list never replaces a newer one.
@@ -101,7 +126,8 @@ impl Inventory {
     ) -> Option<Arc<Listing>> {
         let lists = self.lists.read().unwrap_or_else(|e| e.into_inner());
         let l = lists.get(name)?;
-        (l.provider == provider_key(provider) && l.age(now) <= self.max_age).then(|| l.clone())
+        let fresh = l.age(now) <= self.max_age.max(l.fresh_for);
+        (l.provider == provider_key(provider) && fresh).then(|| l.clone())
     }
 
     /// What a fresh list says about instance `id`: `None` when there is no fresh list or
@@ -119,12 +145,48 @@ impl Inventory {
             .cloned()
     }
 
+    /// Whether a list of `name` is under way while it has no fresh list: the reconciler
+    /// waits for it rather than Get every Running Proxy (all of them, after a start).
+    pub fn pending(&self, name: &str, provider: &Arc<dyn Provider>, now: SystemTime) -> bool {
+        self.in_flight
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(name)
+            && self.listing(name, provider, now).is_none()
+    }
+
+    /// Marks a list of `name` as under way until the guard is dropped.
+    pub fn listing_under_way(self: &Arc<Self>, name: &str) -> InFlight {
+        *self
+            .in_flight
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.to_string())
+            .or_default() += 1;
+        InFlight(self.clone(), name.to_string())
+    }
+
     /// Forgets providers no longer configured.
     pub fn retain(&self, names: &[&str]) {
         self.lists
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|k, _| names.contains(&k.as_str()));
+    }
+}
+
+/// A list under way (see [`Inventory::listing_under_way`]).
+pub struct InFlight(Arc<Inventory>, String);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut all = self.0.in_flight.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = all.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                all.remove(&self.1);
+            }
+        }
     }
 }
 
@@ -174,90 +236,196 @@ pub fn to_recheck<'a, K: Clone + 'a>(
         .collect()
 }
 
-/// Lists every configured provider once, records each success, and returns the Proxies of
-/// `store` the new lists do not confirm.
-pub async fn list_all(
-    inventory: &Inventory,
-    registry: &ProviderRegistry,
-    installation: &str,
-    store: &Store<Proxy>,
-) -> Vec<ObjectRef<Proxy>> {
-    let providers = registry.snapshot();
-    let names: Vec<&str> = providers.keys().map(String::as_str).collect();
-    inventory.retain(&names);
-    let lists = futures::future::join_all(providers.iter().map(|(name, p)| async move {
-        let at = SystemTime::now();
-        (
-            name,
-            p,
-            at,
-            scope(Priority::Background, p.list_by_tag(installation)).await,
-        )
-    }))
-    .await;
-    let mut recheck = Vec::new();
-    for (name, provider, at, result) in lists {
-        match result {
-            Ok(instances) => {
-                debug!(
-                    provider.name = name.as_str(),
-                    instances = instances.len(),
-                    "listed"
-                );
-                let listing = inventory.record(name, provider, at, instances);
-                let running: Vec<(ObjectRef<Proxy>, RunningView)> = store
-                    .state()
-                    .iter()
-                    .filter_map(|p| Some((ObjectRef::from_obj(p.as_ref()), running_view(p, name)?)))
-                    .collect();
-                recheck.extend(to_recheck(&listing, running.iter().map(|(k, v)| (k, v))));
-            }
-            Err(e) => {
-                warn!(provider.name = name.as_str(), error = %e, "listing for the inventory failed; Running Proxies of this provider fall back to Get once the last list is stale");
-            }
-        }
+/// The share of a provider's request budget its periodic lists may use. The rest is for
+/// what users wait on (creates, deletes, Proxies in transition) and provider checks.
+pub const LIST_SHARE: f64 = 0.5;
+
+/// How long after one list of a provider the next is due: the drift poll, or longer when
+/// lists costing what the last one sent would, that often, use more than [`LIST_SHARE`] of
+/// the provider's request budget. Without a budget, or before the first list, the drift
+/// poll.
+pub fn list_interval(drift_poll: Duration, pacing: Option<Pacing>) -> Duration {
+    let Some(Pacing {
+        requests_per_hour,
+        last_list_requests: Some(cost),
+    }) = pacing
+    else {
+        return drift_poll;
+    };
+    if requests_per_hour <= 0.0 {
+        return drift_poll;
     }
-    if !recheck.is_empty() {
-        debug!(
-            proxies = recheck.len(),
-            "not confirmed by the list: reconciling (Get)"
-        );
-    }
-    recheck
+    let secs = f64::from(cost) * 3600.0 / (LIST_SHARE * requests_per_hour);
+    // At most a day: a budget configured absurdly low still gets a list now and then.
+    drift_poll.max(Duration::from_secs_f64(secs.min(86_400.0)))
 }
 
-/// Lists every provider every `interval` (the first at once, once `proxies` has listed)
-/// until `stop`, and sends the Proxies a list does not confirm to `recheck`.
-pub async fn run(
+/// How long a list taken every `interval`, and taking `took`, stays fresh: two rounds, so
+/// that one failed list does not send every Running Proxy to Get.
+pub fn fresh_for(interval: Duration, took: Duration) -> Duration {
+    (interval + took) * 2
+}
+
+/// Lists one provider, records the list, and returns the Proxies of `store` it does not
+/// confirm and when the next list of this provider is due.
+async fn list_one(
+    inventory: &Arc<Inventory>,
+    name: &str,
+    provider: &Arc<dyn Provider>,
+    installation: &str,
+    store: &Store<Proxy>,
+    drift_poll: Duration,
+) -> (Vec<ObjectRef<Proxy>>, Duration) {
+    let at = SystemTime::now();
+    let started = std::time::Instant::now();
+    // Until the list is recorded (or has failed).
+    let _under_way = inventory.listing_under_way(name);
+    let result = scope(Priority::Background, provider.list_by_tag(installation)).await;
+    let took = started.elapsed();
+    let interval = list_interval(drift_poll, provider.pacing());
+    match result {
+        Ok(instances) => {
+            debug!(
+                provider.name = name,
+                instances = instances.len(),
+                took_ms = took.as_millis() as u64,
+                next_in_s = interval.as_secs(),
+                "listed"
+            );
+            let listing =
+                inventory.record_for(name, provider, at, instances, fresh_for(interval, took));
+            let running: Vec<(ObjectRef<Proxy>, RunningView)> = store
+                .state()
+                .iter()
+                .filter_map(|p| Some((ObjectRef::from_obj(p.as_ref()), running_view(p, name)?)))
+                .collect();
+            let recheck = to_recheck(&listing, running.iter().map(|(k, v)| (k, v)));
+            if !recheck.is_empty() {
+                debug!(
+                    provider.name = name,
+                    proxies = recheck.len(),
+                    "not confirmed by the list: reconciling (Get)"
+                );
+            }
+            (recheck, interval)
+        }
+        Err(e) => {
+            warn!(provider.name = name, error = %e, "listing for the inventory failed; Running Proxies of this provider fall back to Get once the last list is stale");
+            // A failed list is retried at the drift poll, paced like a successful one.
+            (Vec::new(), interval)
+        }
+    }
+}
+
+/// Lists each configured provider when its list is due (the first at once, once `proxies`
+/// has listed; then every [`list_interval`]) until `stop`, and sends the Proxies a list
+/// does not confirm to `recheck`. Providers are listed independently: a long, paced list
+/// of a large fleet does not hold back the others.
+///
+/// Every provider configured now counts as being listed from the moment this is called
+/// (not when the task first runs): the reconciles of a start wait for the first list
+/// instead of making one Get per Running Proxy.
+pub fn run(
     inventory: Arc<Inventory>,
     registry: ProviderRegistry,
     installation: String,
     proxies: ProxyCache,
-    interval: Duration,
+    drift_poll: Duration,
+    recheck: impl Fn(ObjectRef<Proxy>) + Send + 'static,
+    stop: tokio_util::sync::CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let first: HashMap<String, InFlight> = registry
+        .snapshot()
+        .keys()
+        .map(|n| (n.clone(), inventory.listing_under_way(n)))
+        .collect();
+    run_lists(
+        inventory,
+        registry,
+        installation,
+        proxies,
+        drift_poll,
+        recheck,
+        stop,
+        first,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_lists(
+    inventory: Arc<Inventory>,
+    registry: ProviderRegistry,
+    installation: String,
+    proxies: ProxyCache,
+    drift_poll: Duration,
     recheck: impl Fn(ObjectRef<Proxy>),
     stop: tokio_util::sync::CancellationToken,
+    mut first: HashMap<String, InFlight>,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    use futures::StreamExt;
+    use tokio::time::Instant;
+    // The first lists wait for the Proxy cache, so their rechecks see every Proxy.
+    let ready = tokio::select! {
+        _ = stop.cancelled() => return,
+        ready = proxies.synced.wait() => ready,
+    };
+    if !ready {
+        return;
+    }
+    // Per provider name: when its next list is due; absent while one is running.
+    let mut due: HashMap<String, Instant> = HashMap::new();
+    let mut running = futures::stream::FuturesUnordered::new();
+    let mut listing: std::collections::HashSet<String> = Default::default();
     loop {
+        let now = Instant::now();
+        let providers = registry.snapshot();
+        let names: Vec<&str> = providers.keys().map(String::as_str).collect();
+        inventory.retain(&names);
+        due.retain(|n, _| providers.contains_key(n));
+        for (name, provider) in providers.iter() {
+            if listing.contains(name) || due.get(name).is_some_and(|at| *at > now) {
+                continue;
+            }
+            due.remove(name);
+            listing.insert(name.clone());
+            let (inventory, store, installation) = (
+                inventory.clone(),
+                proxies.store.clone(),
+                installation.clone(),
+            );
+            let (name, provider) = (name.clone(), provider.clone());
+            running.push(async move {
+                let (refs, next) = list_one(
+                    &inventory,
+                    &name,
+                    &provider,
+                    &installation,
+                    &store,
+                    drift_poll,
+                )
+                .await;
+                (name, refs, next)
+            });
+        }
+        // Wake for the next due list, and at least every drift poll to pick up providers
+        // configured since.
+        let wake = due
+            .values()
+            .copied()
+            .min()
+            .unwrap_or(now + drift_poll)
+            .min(now + drift_poll);
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
-        // The first list waits for the Proxy cache, so its rechecks see every Proxy.
-        let ready = tokio::select! {
-            _ = stop.cancelled() => return,
-            ready = proxies.synced.wait() => ready,
-        };
-        if !ready {
-            return;
-        }
-        let refs = tokio::select! {
-            _ = stop.cancelled() => return,
-            refs = list_all(&inventory, &registry, &installation, &proxies.store) => refs,
-        };
-        for r in refs {
-            recheck(r);
+            _ = tokio::time::sleep_until(wake) => {}
+            Some((name, refs, next)) = running.next(), if !running.is_empty() => {
+                listing.remove(&name);
+                first.remove(&name);
+                due.insert(name, Instant::now() + next);
+                for r in refs {
+                    recheck(r);
+                }
+            }
         }
     }
 }
@@ -322,6 +490,96 @@ mod tests {
         );
     }
 
+    /// Issue 12: lists use at most half the budget, whatever the fleet; the drift poll is
+    /// the floor. Hetzner's default budget is 3,600/h and 50 servers a page.
+    #[test]
+    fn list_interval_table() {
+        let min = |m: u64| Duration::from_secs(m * 60);
+        let poll = min(2);
+        let paced = |rph: f64, cost: Option<u32>| {
+            list_interval(
+                poll,
+                Some(Pacing {
+                    requests_per_hour: rph,
+                    last_list_requests: cost,
+                }),
+            )
+        };
+        let cases = [
+            ("no budget", list_interval(poll, None), poll),
+            ("before the first list", paced(3600.0, None), poll),
+            (
+                "1,000 servers: 20 pages fit every poll",
+                paced(3600.0, Some(20)),
+                poll,
+            ),
+            (
+                "10,000 servers: 200 pages, every 400 s",
+                paced(3600.0, Some(200)),
+                Duration::from_secs(400),
+            ),
+            (
+                "the backend halved the rate",
+                paced(1800.0, Some(200)),
+                Duration::from_secs(800),
+            ),
+            ("a zero rate does not divide", paced(0.0, Some(200)), poll),
+            (
+                "absurdly low budget: a day at most",
+                paced(1.0, Some(1000)),
+                min(24 * 60),
+            ),
+        ];
+        for (what, got, want) in cases {
+            assert_eq!(got, want, "{what}");
+        }
+        // Lists every 400 s of 200 requests: 1,800 an hour, half of 3,600.
+        assert_eq!(3600 / 400 * 200, 1800);
+    }
+
+    #[test]
+    fn a_paced_list_stays_fresh_for_two_of_its_rounds() {
+        let inv = Inventory::new(Duration::from_secs(240));
+        let a = provider("a");
+        let at = |secs: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + secs);
+        let fresh = fresh_for(Duration::from_secs(400), Duration::from_secs(100));
+        assert_eq!(fresh, Duration::from_secs(1000));
+        inv.record_for(
+            "a",
+            &a,
+            at(0),
+            vec![inst("i-1", State::Running, "x")],
+            fresh,
+        );
+        assert!(inv.lookup("a", &a, "i-1", at(999)).is_some());
+        assert!(inv.lookup("a", &a, "i-1", at(1001)).is_none());
+        // A short one keeps the inventory's own max_age.
+        inv.record_for("a", &a, at(2000), vec![], Duration::from_secs(1));
+        assert!(inv.listing("a", &a, at(2239)).is_some());
+    }
+
+    #[test]
+    fn pending_while_a_list_is_under_way_and_none_is_fresh() {
+        let inv = Arc::new(Inventory::new(Duration::from_secs(240)));
+        let a = provider("a");
+        let now = SystemTime::now();
+        assert!(!inv.pending("a", &a, now), "nothing under way");
+        {
+            let _g = inv.listing_under_way("a");
+            let g2 = inv.listing_under_way("a");
+            drop(g2);
+            assert!(inv.pending("a", &a, now), "marks are counted");
+            assert!(!inv.pending("b", &a, now), "per provider name");
+            inv.record("a", &a, now, vec![]);
+            assert!(!inv.pending("a", &a, now), "a fresh list answers instead");
+        }
+        let later = now + Duration::from_secs(1000);
+        assert!(
+            !inv.pending("a", &a, later),
+            "the list ended (or failed): Get"
+        );
+    }
+
     #[test]
     fn recheck_table() {
         let listing = Listing {
@@ -336,6 +594,7 @@ mod tests {
             .into_iter()
             .map(|i| (i.id.clone(), i))
             .collect(),
+            fresh_for: Duration::ZERO,
         };
         let view = |id: &str, ip: &str| RunningView {
             id: id.into(),

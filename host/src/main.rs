@@ -140,7 +140,10 @@ struct RunArgs {
     provisioning_poll: Duration,
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     deletion_poll: Duration,
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "2m")]
+    /// How often a Running instance is checked against its provider's list (each provider
+    /// is listed this often, or less often when its request budget calls for it). The
+    /// health probe notices a dead proxy long before this.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
     drift_poll: Duration,
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     requeue_now: Duration,

@@ -28,6 +28,14 @@ struct Setup {
 }
 
 async fn setup(host_budget: &str, concurrency: u32) -> Setup {
+    setup_with(
+        host_budget,
+        &format!("{{concurrency: {concurrency}, timeout: 30s}}"),
+    )
+    .await
+}
+
+async fn setup_with(host_budget: &str, limits: &str) -> Setup {
     let secrets = tempfile::tempdir().unwrap();
     let token = secrets.path().join("token");
     std::fs::write(&token, TOKEN).unwrap();
@@ -46,7 +54,7 @@ async fn setup(host_budget: &str, concurrency: u32) -> Setup {
     let yaml = format!(
         "name: hz\nplugin: hetzner.wasm\nadditionalHosts: ['{url}']\nallowPrivateAddresses: true\n\
          secrets: {{token: {token}}}\nbudget: {host_budget}\n\
-         limits: {{concurrency: {concurrency}, timeout: 30s}}\n\
+         limits: {limits}\n\
          config: {{endpoint: '{url}/v1', locations: [fsn1], serverTypes: [cpx11], images: {{ubuntu: ubuntu-24.04}}}}",
         token = token.display()
     );
@@ -246,5 +254,39 @@ async fn a_429_is_counted_and_empties_the_bucket() {
         start.elapsed() >= Duration::from_millis(800),
         "{:?}",
         start.elapsed()
+    );
+}
+
+/// Issue 12: waiting for the budget is the host's pacing, not the plugin's time. A list of
+/// four pages paced at one request a second (burst 2) takes about two seconds, twice its
+/// `limits.timeout`, and still completes; the provider then reports what it cost, which
+/// is what the inventory spaces its lists by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_waits_do_not_count_against_the_call_timeout() {
+    let _dir = plugins_or_skip!();
+    let s = setup_with(
+        "{requestsPerHour: 3600, burst: 2}",
+        "{concurrency: 2, timeout: 1s}",
+    )
+    .await;
+    for i in 0..170 {
+        plant(&s.emu, i);
+    }
+    assert_eq!(s.p.pacing().and_then(|p| p.last_list_requests), None);
+    let started = Instant::now();
+    let listed = priority::scope(Priority::Background, s.p.list_by_tag(INST))
+        .await
+        .expect("a paced list completes");
+    let took = started.elapsed();
+    assert_eq!(listed.len(), 170);
+    assert!(
+        took > Duration::from_millis(1500),
+        "paced by the budget: {took:?}"
+    );
+    let pacing = s.p.pacing().expect("a budget is configured");
+    assert_eq!(pacing.last_list_requests, Some(4), "50 servers a page");
+    assert!(
+        (pacing.requests_per_hour - 3600.0).abs() < 1.0,
+        "{pacing:?}"
     );
 }

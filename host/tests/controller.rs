@@ -1207,3 +1207,38 @@ async fn a_stale_inventory_falls_back_to_get() {
     tokio::time::sleep(drift * 3).await;
     assert_eq!(gets(), g2, "lists work again: no Get");
 }
+
+/// Issue 12: a restart costs one list per provider, not one Get per Running Proxy (at
+/// 10,000 Proxies that would be hours of a 3,600/h budget): the reconciles of the start
+/// wait for the first list, which confirms them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_lists_once_instead_of_a_get_per_proxy() {
+    let mut env = Env::start().await;
+    for i in 0..6 {
+        env.create(&format!("p{i}"), spec("z1")).await;
+    }
+    for i in 0..6 {
+        env.wait_running(&format!("p{i}")).await;
+    }
+    env.crash_controller().await;
+    // A new process: nothing listed yet.
+    let drift = settings().timings.drift_poll;
+    env.inventory = Some(Arc::new(Inventory::new(drift * 3)));
+    // A backend that takes its time: the first list is still under way when the start's
+    // reconciles run.
+    env.fake.set_behaviour(Behaviour {
+        latency: drift / 2,
+        ..Default::default()
+    });
+    let before = env.fake.calls().len();
+    env.start_controller();
+    tokio::time::sleep(drift * 3).await;
+    let calls = env.fake.calls()[before..].to_vec();
+    let count = |op| calls.iter().filter(|(o, _)| *o == op).count();
+    assert_eq!(count(Op::Get), 0, "{calls:?}");
+    assert!(count(Op::List) >= 1, "{calls:?}");
+    for i in 0..6 {
+        let p = env.wait_running(&format!("p{i}")).await;
+        assert!(p.status.unwrap().ip.is_some());
+    }
+}

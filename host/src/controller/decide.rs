@@ -38,7 +38,7 @@ impl Default for Timings {
         Timings {
             provisioning_poll: Duration::from_secs(10),
             deletion_poll: Duration::from_secs(10),
-            drift_poll: Duration::from_secs(120),
+            drift_poll: Duration::from_secs(300),
             requeue_now: Duration::from_secs(1),
             quota_retry: Duration::from_secs(300),
             input_retry: Duration::from_secs(30),
@@ -123,6 +123,9 @@ pub struct Observed {
     /// The instance `provider_id` as the provider's last fresh list shows it; `None` when
     /// no fresh list shows it (only Get can tell then).
     pub listed: Option<Instance>,
+    /// A list of this provider is under way and no fresh one exists yet (just after start,
+    /// or a reload): it will answer for every Running Proxy at once.
+    pub list_pending: bool,
 }
 
 impl Observed {
@@ -143,14 +146,20 @@ impl Observed {
     /// ID, Running, same address. Everything else (a Proxy in transition, an instance
     /// missing from the list, stopped or moved) is left to Get.
     fn listed_unchanged(&self) -> Option<&Instance> {
-        let c = self.provisioned.as_ref()?;
-        if c.status != "True" || c.reason != reason::RUNNING {
+        if !self.running_as_recorded() {
             return None;
         }
         let inst = self.listed.as_ref()?;
         let same = Some(&inst.id) == self.provider_id.as_ref()
             && crate::inventory::listed_running_at(Some(inst), self.ip.as_deref()?);
         same.then_some(inst)
+    }
+
+    /// Provisioned=True with reason Running: the state a drift check looks at.
+    fn running_as_recorded(&self) -> bool {
+        self.provisioned
+            .as_ref()
+            .is_some_and(|c| c.status == "True" && c.reason == reason::RUNNING)
     }
 
     /// A permanent error from this generation: no provider calls until the spec changes.
@@ -426,6 +435,13 @@ fn plan(o: &Observed, t: &Timings) -> Decision {
         if let Some(inst) = o.listed_unchanged() {
             // The drift check, answered by the provider's list: no call.
             return observe(o, inst, t);
+        }
+        if o.list_pending && o.running_as_recorded() {
+            // The list under way answers for this Proxy and all the others; a Get each
+            // (every Proxy at start) would spend the budget the list needs. A Proxy the
+            // list does not confirm is sent back at once; if the list fails, this one Gets
+            // at its next drift poll.
+            return Decision::next(Next::Requeue(t.drift_poll));
         }
         return Decision::next(Next::Call(Call::Get {
             id: id.clone(),
@@ -779,6 +795,7 @@ mod tests {
             provisioned: Some(cond("True", reason::RUNNING, 1)),
             ip: Some("192.0.2.1".into()),
             listed: None,
+            list_pending: false,
         }
     }
 
@@ -1087,6 +1104,33 @@ mod tests {
                 with(|o| o.listed = None),
                 None,
                 want(get(GetPurpose::Observe)),
+            ),
+            (
+                "Running, not yet listed, the first list under way: no call, DriftPoll",
+                with(|o| o.list_pending = true),
+                None,
+                want(Next::Requeue(t.drift_poll)),
+            ),
+            (
+                "Provisioning, the first list under way: Get (transitions never wait for it)",
+                with(|o| {
+                    o.list_pending = true;
+                    o.provisioned = Some(cond("False", reason::PROVISIONING, 1));
+                }),
+                None,
+                want(get(GetPurpose::Observe)),
+            ),
+            (
+                "Running, the first list under way, spec changed: replace at once",
+                with(|o| {
+                    o.list_pending = true;
+                    o.input = Input::Resolved { hash: "h2".into() };
+                }),
+                None,
+                want(delete(DeletePurpose::Replace))
+                    .cond(false, reason::REPLACING)
+                    .status(|s| s.address = Some(None))
+                    .events(&[event::REPLACING]),
             ),
             (
                 "Running, listed at another address: Get",

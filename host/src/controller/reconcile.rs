@@ -488,6 +488,7 @@ impl<'a> Shell<'a> {
         let mut status = self.proxy.status.clone().unwrap_or_default();
         let has_finalizer = self.proxy.finalizers().iter().any(|f| f == FINALIZER);
         let listed = self.listed(&status);
+        let list_pending = listed.is_none() && self.list_pending();
         let mut answer: Option<Answer> = None;
         for _ in 0..MAX_STEPS {
             let observed = observe(
@@ -497,6 +498,7 @@ impl<'a> Shell<'a> {
                 self.provider.is_some(),
                 input.clone(),
                 listed.clone(),
+                list_pending,
             );
             let Decision {
                 status: change,
@@ -544,6 +546,18 @@ impl<'a> Shell<'a> {
             &self.proxy.spec.provider,
             provider,
             id,
+            std::time::SystemTime::now(),
+        )
+    }
+
+    /// Whether the provider's list under way will answer for this Proxy (no fresh one yet).
+    fn list_pending(&self) -> bool {
+        let (Some(inventory), Some(provider)) = (&self.ctx.inventory, &self.provider) else {
+            return false;
+        };
+        inventory.pending(
+            &self.proxy.spec.provider,
+            provider,
             std::time::SystemTime::now(),
         )
     }
@@ -862,6 +876,7 @@ pub fn observe(
     provider_configured: bool,
     input: Input,
     listed: Option<crate::provider::Instance>,
+    list_pending: bool,
 ) -> Observed {
     Observed {
         generation: proxy.metadata.generation.unwrap_or_default(),
@@ -876,6 +891,7 @@ pub fn observe(
         port: proxy.spec.port,
         ip: status.ip.clone().filter(|s| !s.is_empty()),
         listed,
+        list_pending,
         provisioned: status
             .conditions
             .iter()
@@ -960,6 +976,7 @@ mod tests {
             false,
             Input::Resolved { hash: "h".into() },
             None,
+            false,
         );
         assert_eq!(o.generation, 3);
         assert!(o.skip_cleanup && o.has_finalizer && !o.deleting && !o.provider_configured);

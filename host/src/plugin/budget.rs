@@ -298,6 +298,11 @@ impl Budget {
         self.lock().tokens(Instant::now())
     }
 
+    /// The refill rate in force (lower than configured when the backend says so), per hour.
+    pub fn rate_per_hour(&self) -> f64 {
+        self.lock().rate() * 3600.0
+    }
+
     /// Waits for a token in priority order; returns how long it waited. Refuses at once
     /// when the token would only come after `deadline`. Dropping the future leaves the
     /// queue.

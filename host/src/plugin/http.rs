@@ -85,9 +85,32 @@ pub const IN_FLIGHT_GRACE: Duration = Duration::from_millis(500);
 pub struct CallBudget {
     /// The call's priority, read from the caller's task when the call started.
     pub priority: super::budget::Priority,
-    /// The call's deadline: a token that would come later is not waited for.
-    pub deadline: Instant,
+    /// The call's clock: a token that would come after its last useful moment is not
+    /// waited for, and time spent waiting moves its deadline back.
+    pub clock: Arc<super::clock::CallClock>,
     pub metrics: Option<super::PluginMetrics>,
+    /// Requests sent, for the call's stats (the inventory paces its lists by them).
+    sent: std::sync::atomic::AtomicU32,
+}
+
+impl CallBudget {
+    pub fn new(
+        priority: super::budget::Priority,
+        clock: Arc<super::clock::CallClock>,
+        metrics: Option<super::PluginMetrics>,
+    ) -> Self {
+        CallBudget {
+            priority,
+            clock,
+            metrics,
+            sent: Default::default(),
+        }
+    }
+
+    /// Requests the call sent so far.
+    pub fn sent(&self) -> u32 {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// The hooks one call's Store uses.
@@ -217,13 +240,19 @@ impl WasiHttpHooks for HttpHooks {
 /// Waits for a token of the provider's budget, in the call's priority order (no budget:
 /// at once). `Err`: none before the call's deadline.
 async fn take_token(policy: &HttpPolicy, call: &CallBudget) -> Result<(), ()> {
+    call.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let Some(budget) = &policy.budget else {
         return Ok(());
     };
-    let waited = budget
-        .acquire(call.priority, call.deadline)
-        .await
-        .map_err(|_| ())?;
+    let waited = {
+        let _waiting = call.clock.wait();
+        budget
+            .acquire(call.priority, call.clock.last_token_at())
+            .await
+    };
+    let waited = waited.map_err(|_| {
+        call.sent.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    })?;
     if let Some(m) = &call.metrics {
         m.budget().granted(
             &policy.provider,

@@ -367,6 +367,7 @@ impl Runtime {
             shared: Arc::new(provider_shared(name, limits, entry, sensitive)),
             http,
             permits,
+            last_list_requests: Default::default(),
         }
     }
 

@@ -9,6 +9,7 @@
 pub mod bindings;
 pub mod budget;
 mod cache;
+pub mod clock;
 mod engine;
 mod fs;
 mod http;
@@ -303,6 +304,8 @@ pub struct WasmProvider {
     shared: Arc<ProviderShared>,
     http: Arc<http::HttpPolicy>,
     permits: Arc<Slots>,
+    /// Requests the last successful list-by-tag sent (0: none yet), for [`Pacing`].
+    last_list_requests: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// What a finished call reports besides its reply, for metrics and benchmarks.
@@ -310,6 +313,8 @@ pub struct WasmProvider {
 pub struct CallStats {
     pub fuel_used: u64,
     pub duration: Duration,
+    /// Backend requests the call sent (past the allow-list and the budget).
+    pub requests: u32,
 }
 
 impl WasmProvider {
@@ -383,6 +388,12 @@ impl WasmProvider {
         let priority = crate::provider::priority::for_call(op);
         let _permit = self.permits.acquire(priority).await;
         let started = Instant::now();
+        let allowance = if op == Op::Load {
+            Duration::ZERO
+        } else {
+            clock::budget_wait_allowance(timeout)
+        };
+        let clock = Arc::new(clock::CallClock::new(started, timeout, allowance));
         let tmp = ScratchDir::new(&self.runtime.scratch_dir).map_err(|e| {
             fail(
                 Class::Transient,
@@ -390,17 +401,30 @@ impl WasmProvider {
             )
         })?;
         let mut store = self
-            .new_store(&tmp.0, deny_http, started + timeout, priority)
+            .new_store(&tmp.0, deny_http, clock.clone(), priority)
             .map_err(|e| fail(Class::Transient, format!("cannot set up the sandbox: {e}")))?;
         let stop = store.data().stop.clone();
 
         // Dropping the call's future drops its guest mid-call: the Store and /tmp go with
         // it. A limit tripped outside the guest's own code (an HTTP future, a host call the
         // guest is blocked in) ends the call at once.
-        let outcome = tokio::select! {
-            r = tokio::time::timeout(timeout, dispatch(&self.plugin.pre, &mut store, call)) => Some(r),
-            () = stop.tripped() => Some(Ok(Err(wasmtime::format_err!("stopped by a limit")))),
-            () = cancelled.cancelled() => None,
+        // `Err(())`: out of time (see `CallClock`: budget waits do not count).
+        let outcome: Option<Result<wasmtime::Result<Reply>, ()>> = {
+            let run = dispatch(&self.plugin.pre, &mut store, call);
+            tokio::pin!(run);
+            loop {
+                let deadline = tokio::time::Instant::from_std(clock.deadline(Instant::now()));
+                tokio::select! {
+                    r = &mut run => break Some(Ok(r)),
+                    () = tokio::time::sleep_until(deadline) => {
+                        if clock.expired(Instant::now()) {
+                            break Some(Err(()));
+                        }
+                    }
+                    () = stop.tripped() => break Some(Ok(Err(wasmtime::format_err!("stopped by a limit")))),
+                    () = cancelled.cancelled() => break None,
+                }
+            }
         };
 
         let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
@@ -408,6 +432,7 @@ impl WasmProvider {
         let stats = CallStats {
             fuel_used,
             duration: started.elapsed(),
+            requests: state.hooks.budget.sent(),
         };
         // The first limit that tripped is the one reported, whatever the guest did after
         // (a refused request it ignored still ends the call). The error is built before
@@ -424,7 +449,12 @@ impl WasmProvider {
                     stop.trip(hit);
                 }
                 if outcome.is_err() {
-                    stop.trip(LimitHit::Deadline);
+                    // Out of time while a request waited for a token: the budget's doing.
+                    stop.trip(if clock.is_waiting() {
+                        LimitHit::Budget
+                    } else {
+                        LimitHit::Deadline
+                    });
                 }
                 match (stop.hit(), outcome) {
                     (Some(hit), _) => (
@@ -479,11 +509,29 @@ impl WasmProvider {
         self.http.budget.as_ref().map(|b| b.spec())
     }
 
+    /// Remembers what a successful list cost, for [`WasmProvider::pacing`].
+    pub(crate) fn record_list_cost(&self, stats: &CallStats) {
+        self.last_list_requests
+            .store(stats.requests, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The request rate in force and the last list's cost; `None` without a budget.
+    pub fn pacing(&self) -> Option<crate::provider::Pacing> {
+        let budget = self.http.budget.as_ref()?;
+        let last = self
+            .last_list_requests
+            .load(std::sync::atomic::Ordering::Relaxed);
+        Some(crate::provider::Pacing {
+            requests_per_hour: budget.rate_per_hour(),
+            last_list_requests: (last > 0).then_some(last),
+        })
+    }
+
     fn new_store(
         &self,
         tmp: &Path,
         deny_http: bool,
-        deadline: Instant,
+        clock: Arc<clock::CallClock>,
         priority: budget::Priority,
     ) -> wasmtime::Result<Store<CallState>> {
         let limits = &self.shared.limits;
@@ -512,11 +560,7 @@ impl WasmProvider {
                 deny_http,
                 tracing::Span::current(),
                 stop.clone(),
-                http::CallBudget {
-                    priority,
-                    deadline,
-                    metrics: self.runtime.metrics.get().cloned(),
-                },
+                http::CallBudget::new(priority, clock.clone(), self.runtime.metrics.get().cloned()),
             ),
             limiter: MemoryLimiter::new(
                 (u64::from(limits.memory_mib) << 20).min(self.runtime.max_memory_bytes) as usize,
@@ -526,7 +570,7 @@ impl WasmProvider {
             shared: self.shared.clone(),
             log_lines: 0,
             log_dropped: 0,
-            deadline,
+            clock,
             fs: fs::FsLimits::new(
                 u64::from(limits.tmp_mib) << 20,
                 limits.open_files as usize,

@@ -170,7 +170,9 @@ pub struct CallState {
     pub(super) redactor: Arc<Redactor>,
     pub(super) log_lines: u32,
     pub(super) log_dropped: u32,
-    pub(super) deadline: Instant,
+    /// The call's wall clock (its deadline moves back by the time spent waiting for the
+    /// request budget).
+    pub(super) clock: Arc<super::clock::CallClock>,
     /// `/tmp` quota and open files.
     pub(super) fs: FsLimits,
     /// Which limit stopped the call (shared with the HTTP hooks and the `/tmp` streams).
@@ -285,8 +287,12 @@ impl CallState {
         if let Some(hit) = self.stop.hit() {
             return Err(wasmtime::format_err!("limit reached: {hit:?}"));
         }
-        if Instant::now() >= self.deadline {
-            self.stop.trip(LimitHit::Deadline);
+        if self.clock.expired(Instant::now()) {
+            self.stop.trip(if self.clock.is_waiting() {
+                LimitHit::Budget
+            } else {
+                LimitHit::Deadline
+            });
             return Err(wasmtime::format_err!("call deadline reached"));
         }
         Ok(wasmtime::UpdateDeadline::Yield(1))

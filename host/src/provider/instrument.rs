@@ -160,6 +160,10 @@ impl<P: Provider> Provider for Instrumented<P> {
     fn private_addresses_allowed(&self) -> bool {
         self.inner.private_addresses_allowed()
     }
+
+    fn pacing(&self) -> Option<super::Pacing> {
+        self.inner.pacing()
+    }
 }
 
 impl<P: Provider> Instrumented<P> {

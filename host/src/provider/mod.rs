@@ -129,6 +129,20 @@ pub trait Provider: Send + Sync {
     fn private_addresses_allowed(&self) -> bool {
         false
     }
+    /// How the inventory may pace its lists of this provider; `None` when nothing limits
+    /// its requests (no request budget).
+    fn pacing(&self) -> Option<Pacing> {
+        None
+    }
+}
+
+/// A provider's request rate and what listing it costs, for spacing its periodic lists.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pacing {
+    /// The rate its request budget allows now.
+    pub requests_per_hour: f64,
+    /// Backend requests its last successful list sent (pages, mostly), once known.
+    pub last_list_requests: Option<u32>,
 }
 
 /// A provider shared between owners (the reloader keeps what the registry serves) is still
@@ -158,5 +172,8 @@ impl<P: Provider + ?Sized> Provider for std::sync::Arc<P> {
     }
     fn private_addresses_allowed(&self) -> bool {
         (**self).private_addresses_allowed()
+    }
+    fn pacing(&self) -> Option<Pacing> {
+        (**self).pacing()
     }
 }

@@ -129,11 +129,14 @@ impl Provider for WasmProvider {
     }
 
     async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        match self
-            .call(Op::List, "", &[], Call::List(installation))
-            .await?
-        {
-            Reply::List(Ok(list)) => Ok(list.into_iter().map(instance_of).collect()),
+        let (reply, stats) = self
+            .invoke(Op::List, "", &[], false, Call::List(installation))
+            .await?;
+        match reply {
+            Reply::List(Ok(list)) => {
+                self.record_list_cost(&stats);
+                Ok(list.into_iter().map(instance_of).collect())
+            }
             Reply::List(Err(e)) => Err(self.wrap(Op::List, "", e)),
             _ => unreachable!("list-by-tag returns Reply::List"),
         }
@@ -145,6 +148,10 @@ impl Provider for WasmProvider {
 
     fn private_addresses_allowed(&self) -> bool {
         WasmProvider::private_addresses_allowed(self)
+    }
+
+    fn pacing(&self) -> Option<super::Pacing> {
+        WasmProvider::pacing(self)
     }
 
     /// A check never fails as a whole: a failed call becomes one not-ready target.
