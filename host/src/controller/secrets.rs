@@ -252,7 +252,8 @@ mod tests {
             resource_version: Some(rv),
         };
         let h5 = held("5");
-        let cases: &[(&str, Seen<'_>, Option<&Arc<Held>>, &str, Read)] = &[
+        type Case<'a> = (&'a str, Seen<'a>, Option<&'a Arc<Held>>, &'a str, Read);
+        let cases: &[Case<'_>] = &[
             (
                 "hit",
                 at("5"),
@@ -374,15 +375,17 @@ mod tests {
 
     #[test]
     fn held_copies_take_data_over_string_data_and_need_a_version() {
-        let mut s = Secret::default();
-        s.string_data = Some(
-            [
-                ("a".to_string(), "plain".to_string()),
-                ("b".to_string(), "plain".to_string()),
-            ]
-            .into(),
-        );
-        s.data = Some([("b".to_string(), ByteString(b"bytes".to_vec()))].into());
+        let mut s = Secret {
+            string_data: Some(
+                [
+                    ("a".to_string(), "plain".to_string()),
+                    ("b".to_string(), "plain".to_string()),
+                ]
+                .into(),
+            ),
+            data: Some([("b".to_string(), ByteString(b"bytes".to_vec()))].into()),
+            ..Secret::default()
+        };
         assert_eq!(Held::from_secret(&s), None, "no resourceVersion");
         s.metadata.resource_version = Some("9".into());
         let h = Held::from_secret(&s).unwrap();
