@@ -61,6 +61,10 @@ pub struct RequestRecord {
     pub user: Option<String>,
     /// HTTP status of the answer (200 for a watch that started).
     pub code: u16,
+    /// The client asked for metadata only (`Accept: application/json;as=PartialObjectMetadata...`,
+    /// what kube's `Api<PartialObjectMeta<K>>` sends): the answer carried no spec, data or
+    /// status.
+    pub metadata_only: bool,
 }
 
 impl RequestRecord {
@@ -87,6 +91,8 @@ struct Inner {
     auth: Mutex<AuthConfig>,
     requests: Mutex<Vec<RequestRecord>>,
     injections: Mutex<Vec<Injection>>,
+    /// (verb, resource, delay) of [`FakeApi::delay`].
+    delays: Mutex<Vec<(&'static str, String, Duration)>>,
     bookmark_interval: Mutex<Duration>,
 }
 
@@ -99,6 +105,22 @@ pub struct FakeApi {
 impl Default for FakeApi {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// One of the RBAC verbs requests are recorded with (panics on anything else: a typo in a
+/// test).
+fn static_verb(verb: &str) -> &'static str {
+    match verb {
+        "get" => "get",
+        "list" => "list",
+        "watch" => "watch",
+        "create" => "create",
+        "update" => "update",
+        "patch" => "patch",
+        "delete" => "delete",
+        "deletecollection" => "deletecollection",
+        other => panic!("unknown verb {other:?}"),
     }
 }
 
@@ -117,6 +139,7 @@ impl FakeApi {
                 auth: Mutex::new(AuthConfig::default()),
                 requests: Mutex::new(Vec::new()),
                 injections: Mutex::new(Vec::new()),
+                delays: Mutex::new(Vec::new()),
                 bookmark_interval: Mutex::new(Duration::from_secs(5)),
             }),
         }
@@ -290,17 +313,7 @@ impl FakeApi {
     /// The next `times` requests with `verb` (get, list, watch, create, update, patch,
     /// delete, deletecollection) on `resource` fail with `error`.
     pub fn inject_error(&self, verb: &str, resource: &str, error: ApiError, times: usize) {
-        let verb: &'static str = match verb {
-            "get" => "get",
-            "list" => "list",
-            "watch" => "watch",
-            "create" => "create",
-            "update" => "update",
-            "patch" => "patch",
-            "delete" => "delete",
-            "deletecollection" => "deletecollection",
-            other => panic!("unknown verb {other:?}"),
-        };
+        let verb = static_verb(verb);
         lock(&self.inner.injections).push(Injection {
             verbs: vec![verb],
             resource: resource.to_string(),
@@ -319,6 +332,32 @@ impl FakeApi {
                 None => (String::new(), resource.to_string()),
             },
         }
+    }
+
+    /// Every later request with `verb` on `resource` (as for [`FakeApi::inject_error`])
+    /// waits `by` before it is served, like a slow API server: for tests of what
+    /// concurrent callers do while a request is in flight. `Duration::ZERO` removes it.
+    pub fn delay(&self, verb: &str, resource: &str, by: Duration) {
+        let verb = static_verb(verb);
+        let mut delays = lock(&self.inner.delays);
+        delays.retain(|(v, r, _)| !(*v == verb && r == resource));
+        if !by.is_zero() {
+            delays.push((verb, resource.to_string(), by));
+        }
+    }
+
+    pub(crate) fn delay_for(&self, verb: &str, rt: &registry::ResourceType) -> Option<Duration> {
+        let full = format!("{}.{}", rt.plural, rt.group);
+        lock(&self.inner.delays)
+            .iter()
+            .find(|(v, r, _)| {
+                *v == verb
+                    && (*r == rt.plural
+                        || *r == full
+                        || r.eq_ignore_ascii_case(&rt.kind)
+                        || rt.short_names.contains(r))
+            })
+            .map(|(_, _, d)| *d)
     }
 
     pub(crate) fn take_injection(

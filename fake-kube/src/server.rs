@@ -241,6 +241,7 @@ pub async fn handle(api: FakeApi, req: Request<Body>) -> Response<Body> {
         field_manager: q.get("fieldManager").cloned(),
         user,
         code: 200,
+        metadata_only: view_of(&headers) == View::Metadata,
     };
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
@@ -380,6 +381,9 @@ async fn resource_request(
             ));
         }
     };
+    if let Some(d) = api.delay_for(verb, &rt) {
+        tokio::time::sleep(d).await;
+    }
     if let Some(e) = api.take_injection(verb, &rt, rp.name.as_deref()) {
         return Err(e);
     }
@@ -1023,7 +1027,16 @@ impl StreamCtx {
         if initial_end {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        let obj = json!({"kind": self.rt.kind, "apiVersion": self.rt.api_version(&self.version), "metadata": meta});
+        // A metadata-only watch gets its bookmarks as PartialObjectMetadata too, as from
+        // a real server.
+        let obj = match self.view {
+            View::Metadata => {
+                json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta})
+            }
+            _ => {
+                json!({"kind": self.rt.kind, "apiVersion": self.rt.api_version(&self.version), "metadata": meta})
+            }
+        };
         self.tx
             .send(line_bytes(&json!({"type": "BOOKMARK", "object": obj})))
             .await

@@ -642,6 +642,171 @@ async fn watcher_sees_add_modify_delete() {
     }
 }
 
+/// kube's metadata-only watch (`Api<PartialObjectMeta<K>>`, as an operator watching
+/// Secrets without their values uses it): list and watch ask for PartialObjectMetadata and
+/// get names, resourceVersions and the rest of `metadata`, never `data`; bookmarks come as
+/// PartialObjectMetadata too.
+#[tokio::test]
+async fn metadata_only_list_and_watch_carry_no_data() {
+    use kube::core::PartialObjectMeta;
+    let sentinel = "SENTINEL-metadata-only-5f2a";
+    let api = FakeApi::new();
+    api.set_bookmark_interval(Duration::from_millis(50));
+    let client = api.client();
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let mut other = Namespace::default();
+    other.metadata.name = Some("other".into());
+    nss.create(&PostParams::default(), &other).await.unwrap();
+    let secret = |name: &str| {
+        let mut s = Secret::default();
+        s.metadata.name = Some(name.into());
+        s.string_data = Some(BTreeMap::from([("v".to_string(), sentinel.to_string())]));
+        s
+    };
+    let in_default: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let in_other: Api<Secret> = Api::namespaced(client.clone(), "other");
+    in_default
+        .create(&PostParams::default(), &secret("listed"))
+        .await
+        .unwrap();
+
+    let metas: Api<PartialObjectMeta<Secret>> = Api::all(client.clone());
+    let mut stream = watcher(metas.clone(), watcher::Config::default()).boxed();
+    macro_rules! next {
+        () => {
+            tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap()
+        };
+    }
+    assert!(matches!(next!(), watcher::Event::Init));
+    match next!() {
+        watcher::Event::InitApply(m) => {
+            assert_eq!(
+                (m.metadata.namespace.as_deref(), m.name_any().as_str()),
+                (Some("default"), "listed")
+            );
+            assert!(m.metadata.resource_version.is_some() && m.metadata.uid.is_some());
+        }
+        other => panic!("expected the listed Secret, got {other:?}"),
+    }
+    assert!(matches!(next!(), watcher::Event::InitDone));
+
+    let created = in_other
+        .create(&PostParams::default(), &secret("watched"))
+        .await
+        .unwrap();
+    let patched = in_other
+        .patch(
+            "watched",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"v": format!("{sentinel}-2")}})),
+        )
+        .await
+        .unwrap();
+    in_other
+        .delete("watched", &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut seen = vec![];
+    while seen.len() < 3 {
+        match next!() {
+            watcher::Event::Apply(m) => seen.push(("apply", m)),
+            watcher::Event::Delete(m) => seen.push(("delete", m)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let kinds: Vec<_> = seen.iter().map(|(k, _)| *k).collect();
+    assert_eq!(kinds, ["apply", "apply", "delete"]);
+    assert_eq!(
+        seen[0].1.metadata.resource_version,
+        created.metadata.resource_version
+    );
+    assert_eq!(
+        seen[1].1.metadata.resource_version,
+        patched.metadata.resource_version
+    );
+    assert!(
+        seen.iter()
+            .all(|(_, m)| m.metadata.namespace.as_deref() == Some("other"))
+    );
+
+    // What went over the wire: the raw answers to the same requests hold no value, and the
+    // request log says they were metadata-only.
+    for (uri, needle) in [
+        ("/api/v1/secrets", "PartialObjectMetadataList"),
+        (
+            "/api/v1/secrets?watch=true&resourceVersion=0&allowWatchBookmarks=true&timeoutSeconds=1",
+            "PartialObjectMetadata",
+        ),
+    ] {
+        let req = http::Request::get(uri)
+            .header(
+                http::header::ACCEPT,
+                "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+            )
+            .body(Vec::new())
+            .unwrap();
+        let text = client.request_text(req).await.unwrap();
+        assert!(text.contains(needle), "{uri}: {text}");
+        let encoded = data_encoding::BASE64.encode(sentinel.as_bytes());
+        assert!(
+            !text.contains(sentinel) && !text.contains(&encoded[..16]),
+            "{uri}: {text}"
+        );
+        if uri.contains("watch=true") {
+            let events: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert!(events.iter().any(|e| e["type"] == "BOOKMARK"), "{text}");
+            for e in &events {
+                assert_eq!(e["object"]["kind"], "PartialObjectMetadata", "{e}");
+            }
+        }
+    }
+    let secret_reads: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.resource.as_deref() == Some("secrets") && matches!(r.verb.as_str(), "list" | "watch")
+        })
+        .collect();
+    assert!(secret_reads.iter().any(|r| r.verb == "watch"));
+    assert!(
+        secret_reads.iter().all(|r| r.metadata_only),
+        "{secret_reads:?}"
+    );
+    // A plain list is not metadata-only.
+    in_default.list(&Default::default()).await.unwrap();
+    assert!(!api.requests().last().unwrap().metadata_only);
+}
+
+/// A slowed verb on one resource waits; other verbs and resources do not; zero resets it.
+#[tokio::test]
+async fn delay_slows_one_verb_of_one_resource() {
+    let api = FakeApi::new();
+    let cms: Api<ConfigMap> = Api::default_namespaced(api.client());
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("c".into());
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    async fn timed(f: impl std::future::Future<Output = ()>) -> Duration {
+        let t = tokio::time::Instant::now();
+        f.await;
+        t.elapsed()
+    }
+    api.delay("get", "configmaps", Duration::from_millis(300));
+    let slow = timed(async { cms.get("c").await.map(|_| ()).unwrap() }).await;
+    assert!(slow >= Duration::from_millis(300), "{slow:?}");
+    let list = timed(async { cms.list(&Default::default()).await.map(|_| ()).unwrap() }).await;
+    assert!(list < Duration::from_millis(300), "{list:?}");
+    api.delay("get", "configmaps", Duration::ZERO);
+    let fast = timed(async { cms.get("c").await.map(|_| ()).unwrap() }).await;
+    assert!(fast < Duration::from_millis(300), "{fast:?}");
+}
+
 #[tokio::test]
 async fn watch_resumes_and_expires() {
     let api = FakeApi::new();

@@ -1059,6 +1059,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 async move {
                     tracing::info!("leading: starting the reconciler, GC and health checks");
                     tokio::join!(
+                        // The reconciler, with its health engine, inventory loop and the
+                        // metadata watch of cloud-init Secrets (see controller::secret_cache):
+                        // all of them stop with leadership, and the Secret data held goes.
                         controller::run(ctx, stop.cancelled_owned()),
                         sweeper.run(term.cancelled()),
                         monitor_run,

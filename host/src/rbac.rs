@@ -83,10 +83,10 @@ pub const RULES: &[Rule] = &[
     Rule {
         group: "",
         resource: "secrets",
-        verbs: &["get"],
+        verbs: &["get", "list", "watch"],
         names: &[],
         scope: Scope::Cluster,
-        why: "reconciler: a Proxy's cloudInit.secretKeyRef, in the Proxy's namespace (no list, no watch)",
+        why: "reconciler: a Proxy's cloudInit.secretKeyRef (get, in the Proxy's namespace, only referenced Secrets, once per change); list and watch are metadata-only (PartialObjectMetadata: names and resourceVersions, no values) to know when a Secret changed",
     },
     Rule {
         group: "events.k8s.io",
@@ -284,6 +284,31 @@ mod tests {
         assert!(allowing(RULES, &call("", "namespaces", "list", None, None), "x").is_none());
     }
 
+    /// Secrets: `get` reads a referenced cloud-init Secret; `list` and `watch` are there for
+    /// the metadata-only watch (like cert-manager's), which tells the reconciler when a
+    /// Secret changed so that it does not GET it on every reconcile. That watch asks for
+    /// `PartialObjectMetadata` and gets no values; RBAC cannot tell a metadata list from a
+    /// full one, so the role does allow a full list in principle: the code only ever reads
+    /// values by GET, and only of Secrets a Proxy references (controller/secret_cache.rs).
+    /// Nothing else about Secrets is allowed: no writes.
+    #[test]
+    fn secrets_are_read_and_watched_never_written() {
+        let secrets = |verb, ns, name| call("", "secrets", verb, ns, name);
+        for allowed in [
+            secrets("get", Some("a"), Some("s")),
+            secrets("list", None, None),
+            secrets("watch", None, None),
+        ] {
+            assert!(allowing(RULES, &allowed, "x").is_some(), "{allowed:?}");
+        }
+        for verb in ["create", "update", "patch", "delete", "deletecollection"] {
+            assert!(
+                allowing(RULES, &secrets(verb, Some("a"), Some("s")), "x").is_none(),
+                "{verb}"
+            );
+        }
+    }
+
     #[test]
     fn verbs_and_subresources_are_distinct() {
         assert!(
@@ -294,7 +319,15 @@ mod tests {
             )
             .is_some()
         );
-        assert!(allowing(RULES, &call("", "secrets", "list", Some("a"), None), "x").is_none());
+        // proxies may be listed, watched and patched, not read one by one.
+        assert!(
+            allowing(
+                RULES,
+                &call(GROUP, "proxies", "get", Some("a"), Some("p")),
+                "x"
+            )
+            .is_none()
+        );
         assert!(
             allowing(
                 RULES,

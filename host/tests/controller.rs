@@ -13,6 +13,7 @@ use proxy_operator::api::{
     self, ANNOTATION_SKIP_CLEANUP, CloudInit, Proxy, ProxySpec, SecretKeyRef, condition,
 };
 use proxy_operator::controller::decide::{event, reason};
+use proxy_operator::controller::secret_cache::SecretCache;
 use proxy_operator::controller::{self, Context, FINALIZER, HealthHook, Settings};
 use proxy_operator::health::{EngineConfig, HealthEngine, Thresholds};
 use proxy_operator::inventory::Inventory;
@@ -44,6 +45,10 @@ struct Env {
     reconcile_metrics: controller::ReconcileMetrics,
     /// Drift detection by list, as in production (`None`: one Get per drift poll).
     inventory: Option<Arc<Inventory>>,
+    /// The running controller's cloud-init Secret cache.
+    secret_cache: Option<Arc<SecretCache>>,
+    /// The controller's drift poll (`settings()`'s unless a test changes it).
+    drift: Duration,
 }
 
 impl Env {
@@ -77,6 +82,8 @@ impl Env {
             // Production uses two drift polls; three here, so that a loaded test machine
             // delaying a 200 ms list does not make the inventory stale.
             inventory: Some(Arc::new(Inventory::new(settings().timings.drift_poll * 3))),
+            secret_cache: None,
+            drift: settings().timings.drift_poll,
         };
         env.reconcile_metrics = controller::ReconcileMetrics::register(&mut env.metrics);
         env.start_controller();
@@ -84,7 +91,9 @@ impl Env {
     }
 
     fn start_controller(&mut self) {
-        let mut ctx = Context::new(self.api.client(), self.registry.clone(), settings())
+        let mut settings = settings();
+        settings.timings.drift_poll = self.drift;
+        let mut ctx = Context::new(self.api.client(), self.registry.clone(), settings)
             .with_metrics(self.reconcile_metrics.clone());
         if let Some(hook) = &self.health {
             ctx = ctx.with_health(hook.clone());
@@ -93,6 +102,7 @@ impl Env {
             ctx = ctx.with_inventory(inventory.clone());
         }
         let ctx = Arc::new(ctx);
+        self.secret_cache = Some(ctx.secret_cache());
         self.controller = Some(tokio::spawn(controller::run(
             ctx,
             std::future::pending::<()>(),
@@ -1120,7 +1130,8 @@ async fn at_rest_one_list_per_interval_no_get_no_write() {
         return;
     };
     assert_eq!(r.writes, 0, "{r:?}");
-    // Inline cloud-init: no API read either (a secretKeyRef is read once per reconcile).
+    // Inline cloud-init here: no API read either (a secretKeyRef costs none at rest too:
+    // `secret_cloud_init_costs_no_get_at_rest_and_one_get_per_change`).
     assert_eq!(r.reads, 0, "{r:?}");
     assert_eq!(r.gets, 0, "{r:?}");
     let lists = r.lists as f64 / r.intervals;
@@ -1241,4 +1252,268 @@ async fn a_restart_lists_once_instead_of_a_get_per_proxy() {
         let p = env.wait_running(&format!("p{i}")).await;
         assert!(p.status.unwrap().ip.is_some());
     }
+}
+
+impl Env {
+    fn secret_cache(&self) -> Arc<SecretCache> {
+        self.secret_cache.clone().expect("a controller was started")
+    }
+
+    /// `proxy_operator_reconciles_total{result}` so far.
+    fn reconciles(&self, result: &str) -> u64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.metrics).unwrap();
+        let prefix = format!("proxy_operator_reconciles_total{{result=\"{result}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0)
+    }
+
+    /// The names of the Secrets the operator read one by one (GET) since the request log
+    /// was last cleared.
+    fn secret_gets(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .api
+            .requests()
+            .into_iter()
+            .filter(|r| r.resource.as_deref() == Some("secrets") && r.verb == "get")
+            .map(|r| r.name.unwrap_or_default())
+            .collect();
+        names.sort();
+        names
+    }
+
+    async fn put_secret(&self, name: &str, cloud_init: &str) {
+        let secrets: Api<Secret> = Api::namespaced(self.api.client(), "default");
+        let s: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+            "stringData": {"user-data": cloud_init},
+        }))
+        .unwrap();
+        secrets
+            .patch(name, &PatchParams::apply("test").force(), &Patch::Apply(&s))
+            .await
+            .unwrap();
+    }
+}
+
+fn from_secret(name: &str) -> ProxySpec {
+    let mut s = spec("z1");
+    s.cloud_init = CloudInit {
+        inline: None,
+        secret_key_ref: Some(SecretKeyRef {
+            name: name.into(),
+            key: "user-data".into(),
+        }),
+    };
+    s
+}
+
+/// Issue 12, item 4: cloud-init Secrets are known from a metadata-only watch, not read on
+/// every reconcile. At rest, eight Proxies (six sharing one Secret, two with their own)
+/// cost no Secret GET per drift interval, while they are still reconciled on every drift
+/// poll. An edit of a Secret costs one GET of that Secret, whatever the number of Proxies
+/// referencing it, and replaces the instances of exactly those Proxies (the spec hash
+/// covers the resolved cloud-init), at once rather than at the next drift poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secret_cloud_init_costs_no_get_at_rest_and_one_get_per_change() {
+    let env = Env::start().await;
+    env.put_secret("shared", "#cloud-config\n# shared v1\n")
+        .await;
+    env.put_secret("own-6", "#cloud-config\n# own-6 v1\n").await;
+    env.put_secret("own-7", "#cloud-config\n# own-7 v1\n").await;
+    let secret_of = |i: usize| match i {
+        0..6 => "shared".to_string(),
+        i => format!("own-{i}"),
+    };
+    for i in 0..8 {
+        env.create(&format!("p{i}"), from_secret(&secret_of(i)))
+            .await;
+    }
+    let mut hashes = Vec::new();
+    for i in 0..8 {
+        let p = env.wait_running(&format!("p{i}")).await;
+        hashes.push(p.status.unwrap().spec_hash.unwrap());
+    }
+    assert_eq!(env.fake.created(), 8);
+    let drift = settings().timings.drift_poll;
+    tokio::time::sleep(drift * 2).await;
+
+    // At rest: every Proxy is reconciled about once per drift poll, no Secret is read.
+    env.api.clear_requests();
+    let ok_before = env.reconciles("ok");
+    tokio::time::sleep(drift * 5).await;
+    let reconciled = env.reconciles("ok") - ok_before;
+    assert!(
+        reconciled >= 8 * 3,
+        "the drift polls ran: {reconciled} reconciles"
+    );
+    assert_eq!(env.secret_gets(), Vec::<String>::new());
+    assert_eq!(env.fake.created(), 8);
+
+    // The shared Secret changes: one GET, the six Proxies referencing it are replaced.
+    // GETs of Secrets are slowed down, so that the Proxies' reconciles (three at a time)
+    // overlap while the first one reads: they wait for it instead of reading too.
+    env.api.delay("get", "secrets", Duration::from_millis(300));
+    env.api.clear_requests();
+    let changed = tokio::time::Instant::now();
+    env.put_secret("shared", "#cloud-config\n# shared v2\n")
+        .await;
+    for (i, hash) in hashes.iter_mut().enumerate().take(6) {
+        let before = hash.clone();
+        let p = env
+            .wait(&format!("p{i}"), "replaced", |p| {
+                p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+                    s.spec_hash.as_ref() != Some(&before) && s.state.as_deref() == Some("Running")
+                })
+            })
+            .await
+            .unwrap();
+        *hash = p.status.unwrap().spec_hash.unwrap();
+    }
+    let replaced_after = changed.elapsed();
+    tokio::time::sleep(drift * 3).await;
+    assert_eq!(env.secret_gets(), ["shared"]);
+    assert_eq!(env.fake.created(), 8 + 6);
+    assert!(
+        env.fake
+            .last_create_request()
+            .is_some_and(|r| r.cloud_init == b"#cloud-config\n# shared v2\n"),
+    );
+    for (i, hash) in hashes.iter().enumerate().skip(6) {
+        let p = env.proxies.get(&format!("p{i}")).await.unwrap();
+        assert_eq!(p.status.unwrap().spec_hash.as_ref(), Some(hash), "p{i}");
+    }
+    eprintln!("six Proxies replaced {replaced_after:?} after the Secret changed");
+
+    // One Proxy's own Secret changes: one GET of it, that one Proxy replaced.
+    env.api.clear_requests();
+    env.put_secret("own-6", "#cloud-config\n# own-6 v2\n").await;
+    let before = hashes[6].clone();
+    env.wait("p6", "replaced", |p| {
+        p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+            s.spec_hash.as_ref() != Some(&before) && s.state.as_deref() == Some("Running")
+        })
+    })
+    .await;
+    tokio::time::sleep(drift * 3).await;
+    assert_eq!(env.secret_gets(), ["own-6"]);
+    assert_eq!(env.fake.created(), 8 + 6 + 1);
+    for i in (0..6).chain([7]) {
+        let p = env.proxies.get(&format!("p{i}")).await.unwrap();
+        assert_eq!(
+            p.status.unwrap().spec_hash.as_ref(),
+            Some(&hashes[i]),
+            "p{i}"
+        );
+    }
+    // What the operator holds: the data of the three referenced Secrets, nothing else.
+    assert_eq!(env.secret_cache().held(), 3);
+}
+
+/// A referenced Secret that is deleted is a condition at once (the watch re-runs its
+/// Proxies; no GET, and the copy held goes), its re-creation with the same data brings the
+/// Proxy back without replacing the instance, and the copy of a Secret no Proxy references
+/// any more is dropped at the next prune.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_secret_is_a_condition_and_unreferenced_data_is_dropped() {
+    let env = Env::start().await;
+    env.put_secret("ci", "#cloud-config\n").await;
+    env.create("p0", from_secret("ci")).await;
+    let hash = env.wait_running("p0").await.status.unwrap().spec_hash;
+    assert_eq!(env.secret_cache().held(), 1);
+
+    env.api.clear_requests();
+    let secrets: Api<Secret> = Api::namespaced(env.api.client(), "default");
+    secrets
+        .delete("ci", &DeleteParams::default())
+        .await
+        .unwrap();
+    let p = env.wait_reason("p0", reason::CLOUD_INIT_UNAVAILABLE).await;
+    assert!(
+        p.condition(condition::PROVISIONED)
+            .unwrap()
+            .message
+            .contains("default/ci not found"),
+        "{:?}",
+        p.status
+    );
+    assert_eq!(env.secret_gets(), Vec::<String>::new());
+    assert_eq!(env.secret_cache().held(), 0);
+
+    env.put_secret("ci", "#cloud-config\n").await;
+    let p = env.wait_reason("p0", reason::RUNNING).await;
+    assert_eq!(
+        p.status.unwrap().spec_hash,
+        hash,
+        "same cloud-init: same instance"
+    );
+    assert_eq!(env.fake.created(), 1);
+    assert_eq!(env.secret_gets(), ["ci"]);
+
+    // p0 switches to inline cloud-init: the Secret is referenced no more.
+    env.proxies
+        .patch(
+            "p0",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"cloudInit": {"secretKeyRef": null, "inline": "#cloud-config\n"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let drift = settings().timings.drift_poll;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while env.secret_cache().held() != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the copy was never dropped"
+        );
+        tokio::time::sleep(drift / 4).await;
+    }
+}
+
+/// A Secret change reaches the Proxies referencing it through the watch, not through
+/// their next drift poll: with a drift poll of a minute, an edit still replaces the
+/// instance and a deletion still shows as a condition within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_change_reaches_its_proxies_without_waiting_for_the_drift_poll() {
+    let mut env = Env::start().await;
+    env.drift = Duration::from_secs(60);
+    env.crash_controller().await;
+    env.start_controller();
+    env.put_secret("ci", "#cloud-config\n# v1\n").await;
+    env.create("p0", from_secret("ci")).await;
+    let hash = env.wait_running("p0").await.status.unwrap().spec_hash;
+    // Past the provisioning polls: p0 now waits for its drift poll, a minute away.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let changed = tokio::time::Instant::now();
+    env.put_secret("ci", "#cloud-config\n# v2\n").await;
+    env.wait("p0", "replaced", |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.spec_hash != hash && s.state.as_deref() == Some("Running"))
+    })
+    .await;
+    assert_eq!(env.fake.created(), 2);
+    assert_eq!(
+        env.fake.last_create_request().unwrap().cloud_init,
+        b"#cloud-config\n# v2\n"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let secrets: Api<Secret> = Api::namespaced(env.api.client(), "default");
+    secrets
+        .delete("ci", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_reason("p0", reason::CLOUD_INIT_UNAVAILABLE).await;
+    assert!(
+        changed.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        changed.elapsed()
+    );
 }

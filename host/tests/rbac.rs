@@ -195,11 +195,14 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
     for p in [&inline, &from_secret] {
         proxies.create(&PostParams::default(), p).await.unwrap();
     }
-    // The reconciler reads the Secret while it is still missing.
-    eventually("a read of the missing Secret", || async {
-        operator_requests(&api)
-            .iter()
-            .any(|r| r.resource.as_deref() == Some("secrets") && r.code == 404)
+    // The reconciler finds the Secret missing (from its metadata watch, or by a GET that
+    // answers 404 when the watch has not listed yet).
+    eventually("the missing Secret as a condition", || async {
+        api.objects_of::<Proxy>().iter().any(|p| {
+            p.metadata.name.as_deref() == Some("from-secret")
+                && p.condition(api::condition::PROVISIONED)
+                    .is_some_and(|c| c.reason == "CloudInitUnavailable")
+        })
     })
     .await;
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
@@ -363,6 +366,23 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
         "RBAC rules nothing used (remove them from host/src/rbac.rs, or exercise them here):\n{}",
         unused.join("\n")
     );
+
+    // Secrets are listed and watched for their metadata only (no values), and read one by
+    // one only where a Proxy references them.
+    for r in operator_requests(&api)
+        .iter()
+        .filter(|r| r.resource.as_deref() == Some("secrets"))
+    {
+        match r.verb.as_str() {
+            "list" | "watch" => assert!(r.metadata_only, "{r:?}"),
+            "get" => assert_eq!(
+                (r.namespace.as_deref(), r.name.as_deref()),
+                (Some("default"), Some("user-data")),
+                "{r:?}"
+            ),
+            _ => panic!("{r:?}"),
+        }
+    }
 
     // The Role (namespaced) really is only used in the operator's namespace.
     for r in RULES.iter().filter(|r| r.scope == Scope::OperatorNamespace) {

@@ -5,6 +5,8 @@
 
 pub mod decide;
 pub mod input;
+pub mod secret_cache;
+pub mod secrets;
 mod spec_hash;
 pub mod status;
 

@@ -6,7 +6,9 @@ use super::decide::{
     Answer, Call, CondView, Decision, DeletePurpose, EventNote, Failure, GetPurpose, Input, Next,
     Observed, Timings, decide,
 };
-use super::{input, spec_hash, status};
+use super::secret_cache::SecretCache;
+use super::secrets::SecretKey;
+use super::{input, secret_cache, spec_hash, status};
 use crate::api::{Proxy, ProxyStatus, condition};
 use crate::health::{HealthEngine, ProbeSpec};
 use crate::inventory::Inventory;
@@ -17,7 +19,6 @@ use crate::provider::{
 };
 use crate::registry::ProviderRegistry;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -203,6 +204,9 @@ pub struct Context {
     /// Drift detection by list (see [`crate::inventory`]); without it, one Get per Running
     /// Proxy per drift poll.
     inventory: Option<Arc<Inventory>>,
+    /// Cloud-init Secrets: read once per change, not once per reconcile (see
+    /// [`secret_cache`]); the controller attaches its metadata watch while it runs.
+    secrets: Arc<SecretCache>,
 }
 
 impl Context {
@@ -223,6 +227,7 @@ impl Context {
             health: None,
             metrics: ReconcileMetrics::default(),
             inventory: None,
+            secrets: Arc::new(SecretCache::new()),
         }
     }
 
@@ -250,6 +255,11 @@ impl Context {
     pub fn with_health(mut self, hook: HealthHook) -> Self {
         self.health = Some(hook);
         self
+    }
+
+    /// The cloud-init Secret cache.
+    pub fn secret_cache(&self) -> Arc<SecretCache> {
+        self.secrets.clone()
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
@@ -305,7 +315,7 @@ pub async fn run(
             ctx.settings.installation.clone(),
             crate::cache::ProxyCache {
                 store: reader.clone(),
-                synced,
+                synced: synced.clone(),
             },
             ctx.settings.timings.drift_poll,
             move |r| {
@@ -315,6 +325,22 @@ pub async fn run(
         ));
     }
     let _stop_inventory = stop_inventory.drop_guard();
+    // Cloud-init Secrets: a metadata-only watch says when a held copy is stale, and re-runs
+    // the Proxies referencing a Secret that changed. It stops with this controller (and so
+    // with leadership); the held data goes with it.
+    let (secret_changes, _secrets_attached) =
+        secret_cache::watch(ctx.client.clone(), ctx.secrets.clone());
+    let stop_prune = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(prune_secrets(
+        ctx.secrets.clone(),
+        crate::cache::ProxyCache {
+            store: reader.clone(),
+            synced,
+        },
+        ctx.settings.timings.drift_poll,
+        stop_prune.clone(),
+    ));
+    let _stop_prune = stop_prune.drop_guard();
     let rechecks = futures::stream::unfold(recheck_rx, |rx| async move {
         let mut rx = rx?;
         rx.recv().await.map(|r| (r, Some(rx)))
@@ -334,6 +360,7 @@ pub async fn run(
         .reconcile_all_on(ctx.registry.changes())
         .reconcile_on(probed)
         .reconcile_on(rechecks)
+        .reconcile_on(secret_changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -343,6 +370,29 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// Every `every`, once the Proxy cache has synced: drops the data of Secrets no Proxy
+/// references any more.
+async fn prune_secrets(
+    secrets: Arc<SecretCache>,
+    proxies: crate::cache::ProxyCache,
+    every: Duration,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let every = every.max(Duration::from_millis(10));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        if proxies.synced.is_synced() {
+            let dropped = secrets.prune(&proxies.store);
+            if dropped > 0 {
+                debug!(dropped, "cloud-init Secrets no Proxy references any more");
+            }
+        }
+    }
 }
 
 /// Drops what the reconciler never reads from the cached copy of a Proxy: `managedFields`
@@ -569,29 +619,28 @@ impl<'a> Shell<'a> {
             Ok(p) => p,
             Err(message) => return (Input::Invalid { message }, None),
         };
-        let cloud_init = match input::source(&spec.cloud_init) {
+        let source = input::source(&spec.cloud_init);
+        let referenced = match &source {
+            Ok(input::Source::Secret { name, .. }) => Some(*name),
+            _ => None,
+        };
+        self.ctx
+            .secrets
+            .reference(&self.namespace, &self.name, referenced);
+        let cloud_init = match source {
             Err(message) => return (Input::Invalid { message }, None),
             Ok(input::Source::Inline(text)) => text.as_bytes().to_vec(),
             Ok(input::Source::Secret { name, key }) => {
-                let secrets: Api<Secret> =
-                    Api::namespaced(self.ctx.client.clone(), &self.namespace);
-                match secrets.get_opt(name).await {
-                    Ok(Some(secret)) => match input::secret_value(&secret, key) {
-                        Some(bytes) => bytes,
-                        None => {
-                            let message = format!(
-                                "Secret {}/{name} has no key {key:?} (spec.cloudInit.secretKeyRef)",
-                                self.namespace
-                            );
-                            return (Input::Unavailable { message }, None);
-                        }
-                    },
-                    Ok(None) => {
-                        let message = format!(
-                            "Secret {}/{name} not found (spec.cloudInit.secretKeyRef)",
-                            self.namespace
+                let secret = SecretKey::new(&self.namespace, name);
+                match self.ctx.secrets.read(&self.ctx.client, &secret, key).await {
+                    Ok(bytes) => bytes,
+                    Err(e) if e.is_unavailable() => {
+                        return (
+                            Input::Unavailable {
+                                message: e.to_string(),
+                            },
+                            None,
                         );
-                        return (Input::Unavailable { message }, None);
                     }
                     Err(e) => {
                         return (
