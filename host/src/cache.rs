@@ -1,5 +1,11 @@
-//! Reflector caches of Proxies, and "has this reflector finished its first list?" for
-//! any number of waiters.
+//! The process's one cache of Proxies, and "has this reflector finished its first list?"
+//! for any number of waiters.
+//!
+//! One watch and one store serve everything: the discovery API, the proxy gauges, the
+//! inventory and, on the leader, the reconciler, which subscribes to the same watch for
+//! its triggers ([`ProxyFeed`]). Two caches of every Proxy (the reconciler's own and the
+//! API's) cost twice the memory and twice the watch traffic; at 10,000 Proxies that was
+//! the difference between fitting the Deployment's limit and not.
 //!
 //! kube-runtime's `Store::wait_until_ready` waits on a oneshot channel that keeps one
 //! waker. When two tasks wait on clones of one store (kube's `Controller` waits on its own
@@ -10,9 +16,12 @@
 //! crate asks a [`Synced`] instead, set from the reflector's own event stream.
 
 use crate::api::Proxy;
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
-use tokio::sync::watch;
+use futures::{Stream, StreamExt};
+use kube::ResourceExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, watch};
 
 /// A store of Proxies and whether it has listed once (until then, an empty store means
 /// "not known yet", not "none").
@@ -29,6 +38,77 @@ pub struct Synced(watch::Receiver<bool>);
 /// The writer half, fed the reflector's events (see [`MarkSynced::observe`]).
 #[derive(Debug)]
 pub struct MarkSynced(watch::Sender<bool>);
+
+/// Every Proxy the watch applies (listed, created or changed), after the store has it, to
+/// whoever subscribed. The reconciler subscribes for each term of leadership.
+#[derive(Default)]
+pub struct ProxyFeed {
+    subscribers: Mutex<Vec<mpsc::UnboundedSender<Proxy>>>,
+}
+
+impl ProxyFeed {
+    /// The Proxies applied from now on. Those already in the store are not replayed: a
+    /// subscriber reads them from the store (after subscribing, so none is missed).
+    pub fn subscribe(&self) -> impl Stream<Item = Proxy> + Send + 'static {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.lock().push(tx);
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<mpsc::UnboundedSender<Proxy>>> {
+        self.subscribers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn send(&self, p: &Proxy) {
+        // A subscriber that went away (a term of leadership ended) is dropped here.
+        self.lock().retain(|tx| tx.send(p.clone()).is_ok());
+    }
+}
+
+/// Watches every Proxy in the cluster into one store: the cache, the feed of applied
+/// Proxies, and the future that keeps both going (run it for the life of the process; it
+/// retries with backoff on watch errors).
+pub fn watch_proxies(
+    client: kube::Client,
+) -> (
+    ProxyCache,
+    Arc<ProxyFeed>,
+    impl Future<Output = ()> + Send + 'static,
+) {
+    let (store, writer) = reflector::store::<Proxy>();
+    let (mark, synced) = channel();
+    let feed = Arc::new(ProxyFeed::default());
+    let api = kube::Api::<Proxy>::all(client);
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(trim_for_cache)
+        .reflect(writer)
+        .inspect(move |ev| mark.observe(ev))
+        .applied_objects();
+    let sink = feed.clone();
+    let fut = async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(p) => sink.send(&p),
+                Err(e) => tracing::warn!(error = %e, "Proxy watch failed; retrying"),
+            }
+        }
+    };
+    (ProxyCache { store, synced }, feed, fut)
+}
+
+/// Drops what no reader of the cache uses from the cached copy of a Proxy:
+/// `managedFields` (status is applied with `force`) and kubectl's last-applied copy of the
+/// spec (as large as the spec, cloud-init included).
+pub fn trim_for_cache(proxy: &mut Proxy) {
+    proxy.managed_fields_mut().clear();
+    if let Some(a) = proxy.metadata.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// A new, not yet synced pair.
 pub fn channel() -> (MarkSynced, Synced) {

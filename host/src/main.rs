@@ -837,7 +837,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
 
     // The Proxy cache behind the discovery API, also read by the proxy gauges at scrape.
-    let (cache, reflect) = proxy_operator::discovery::proxy_reflector(client.clone());
+    // The one Proxy cache: the discovery API, the gauges, and the reconciler on the leader.
+    let (cache, proxy_feed, reflect) = proxy_operator::cache::watch_proxies(client.clone());
     let metrics = OperatorMetrics::new(cache.store.clone());
     let provider_metrics = metrics.provider.clone();
     let (metrics_gc, metrics_monitor) = (metrics.gc.clone(), metrics.monitor.clone());
@@ -909,7 +910,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             tls: Some(tls),
             probe_refresh: PROBE_REFRESH.max(args.drift_poll),
         })
-        .with_metrics(metrics.reconcile.clone());
+        .with_metrics(metrics.reconcile.clone())
+        .with_proxy_cache(cache.clone(), proxy_feed);
     let gc_settings = GcSettings {
         interval: args.gc_interval,
         min_age: args.gc_min_age,

@@ -12,6 +12,7 @@ use kube::{Resource, ResourceExt};
 use proxy_operator::api::{
     self, ANNOTATION_SKIP_CLEANUP, CloudInit, Proxy, ProxySpec, SecretKeyRef, condition,
 };
+use proxy_operator::cache::{ProxyCache, ProxyFeed};
 use proxy_operator::controller::decide::{event, reason};
 use proxy_operator::controller::secret_cache::SecretCache;
 use proxy_operator::controller::{self, Context, FINALIZER, HealthHook, Settings};
@@ -49,6 +50,8 @@ struct Env {
     secret_cache: Option<Arc<SecretCache>>,
     /// The controller's drift poll (`settings()`'s unless a test changes it).
     drift: Duration,
+    /// The process's shared Proxy cache, as `run` wires it; `None`: the controller's own.
+    shared: Option<(ProxyCache, Arc<ProxyFeed>)>,
 }
 
 impl Env {
@@ -84,6 +87,7 @@ impl Env {
             inventory: Some(Arc::new(Inventory::new(settings().timings.drift_poll * 3))),
             secret_cache: None,
             drift: settings().timings.drift_poll,
+            shared: None,
         };
         env.reconcile_metrics = controller::ReconcileMetrics::register(&mut env.metrics);
         env.start_controller();
@@ -100,6 +104,9 @@ impl Env {
         }
         if let Some(inventory) = &self.inventory {
             ctx = ctx.with_inventory(inventory.clone());
+        }
+        if let Some((cache, feed)) = &self.shared {
+            ctx = ctx.with_proxy_cache(cache.clone(), feed.clone());
         }
         let ctx = Arc::new(ctx);
         self.secret_cache = Some(ctx.secret_cache());
@@ -1516,4 +1523,54 @@ async fn a_secret_change_reaches_its_proxies_without_waiting_for_the_drift_poll(
         "{:?}",
         changed.elapsed()
     );
+}
+
+/// Issue 12, item 4: one Proxy watch and one cache for the whole process. The controller
+/// reconciles from the shared cache and subscribes to its feed for each term of
+/// leadership: a new term watches nothing of its own, reconciles what is already there,
+/// and sees every change after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_runs_on_the_shared_proxy_cache_across_terms() {
+    let mut env = Env::start().await;
+    env.crash_controller().await;
+    let (cache, feed, reflect) = proxy_operator::cache::watch_proxies(env.api.client());
+    let reflect = tokio::spawn(reflect);
+    env.shared = Some((cache.clone(), feed));
+    env.start_controller();
+    env.create("p0", spec("z1")).await;
+    let first = env.wait_running("p0").await.status.unwrap().spec_hash;
+
+    // A new term: no watch of Proxies of its own, and p0 is still looked after.
+    env.crash_controller().await;
+    env.api.clear_requests();
+    env.start_controller();
+    env.create("p1", spec("z1")).await;
+    env.wait_running("p1").await;
+    env.proxies
+        .patch(
+            "p0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"placement": {"zone": "z2"}}})),
+        )
+        .await
+        .unwrap();
+    let replaced = env
+        .wait("p0", "replaced", |p| {
+            p.and_then(|p| p.status.as_ref())
+                .is_some_and(|st| st.spec_hash != first && st.state.as_deref() == Some("Running"))
+        })
+        .await;
+    assert!(replaced.is_some());
+    assert_eq!(env.fake.created(), 3, "p0, p1, and p0's replacement");
+    let proxy_reads: Vec<_> = env
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.resource.as_deref() == Some("proxies") && matches!(r.verb.as_str(), "list" | "watch")
+        })
+        .collect();
+    assert_eq!(proxy_reads.len(), 0, "{proxy_reads:?}");
+    assert_eq!(cache.store.state().len(), 2);
+    reflect.abort();
 }

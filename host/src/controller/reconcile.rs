@@ -10,6 +10,7 @@ use super::secret_cache::SecretCache;
 use super::secrets::SecretKey;
 use super::{input, secret_cache, spec_hash, status};
 use crate::api::{Proxy, ProxyStatus, condition};
+use crate::cache::{ProxyCache, ProxyFeed};
 use crate::health::{HealthEngine, ProbeSpec};
 use crate::inventory::Inventory;
 use crate::provider::State;
@@ -207,6 +208,9 @@ pub struct Context {
     /// Cloud-init Secrets: read once per change, not once per reconcile (see
     /// [`secret_cache`]); the controller attaches its metadata watch while it runs.
     secrets: Arc<SecretCache>,
+    /// The process's Proxy cache and its feed (see [`crate::cache`]); without it, the
+    /// controller watches Proxies into a cache of its own.
+    proxies: Option<(ProxyCache, Arc<ProxyFeed>)>,
 }
 
 impl Context {
@@ -228,6 +232,7 @@ impl Context {
             metrics: ReconcileMetrics::default(),
             inventory: None,
             secrets: Arc::new(SecretCache::new()),
+            proxies: None,
         }
     }
 
@@ -236,6 +241,12 @@ impl Context {
     /// controller runs the listing loop.
     pub fn with_inventory(mut self, inventory: Arc<Inventory>) -> Self {
         self.inventory = Some(inventory);
+        self
+    }
+
+    /// Reconciles from the process's one Proxy cache instead of a watch of its own.
+    pub fn with_proxy_cache(mut self, cache: ProxyCache, feed: Arc<ProxyFeed>) -> Self {
+        self.proxies = Some((cache, feed));
         self
     }
 
@@ -302,8 +313,13 @@ pub async fn run(
         });
     }
     let _stop_probes = stop_probes.drop_guard();
-    let (reader, writer) = reflector::store();
-    let (mark_synced, synced) = crate::cache::channel();
+    let (
+        ProxyCache {
+            store: reader,
+            synced,
+        },
+        applied,
+    ) = proxy_source(&ctx, proxies);
     let stop_inventory = tokio_util::sync::CancellationToken::new();
     if let Some(inventory) = &ctx.inventory {
         // Proxies a new list does not confirm are reconciled at once (and so Get).
@@ -313,7 +329,7 @@ pub async fn run(
             inventory.clone(),
             ctx.registry.clone(),
             ctx.settings.installation.clone(),
-            crate::cache::ProxyCache {
+            ProxyCache {
                 store: reader.clone(),
                 synced: synced.clone(),
             },
@@ -333,7 +349,7 @@ pub async fn run(
     let stop_prune = tokio_util::sync::CancellationToken::new();
     tokio::spawn(prune_secrets(
         ctx.secrets.clone(),
-        crate::cache::ProxyCache {
+        ProxyCache {
             store: reader.clone(),
             synced,
         },
@@ -348,13 +364,7 @@ pub async fn run(
     // The watch triggers a reconcile only when something the reconciler reads changed
     // (see `trigger_hash`): the operator's own status writes come back through the watch
     // and would otherwise each cost one more reconcile with a provider call.
-    let changes = reflector(
-        writer,
-        watcher(proxies, watcher::Config::default()).modify(trim_for_cache),
-    )
-    .inspect(move |ev| mark_synced.observe(ev))
-    .applied_objects()
-    .predicate_filter(trigger_hash, PredicateConfig::default());
+    let changes = applied.predicate_filter(trigger_hash, PredicateConfig::default());
     Controller::for_stream(changes, reader)
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .reconcile_all_on(ctx.registry.changes())
@@ -370,6 +380,35 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// The Proxy cache the controller reads and the Proxies it is triggered by: the process's
+/// shared cache and a subscription to its feed (the Proxies already known first, read
+/// after subscribing so that none falls between; the predicate drops the repeats), or a
+/// watch of its own.
+fn proxy_source(
+    ctx: &Context,
+    proxies: Api<Proxy>,
+) -> (
+    ProxyCache,
+    futures::stream::BoxStream<'static, Result<Proxy, watcher::Error>>,
+) {
+    if let Some((cache, feed)) = &ctx.proxies {
+        let live = feed.subscribe();
+        let known: Vec<Proxy> = cache.store.state().iter().map(|p| (**p).clone()).collect();
+        let applied = futures::stream::iter(known).chain(live).map(Ok).boxed();
+        return (cache.clone(), applied);
+    }
+    let (store, writer) = reflector::store();
+    let (mark_synced, synced) = crate::cache::channel();
+    let applied = reflector(
+        writer,
+        watcher(proxies, watcher::Config::default()).modify(trim_for_cache),
+    )
+    .inspect(move |ev| mark_synced.observe(ev))
+    .applied_objects()
+    .boxed();
+    (ProxyCache { store, synced }, applied)
 }
 
 /// Every `every`, once the Proxy cache has synced: drops the data of Secrets no Proxy
@@ -395,16 +434,7 @@ async fn prune_secrets(
     }
 }
 
-/// Drops what the reconciler never reads from the cached copy of a Proxy: `managedFields`
-/// (status is applied with `force`) and kubectl's last-applied copy of the spec.
-pub fn trim_for_cache(proxy: &mut Proxy) {
-    proxy.managed_fields_mut().clear();
-    if let Some(a) = proxy.metadata.annotations.as_mut() {
-        a.remove(LAST_APPLIED);
-    }
-}
-
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+pub use crate::cache::trim_for_cache;
 
 /// What of a Proxy, when it changes, needs a reconcile: the generation (the spec, and the
 /// API server's bump when deletion starts), the deletion timestamp itself (not every API
@@ -1107,7 +1137,10 @@ mod tests {
         }]);
         p.metadata.annotations = Some(
             [
-                (LAST_APPLIED.to_string(), "{...}".to_string()),
+                (
+                    "kubectl.kubernetes.io/last-applied-configuration".to_string(),
+                    "{...}".to_string(),
+                ),
                 (
                     crate::api::ANNOTATION_SKIP_CLEANUP.to_string(),
                     "true".to_string(),

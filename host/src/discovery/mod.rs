@@ -113,28 +113,13 @@ pub fn router_with_providers(
 }
 
 /// A cache of every Proxy in the cluster and the future that keeps it filled (run it for
-/// as long as the API serves; it retries with backoff on watch errors). `managedFields`
-/// are dropped from cached objects: the API never shows them.
+/// as long as the API serves; it retries with backoff on watch errors): the operator's one
+/// Proxy cache ([`crate::cache::watch_proxies`]) without its feed.
 pub fn proxy_reflector(
     client: kube::Client,
 ) -> (ProxyCache, impl Future<Output = ()> + Send + 'static) {
-    let (store, writer) = reflector::store::<Proxy>();
-    let (mark, synced) = crate::cache::channel();
-    let api = kube::Api::<Proxy>::all(client);
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(|p: &mut Proxy| p.managed_fields_mut().clear())
-        .reflect(writer)
-        .inspect(move |ev| mark.observe(ev));
-    let fut = async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(ev) = stream.next().await {
-            if let Err(e) = ev {
-                tracing::warn!(error = %e, "discovery: Proxy watch failed; retrying");
-            }
-        }
-    };
-    (ProxyCache { store, synced }, fut)
+    let (cache, _feed, fut) = crate::cache::watch_proxies(client);
+    (cache, fut)
 }
 
 /// A reflector store of every ProviderHealth object (cluster-scoped) and the future that
