@@ -307,6 +307,37 @@ pub fn status_for(
     }
 }
 
+/// How often an unchanged `ProviderHealth` is written anyway, so that `lastCheckTime`
+/// shows the checks are still running.
+pub const LAST_CHECK_REFRESH: Duration = Duration::from_secs(600);
+
+/// Whether `new` must be written over `previous`: the object is new, something other than
+/// `lastCheckTime` changed, or that time is older than [`LAST_CHECK_REFRESH`]. Writing
+/// every round (once a minute) cost two API writes a minute per provider for nothing. Pure.
+pub fn needs_write(
+    previous: Option<&crate::api::ProviderHealthStatus>,
+    new: &crate::api::ProviderHealthStatus,
+) -> bool {
+    let Some(previous) = previous else {
+        return true;
+    };
+    let stamp = |s: &crate::api::ProviderHealthStatus| {
+        s.last_check_time.as_ref().map(|t| SystemTime::from(t.0))
+    };
+    let mut same = previous.clone();
+    same.last_check_time = new.last_check_time.clone();
+    if same != *new {
+        return true;
+    }
+    match (stamp(previous), stamp(new)) {
+        (Some(before), Some(now)) => now
+            .duration_since(before)
+            .is_ok_and(|age| age >= LAST_CHECK_REFRESH),
+        (None, None) => false,
+        _ => true,
+    }
+}
+
 /// The load error to show on `provider`'s object: its own, or the providers file's (its
 /// new entry was not applied either). Pure.
 pub fn load_error_for<'a>(provider: &str, errors: &'a BTreeMap<String, String>) -> Option<&'a str> {
@@ -343,8 +374,8 @@ pub async fn publish(
         if !crate::config::is_dns1123_label(name) {
             continue;
         }
-        let previous = match api.get_opt(name).await {
-            Ok(p) => p.and_then(|p| p.status),
+        let (exists, previous) = match api.get_opt(name).await {
+            Ok(p) => (p.is_some(), p.and_then(|p| p.status)),
             Err(e) => {
                 tracing::warn!(provider = %name, error = %e, "reading ProviderHealth");
                 continue;
@@ -358,6 +389,9 @@ pub async fn publish(
             load_error_for(name, load_errors),
             previous.as_ref(),
         );
+        if exists && !needs_write(previous.as_ref(), &status) {
+            continue;
+        }
         let object = serde_json::json!({
             "apiVersion": ProviderHealth::api_version(&()),
             "kind": ProviderHealth::kind(&()),
@@ -369,8 +403,15 @@ pub async fn publish(
             "kind": ProviderHealth::kind(&()),
             "status": status,
         });
-        let written = match api.patch(name, &params, &Patch::Apply(object)).await {
-            Ok(_) => api
+        let created = if exists {
+            Ok(())
+        } else {
+            api.patch(name, &params, &Patch::Apply(object))
+                .await
+                .map(drop)
+        };
+        let written = match created {
+            Ok(()) => api
                 .patch_status(name, &params, &Patch::Apply(status))
                 .await
                 .map(drop),
@@ -631,6 +672,16 @@ mod tests {
         assert_ne!(hz.targets[1].last_transition_time, first, "nbg1 flipped");
         assert_eq!(hz.load_error, None);
 
+        // Nothing changed: read, not written (the check runs every minute).
+        fake.clear_requests();
+        publish(&client, &m.round(&list).await, &types, &BTreeMap::new()).await;
+        let writes: Vec<_> = fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.verb != "get")
+            .collect();
+        assert!(writes.is_empty(), "{writes:?}");
+
         // A failed reload shows on the provider still serving its old version, and a
         // provider that never loaded gets an object that says why.
         let errors: BTreeMap<String, String> = [
@@ -660,6 +711,62 @@ mod tests {
         publish(&client, &m.round(&list).await, &types, &BTreeMap::new()).await;
         let hz = api.get("hz").await.unwrap().status.unwrap();
         assert_eq!(hz.load_error, None);
+    }
+
+    #[test]
+    fn unchanged_health_is_written_only_to_refresh_the_check_time() {
+        use crate::api::{ProviderHealthStatus, TargetHealth};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let at = |secs: i64| {
+            Some(Time(
+                k8s_openapi::jiff::Timestamp::from_second(secs).unwrap(),
+            ))
+        };
+        let status = |checked: i64, ready: bool| ProviderHealthStatus {
+            type_: Some("hetzner".into()),
+            check_supported: Some(true),
+            targets: vec![TargetHealth {
+                target: "fsn1".into(),
+                ready,
+                reason: String::new(),
+                message: String::new(),
+                details: Default::default(),
+                last_transition_time: at(1000).unwrap(),
+            }],
+            last_check_time: at(checked),
+            load_error: None,
+        };
+        let refresh = LAST_CHECK_REFRESH.as_secs() as i64;
+        let cases = [
+            ("new object", None, status(1060, true), true),
+            (
+                "same, a minute later",
+                Some(status(1000, true)),
+                status(1060, true),
+                false,
+            ),
+            (
+                "same, just under the refresh",
+                Some(status(1000, true)),
+                status(999 + refresh, true),
+                false,
+            ),
+            (
+                "same, at the refresh",
+                Some(status(1000, true)),
+                status(1000 + refresh, true),
+                true,
+            ),
+            (
+                "a target flipped",
+                Some(status(1000, true)),
+                status(1060, false),
+                true,
+            ),
+        ];
+        for (what, previous, new, want) in cases {
+            assert_eq!(needs_write(previous.as_ref(), &new), want, "{what}");
+        }
     }
 
     #[test]
