@@ -31,7 +31,14 @@ fn three_hundred_proxies_stay_within_a_tight_budget() {
         .arg("--workdir")
         .arg(&work)
         .args(["scale", "--proxies", "300", "--provider", "hetzner"])
-        .args(["--factor", "60", "--minutes", "10", "--settle-minutes", "4"])
+        .args([
+            "--factor",
+            "120",
+            "--minutes",
+            "20",
+            "--settle-minutes",
+            "6",
+        ])
         .args(["--budget", "3600", "--burst", "100"])
         .args(["--backend-limit", "3600", "--backend-burst", "100"])
         .args(["--timeout", "3m", "--json"])

@@ -98,7 +98,7 @@ async fn main() {
 
     let uid = "0b0e2f5e-5ca1-4e00-8000-000000000001";
     let id = p
-        .create(CreateRequest {
+        .create(&CreateRequest {
             name: name_from_uid(uid),
             uid: uid.into(),
             namespace: "bench".into(),
