@@ -168,14 +168,7 @@ async fn run(args: Args) -> Result<Outcome> {
             e = operator.exited() => Err(e),
         };
     }
-    if outcome.is_err() {
-        println!(
-            "\nlast lines of the operator's log ({}):\n{}",
-            operator.log.display(),
-            operator.log_tail(30)
-        );
-    }
-    println!("\nstopping: {}", operator.stop().await);
+    operator.wind_down(outcome.is_err()).await;
     println!("stopping: {}", stack.stop());
     println!("stopping: the in-memory Kubernetes API");
     outcome

@@ -88,37 +88,58 @@ pub struct ScaleArgs {
 const NAMESPACE: &str = "scale";
 const PROXY_API: &str = "egress.proxy-operator.dev/v1alpha1";
 
+/// A provider's shipped budget per hour, and its backend's rate limit and bucket depth.
+fn shipped(provider: &str) -> (u32, RateLimit) {
+    match provider {
+        "ec2" => (
+            72_000,
+            RateLimit {
+                per_hour: 72_000,
+                burst: 100,
+            },
+        ),
+        _ => (
+            3_600,
+            RateLimit {
+                per_hour: 3_600,
+                burst: 3_600,
+            },
+        ),
+    }
+}
+
 impl ScaleArgs {
     fn budget(&self) -> u32 {
-        self.budget.unwrap_or(self.shipped().0)
-    }
-
-    /// The shipped budget per hour and the backend's limit and depth.
-    fn shipped(&self) -> (u32, RateLimit) {
-        match self.provider.as_str() {
-            "ec2" => (
-                72_000,
-                RateLimit {
-                    per_hour: 72_000,
-                    burst: 100,
-                },
-            ),
-            _ => (
-                3_600,
-                RateLimit {
-                    per_hour: 3_600,
-                    burst: 3_600,
-                },
-            ),
-        }
+        self.limits(&self.provider).0
     }
 
     fn backend_limit(&self) -> RateLimit {
-        let d = self.shipped().1;
-        RateLimit {
-            per_hour: self.backend_limit.unwrap_or(d.per_hour),
-            burst: self.backend_burst.unwrap_or(d.burst),
+        self.limits(&self.provider).1
+    }
+
+    /// A provider's budget per hour and its backend's limit, before compression: the
+    /// shipped ones, with this run's overrides for the measured provider.
+    fn limits(&self, provider: &str) -> (u32, RateLimit) {
+        let (budget, limit) = shipped(provider);
+        if provider != self.provider {
+            return (budget, limit);
         }
+        (
+            self.budget.unwrap_or(budget),
+            RateLimit {
+                per_hour: self.backend_limit.unwrap_or(limit.per_hour),
+                burst: self.backend_burst.unwrap_or(limit.burst),
+            },
+        )
+    }
+
+    /// A backend's limit as its emulator enforces it: compressed.
+    fn emulator_limit(&self, provider: &str) -> Option<RateLimit> {
+        let l = self.limits(provider).1;
+        Some(RateLimit {
+            per_hour: l.per_hour.saturating_mul(self.factor),
+            burst: l.burst,
+        })
     }
 
     /// An interval of the operator's time, in real time, as `proxy-operator` parses it.
@@ -331,53 +352,25 @@ pub async fn run(args: &Args, s: &ScaleArgs) -> Result<()> {
     // Both emulators run (the operator loads both plugins); each enforces its backend's
     // limit, compressed.
     let limit = s.backend_limit();
-    let compressed = RateLimit {
-        per_hour: limit.per_hour.saturating_mul(f),
-        burst: limit.burst,
-    };
     let hetzner = HetznerEmulator::start(HetznerConfig {
         first_ipv4: Ipv4Addr::new(127, 1, 0, 1),
-        rate_limit: Some(if s.provider == "hetzner" {
-            compressed
-        } else {
-            RateLimit {
-                per_hour: 3_600 * f,
-                burst: 3_600,
-            }
-        }),
+        rate_limit: s.emulator_limit("hetzner"),
         ..HetznerConfig::new(stack::HETZNER_TOKEN)
     });
     let ec2 = Ec2Emulator::start(Ec2Config {
-        rate_limit: Some(if s.provider == "ec2" {
-            compressed
-        } else {
-            RateLimit {
-                per_hour: 72_000 * f,
-                burst: 100,
-            }
-        }),
+        rate_limit: s.emulator_limit("ec2"),
         ..Ec2Config::default()
     });
     let emu: &dyn Emulator = if s.provider == "ec2" { &ec2 } else { &hetzner };
 
     let budget = s.budget();
     let mut extra = BTreeMap::new();
-    for (name, per_hour) in [
-        (
-            "hetzner",
-            if s.provider == "hetzner" {
-                budget
-            } else {
-                3_600
-            },
-        ),
-        ("ec2", if s.provider == "ec2" { budget } else { 72_000 }),
-    ] {
+    for name in ["hetzner", "ec2"] {
         extra.insert(
             name,
             format!(
                 "    budget: {{requestsPerHour: {}, burst: {}}}\n",
-                per_hour.saturating_mul(f),
+                s.limits(name).0.saturating_mul(f),
                 s.burst
             ),
         );
@@ -441,14 +434,7 @@ pub async fn run(args: &Args, s: &ScaleArgs) -> Result<()> {
         r = measure(s, &api, emu, operator.pid, listen, port) => r,
         e = operator.exited() => Err(e),
     };
-    if result.is_err() {
-        println!(
-            "last lines of the operator's log ({}):\n{}",
-            operator.log.display(),
-            operator.log_tail(30)
-        );
-    }
-    println!("stopping: {}", operator.stop().await);
+    operator.wind_down(result.is_err()).await;
     let figures = result?;
     print!("\n{}", figures.markdown());
     if let Some(path) = &s.json {

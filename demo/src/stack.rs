@@ -622,6 +622,19 @@ impl Operator {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// At the end of a run: the last lines of the log when it failed, then [`Operator::stop`];
+    /// prints both.
+    pub async fn wind_down(&mut self, failed: bool) {
+        if failed {
+            println!(
+                "\nlast lines of the operator's log ({}):\n{}",
+                self.log.display(),
+                self.log_tail(30)
+            );
+        }
+        println!("\nstopping: {}", self.stop().await);
+    }
+
     /// SIGTERM by PID (a graceful stop: reconciles in flight finish), SIGKILL after 15 s.
     pub async fn stop(&mut self) -> String {
         if let Ok(Some(status)) = self.child.try_wait() {

@@ -9,27 +9,16 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::Command;
-
 #[test]
 fn three_hundred_proxies_stay_within_a_tight_budget() {
-    let Some((plugins, demo, operator)) = support::binaries(env!("CARGO_BIN_EXE_egress-demo"))
+    let Some((mut demo, work)) =
+        support::driver(env!("CARGO_BIN_EXE_egress-demo"), "egress-scale-test")
     else {
         return;
     };
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let work = std::env::temp_dir().join(format!("egress-scale-test-{}", std::process::id()));
     let json = work.join("scale.json");
     std::fs::create_dir_all(&work).unwrap();
-    let out = Command::new(&demo)
-        .current_dir(&root)
-        .arg("--operator-bin")
-        .arg(&operator)
-        .arg("--plugin-dir")
-        .arg(&plugins)
-        .arg("--workdir")
-        .arg(&work)
+    let out = demo
         .args(["scale", "--proxies", "300", "--provider", "hetzner"])
         .args([
             "--factor",

@@ -6,7 +6,6 @@
 //! message without them, failed under `CI=true`.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,20 +23,12 @@ fn port_open(port: u16) -> bool {
 
 #[test]
 fn the_story_completes_and_ctrl_c_stops_everything() {
-    let Some((plugins, demo, operator)) = support::binaries(env!("CARGO_BIN_EXE_egress-demo"))
+    let Some((mut demo, work)) =
+        support::driver(env!("CARGO_BIN_EXE_egress-demo"), "egress-demo-story")
     else {
         return;
     };
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let work = std::env::temp_dir().join(format!("egress-demo-story-{}", std::process::id()));
-    let mut child = Command::new(&demo)
-        .current_dir(&root)
-        .arg("--operator-bin")
-        .arg(&operator)
-        .arg("--plugin-dir")
-        .arg(&plugins)
-        .arg("--workdir")
-        .arg(&work)
+    let mut child = demo
         .arg("--keep-running")
         .stdout(Stdio::piped())
         .spawn()

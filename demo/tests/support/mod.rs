@@ -1,6 +1,7 @@
 //! What the tests that run the whole stack share.
 
 use std::path::PathBuf;
+use std::process::Command;
 
 /// Skips a test with a message; under `CI=true` a skip is a failure.
 pub fn skip(msg: &str) {
@@ -10,10 +11,12 @@ pub fn skip(msg: &str) {
     eprintln!("\n!!! SKIPPING: {msg}\n");
 }
 
-/// The plugin directory (`EGRESS_PLUGIN_DIR`, set by `cargo xtask test`), the driver
-/// (`demo`, the test's `CARGO_BIN_EXE_egress-demo`) and the operator binary next to it
-/// (built by the same `cargo test --workspace`); `None` after skipping without them.
-pub fn binaries(demo: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
+/// The driver (`demo`, the test's `CARGO_BIN_EXE_egress-demo`) set up to run the operator
+/// binary next to it (built by the same `cargo test --workspace`) with the plugins of
+/// `EGRESS_PLUGIN_DIR` (set by `cargo xtask test`), from the workspace root, working in a
+/// fresh temp directory named after `label` (also returned). `None` after skipping
+/// without them.
+pub fn driver(demo: &str, label: &str) -> Option<(Command, PathBuf)> {
     let Some(plugins) = std::env::var_os("EGRESS_PLUGIN_DIR").map(PathBuf::from) else {
         skip("EGRESS_PLUGIN_DIR is not set (cargo xtask test sets it)");
         return None;
@@ -24,5 +27,15 @@ pub fn binaries(demo: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
         skip(&format!("{} is not built", operator.display()));
         return None;
     }
-    Some((plugins, demo, operator))
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let work = std::env::temp_dir().join(format!("{label}-{}", std::process::id()));
+    let mut cmd = Command::new(&demo);
+    cmd.current_dir(&root)
+        .arg("--operator-bin")
+        .arg(&operator)
+        .arg("--plugin-dir")
+        .arg(&plugins)
+        .arg("--workdir")
+        .arg(&work);
+    Some((cmd, work))
 }
