@@ -17,6 +17,7 @@
 //! with a non-zero exit after stopping everything. Ctrl-C at any point stops everything.
 
 mod http;
+mod scale;
 mod stack;
 mod status_page;
 mod story;
@@ -66,9 +67,18 @@ pub struct Args {
     /// How long each step of the story may take.
     #[arg(long, default_value = "90s", value_parser = parse_duration)]
     pub step_timeout: Duration,
+    #[command(subcommand)]
+    pub command: Option<Command>,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Instead of the story: the operator at scale (`cargo xtask scale`): N Proxies, time
+    /// to Running, steady-state backend and API requests, drift latency, RSS.
+    Scale(scale::ScaleArgs),
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = num
         .parse()
@@ -108,7 +118,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let result = rt.block_on(run(args));
+    let result = match &args.command {
+        Some(Command::Scale(s)) => rt.block_on(scale::run(&args, s)).map(|()| Outcome::Done),
+        None => rt.block_on(run(args)),
+    };
     // The in-memory API's server task ends with the runtime.
     rt.shutdown_timeout(Duration::from_secs(2));
     match result {
@@ -155,14 +168,7 @@ async fn run(args: Args) -> Result<Outcome> {
             e = operator.exited() => Err(e),
         };
     }
-    if outcome.is_err() {
-        println!(
-            "\nlast lines of the operator's log ({}):\n{}",
-            operator.log.display(),
-            operator.log_tail(30)
-        );
-    }
-    println!("\nstopping: {}", operator.stop().await);
+    operator.wind_down(outcome.is_err()).await;
     println!("stopping: {}", stack.stop());
     println!("stopping: the in-memory Kubernetes API");
     outcome

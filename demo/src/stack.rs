@@ -7,6 +7,7 @@ use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator, RunSchedule};
 use egress_emulators::real_proxy::{ProxyKind, RealProxies};
 use fake_kube::{AccessRule, FakeApi, UserInfo};
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 pub const INSTALLATION: &str = "egress-demo";
 /// The operator's own namespace (its leader-election Lease lives there).
 pub const OPERATOR_NAMESPACE: &str = "egress-system";
-const HETZNER_TOKEN: &str = "demo-hetzner-token";
+pub const HETZNER_TOKEN: &str = "demo-hetzner-token";
 /// The user the demo's discovery token authenticates as.
 pub const DEMO_USER: &str = "demo-user";
 /// Namespaces the demo creates carry this label, so nobody mistakes the control plane.
@@ -94,7 +95,7 @@ pub fn proxy_ports(docs: &[Value]) -> Result<Vec<(String, u16)>> {
     Ok(out)
 }
 
-fn free_port(wanted: u16) -> Result<u16> {
+pub fn free_port(wanted: u16) -> Result<u16> {
     let l = std::net::TcpListener::bind(("127.0.0.1", wanted))
         .with_context(|| format!("port {wanted} on 127.0.0.1 is not free"))?;
     Ok(l.local_addr()?.port())
@@ -142,8 +143,126 @@ async fn echo_server(port: u16) -> Result<u16> {
     Ok(port)
 }
 
-fn absolute(p: &Path) -> Result<PathBuf> {
+pub fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("resolving {}", p.display()))
+}
+
+/// The in-memory Kubernetes API on `127.0.0.1:port` (0: any free port) with the CRDs of
+/// `crds` installed and the operator's namespace created; its kubeconfig is written to
+/// `kubeconfig`.
+pub async fn start_api(crds: &Path, port: u16, kubeconfig: &Path) -> Result<(FakeApi, SocketAddr)> {
+    let api = FakeApi::new();
+    let mut crd_files: Vec<PathBuf> = std::fs::read_dir(crds)
+        .with_context(|| format!("reading {}", crds.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "yaml")
+                && p.file_name().is_some_and(|n| n != "kustomization.yaml")
+        })
+        .collect();
+    crd_files.sort();
+    ensure!(!crd_files.is_empty(), "no CRD in {}", crds.display());
+    for f in &crd_files {
+        for doc in load_docs(f)? {
+            api.create(doc)
+                .map_err(|e| anyhow::anyhow!("installing the CRD {}: {e:?}", f.display()))?;
+        }
+    }
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": OPERATOR_NAMESPACE, "labels": {DEMO_LABEL: "true"}},
+    }))
+    .map_err(|e| anyhow::anyhow!("creating namespace {OPERATOR_NAMESPACE}: {e:?}"))?;
+    let api_addr = api
+        .serve(&format!("127.0.0.1:{port}"))
+        .await
+        .with_context(|| format!("serving the in-memory API on 127.0.0.1:{port}"))?;
+    write_kubeconfig(&api, api_addr, kubeconfig)?;
+    Ok((api, api_addr))
+}
+
+/// Writes the plugins' credentials (the emulators' own) as files under `secrets`, and the
+/// providers file naming them, with `extra` appended to each provider's entry (`hetzner`,
+/// `ec2`: YAML lines at the entry's indentation, e.g. a `budget`).
+pub fn write_providers(
+    file: &Path,
+    secrets: &Path,
+    hetzner: &str,
+    ec2: &str,
+    extra: &BTreeMap<&str, String>,
+) -> Result<()> {
+    std::fs::create_dir_all(secrets).with_context(|| format!("creating {}", secrets.display()))?;
+    write_private(
+        &secrets.join("hetzner-token"),
+        &format!("{HETZNER_TOKEN}\n"),
+    )?;
+    write_private(
+        &secrets.join("aws-access-key-id"),
+        egress_emulators::ec2::EXAMPLE_ACCESS_KEY,
+    )?;
+    write_private(
+        &secrets.join("aws-secret-access-key"),
+        egress_emulators::ec2::EXAMPLE_SECRET_KEY,
+    )?;
+    std::fs::write(file, providers_yaml(hetzner, ec2, secrets, extra))
+        .with_context(|| format!("writing {}", file.display()))
+}
+
+/// The `proxy-operator run` arguments every local run shares: plugins, providers file,
+/// scratch and cache under `workdir`, the installation and namespace, where it listens.
+pub fn operator_args(
+    plugin_dir: &Path,
+    providers_file: &Path,
+    workdir: &Path,
+    listen: SocketAddr,
+) -> Vec<String> {
+    [
+        "run",
+        "--plugin-dir",
+        &plugin_dir.display().to_string(),
+        "--providers",
+        &providers_file.display().to_string(),
+        "--plugin-cache-dir",
+        &workdir.join("plugin-cache").display().to_string(),
+        "--plugin-scratch-dir",
+        &workdir.join("plugin-calls").display().to_string(),
+        "--installation",
+        INSTALLATION,
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--pod-name",
+        "egress-demo-operator",
+        "--listen",
+        &listen.to_string(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The operator binary (`--operator-bin`, default next to this one) and the plugin
+/// directory, both checked.
+pub fn binaries(args: &Args) -> Result<(PathBuf, PathBuf)> {
+    let operator_bin = match &args.operator_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("this binary has no directory")?
+            .join("proxy-operator"),
+    };
+    ensure!(
+        operator_bin.is_file(),
+        "the operator binary {} does not exist (build it, or pass --operator-bin)",
+        operator_bin.display()
+    );
+    let plugin_dir = absolute(&args.plugin_dir)?;
+    for p in ["hetzner.wasm", "ec2.wasm"] {
+        ensure!(
+            plugin_dir.join(p).is_file(),
+            "plugin {} is missing (cargo xtask build-plugins builds it)",
+            plugin_dir.join(p).display()
+        );
+    }
+    Ok((operator_bin, plugin_dir))
 }
 
 impl Stack {
@@ -166,26 +285,7 @@ impl Stack {
                 )
             })?;
         }
-        let operator_bin = match &args.operator_bin {
-            Some(p) => p.clone(),
-            None => std::env::current_exe()?
-                .parent()
-                .context("this binary has no directory")?
-                .join("proxy-operator"),
-        };
-        ensure!(
-            operator_bin.is_file(),
-            "the operator binary {} does not exist (build it, or pass --operator-bin)",
-            operator_bin.display()
-        );
-        let plugin_dir = absolute(&args.plugin_dir)?;
-        for p in ["hetzner.wasm", "ec2.wasm"] {
-            ensure!(
-                plugin_dir.join(p).is_file(),
-                "plugin {} is missing (cargo xtask build-plugins builds it)",
-                plugin_dir.join(p).display()
-            );
-        }
+        let (operator_bin, plugin_dir) = binaries(args)?;
         let crds = absolute(&args.crds)?;
         let workdir = absolute(&args.workdir)?;
         std::fs::create_dir_all(workdir.join("secrets"))
@@ -195,37 +295,11 @@ impl Stack {
         println!("  everything below runs on 127.0.0.1 and stops when the demo ends\n");
 
         // The in-memory Kubernetes API.
-        let api = FakeApi::new();
-        let mut crd_files: Vec<PathBuf> = std::fs::read_dir(&crds)
-            .with_context(|| format!("reading {}", crds.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.extension().is_some_and(|e| e == "yaml")
-                    && p.file_name().is_some_and(|n| n != "kustomization.yaml")
-            })
-            .collect();
-        crd_files.sort();
-        ensure!(!crd_files.is_empty(), "no CRD in {}", crds.display());
-        for f in &crd_files {
-            for doc in load_docs(f)? {
-                api.create(doc)
-                    .map_err(|e| anyhow::anyhow!("installing the CRD {}: {e:?}", f.display()))?;
-            }
-        }
-        api.create(json!({
-            "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": OPERATOR_NAMESPACE, "labels": {DEMO_LABEL: "true"}},
-        }))
-        .map_err(|e| anyhow::anyhow!("creating namespace {OPERATOR_NAMESPACE}: {e:?}"))?;
+        let kubeconfig = workdir.join("kubeconfig");
+        let (api, api_addr) = start_api(&crds, args.api_port, &kubeconfig).await?;
         let token = demo_token();
         api.add_token(&token, UserInfo::new(DEMO_USER));
         api.allow(AccessRule::user(DEMO_USER, ["get", "list"], ["proxies"]));
-        let api_addr = api
-            .serve(&format!("127.0.0.1:{}", args.api_port))
-            .await
-            .with_context(|| format!("serving the in-memory API on 127.0.0.1:{}", args.api_port))?;
-        let kubeconfig = workdir.join("kubeconfig");
-        write_kubeconfig(&api, api_addr, &kubeconfig)?;
         let client = api.client();
         println!(
             "  Kubernetes API  http://{api_addr}  LOCAL DEMO CONTROL PLANE (in-memory, fake-kube), not for production"
@@ -266,71 +340,44 @@ impl Stack {
 
         // The operator.
         let providers_file = workdir.join("providers.yaml");
-        let secrets = workdir.join("secrets");
-        write_private(
-            &secrets.join("hetzner-token"),
-            &format!("{HETZNER_TOKEN}\n"),
-        )?;
-        write_private(
-            &secrets.join("aws-access-key-id"),
-            egress_emulators::ec2::EXAMPLE_ACCESS_KEY,
-        )?;
-        write_private(
-            &secrets.join("aws-secret-access-key"),
-            egress_emulators::ec2::EXAMPLE_SECRET_KEY,
-        )?;
-        std::fs::write(
+        write_providers(
             &providers_file,
-            providers_yaml(&hetzner.url(), &ec2.url(), &secrets),
-        )
-        .with_context(|| format!("writing {}", providers_file.display()))?;
-        let discovery = SocketAddr::from(([127, 0, 0, 1], free_port(args.discovery_port)?));
-        let operator = Operator::spawn(
-            &operator_bin,
-            &[
-                "run".into(),
-                "--plugin-dir".into(),
-                plugin_dir.display().to_string(),
-                "--providers".into(),
-                providers_file.display().to_string(),
-                "--plugin-cache-dir".into(),
-                workdir.join("plugin-cache").display().to_string(),
-                "--plugin-scratch-dir".into(),
-                workdir.join("plugin-calls").display().to_string(),
-                "--installation".into(),
-                INSTALLATION.into(),
-                "--namespace".into(),
-                OPERATOR_NAMESPACE.into(),
-                "--pod-name".into(),
-                "egress-demo-operator".into(),
-                "--listen".into(),
-                discovery.to_string(),
-                "--provisioning-poll".into(),
-                "1s".into(),
-                "--deletion-poll".into(),
-                "1s".into(),
-                "--drift-poll".into(),
-                "10s".into(),
-                "--gc-interval".into(),
-                GC_INTERVAL.into(),
-                "--gc-min-age".into(),
-                GC_MIN_AGE.into(),
-                "--egress-echo-url".into(),
-                format!("http://127.0.0.1:{echo_port}/"),
-                "--probe-interval".into(),
-                "2s".into(),
-                "--probe-timeout".into(),
-                "2s".into(),
-                "--provider-check-interval".into(),
-                "15s".into(),
-                "--reload-interval".into(),
-                "5s".into(),
-                "--shutdown-grace".into(),
-                "5s".into(),
-            ],
-            &kubeconfig,
-            &workdir,
+            &workdir.join("secrets"),
+            &hetzner.url(),
+            &ec2.url(),
+            &BTreeMap::new(),
         )?;
+        let discovery = SocketAddr::from(([127, 0, 0, 1], free_port(args.discovery_port)?));
+        let mut operator_args = operator_args(&plugin_dir, &providers_file, &workdir, discovery);
+        operator_args.extend(
+            [
+                "--provisioning-poll",
+                "1s",
+                "--deletion-poll",
+                "1s",
+                "--drift-poll",
+                "10s",
+                "--gc-interval",
+                GC_INTERVAL,
+                "--gc-min-age",
+                GC_MIN_AGE,
+                "--egress-echo-url",
+                &format!("http://127.0.0.1:{echo_port}/"),
+                "--probe-interval",
+                "2s",
+                "--probe-timeout",
+                "2s",
+                "--provider-check-interval",
+                "15s",
+                "--reload-interval",
+                "5s",
+                "--shutdown-grace",
+                "5s",
+            ]
+            .map(String::from),
+        );
+        let operator =
+            Operator::spawn(&operator_bin, &operator_args, &kubeconfig, &workdir, "info")?;
         println!(
             "  operator        {} run (pid {}), log: {}",
             operator_bin.display(),
@@ -448,8 +495,14 @@ pub async fn wait_serving(addr: SocketAddr, timeout: Duration) -> Result<()> {
     }
 }
 
-fn providers_yaml(hetzner: &str, ec2: &str, secrets: &Path) -> String {
+fn providers_yaml(
+    hetzner: &str,
+    ec2: &str,
+    secrets: &Path,
+    extra: &BTreeMap<&str, String>,
+) -> String {
     let s = |k: &str| secrets.join(k).display().to_string();
+    let extra = |name: &str| extra.get(name).cloned().unwrap_or_default();
     format!(
         r#"# Written by egress-demo (cargo xtask demo): the hetzner and ec2 plugins, pointed at the
 # local emulators. Loopback is refused to plugins unless allow-listed, hence additionalHosts;
@@ -465,7 +518,7 @@ providers:
       locations: [fsn1, nbg1]
       serverTypes: [cpx11]
       images: {{ubuntu: ubuntu-24.04}}
-  - name: ec2
+{hz_extra}  - name: ec2
     plugin: ec2.wasm
     additionalHosts: ['{ec2}']
     allowPrivateAddresses: true
@@ -477,10 +530,12 @@ providers:
           zones: {{eu-west-1a: {{}}}}
           images: {{debian: ami-0fedcba9876543210}}
       instanceTypes: [t3.micro]
-"#,
+{ec2_extra}"#,
         hz_token = s("hetzner-token"),
         ak = s("aws-access-key-id"),
         sk = s("aws-secret-access-key"),
+        hz_extra = extra("hetzner"),
+        ec2_extra = extra("ec2"),
     )
 }
 
@@ -502,7 +557,15 @@ fn write_kubeconfig(api: &FakeApi, addr: SocketAddr, path: &Path) -> Result<()> 
 }
 
 impl Operator {
-    fn spawn(bin: &Path, args: &[String], kubeconfig: &Path, workdir: &Path) -> Result<Operator> {
+    /// Starts `bin` with `args`, logging to `workdir/operator.log` at `RUST_LOG` (else
+    /// `default_log`).
+    pub fn spawn(
+        bin: &Path,
+        args: &[String],
+        kubeconfig: &Path,
+        workdir: &Path,
+        default_log: &str,
+    ) -> Result<Operator> {
         let log = workdir.join("operator.log");
         let out =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -516,7 +579,7 @@ impl Operator {
             .env("KUBECONFIG", kubeconfig)
             .env(
                 "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+                std::env::var("RUST_LOG").unwrap_or_else(|_| default_log.into()),
             )
             .stdin(std::process::Stdio::null())
             .stdout(out)
@@ -557,6 +620,19 @@ impl Operator {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// At the end of a run: the last lines of the log when it failed, then [`Operator::stop`];
+    /// prints both.
+    pub async fn wind_down(&mut self, failed: bool) {
+        if failed {
+            println!(
+                "\nlast lines of the operator's log ({}):\n{}",
+                self.log.display(),
+                self.log_tail(30)
+            );
+        }
+        println!("\nstopping: {}", self.stop().await);
     }
 
     /// SIGTERM by PID (a graceful stop: reconciles in flight finish), SIGKILL after 15 s.

@@ -6,16 +6,12 @@
 //! message without them, failed under `CI=true`.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn skip(msg: &str) {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{msg}");
-    }
-    eprintln!("\n!!! SKIPPING: {msg}\n");
-}
+mod support;
+
+use support::skip;
 
 fn port_open(port: u16) -> bool {
     std::net::TcpStream::connect_timeout(
@@ -27,24 +23,12 @@ fn port_open(port: u16) -> bool {
 
 #[test]
 fn the_story_completes_and_ctrl_c_stops_everything() {
-    let Some(plugins) = std::env::var_os("EGRESS_PLUGIN_DIR").map(PathBuf::from) else {
-        return skip("EGRESS_PLUGIN_DIR is not set (cargo xtask test sets it)");
+    let Some((mut demo, work)) =
+        support::driver(env!("CARGO_BIN_EXE_egress-demo"), "egress-demo-story")
+    else {
+        return;
     };
-    let demo = PathBuf::from(env!("CARGO_BIN_EXE_egress-demo"));
-    let operator = demo.with_file_name("proxy-operator");
-    if !operator.is_file() {
-        return skip(&format!("{} is not built", operator.display()));
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let work = std::env::temp_dir().join(format!("egress-demo-story-{}", std::process::id()));
-    let mut child = Command::new(&demo)
-        .current_dir(&root)
-        .arg("--operator-bin")
-        .arg(&operator)
-        .arg("--plugin-dir")
-        .arg(&plugins)
-        .arg("--workdir")
-        .arg(&work)
+    let mut child = demo
         .arg("--keep-running")
         .stdout(Stdio::piped())
         .spawn()

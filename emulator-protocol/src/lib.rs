@@ -20,8 +20,10 @@
 //! | `POST /_emulator/scope` | [`ScopeFailure`] | make listing fail for one region / location |
 //! | `POST /_emulator/reset` | | forget everything, faults included; ids are never reused afterwards |
 //! | `POST /_emulator/rate-limit` | [`RateLimit`] or `null` | optional: enforce the backend's rate limit (a token bucket) the way the backend answers it, or stop enforcing it |
+//! | `GET /_emulator/stats` | | [`RequestStats`] as JSON: the API calls answered since start (or reset), by operation and by backend call, and how many were rate-limited |
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Which provider operation a fault applies to, as the plugin's backend calls map to it.
@@ -149,4 +151,98 @@ pub struct DumpSecondary {
 pub struct Dump {
     pub instances: Vec<DumpInstance>,
     pub secondary: Vec<DumpSecondary>,
+}
+
+/// The API calls an emulator has answered since it started (or its last reset), control
+/// surface excluded: what a benchmark reads to count a plugin's backend requests. Counters
+/// only grow, so two snapshots give a window ([`RequestStats::since`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct RequestStats {
+    /// Every call.
+    pub total: u64,
+    /// By the shared operation the call maps to, as in [`FaultOp`]: `create`, `get`,
+    /// `delete`, `list`, and `other` for calls that map to none.
+    pub by_op: BTreeMap<String, u64>,
+    /// By the backend's own name of the call: an EC2 action, a Hetzner method and path
+    /// with ids replaced by `{id}`.
+    pub by_call: BTreeMap<String, u64>,
+    /// Calls answered as rate-limited, the way the backend says it (Hetzner 429
+    /// `rate_limit_exceeded`, EC2 `RequestLimitExceeded`): by the enforced [`RateLimit`]
+    /// or by an injected fault.
+    pub rate_limited: u64,
+}
+
+impl RequestStats {
+    /// Counts one call.
+    pub fn record(&mut self, op: Option<FaultOp>, call: &str) {
+        self.total += 1;
+        let op = match op {
+            Some(FaultOp::Create) => "create",
+            Some(FaultOp::Get) => "get",
+            Some(FaultOp::Delete) => "delete",
+            Some(FaultOp::List) => "list",
+            Some(FaultOp::Any) | None => "other",
+        };
+        *self.by_op.entry(op.into()).or_default() += 1;
+        *self.by_call.entry(call.into()).or_default() += 1;
+    }
+
+    /// What was counted after `earlier` (a snapshot of the same emulator).
+    pub fn since(&self, earlier: &RequestStats) -> RequestStats {
+        let diff = |now: &BTreeMap<String, u64>, then: &BTreeMap<String, u64>| {
+            now.iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.saturating_sub(then.get(k).copied().unwrap_or(0)),
+                    )
+                })
+                .filter(|(_, v)| *v > 0)
+                .collect()
+        };
+        RequestStats {
+            total: self.total.saturating_sub(earlier.total),
+            by_op: diff(&self.by_op, &earlier.by_op),
+            by_call: diff(&self.by_call, &earlier.by_call),
+            rate_limited: self.rate_limited.saturating_sub(earlier.rate_limited),
+        }
+    }
+}
+
+/// A path's segments with every all-digit one replaced by `{id}`: one name per route for
+/// [`RequestStats::by_call`] (`GET /v1/servers/{id}`).
+pub fn route_of(method: &str, path: &str) -> String {
+    let segs: Vec<&str> = path
+        .split('/')
+        .map(|s| {
+            if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+                "{id}"
+            } else {
+                s
+            }
+        })
+        .collect();
+    format!("{method} {}", segs.join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_count_by_op_and_call_and_diff() {
+        let mut s = RequestStats::default();
+        s.record(Some(FaultOp::Get), &route_of("GET", "/v1/servers/42"));
+        let before = s.clone();
+        s.record(Some(FaultOp::Get), &route_of("GET", "/v1/servers/7"));
+        s.record(None, "GET /v1/locations");
+        s.rate_limited += 1;
+        assert_eq!(s.by_call["GET /v1/servers/{id}"], 2);
+        let d = s.since(&before);
+        assert_eq!(d.total, 2);
+        assert_eq!(d.by_op["get"], 1);
+        assert_eq!(d.by_op["other"], 1);
+        assert_eq!(d.rate_limited, 1);
+        assert_eq!(d.by_call.len(), 2);
+    }
 }

@@ -41,6 +41,8 @@ pub trait Emulator: Send + Sync {
     /// Enforce the backend's rate limit the way the backend answers it (`None`: off, the
     /// default). Optional: an emulator without one ignores it.
     fn set_rate_limit(&self, _limit: Option<RateLimit>) {}
+    /// The API calls answered since start or the last reset (`GET /_emulator/stats`).
+    fn stats(&self) -> RequestStats;
 }
 
 /// Faults waiting for the calls they hit, oldest first: each hits the next `count` calls

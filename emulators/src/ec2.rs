@@ -334,6 +334,10 @@ impl Emulator for Ec2Emulator {
         reset(&self.state);
     }
 
+    fn stats(&self) -> crate::control::RequestStats {
+        lock(&self.state).stats.clone()
+    }
+
     fn set_rate_limit(&self, limit: Option<crate::rate_limit::RateLimit>) {
         let mut st = lock(&self.state);
         st.rate_limit = limit;
@@ -510,6 +514,7 @@ fn router(state: Shared) -> Router {
         .route("/_emulator/scope", post(control_scope))
         .route("/_emulator/reset", post(control_reset))
         .route("/_emulator/requests", get(control_requests))
+        .route("/_emulator/stats", get(control_stats))
         .route("/_emulator/rate-limit", post(control_rate_limit))
         .with_state(state)
 }
@@ -585,6 +590,8 @@ async fn api_call(AxState(shared): AxState<Shared>, req: Request) -> Response {
     let (request_id, verified, fault) = {
         let mut st = lock(&shared);
         st.requests.push(action.clone());
+        let call = if action.is_empty() { "(none)" } else { &action };
+        st.stats.record(api::fault_op(&action, &params), call);
         let request_id = st.request_id();
         let cfg = st.cfg.clone();
         let known = |r: &str| cfg.region(r).is_some();
@@ -636,6 +643,7 @@ async fn api_call(AxState(shared): AxState<Shared>, req: Request) -> Response {
                 .entry((verified.region.clone(), action.clone()))
                 .or_insert_with(|| crate::rate_limit::Limiter::new(limit, now));
             if !bucket.take(now) {
+                st.stats.rate_limited += 1;
                 let err = ApiError::new(503, "RequestLimitExceeded", "Request limit exceeded.");
                 return error_response(&err, &request_id);
             }
@@ -669,11 +677,14 @@ async fn api_call(AxState(shared): AxState<Shared>, req: Request) -> Response {
                 "The server is overloaded and can't handle the request.",
             )),
             FaultKind::Quota => Some(api::instance_limit_exceeded(1, 0)),
-            FaultKind::RateLimit => Some(ApiError::new(
-                503,
-                "RequestLimitExceeded",
-                "Request limit exceeded.",
-            )),
+            FaultKind::RateLimit => {
+                lock(&shared).stats.rate_limited += 1;
+                Some(ApiError::new(
+                    503,
+                    "RequestLimitExceeded",
+                    "Request limit exceeded.",
+                ))
+            }
             FaultKind::Auth => Some(ApiError::new(
                 401,
                 "AuthFailure",
@@ -727,6 +738,10 @@ fn done(found: bool) -> Response {
 
 async fn control_dump(AxState(s): AxState<Shared>) -> Response {
     Json(dump(&lock(&s))).into_response()
+}
+
+async fn control_stats(AxState(s): AxState<Shared>) -> Response {
+    Json(lock(&s).stats.clone()).into_response()
 }
 
 async fn control_requests(AxState(s): AxState<Shared>) -> Response {

@@ -160,6 +160,8 @@ struct Backend {
     auto_run: bool,
     faults: crate::control::FaultQueue<Effect>,
     requests: Vec<String>,
+    /// Counted calls (`GET /_emulator/stats`).
+    stats: crate::control::RequestStats,
     /// Held in `starting` until released.
     held: BTreeSet<String>,
     /// Locked by a backend action: DELETE answers 409 `locked`.
@@ -179,6 +181,7 @@ impl Backend {
             auto_run: true,
             faults: Default::default(),
             requests: Vec::new(),
+            stats: Default::default(),
             held: BTreeSet::new(),
             locked: BTreeSet::new(),
             deleting: BTreeSet::new(),
@@ -607,6 +610,10 @@ impl Emulator for ExampleBackend {
     fn reset(&self) {
         lock(&self.state).reset();
     }
+
+    fn stats(&self) -> crate::control::RequestStats {
+        lock(&self.state).stats.clone()
+    }
 }
 
 fn set_status(b: &mut Backend, id: &str, status: &str, ip: Option<String>) -> bool {
@@ -641,6 +648,7 @@ fn router(state: Shared) -> Router {
         .route("/_emulator/faults", post(control_faults))
         .route("/_emulator/scope", post(control_scope))
         .route("/_emulator/reset", post(control_reset))
+        .route("/_emulator/stats", get(control_stats))
         // The example's own, older routes.
         .route("/_emulator/fault", post(set_fault))
         .route("/_emulator/instances/{id}/status", post(control_status))
@@ -676,6 +684,13 @@ async fn gate(State(state): State<Shared>, req: Request, next: Next) -> Response
     let (fault, authorized) = {
         let mut b = lock(&state);
         b.requests.push(line);
+        let path = req.uri().path();
+        let route = if path.starts_with("/v1/instances/") {
+            "/v1/instances/{id}"
+        } else {
+            path
+        };
+        b.stats.record(op, &format!("{} {route}", req.method()));
         let fault = b.take_fault(op);
         let want = format!("Bearer {}", b.token);
         let authorized = bearer(req.headers()) == Some(want.as_str());
@@ -686,7 +701,11 @@ async fn gate(State(state): State<Shared>, req: Request, next: Next) -> Response
             tokio::time::sleep(f.delay).await;
         }
         if let Some(e) = f.fail {
-            return e.into_response();
+            let resp = e.into_response();
+            if resp.status() == StatusCode::TOO_MANY_REQUESTS {
+                lock(&state).stats.rate_limited += 1;
+            }
+            return resp;
         }
     }
     if !authorized {
@@ -835,6 +854,10 @@ fn yes() -> bool {
 
 async fn control_dump(State(state): State<Shared>) -> Response {
     Json(lock(&state).dump()).into_response()
+}
+
+async fn control_stats(State(state): State<Shared>) -> Response {
+    Json(lock(&state).stats.clone()).into_response()
 }
 
 #[derive(Deserialize)]

@@ -556,6 +556,10 @@ impl Emulator for HetznerEmulator {
         lock(&self.state).reset();
     }
 
+    fn stats(&self) -> crate::control::RequestStats {
+        lock(&self.state).stats.clone()
+    }
+
     fn set_rate_limit(&self, limit: Option<crate::rate_limit::RateLimit>) {
         lock(&self.state).set_rate_limit(limit);
     }

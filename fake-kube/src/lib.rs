@@ -427,7 +427,9 @@ impl FakeApi {
 
     /// Turns owner-reference garbage collection on or off (on by default).
     pub fn set_garbage_collection(&self, on: bool) {
-        self.store().garbage_collection = on;
+        let mut store = self.store();
+        store.garbage_collection = on;
+        store.quiet = false;
     }
 
     /// The current global resourceVersion.

@@ -144,6 +144,9 @@ pub struct Store {
     oldest_resumable: u64,
     watchers: Vec<Watcher>,
     pub garbage_collection: bool,
+    /// The last settle left no object deleting (see `settle_after_write`); false forces the
+    /// next write to settle.
+    pub(crate) quiet: bool,
     uid_seq: u64,
     uid_seed: u64,
 }
@@ -294,6 +297,7 @@ impl Store {
             oldest_resumable: 0,
             watchers: Vec::new(),
             garbage_collection: true,
+            quiet: false,
             uid_seq: 0,
             uid_seed: seed,
         };
@@ -850,7 +854,7 @@ impl Store {
             self.register_crd(&obj);
         }
         self.emit(&rt.key(), ChangeKind::Added, None, obj.clone());
-        self.settle();
+        self.settle_after_write(&obj);
         Ok(obj)
     }
 
@@ -1043,7 +1047,7 @@ impl Store {
             self.register_crd(&new);
         }
         self.emit(&rt.key(), ChangeKind::Modified, Some(old), new.clone());
-        self.settle();
+        self.settle_after_write(&new);
         Ok(new)
     }
 
@@ -1362,6 +1366,18 @@ impl Store {
         });
     }
 
+    /// [`Store::settle`] after a create or update that left `obj` in the store. Settling
+    /// scans every object, which makes each write cost O(objects) (minutes for thousands of
+    /// writes to thousands of objects); it is skipped when it cannot find anything: the last
+    /// settle left no object deleting, and this one neither is deleting nor names owners
+    /// (whose absence GC would act on). Removals always settle.
+    fn settle_after_write(&mut self, obj: &Value) {
+        if self.quiet && !is_deleting(obj) && owner_uids(obj).is_empty() {
+            return;
+        }
+        self.settle();
+    }
+
     /// The background controllers of a cluster, run to a fixed point: namespace and CRD
     /// cleanup, foreground/orphan deletion, and garbage collection of dependents whose
     /// owners are gone.
@@ -1482,6 +1498,11 @@ impl Store {
                 }
             }
             if actions.is_empty() {
+                self.quiet = !self
+                    .objects
+                    .values()
+                    .flat_map(|m| m.values())
+                    .any(is_deleting);
                 return;
             }
             for a in actions {

@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: builds the plugins, runs the plugin runtime benchmark in release,
-//! and records its table in docs/benchmarks.md.
+//! and records its table in its section of docs/benchmarks.md (`cargo xtask scale` owns
+//! another).
 
 use anyhow::{Context, Result, bail};
 
@@ -21,20 +22,12 @@ pub fn run() -> Result<()> {
     }
     let table = String::from_utf8_lossy(&out.stdout);
     print!("{table}");
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let doc = format!(
-        "# Benchmarks\n\nWritten by `cargo xtask bench` (release build) on a {cores}-core machine, load average at the end: {}. \
-Absolute figures move with machine load; compare the columns of one run, not runs.\n\n{table}\nRaw figures: `target/bench-runtime.json`.\n",
-        load.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
+    let body = format!(
+        "{table}\nWritten by `cargo xtask bench` (release build) {}.\n\nRaw figures: `target/bench-runtime.json`.\n",
+        crate::docs::machine()
     );
     let path = ws.root.join("docs/benchmarks.md");
-    std::fs::write(&path, doc).with_context(|| format!("writing {}", path.display()))?;
+    crate::docs::update_file(&path, crate::docs::TITLE, "runtime", &body)?;
     println!("\nwrote {}", path.display());
     Ok(())
 }

@@ -10,8 +10,10 @@ use std::process::Command;
 mod bench;
 mod build_plugins;
 mod demo;
+mod docs;
 mod e2e;
 mod moto;
+mod scale;
 mod test;
 
 #[derive(Parser)]
@@ -35,8 +37,14 @@ enum Cmd {
     /// emulator: create, Ready, discovery API, replace, GC, delete. Skips (successfully,
     /// with a message) when no cluster is reachable.
     E2e(e2e::Args),
-    /// Run the plugin runtime benchmark (release) and write docs/benchmarks.md.
+    /// Run the plugin runtime benchmark (release) and write its section of
+    /// docs/benchmarks.md.
     Bench,
+    /// The operator at scale (release): N Proxies against the in-memory API and the
+    /// emulators with their rate limits on, time-compressed; time to Running, steady-state
+    /// backend and API requests, drift latency, RSS, reconcile p99, the sandbox's price.
+    /// Writes its section of docs/benchmarks.md.
+    Scale(scale::Args),
     /// Start a moto EC2 server as `cargo xtask test` does, print its env vars, run until
     /// Ctrl-C (for running the moto test on its own).
     Moto(moto::Args),
@@ -49,6 +57,7 @@ fn main() -> Result<()> {
         Cmd::Test(args) => test::run(&args),
         Cmd::E2e(args) => e2e::run(&args),
         Cmd::Bench => bench::run(),
+        Cmd::Scale(args) => scale::run(&args),
         Cmd::Moto(args) => moto::run(&args),
     }
 }

@@ -163,6 +163,8 @@ pub(crate) struct State {
     pub faults: Vec<ActiveFault>,
     pub failing_scopes: BTreeSet<String>,
     pub requests: Vec<String>,
+    /// Counted calls (`GET /_emulator/stats`).
+    pub stats: crate::control::RequestStats,
     /// The enforced rate limit (see `Ec2Config::rate_limit`) and its buckets by (region,
     /// action).
     pub rate_limit: Option<crate::rate_limit::RateLimit>,
@@ -197,6 +199,7 @@ impl State {
             faults: Vec::new(),
             failing_scopes: BTreeSet::new(),
             requests: Vec::new(),
+            stats: Default::default(),
             rate_limit,
             rate_buckets: HashMap::new(),
             seq: 0,

@@ -1692,6 +1692,13 @@ async fn rate_limit_answers_like_ec2() {
     .await;
     assert_eq!((a.status, a.code().as_str()), (503, "RequestLimitExceeded"));
     assert_eq!(emu.dump().instances.len(), 2, "{id}");
+    // Every call is counted by action and operation, the throttled ones as such.
+    let stats = emu.stats();
+    assert_eq!(stats.rate_limited, 2);
+    assert_eq!(stats.by_call["DescribeInstances"], 14);
+    assert_eq!(stats.by_op["create"], 3);
+    let a = control(&emu, "GET", "/_emulator/stats", serde_json::Value::Null).await;
+    assert!(a.body.contains("\"rate_limited\":2"), "{}", a.body);
     // Refills at 3600/h: one a second. A reset keeps the limit; off through the trait.
     tokio::time::sleep(Duration::from_millis(1050)).await;
     call(&emu, &us(), &list).await.ok();

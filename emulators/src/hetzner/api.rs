@@ -80,6 +80,8 @@ async fn gate(State(state): State<Shared>, req: Request, next: Next) -> Response
     let (fault, authorized, limited) = {
         let mut b = lock(&state);
         b.requests.push(line);
+        b.stats
+            .record(op, &crate::control::route_of(req.method().as_str(), &path));
         // The rate limit stands in front of everything, authentication included.
         let limited = b
             .limiter
@@ -109,7 +111,11 @@ async fn gate(State(state): State<Shared>, req: Request, next: Next) -> Response
         (None, None) => pass(&state, authorized, req, next).await,
     };
     // Read after the call: a slow fault or a long handler has let the bucket refill.
-    let (limit, remaining, full_in) = match lock(&state).limiter.as_mut() {
+    let mut b = lock(&state);
+    if resp.status() == StatusCode::TOO_MANY_REQUESTS {
+        b.stats.rate_limited += 1;
+    }
+    let (limit, remaining, full_in) = match b.limiter.as_mut() {
         Some(l) => {
             let now = std::time::Instant::now();
             (
@@ -120,6 +126,7 @@ async fn gate(State(state): State<Shared>, req: Request, next: Next) -> Response
         }
         None => (RATE_LIMIT, RATE_LIMIT, 0),
     };
+    drop(b);
     let headers = resp.headers_mut();
     headers
         .entry("ratelimit-limit")

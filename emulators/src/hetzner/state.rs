@@ -146,6 +146,8 @@ pub(crate) struct Backend {
     faults: crate::control::FaultQueue<FaultEffect>,
     failing_scopes: BTreeSet<String>,
     pub requests: Vec<String>,
+    /// Counted calls (`GET /_emulator/stats`).
+    pub(crate) stats: crate::control::RequestStats,
     /// The enforced rate limit, if any.
     pub(crate) limiter: Option<crate::rate_limit::Limiter>,
 }
@@ -193,6 +195,7 @@ impl Backend {
             faults: Default::default(),
             failing_scopes: BTreeSet::new(),
             requests: Vec::new(),
+            stats: Default::default(),
         }
     }
 
@@ -206,6 +209,7 @@ impl Backend {
         self.faults.clear();
         self.failing_scopes.clear();
         self.requests.clear();
+        self.stats = Default::default();
         // The limit is configuration: it stays, with a full bucket.
         self.set_rate_limit(self.limiter.as_ref().map(|l| l.spec()));
     }

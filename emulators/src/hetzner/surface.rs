@@ -29,6 +29,7 @@ pub(crate) fn router() -> Router<Shared> {
         .route("/_emulator/scope", post(scope))
         .route("/_emulator/reset", post(reset))
         .route("/_emulator/requests", get(requests))
+        .route("/_emulator/stats", get(stats))
         .route("/_emulator/rate-limit", post(rate_limit))
 }
 
@@ -59,6 +60,10 @@ fn with_id(
 
 async fn dump(State(s): State<Shared>) -> Response {
     Json(lock(&s).dump()).into_response()
+}
+
+async fn stats(State(s): State<Shared>) -> Response {
+    Json(lock(&s).stats.clone()).into_response()
 }
 
 async fn requests(State(s): State<Shared>) -> Response {

@@ -1248,6 +1248,14 @@ async fn rate_limit_answers_like_hetzner() {
     assert_eq!(r.headers["ratelimit-limit"], "120");
     // A limited call does nothing.
     assert_eq!(emu.dump().instances.len(), 1);
+    // Every call is counted, the limited one as such, and so is the control surface's view.
+    let stats = emu.stats();
+    assert_eq!((stats.total, stats.rate_limited), (4, 1));
+    assert_eq!(stats.by_op["list"], 2);
+    assert_eq!(stats.by_call["POST /v1/servers"], 2);
+    let r = get(&emu, "/_emulator/stats").await;
+    assert_eq!(r.body["rate_limited"], 1);
+    assert_eq!(r.body["by_op"]["create"], 2);
 
     // Turned off (and on) through the control surface; a reset keeps it, refilled.
     let r = raw(&emu, "POST", "/_emulator/rate-limit", None, "null").await;
