@@ -57,6 +57,10 @@ addresses and a port nothing listens on, so every probe is refused at once and e
 runs with `Healthy=False` (the same single verdict write as a healthy one). The steady state
 is measured after every Proxy has its verdict.
 
+The in-memory API and the emulators run in the driver's process, on the same 2 cores as the
+operator; RSS and CPU figures are the operator process's alone. A run that does not converge
+within the driver's `--timeout` says so in its first row and measures the rest anyway.
+
 Verdicts compare with the issue's acceptance figures, each stated for a size (10,000 Proxies
 with a 3,600/h budget; 1,000 with defaults); at other sizes they are shown for orientation.
 ";
