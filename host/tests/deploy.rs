@@ -246,6 +246,11 @@ fn default_overlay_renders_valid_hardened_manifests() {
             .unwrap_or_else(|| panic!("{name} from the downward API"));
         assert_eq!(from.field_path, field);
     }
+    // Two glibc heap arenas: a third less RSS at 1,000 Proxies (see the manifest).
+    assert_eq!(
+        env("MALLOC_ARENA_MAX").and_then(|e| e.value.as_deref()),
+        Some("2")
+    );
     // Probes on /healthz and /readyz, on the named port the server listens on.
     let port = c
         .ports
