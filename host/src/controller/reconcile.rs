@@ -10,7 +10,7 @@ use super::secret_cache::SecretCache;
 use super::secrets::SecretKey;
 use super::{input, secret_cache, spec_hash, status};
 use crate::api::{Proxy, ProxyStatus, condition};
-use crate::cache::{ProxyCache, ProxyFeed};
+use crate::cache::{ProxyCache, ProxyFeed, trim_for_cache};
 use crate::health::{HealthEngine, ProbeSpec};
 use crate::inventory::Inventory;
 use crate::provider::State;
@@ -433,8 +433,6 @@ async fn prune_secrets(
         }
     }
 }
-
-pub use crate::cache::trim_for_cache;
 
 /// What of a Proxy, when it changes, needs a reconcile: the generation (the spec, and the
 /// API server's bump when deletion starts), the deletion timestamp itself (not every API

@@ -64,8 +64,9 @@ impl CallClock {
         self.started + self.own + self.waited(now).min(self.allowance)
     }
 
+    /// Asked on every epoch tick while the guest runs: within its own time, no lock.
     pub fn expired(&self, now: Instant) -> bool {
-        now >= self.deadline(now)
+        now >= self.started + self.own && now >= self.deadline(now)
     }
 
     /// Whether a request of the call is waiting for a token now.
