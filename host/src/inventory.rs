@@ -63,6 +63,12 @@ pub struct Inventory {
     lists: RwLock<BTreeMap<String, Arc<Listing>>>,
     /// Provider names with a list under way (how many marks each).
     in_flight: RwLock<BTreeMap<String, usize>>,
+    /// Per provider name, the provider ([`provider_key`]) whose list last finished,
+    /// successfully or not.
+    tried: RwLock<BTreeMap<String, usize>>,
+    /// How many list loops ([`run`]) are running: while one is, a configured provider not
+    /// yet tried will be listed shortly.
+    loops: std::sync::atomic::AtomicUsize,
 }
 
 impl Inventory {
@@ -72,6 +78,8 @@ impl Inventory {
             max_age,
             lists: RwLock::new(BTreeMap::new()),
             in_flight: Default::default(),
+            tried: Default::default(),
+            loops: Default::default(),
         }
     }
 
@@ -145,14 +153,39 @@ impl Inventory {
             .cloned()
     }
 
-    /// Whether a list of `name` is under way while it has no fresh list: the reconciler
-    /// waits for it rather than Get every Running Proxy (all of them, after a start).
+    /// Whether a list of `provider` will come while it has no fresh one: one is under way,
+    /// or a list loop runs and has not tried this provider yet (just configured, or
+    /// rebuilt by a reload). The reconciler waits for it rather than Get every Running
+    /// Proxy (all of them, after a start or a reload).
     pub fn pending(&self, name: &str, provider: &Arc<dyn Provider>, now: SystemTime) -> bool {
-        self.in_flight
+        let under_way = self
+            .in_flight
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .contains_key(name)
-            && self.listing(name, provider, now).is_none()
+            .contains_key(name);
+        let untried = self.loops.load(std::sync::atomic::Ordering::SeqCst) > 0
+            && self
+                .tried
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(name)
+                != Some(&provider_key(provider));
+        (under_way || untried) && self.listing(name, provider, now).is_none()
+    }
+
+    /// Notes that a list of `provider` (configured under `name`) finished, successfully or
+    /// not: it is no longer [`Inventory::pending`] for want of a first try.
+    fn tried(&self, name: &str, provider: &Arc<dyn Provider>) {
+        self.tried
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), provider_key(provider));
+    }
+
+    /// Marks a list loop as running until the guard is dropped.
+    fn loop_running(self: &Arc<Self>) -> LoopRunning {
+        self.loops.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        LoopRunning(self.clone())
     }
 
     /// Marks a list of `name` as under way until the guard is dropped.
@@ -172,6 +205,21 @@ impl Inventory {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|k, _| names.contains(&k.as_str()));
+        self.tried
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| names.contains(&k.as_str()));
+    }
+}
+
+/// A list loop that runs (see [`Inventory::loop_running`]).
+struct LoopRunning(Arc<Inventory>);
+
+impl Drop for LoopRunning {
+    fn drop(&mut self) {
+        self.0
+            .loops
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -282,6 +330,7 @@ async fn list_one(
     let _under_way = inventory.listing_under_way(name);
     let result = scope(Priority::Background, provider.list_by_tag(installation)).await;
     let took = started.elapsed();
+    inventory.tried(name, provider);
     let interval = list_interval(drift_poll, provider.pacing());
     match result {
         Ok(instances) => {
@@ -322,9 +371,11 @@ async fn list_one(
 /// does not confirm to `recheck`. Providers are listed independently: a long, paced list
 /// of a large fleet does not hold back the others.
 ///
-/// Every provider configured now counts as being listed from the moment this is called
-/// (not when the task first runs): the reconciles of a start wait for the first list
-/// instead of making one Get per Running Proxy.
+/// From the moment this is called (not when the task first runs), every configured
+/// provider not listed yet counts as [`Inventory::pending`]: the reconciles of a start wait
+/// for its first list instead of making one Get per Running Proxy. So do those of a reload:
+/// a rebuilt provider (new configuration or plugin) is listed at once, on the registry's
+/// change, and nothing listed by its predecessor is used.
 pub fn run(
     inventory: Arc<Inventory>,
     registry: ProviderRegistry,
@@ -334,11 +385,7 @@ pub fn run(
     recheck: impl Fn(ObjectRef<Proxy>) + Send + 'static,
     stop: tokio_util::sync::CancellationToken,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let first: HashMap<String, InFlight> = registry
-        .snapshot()
-        .keys()
-        .map(|n| (n.clone(), inventory.listing_under_way(n)))
-        .collect();
+    let running = inventory.loop_running();
     run_lists(
         inventory,
         registry,
@@ -347,7 +394,7 @@ pub fn run(
         drift_poll,
         recheck,
         stop,
-        first,
+        running,
     )
 }
 
@@ -360,10 +407,12 @@ async fn run_lists(
     drift_poll: Duration,
     recheck: impl Fn(ObjectRef<Proxy>),
     stop: tokio_util::sync::CancellationToken,
-    mut first: HashMap<String, InFlight>,
+    _running: LoopRunning,
 ) {
     use futures::StreamExt;
     use tokio::time::Instant;
+    // Subscribed before the first snapshot, so no swap goes unseen.
+    let mut changes = Box::pin(registry.changes());
     // The first lists wait for the Proxy cache, so their rechecks see every Proxy.
     let ready = tokio::select! {
         _ = stop.cancelled() => return,
@@ -372,8 +421,9 @@ async fn run_lists(
     if !ready {
         return;
     }
-    // Per provider name: when its next list is due; absent while one is running.
-    let mut due: HashMap<String, Instant> = HashMap::new();
+    // Per provider name: the provider listed last and when its next list is due; absent
+    // while one is running. A rebuilt provider (another key) is due at once.
+    let mut due: HashMap<String, (usize, Instant)> = HashMap::new();
     let mut running = futures::stream::FuturesUnordered::new();
     let mut listing: std::collections::HashSet<String> = Default::default();
     loop {
@@ -383,7 +433,9 @@ async fn run_lists(
         inventory.retain(&names);
         due.retain(|n, _| providers.contains_key(n));
         for (name, provider) in providers.iter() {
-            if listing.contains(name) || due.get(name).is_some_and(|at| *at > now) {
+            let key = provider_key(provider);
+            let not_yet = due.get(name).is_some_and(|(k, at)| *k == key && *at > now);
+            if listing.contains(name) || not_yet {
                 continue;
             }
             due.remove(name);
@@ -404,24 +456,24 @@ async fn run_lists(
                     drift_poll,
                 )
                 .await;
-                (name, refs, next)
+                (name, provider_key(&provider), refs, next)
             });
         }
         // Wake for the next due list, and at least every drift poll to pick up providers
         // configured since.
         let wake = due
             .values()
-            .copied()
+            .map(|(_, at)| *at)
             .min()
             .unwrap_or(now + drift_poll)
             .min(now + drift_poll);
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep_until(wake) => {}
-            Some((name, refs, next)) = running.next(), if !running.is_empty() => {
+            Some(()) = changes.next() => {}
+            Some((name, key, refs, next)) = running.next(), if !running.is_empty() => {
                 listing.remove(&name);
-                first.remove(&name);
-                due.insert(name, Instant::now() + next);
+                due.insert(name, (key, Instant::now() + next));
                 for r in refs {
                     recheck(r);
                 }
@@ -578,6 +630,30 @@ mod tests {
             !inv.pending("a", &a, later),
             "the list ended (or failed): Get"
         );
+    }
+
+    #[test]
+    fn pending_for_a_provider_the_running_loop_has_not_tried() {
+        let inv = Arc::new(Inventory::new(Duration::from_secs(240)));
+        let a = provider("a");
+        let now = SystemTime::now();
+        assert!(!inv.pending("a", &a, now), "no loop runs: Get");
+        let running = inv.loop_running();
+        assert!(inv.pending("a", &a, now), "configured, not listed yet");
+        inv.tried("a", &a);
+        assert!(!inv.pending("a", &a, now), "tried and failed: Get");
+        inv.record("a", &a, now, vec![]);
+        let rebuilt = provider("a");
+        assert!(
+            inv.pending("a", &rebuilt, now),
+            "a reload rebuilt it: its first list is awaited"
+        );
+        inv.tried("a", &rebuilt);
+        assert!(!inv.pending("a", &rebuilt, now));
+        let other = provider("b");
+        assert!(inv.pending("b", &other, now), "per provider name");
+        drop(running);
+        assert!(!inv.pending("b", &other, now), "the loop stopped: Get");
     }
 
     #[test]

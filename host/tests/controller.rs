@@ -1261,6 +1261,42 @@ async fn a_restart_lists_once_instead_of_a_get_per_proxy() {
     }
 }
 
+/// Issue 12: a reload that rebuilds a provider (new configuration or plugin) costs one
+/// list, not one Get per Running Proxy, although the reload re-runs every Proxy: the
+/// reconciles wait for the rebuilt provider's first list, and nothing its predecessor
+/// listed is used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_lists_the_rebuilt_provider_instead_of_a_get_per_proxy() {
+    let env = Env::start().await;
+    for i in 0..6 {
+        env.create(&format!("p{i}"), spec("z1")).await;
+    }
+    for i in 0..6 {
+        env.wait_running(&format!("p{i}")).await;
+    }
+    let drift = settings().timings.drift_poll;
+    tokio::time::sleep(drift * 2).await;
+    // A backend that takes its time: the rebuilt provider's first list is still under way
+    // when the reload's reconciles run.
+    env.fake.set_behaviour(Behaviour {
+        latency: drift / 2,
+        ..Default::default()
+    });
+    let before = env.fake.calls().len();
+    let reconciled = env.reconciles("ok");
+    env.registry
+        .replace([Arc::new(env.fake.rebuilt()) as Arc<dyn Provider>]);
+    tokio::time::sleep(drift * 3).await;
+    assert!(
+        env.reconciles("ok") >= reconciled + 6,
+        "the reload re-ran every Proxy"
+    );
+    let calls = env.fake.calls()[before..].to_vec();
+    let count = |op| calls.iter().filter(|(o, _)| *o == op).count();
+    assert_eq!(count(Op::Get), 0, "{calls:?}");
+    assert!(count(Op::List) >= 1, "{calls:?}");
+}
+
 impl Env {
     fn secret_cache(&self) -> Arc<SecretCache> {
         self.secret_cache.clone().expect("a controller was started")

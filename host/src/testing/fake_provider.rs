@@ -13,7 +13,7 @@ use crate::provider::{
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 /// How instances evolve between calls.
@@ -87,9 +87,10 @@ struct Inner {
 /// The fake provider. Instance IDs are `fake/<name>`.
 pub struct FakeProvider {
     name: String,
-    behaviour: Mutex<Behaviour>,
-    inner: Mutex<Inner>,
-    hold_creates: AtomicBool,
+    // Shared with [`FakeProvider::rebuilt`] copies: one backend, several provider objects.
+    behaviour: Arc<Mutex<Behaviour>>,
+    inner: Arc<Mutex<Inner>>,
+    hold_creates: Arc<AtomicBool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -106,9 +107,21 @@ impl FakeProvider {
     pub fn with_behaviour(name: &str, behaviour: Behaviour) -> Self {
         FakeProvider {
             name: name.to_string(),
-            behaviour: Mutex::new(behaviour),
-            inner: Mutex::new(Inner::default()),
-            hold_creates: AtomicBool::new(false),
+            behaviour: Arc::new(Mutex::new(behaviour)),
+            inner: Arc::new(Mutex::new(Inner::default())),
+            hold_creates: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A new provider object over the same backend (instances, faults, call log), as a
+    /// reload of the providers file rebuilds a provider: to the loops it is a different
+    /// provider (another `inventory::provider_key`).
+    pub fn rebuilt(&self) -> FakeProvider {
+        FakeProvider {
+            name: self.name.clone(),
+            behaviour: self.behaviour.clone(),
+            inner: self.inner.clone(),
+            hold_creates: self.hold_creates.clone(),
         }
     }
 
