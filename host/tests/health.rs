@@ -275,3 +275,54 @@ async fn the_engine_holds_a_verdict_until_the_failure_threshold() {
         "{text}"
     );
 }
+
+/// A round over many proxies holds at most `concurrency` probes at once: one task per
+/// proxy spawned up front held every probe's state for the whole round (12 MiB at 2,800
+/// proxies, the largest growth of the operator's memory with the fleet).
+#[tokio::test(flavor = "current_thread")]
+async fn a_round_holds_no_more_probes_than_its_concurrency() {
+    // Accepts and never answers: every probe waits for its timeout.
+    let hole = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = hole.local_addr().unwrap();
+    let _accept = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hole.accept().await {
+            held.push(s);
+        }
+    });
+    let engine = HealthEngine::new(
+        EngineConfig {
+            interval: Duration::from_secs(60),
+            concurrency: 3,
+            thresholds: Thresholds {
+                failure: 1,
+                success: 1,
+            },
+        },
+        None,
+    );
+    for i in 0..200 {
+        let mut s = spec(addr, 9, false);
+        s.timeout = Duration::from_millis(20);
+        engine.upsert(&format!("p{i}"), s, "127.0.0.1");
+    }
+    let rt = tokio::runtime::Handle::current();
+    let base = rt.metrics().num_alive_tasks();
+    let round = engine.round();
+    tokio::pin!(round);
+    let mut most = 0;
+    let reports = loop {
+        tokio::select! {
+            reports = &mut round => break reports,
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {
+                most = most.max(rt.metrics().num_alive_tasks() - base);
+            }
+        }
+    };
+    assert_eq!(reports.len(), 200);
+    assert!(most >= 1, "probes were seen running");
+    assert!(
+        most <= 3,
+        "{most} probe tasks alive at once (concurrency 3)"
+    );
+}

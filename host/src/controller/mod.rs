@@ -4,6 +4,7 @@
 //! the Kubernetes and provider calls live in a thin shell around them.
 
 pub mod decide;
+pub mod events;
 pub mod input;
 pub mod secret_cache;
 pub mod secrets;

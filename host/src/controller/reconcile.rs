@@ -23,7 +23,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
@@ -196,7 +196,7 @@ impl ReconcileMetrics {
 pub struct Context {
     client: kube::Client,
     registry: ProviderRegistry,
-    recorder: Recorder,
+    recorder: super::events::Events,
     settings: Settings,
     /// Consecutive failures per Proxy UID, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
@@ -215,7 +215,7 @@ pub struct Context {
 
 impl Context {
     pub fn new(client: kube::Client, registry: ProviderRegistry, settings: Settings) -> Self {
-        let recorder = Recorder::new(
+        let recorder = super::events::Events::new(
             client.clone(),
             Reporter {
                 controller: "proxy-operator".into(),
