@@ -447,7 +447,45 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
     );
 }
 
-const ALL_TRAP_KINDS: [TrapKind; 12] = [
+/// A plugin that sends requests to its backend for ever is held to its provider's request
+/// budget (`budget` in the providers file) and stopped when the budget has no token before
+/// the call's deadline: the backend sees at most the burst plus the budget's rate over the
+/// call's time (its own `limits.timeout` and the waits the host allows on top, 10x that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_flood_is_held_to_the_budget_and_stopped() {
+    let _dir = plugins_or_skip!();
+    let _one = ONE_AT_A_TIME.lock().await;
+    let server = support::TestServer::start().await;
+    let rt = support::runtime();
+    let metrics = PluginMetrics::register(&mut prometheus_client::registry::Registry::default());
+    rt.set_metrics(metrics.clone());
+    // 36,000/h: one token every 100 ms. limits.timeout 300ms: at most 3 s of waits.
+    let yaml = format!(
+        "{}\nbudget: {{requestsPerHour: 36000, burst: 3}}",
+        support::hostile_yaml(server.port, "timeout: 300ms")
+    );
+    let p = support::provider(&rt, "hostile.wasm", &yaml).await;
+    let started = Instant::now();
+    let err = p
+        .get(&format!("http-flood:{}", server.url("/ok")))
+        .await
+        .expect_err("a flood never ends by itself");
+    let took = started.elapsed();
+    let sent = server.hits.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(err.class, Class::Transient, "{err:?}");
+    assert!(
+        err.message
+            .contains("request budget (budget.requestsPerHour = 36000, burst = 3)"),
+        "{err:?}"
+    );
+    assert_eq!(metrics.traps("hostile", "get", TrapKind::Budget), 1);
+    // Burst 3, then one every 100 ms over at most 0.3 s + 3 s: 36 at most.
+    assert!(sent <= 3 + 34, "{sent} requests reached the backend");
+    assert!(sent >= 3, "the burst was let through: {sent}");
+    assert!(took < Duration::from_secs(5), "stopped after {took:?}");
+}
+
+const ALL_TRAP_KINDS: [TrapKind; 13] = [
     TrapKind::Fuel,
     TrapKind::Deadline,
     TrapKind::Memory,
@@ -460,6 +498,7 @@ const ALL_TRAP_KINDS: [TrapKind; 12] = [
     TrapKind::Panic,
     TrapKind::Other,
     TrapKind::Shutdown,
+    TrapKind::Budget,
 ];
 
 fn check(

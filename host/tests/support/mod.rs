@@ -116,6 +116,8 @@ pub async fn provider(rt: &Arc<Runtime>, file: &str, yaml: &str) -> WasmProvider
 /// `/drip` (headers at once, then one byte every 2 s). Stops when dropped.
 pub struct TestServer {
     pub port: u16,
+    /// Requests received so far.
+    pub hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -129,11 +131,14 @@ impl TestServer {
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
+        let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = hits.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((mut sock, _)) = listener.accept().await else {
                     return;
                 };
+                let counter = counter.clone();
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 8192];
                     let mut got = Vec::new();
@@ -143,6 +148,7 @@ impl TestServer {
                             Ok(n) => got.extend_from_slice(&buf[..n]),
                         }
                     }
+                    counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     let head = String::from_utf8_lossy(&got);
                     let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
                     match path.as_str() {
@@ -191,7 +197,7 @@ impl TestServer {
                 });
             }
         });
-        TestServer { port, task }
+        TestServer { port, hits, task }
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -22,7 +22,8 @@
 //! - Host resources, each held until the host stops the call: `fields-flood:<bytes>`
 //!   (`wasi:http` fields of one `<bytes>`-long header each, kept alive), `hold-requests:<url>`
 //!   (64 requests sent and never read), `http-seq:<url>` (50 requests one after the other,
-//!   each read and dropped: must succeed), `open-files` (files opened and kept),
+//!   each read and dropped: must succeed), `http-flood:<url>` (requests one after the
+//!   other for ever: the request budget must end it), `open-files` (files opened and kept),
 //!   `unlink-write:<bytes>` (written to a file already unlinked), `deep-tmp:<levels>:<bytes>`
 //!   (a chain of directories with 100-byte names, each entered through its descriptor, so
 //!   far past `PATH_MAX`; then `<bytes>` written at the bottom), `many-dirs` (directories
@@ -240,6 +241,20 @@ fn http_sequence(url: &str) -> Result<Instance, ProviderError> {
         }
     }
     Ok(report("50 requests"))
+}
+
+/// Requests to `url` one after the other, for ever: only the host's request budget (or the
+/// call's time) ends it.
+fn http_flood(url: &str) -> Result<Instance, ProviderError> {
+    let mut i = 0u64;
+    loop {
+        if let Err(e) = Request::get(url).send() {
+            return Err(
+                ProviderError::transient(format!("request {i}: {e}")).with_code(e.code_name())
+            );
+        }
+        i += 1;
+    }
 }
 
 fn open_files() -> std::io::Result<usize> {
@@ -506,6 +521,7 @@ impl Provider for Hostile {
             "fields-flood" => fields_flood(arg.parse().unwrap_or(15_000)),
             "hold-requests" => hold_requests(arg),
             "http-seq" => http_sequence(arg),
+            "http-flood" => http_flood(arg),
             "open-files" => io_report("opened", open_files()),
             "unlink-write" => io_report("wrote", unlink_write(arg.parse().unwrap_or(1 << 30))),
             "deep-tmp" => {
