@@ -485,6 +485,43 @@ async fn a_request_flood_is_held_to_the_budget_and_stopped() {
     assert!(took < Duration::from_secs(5), "stopped after {took:?}");
 }
 
+/// `/tmp` is private to each call: what one call writes there (a file, an empty file, a
+/// directory) is gone for the next call of the same provider, although an untouched
+/// directory is handed to the next call again (`plugin/scratch.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_written_to_tmp_reaches_the_next_call() {
+    let _dir = plugins_or_skip!();
+    let _one = ONE_AT_A_TIME.lock().await;
+    let server = support::TestServer::start().await;
+    let rt = support::runtime();
+    // One call at a time: the next call gets the directory the last one left, if any.
+    let yaml = support::hostile_yaml(server.port, "concurrency: 1, tmpMib: 1");
+    let p = support::provider(&rt, "hostile.wasm", &yaml).await;
+    for (write, read) in [
+        ("write:/tmp/kept", "read:/tmp/kept"),
+        ("symlink:kept", "read:/tmp/link"),
+        ("ok", "read:/tmp/kept"),
+    ] {
+        // Twice each: the second round starts from a directory the pool handed back.
+        for _ in 0..2 {
+            let wrote = p.get(write).await;
+            assert!(
+                wrote.is_ok() || write.starts_with("symlink"),
+                "{write}: {wrote:?}"
+            );
+            let err = p
+                .get(read)
+                .await
+                .expect_err("the last call's /tmp is not this one's");
+            assert_eq!(
+                err.code.as_deref(),
+                Some("IoError"),
+                "{read} after {write}: {err:?}"
+            );
+        }
+    }
+}
+
 const ALL_TRAP_KINDS: [TrapKind; 13] = [
     TrapKind::Fuel,
     TrapKind::Deadline,

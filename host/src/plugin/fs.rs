@@ -66,8 +66,8 @@ impl TmpQuota {
         Ok(())
     }
 
-    /// Bytes counted so far (written plus [`ENTRY_BYTES`] per entry created).
-    #[cfg(test)]
+    /// Bytes counted so far (written plus [`ENTRY_BYTES`] per entry created): 0 when the
+    /// call created nothing in its `/tmp`.
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
     }

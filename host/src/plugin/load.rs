@@ -361,8 +361,11 @@ impl Runtime {
             Some(_) => self.permits(name, limits.concurrency),
             None => super::slots::Slots::new(limits.concurrency as usize),
         };
+        let scratch =
+            super::scratch::ScratchPool::new(&self.scratch_dir, limits.concurrency as usize);
         WasmProvider {
             runtime: self.clone(),
+            scratch,
             plugin,
             shared: Arc::new(provider_shared(name, limits, entry, sensitive)),
             http,

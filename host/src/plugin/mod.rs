@@ -20,6 +20,7 @@ pub mod policy;
 pub mod redact;
 mod reply;
 mod sandbox;
+mod scratch;
 pub mod sensitive;
 mod slots;
 
@@ -304,6 +305,8 @@ pub struct WasmProvider {
     shared: Arc<ProviderShared>,
     http: Arc<http::HttpPolicy>,
     permits: Arc<Slots>,
+    /// Its calls' `/tmp` directories.
+    scratch: Arc<scratch::ScratchPool>,
     /// Requests the last successful list-by-tag sent (0: none yet), for [`Pacing`].
     last_list_requests: Arc<std::sync::atomic::AtomicU32>,
 }
@@ -394,14 +397,14 @@ impl WasmProvider {
             clock::budget_wait_allowance(timeout)
         };
         let clock = Arc::new(clock::CallClock::new(started, timeout, allowance));
-        let tmp = ScratchDir::new(&self.runtime.scratch_dir).map_err(|e| {
+        let mut tmp = self.scratch.take().map_err(|e| {
             fail(
                 Class::Transient,
                 format!("cannot create the call's /tmp: {e}"),
             )
         })?;
         let mut store = self
-            .new_store(&tmp.0, deny_http, clock.clone(), priority)
+            .new_store(tmp.path(), deny_http, clock.clone(), priority)
             .map_err(|e| fail(Class::Transient, format!("cannot set up the sandbox: {e}")))?;
         let stop = store.data().stop.clone();
 
@@ -497,9 +500,13 @@ impl WasmProvider {
         if let Err(e) = &result {
             tracing::debug!(provider = %self.shared.name, op = %op, fuel_used, error = %e.message, "plugin call failed");
         }
-        // Close the guest's files before its /tmp goes; the removal itself runs off the
-        // call's path (ScratchDir's drop).
+        // Close the guest's files before its /tmp goes back or is removed (off the call's
+        // path: ScratchDir's drop).
+        let quota = store.data().fs.quota.clone();
         drop(store);
+        if quota.used() == 0 {
+            tmp.untouched();
+        }
         drop(tmp);
         result
     }
@@ -676,39 +683,6 @@ fn limit_of_trap(err: &wasmtime::Error) -> Option<LimitHit> {
             _ => None,
         }
     })
-}
-
-/// A call's `/tmp`. Dropping it removes the directory on a blocking thread, off the call's
-/// path: a guest that filled it with many entries cannot make its call return late, nor
-/// hold up the task that dropped it (a call cancelled by its caller). At shutdown the
-/// removal is best effort: a removal not started when the runtime stops is skipped, and
-/// the directory stays in the pod's scratch volume until the pod goes.
-struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    fn new(parent: &Path) -> std::io::Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("call-")
-            .tempdir_in(parent)?;
-        Ok(ScratchDir(dir.keep()))
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let path = std::mem::take(&mut self.0);
-        let remove = move || {
-            if let Err(e) = fs::remove_tree(&path) {
-                tracing::warn!(dir = %path.display(), error = %e, "cannot remove a plugin call's /tmp");
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn_blocking(remove);
-            }
-            Err(_) => remove(),
-        }
-    }
 }
 
 /// Says what the trap was, and its kind for the traps metric (`None`: the guest failed
