@@ -82,6 +82,11 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
         &["provider", "op"],
     ),
     (
+        "proxy_operator_plugin_call_memory_bytes",
+        "histogram",
+        &["provider", "op"],
+    ),
+    (
         "proxy_operator_plugin_traps",
         "counter",
         &["provider", "op", "kind"],
@@ -399,6 +404,7 @@ mod tests {
             "create",
             Duration::from_millis(3),
             1_000_000,
+            2 << 20,
             Some(crate::plugin::TrapKind::Fuel),
         );
         m.plugin

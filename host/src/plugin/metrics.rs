@@ -95,6 +95,7 @@ impl TrapKind {
 pub struct PluginMetrics {
     duration: Family<CallLabels, Histogram>,
     fuel: Family<CallLabels, Histogram>,
+    memory: Family<CallLabels, Histogram>,
     traps: Family<TrapLabels, Counter>,
     budget: BudgetMetrics,
 }
@@ -154,6 +155,11 @@ impl PluginMetrics {
         let fuel = Family::<CallLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(1e4, 4.0, 12))
         });
+        // 64 KiB .. 256 MiB: what a call's linear memory grew to, against limits.memoryMib
+        // (and what the host holds for it while it runs).
+        let memory = Family::<CallLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(65536.0, 2.0, 13))
+        });
         let traps = Family::<TrapLabels, Counter>::default();
         let budget = BudgetMetrics {
             requests: Family::default(),
@@ -173,6 +179,11 @@ impl PluginMetrics {
             "proxy_operator_plugin_call_fuel",
             "Fuel (wasm instructions, roughly) each plugin call used, by provider and operation",
             fuel.clone(),
+        );
+        registry.register(
+            "proxy_operator_plugin_call_memory_bytes",
+            "Linear memory each plugin call grew to (its peak), by provider and operation: compare with limits.memoryMib",
+            memory.clone(),
         );
         registry.register(
             "proxy_operator_plugin_traps",
@@ -202,6 +213,7 @@ impl PluginMetrics {
         PluginMetrics {
             duration,
             fuel,
+            memory,
             traps,
             budget,
         }
@@ -213,6 +225,7 @@ impl PluginMetrics {
         op: &str,
         duration: Duration,
         fuel: u64,
+        memory_bytes: usize,
         trap: Option<TrapKind>,
     ) {
         let labels = CallLabels {
@@ -223,6 +236,9 @@ impl PluginMetrics {
             .get_or_create(&labels)
             .observe(duration.as_secs_f64());
         self.fuel.get_or_create(&labels).observe(fuel as f64);
+        self.memory
+            .get_or_create(&labels)
+            .observe(memory_bytes as f64);
         if let Some(kind) = trap {
             self.traps
                 .get_or_create(&TrapLabels {

@@ -318,6 +318,8 @@ pub struct CallStats {
     pub duration: Duration,
     /// Backend requests the call sent (past the allow-list and the budget).
     pub requests: u32,
+    /// Linear memory the call's instance grew to (memories only grow: its peak).
+    pub memory_bytes: usize,
 }
 
 impl WasmProvider {
@@ -436,6 +438,7 @@ impl WasmProvider {
             fuel_used,
             duration: started.elapsed(),
             requests: state.hooks.budget.sent(),
+            memory_bytes: state.limiter.total,
         };
         // The first limit that tripped is the one reported, whatever the guest did after
         // (a refused request it ignored still ends the call). The error is built before
@@ -493,6 +496,7 @@ impl WasmProvider {
                 op.as_str(),
                 stats.duration,
                 fuel_used,
+                stats.memory_bytes,
                 trap,
             );
         }

@@ -432,22 +432,23 @@ fn release_primary_ips(api: &Client, ips: &[u64]) -> Result<(), ProviderError> {
 
 fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderError> {
     let api = client(&cfg()?.endpoint)?;
-    let servers = api::list_servers(&api, &marks::gc_selector(installation))?;
-    let mut out = Vec::new();
-    for s in servers
-        .iter()
-        .filter(|s| marks::is_gc_match(&s.labels, installation))
-    {
-        match s.location().filter(|l| config::is_location(l)) {
-            Some(location) => out.push(to_instance(s, format_id(location, s.id))),
-            // Leaving one out is safe (GC never deletes what it does not see).
-            None => sdk::warn!(
-                "hetzner list: skipping server {} ({:?}): the answer names no location",
-                s.id,
-                s.name
-            ),
+    let out = api::list_servers(&api, &marks::gc_selector(installation), |s| {
+        if !marks::is_gc_match(&s.labels, installation) {
+            return None;
         }
-    }
+        match s.location().filter(|l| config::is_location(l)) {
+            Some(location) => Some(to_instance(&s, format_id(location, s.id))),
+            // Leaving one out is safe (GC never deletes what it does not see).
+            None => {
+                sdk::warn!(
+                    "hetzner list: skipping server {} ({:?}): the answer names no location",
+                    s.id,
+                    s.name
+                );
+                None
+            }
+        }
+    })?;
     let what = format!("{} managed servers", out.len());
     Ok((out, what))
 }
