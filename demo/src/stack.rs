@@ -581,12 +581,17 @@ impl Operator {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| default_log.into()),
             )
-            // As the shipped Deployment sets it (config/manager): glibc's per-thread heap
-            // arenas otherwise hold a third of the operator's RSS, and the scale benchmark
-            // measures the RSS the Deployment would see.
+            // As the shipped Deployment sets them (config/manager): glibc's per-thread heap
+            // arenas and its adaptive mmap threshold otherwise hold a good part of the
+            // operator's RSS, and the scale benchmark measures the RSS the Deployment
+            // would see.
             .env(
                 "MALLOC_ARENA_MAX",
                 std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2".into()),
+            )
+            .env(
+                "MALLOC_MMAP_THRESHOLD_",
+                std::env::var("MALLOC_MMAP_THRESHOLD_").unwrap_or_else(|_| "131072".into()),
             )
             .stdin(std::process::Stdio::null())
             .stdout(out)

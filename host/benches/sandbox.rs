@@ -142,7 +142,16 @@ async fn main() {
         server_id
     );
 
-    let (mut plugin_t, mut native_t) = (Vec::new(), Vec::new());
+    // The sandbox's fixed cost: a call that sends nothing (an ID the plugin refuses
+    // before any request), the same Store, instance and teardown as a `get`.
+    let malformed = "fsn1/not-a-number";
+    let before = emu.stats();
+    p.get(malformed)
+        .await
+        .expect_err("a malformed ID is refused");
+    assert_eq!(emu.stats().since(&before).total, 0, "no request for it");
+
+    let (mut plugin_t, mut native_t, mut fixed_t) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..WARMUP + CALLS {
         let t = Instant::now();
         let inst = p.get(&id).await.unwrap();
@@ -152,23 +161,29 @@ async fn main() {
         let v = native_get(addr, &path).await;
         let dn = t.elapsed();
         assert_eq!(v["server"]["status"], "running");
+        let t = Instant::now();
+        p.get(malformed).await.unwrap_err();
+        let df = t.elapsed();
         if i >= WARMUP {
             plugin_t.push(dp);
             native_t.push(dn);
+            fixed_t.push(df);
         }
     }
-    let (pp, np) = (p50(plugin_t), p50(native_t));
+    let (pp, np, fp) = (p50(plugin_t), p50(native_t), p50(fixed_t));
     let ratio = pp.as_secs_f64() / np.as_secs_f64();
     println!(
-        "plugin get p50 {:.3} ms, native GET p50 {:.3} ms, ratio {ratio:.2}x ({CALLS} interleaved calls)",
+        "plugin get p50 {:.3} ms, native GET p50 {:.3} ms, ratio {ratio:.2}x; a plugin call that sends nothing p50 {:.3} ms ({CALLS} interleaved calls each)",
         ms(pp),
-        ms(np)
+        ms(np),
+        ms(fp)
     );
     if let Some(path) = json_out {
         let json = serde_json::json!({
             "calls": CALLS,
             "plugin_get_p50_ms": ms(pp),
             "native_get_p50_ms": ms(np),
+            "plugin_no_request_p50_ms": ms(fp),
             "ratio": ratio,
         });
         std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();

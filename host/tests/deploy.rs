@@ -251,6 +251,11 @@ fn default_overlay_renders_valid_hardened_manifests() {
         env("MALLOC_ARENA_MAX").and_then(|e| e.value.as_deref()),
         Some("2")
     );
+    // A fixed mmap threshold: large transient blocks go back to the system when freed.
+    assert_eq!(
+        env("MALLOC_MMAP_THRESHOLD_").and_then(|e| e.value.as_deref()),
+        Some("131072")
+    );
     // Probes on /healthz and /readyz, on the named port the server listens on.
     let port = c
         .ports
