@@ -135,4 +135,46 @@ mod tests {
         assert!(!all.get("b").redactor().finds("secret-of-a"));
         assert!(all.get("a").redactor().finds("secret-of-a"));
     }
+
+    /// Memory of the process, for the check below (Linux).
+    fn resident_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let pages: u64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        pages * 4096
+    }
+
+    /// Issue 12, still open: a fleet whose Proxies each carry their own credentials in
+    /// cloud-init (the samples' tinyproxy `BasicAuth`, one password per Proxy) gives the
+    /// redactor one distinct document per Proxy, and it keeps every one in every encoding
+    /// for the life of the process: measured 47 MiB (debug build) and 4.8 s of rebuilds
+    /// for 1,000 documents of 250 bytes, so about 470 MiB at 10,000. The scale benchmark
+    /// gives every Proxy the same document and does not show it. The bound below is what
+    /// a 10,000-Proxy fleet can afford; run with `--ignored` to measure.
+    #[test]
+    #[ignore = "issue 12, open: the redactor grows by ~47 KiB per distinct cloud-init document (fails today)"]
+    fn distinct_cloud_init_documents_cost_the_redactor_little() {
+        let s = Sensitive::default();
+        let before = resident_bytes();
+        for i in 0..1000 {
+            let doc = format!(
+                "#cloud-config\npackages: [tinyproxy]\nwrite_files:\n  - path: /etc/tinyproxy/tinyproxy.conf\n    content: |\n      Port 3128\n      BasicAuth proxyuser pw-{i:08}-Zq7xK2mN9vB4\n      Allow 0.0.0.0/0\nruncmd:\n  - systemctl restart tinyproxy\n"
+            );
+            s.add_cloud_init(doc.as_bytes());
+            if i % 100 == 99 {
+                let _ = s.redactor();
+            }
+        }
+        let r = s.redactor();
+        assert!(r.finds("pw-00000007-Zq7xK2mN9vB4"));
+        let grew = resident_bytes().saturating_sub(before);
+        assert!(
+            grew < 4 << 20,
+            "1,000 distinct documents grew the process by {} KiB",
+            grew >> 10
+        );
+    }
 }
