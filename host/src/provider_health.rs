@@ -231,29 +231,57 @@ impl Monitor {
         );
     }
 
-    /// Runs a round every `interval` until cancelled. `providers` is asked each round, so
-    /// a config reload takes effect at the next one.
-    pub async fn run(
+    /// Runs a round every `interval` until cancelled, and hands each round's results to
+    /// `sink` (awaited before the next round, so a slow sink delays the next round instead
+    /// of piling up). `providers` is asked each round, so a config reload takes effect at
+    /// the next one. A round cut short by `cancel` is dropped, which cancels its calls, and
+    /// its results are not sunk: checks stopped by a shutdown or a lost leadership say
+    /// nothing about the backends.
+    pub async fn run<F>(
         &self,
         interval: Duration,
         cancel: CancellationToken,
         providers: impl Fn() -> Vec<Arc<dyn Provider>>,
-        sink: impl Fn(Vec<ProviderCheck>),
-    ) {
+        mut sink: impl FnMut(Vec<ProviderCheck>) -> F,
+    ) where
+        F: Future<Output = ()>,
+    {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                biased;
                 _ = cancel.cancelled() => return,
                 _ = tick.tick() => {}
             }
             let list = providers();
-            tokio::select! {
+            let checks = tokio::select! {
+                biased;
                 _ = cancel.cancelled() => return,
-                checks = self.round(&list) => sink(checks),
-            }
+                checks = self.round(&list) => checks,
+            };
+            sink(checks).await;
         }
     }
+}
+
+/// Where the leader's provider checks go: one `ProviderHealth` object per provider,
+/// written by [`publish`] with each provider's plugin type from the registry and the
+/// reloader's load errors as `/readyz` reports them.
+pub async fn publish_rounds(
+    monitor: &Monitor,
+    interval: Duration,
+    cancel: CancellationToken,
+    client: &kube::Client,
+    registry: &crate::registry::ProviderRegistry,
+    readiness: &crate::ops::Readiness,
+) {
+    let providers = || registry.snapshot().values().cloned().collect();
+    let sink = move |checks: Vec<ProviderCheck>| async move {
+        let types = registry.plugin_types();
+        publish(client, &checks, &types, &readiness.load_errors()).await;
+    };
+    monitor.run(interval, cancel, providers, sink).await;
 }
 
 /// The field manager ProviderHealth objects are written under.
@@ -613,7 +641,10 @@ mod tests {
                     Duration::from_millis(20),
                     cancel,
                     move || current.lock().unwrap().clone(),
-                    move |c| seen.lock().unwrap().push(summary(&c)),
+                    move |c| {
+                        seen.lock().unwrap().push(summary(&c));
+                        std::future::ready(())
+                    },
                 )
                 .await
             }

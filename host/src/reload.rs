@@ -7,9 +7,16 @@
 //! or plugin changed are rebuilt. A new version that fails to load or validate leaves the
 //! old one serving, and the error is kept for status and metrics until a later change
 //! loads cleanly.
+//!
+//! [`Reloader::run`] is the loop every replica runs: it polls, and hands what serves to
+//! [`Serving`], the one place that updates the provider registry the other loops read and
+//! the load report `/readyz` and the `ProviderHealth` objects show.
 
 use crate::config::{Budget, ProviderEntry, ProvidersFile};
+use crate::ops::{ProviderLoad, Readiness};
 use crate::plugin::{Runtime, WasmProvider};
+use crate::provider::{Instrumented, Provider, ProviderMetrics};
+use crate::registry::{Entry, ProviderRegistry};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -18,6 +25,8 @@ use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// What to do with each provider after a change on disk.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -308,6 +317,80 @@ impl Reloader {
             p,
         ))
     }
+}
+
+impl Reloader {
+    /// Polls every `interval` (the first poll is the caller's, before the other loops
+    /// start) until `cancel`, and publishes every change to `serving`.
+    pub async fn run(mut self, interval: Duration, cancel: CancellationToken, serving: Serving) {
+        let mut tick = tokio::time::interval(interval);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if let Some(change) = self.poll().await {
+                serving.publish(&self, &change);
+            }
+        }
+    }
+}
+
+/// Where the reloader's results go: the registry the reconciler, GC, inventory and
+/// provider checks read, and the readiness `/readyz` reports (its load errors also feed
+/// the `ProviderHealth` objects).
+#[derive(Clone)]
+pub struct Serving {
+    pub registry: ProviderRegistry,
+    pub readiness: Readiness,
+    /// Every provider in the registry is wrapped in [`Instrumented`] with these.
+    pub metrics: ProviderMetrics,
+}
+
+impl Serving {
+    /// A registry of what `reloader` serves now (after its first poll), and readiness set
+    /// to match.
+    pub fn first(reloader: &Reloader, readiness: Readiness, metrics: ProviderMetrics) -> Self {
+        let registry = ProviderRegistry::with_entries(entries(reloader, &metrics));
+        readiness.set_providers(load(reloader));
+        Serving {
+            registry,
+            readiness,
+            metrics,
+        }
+    }
+
+    /// After a poll that found a change: the load report always; the registry's set only
+    /// when a provider was built or removed (a failed reload leaves the old version, and
+    /// announcing a swap would re-run every Proxy for nothing).
+    pub fn publish(&self, reloader: &Reloader, change: &Change) {
+        self.readiness.set_providers(load(reloader));
+        if !change.loaded.is_empty() || !change.removed.is_empty() {
+            self.registry
+                .replace_entries(entries(reloader, &self.metrics));
+        }
+    }
+}
+
+/// Which providers serve and which failed, as `/readyz` reports it.
+fn load(reloader: &Reloader) -> ProviderLoad {
+    ProviderLoad {
+        serving: reloader.providers().into_keys().collect(),
+        errors: reloader.errors().clone(),
+    }
+}
+
+/// The serving providers as registry entries: instrumented, with their plugin types.
+fn entries(reloader: &Reloader, metrics: &ProviderMetrics) -> Vec<Entry> {
+    reloader
+        .providers()
+        .into_values()
+        .map(|p| Entry {
+            plugin_type: p.info().type_name.clone(),
+            provider: Arc::new(Instrumented::new(p, metrics.clone())) as Arc<dyn Provider>,
+        })
+        .collect()
 }
 
 /// sha256 (hex) of every `*.wasm` directly in `dir`, by file name; unreadable files are
