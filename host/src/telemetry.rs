@@ -1,5 +1,12 @@
 //! Logging and tracing setup shared by the binary and the tests.
 //!
+//! Log lines go to stderr as human text ([`LogFormat::Text`], the default; colour only when
+//! stderr is a terminal, so a file or a pod log holds no escape codes) or as one JSON object
+//! per line ([`LogFormat::Json`], what the shipped Deployment sets), which log pipelines
+//! index without parsing: the event's fields sit at the top level next to `timestamp`,
+//! `level` and `target`, the innermost span's fields under `span` and every open span's
+//! under `spans`, so a reconcile's `proxy.name` or `trace_id` is on each of its lines.
+//!
 //! Traces go to an OTLP collector only when the standard variables ask for it
 //! (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, or
 //! `OTEL_TRACES_EXPORTER=otlp`; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn
@@ -100,6 +107,45 @@ fn otlp_http_client(
     .map_err(|e| anyhow::anyhow!("building the OTLP HTTP client: {e}"))
 }
 
+/// How log lines are written (`--log-format`, `LOG_FORMAT`): `Text`, human-readable lines
+/// with ANSI colour only on a terminal and never with `NO_COLOR` set; or `Json`, one JSON
+/// object per line with the fields of every span the event happened in. (The variants
+/// carry no doc comments of their own: clap would turn them into a long help page.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Whether text logs on stderr get ANSI colour: only on a terminal, and not when
+/// `NO_COLOR` (<https://no-color.org>) is set to something.
+fn colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// The stderr log layer for `format`.
+fn log_layer<S>(format: LogFormat) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use std::io::IsTerminal;
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => Box::new(layer.with_ansi(colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))),
+        LogFormat::Json => Box::new(
+            layer
+                .json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .with_span_list(true),
+        ),
+    }
+}
+
 /// Flushes and stops the trace exporter when dropped (at the end of `main`).
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
@@ -113,10 +159,9 @@ impl Drop for Telemetry {
     }
 }
 
-/// Installs the global subscriber: log lines to stderr filtered by `log_filter` (see
-/// [`env_filter`]), and an OpenTelemetry layer when [`otlp_wanted`].
-pub fn init(log_filter: &str) -> anyhow::Result<Telemetry> {
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+/// Installs the global subscriber: log lines to stderr in `format`, filtered by
+/// `log_filter` (see [`env_filter`]), and an OpenTelemetry layer when [`otlp_wanted`].
+pub fn init(log_filter: &str, format: LogFormat) -> anyhow::Result<Telemetry> {
     let provider = if otlp_wanted(|k| std::env::var(k).ok()) {
         use opentelemetry_otlp::WithHttpConfig;
         let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -141,7 +186,7 @@ pub fn init(log_filter: &str) -> anyhow::Result<Telemetry> {
         .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("proxy-operator")));
     tracing_subscriber::registry()
         .with(env_filter(log_filter))
-        .with(fmt)
+        .with(log_layer(format))
         .with(otel)
         .try_init()?;
     if provider.is_some() {
@@ -202,6 +247,24 @@ mod tests {
                     .map(|(_, v)| v.to_string())
             };
             assert_eq!(otlp_wanted(get), *want, "{vars:?}");
+        }
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        let cases = [
+            (true, None, true),
+            (false, None, false),
+            (true, Some("1"), false),
+            (true, Some(""), true),
+            (false, Some("1"), false),
+        ];
+        for (terminal, no_color, want) in cases {
+            assert_eq!(
+                colour(terminal, no_color.map(Into::into)),
+                want,
+                "terminal={terminal} NO_COLOR={no_color:?}"
+            );
         }
     }
 

@@ -1,0 +1,125 @@
+//! Argument groups several subcommands share, and their value parsers.
+
+use proxy_operator::config::{Budget, ProvidersFile};
+use proxy_operator::plugin::RuntimeOptions;
+use proxy_operator::provider::Placement;
+use std::path::PathBuf;
+
+/// Where the providers come from: what the operator's Deployment mounts.
+#[derive(clap::Args)]
+pub struct SourceArgs {
+    /// Directory holding the plugin components (`*.wasm`), e.g. the plugins ConfigMap mount.
+    #[arg(
+        long,
+        env = "PLUGIN_DIR",
+        default_value = "/etc/proxy-operator/plugins"
+    )]
+    pub plugin_dir: PathBuf,
+    /// The providers file (YAML).
+    #[arg(
+        long,
+        env = "PROVIDERS_FILE",
+        default_value = "/etc/proxy-operator/providers.yaml"
+    )]
+    pub providers: PathBuf,
+}
+
+/// Which plugin, and where the instance goes.
+#[derive(clap::Args)]
+pub struct TargetArgs {
+    /// Directory holding the plugin components (`*.wasm`).
+    #[arg(
+        long,
+        env = "PLUGIN_DIR",
+        default_value = "/etc/proxy-operator/plugins"
+    )]
+    pub plugin_dir: PathBuf,
+    /// Where to create: `region/zone/machineType/image`, as in a Proxy's spec.placement.
+    #[arg(long, value_parser = parse_placement)]
+    pub placement: Placement,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+}
+
+#[derive(clap::Args)]
+pub struct RuntimeArgs {
+    /// Where compiled plugins are cached (must be private to this user). Empty disables.
+    #[arg(
+        long,
+        env = "PLUGIN_CACHE_DIR",
+        default_value = "/tmp/proxy-operator/cache"
+    )]
+    pub plugin_cache_dir: PathBuf,
+    /// Parent of the per-call /tmp directories given to plugins.
+    #[arg(
+        long,
+        env = "PLUGIN_SCRATCH_DIR",
+        default_value = "/tmp/proxy-operator/calls"
+    )]
+    pub plugin_scratch_dir: PathBuf,
+    /// Largest plugin file loaded (bytes, or a quantity such as 8Mi); a larger one is
+    /// refused before it is read.
+    #[arg(long, default_value = "8Mi", value_parser = parse_quantity)]
+    pub max_plugin_bytes: u64,
+}
+
+impl RuntimeArgs {
+    pub fn options(&self, file: &ProvidersFile) -> RuntimeOptions {
+        let cache =
+            (!self.plugin_cache_dir.as_os_str().is_empty()).then(|| self.plugin_cache_dir.clone());
+        let mut opts = RuntimeOptions::for_providers(file, cache, self.plugin_scratch_dir.clone());
+        opts.max_plugin_bytes = self.max_plugin_bytes;
+        opts
+    }
+}
+
+/// What the providers must fit: every provider at full concurrency, each call at its
+/// memory and /tmp caps (docs/operations.md, "Fitting the pod").
+#[derive(clap::Args)]
+pub struct FitArgs {
+    /// The pod's memory limit (e.g. 256Mi). Default: the memory limit of this process's
+    /// cgroup; none there means no memory check.
+    #[arg(long, value_parser = parse_quantity)]
+    pub memory_limit: Option<u64>,
+    /// Memory the operator keeps for itself, off the memory limit: its RSS with the shipped
+    /// plugins loaded is 55-70 MiB (kube client and caches, compiled plugin code, tokio).
+    #[arg(long, default_value = "96Mi", value_parser = parse_quantity)]
+    pub memory_reserve: u64,
+    /// Size of the /tmp volume holding the per-call scratch directories and the compile
+    /// cache (the emptyDir's sizeLimit). Default: the size of that file system when it is a
+    /// tmpfs; else no /tmp check.
+    #[arg(long, value_parser = parse_quantity)]
+    pub scratch_limit: Option<u64>,
+}
+
+impl FitArgs {
+    pub fn budget(&self, runtime: &RuntimeArgs) -> Budget {
+        proxy_operator::config::budget::resolve(
+            self.memory_limit,
+            self.memory_reserve,
+            self.scratch_limit,
+            &runtime.plugin_scratch_dir,
+        )
+    }
+}
+
+pub fn parse_quantity(s: &str) -> Result<u64, String> {
+    proxy_operator::config::budget::parse_quantity(s)
+}
+
+/// `region/zone/machineType/image`; parts may be empty where the provider ignores them.
+pub fn parse_placement(s: &str) -> Result<Placement, String> {
+    let parts: Vec<&str> = s.split('/').collect();
+    match parts.as_slice() {
+        [region, zone, machine_type, image] => Ok(Placement {
+            region: region.to_string(),
+            zone: zone.to_string(),
+            machine_type: machine_type.to_string(),
+            image: image.to_string(),
+        }),
+        _ => Err(format!(
+            "placement {s:?} has {} part(s); want region/zone/machineType/image",
+            parts.len()
+        )),
+    }
+}

@@ -1,0 +1,97 @@
+//! The flags of `proxy-operator run`.
+
+use crate::cli::args::{FitArgs, RuntimeArgs, SourceArgs};
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+    #[command(flatten)]
+    pub fit: FitArgs,
+    /// Installation identity written on every instance and used to scope GC. Default:
+    /// derived from the cluster (kube-system's UID) and --namespace.
+    #[arg(long, env = "INSTALLATION_ID")]
+    pub installation: Option<String>,
+    /// The operator's own namespace (part of the default installation identity).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "egress-system")]
+    pub namespace: String,
+    /// Reported as the events' reporting instance.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// Proxies reconciled at once.
+    #[arg(long, default_value_t = 3)]
+    pub concurrency: u16,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub provisioning_poll: Duration,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub deletion_poll: Duration,
+    /// How often a Running instance is checked against its provider's list (each provider
+    /// is listed this often, or less often when its request budget calls for it). The
+    /// health probe notices a dead proxy long before this.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    pub drift_poll: Duration,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub requeue_now: Duration,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    pub quota_retry: Duration,
+    /// Retry interval while a cloud-init Secret (or key) is missing.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub input_retry: Duration,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    pub gc_interval: Duration,
+    /// Orphans younger than this are never deleted.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    pub gc_min_age: Duration,
+    /// `host:port` every health probe asks the proxy to CONNECT to.
+    #[arg(long, default_value = "example.com:443")]
+    pub probe_target: String,
+    /// Also fetch this URL (http or https) through the tunnel; its body must be the
+    /// instance's IP (e.g. https://checkip.amazonaws.com/). Replaces --probe-target.
+    #[arg(long)]
+    pub egress_echo_url: Option<http::Uri>,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub probe_interval: Duration,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub probe_timeout: Duration,
+    /// Failed probes in a row before a healthy proxy is marked unhealthy.
+    #[arg(long, default_value_t = 3)]
+    pub probe_failure_threshold: u32,
+    /// How often every provider's health check runs (results in ProviderHealth objects).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1m")]
+    pub provider_check_interval: Duration,
+    /// One timeout for a whole round of provider checks.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
+    pub provider_check_timeout: Duration,
+    /// How often the providers file and plugin directory are checked for changes.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub reload_interval: Duration,
+    /// After SIGTERM, how long reconciles in flight may keep calling plugins; then the
+    /// calls still running are cancelled (they fail Transient and are retried by the next
+    /// leader). Keep it below the pod's terminationGracePeriodSeconds.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+    pub shutdown_grace: Duration,
+    /// Where the discovery API, /metrics, /healthz and /readyz listen.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub listen: std::net::SocketAddr,
+    /// Serve the discovery API without authentication (local development only).
+    #[arg(long)]
+    pub discovery_insecure_no_auth: bool,
+    /// Elect one leader over a Lease in --namespace: only the leader reconciles, runs GC,
+    /// health probes and provider checks; every replica serves the discovery API and
+    /// /metrics. Turn off only when running a single replica.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Name of the leader-election Lease (coordination.k8s.io/v1) in --namespace.
+    #[arg(long, default_value = "proxy-operator-leader")]
+    pub lease_name: String,
+    /// How long the Lease stays valid after a renewal (whole seconds): a crashed leader is
+    /// replaced after at most about this long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+    pub lease_duration: Duration,
+    /// How often the leader renews the Lease (whole seconds, shorter than --lease-duration).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub lease_renew: Duration,
+}
