@@ -23,4 +23,7 @@ pub mod registry;
 pub mod reload;
 
 pub mod telemetry;
+/// Test support (fakes, a span recorder, a headless-browser driver): for tests and the
+/// demo only, behind the `test-support` feature, so the operator never ships it.
+#[cfg(any(test, feature = "test-support"))]
 pub mod testing;

@@ -1,6 +1,7 @@
 //! Test support: a `tracing` layer that records every span and event, so tests can assert
 //! on the trace tree and prove that no secret reaches a log line or span attribute.
-//! Public (not `cfg(test)`) so integration tests and benchmarks can use it too.
+//! Behind the `test-support` feature rather than `cfg(test)`, so integration tests,
+//! benchmarks and the demo can use it too; the operator binary is built without it.
 //!
 //! [`fake_provider`] is an in-memory provider with fault injection for testing the loops;
 //! [`browser`] drives headless Chromium (DOM dumps and screenshots of a page).
