@@ -1,7 +1,8 @@
 //! `proxy-operator run`, the real binary, against the in-memory API served on 127.0.0.1:
 //! what an operator's user and their monitoring see of a running replica — `/readyz`,
-//! `/metrics`, ProviderHealth when a reload fails — and that SIGTERM ends it within the
-//! shutdown grace period even when a plugin call is stuck on a backend that never answers.
+//! `/metrics`, ProviderHealth when a reload fails, its log lines as a log pipeline reads
+//! them — and that SIGTERM ends it within the shutdown grace period even when a plugin
+//! call is stuck on a backend that never answers.
 
 mod support;
 
@@ -97,6 +98,18 @@ fn start_operator(
     dir: &Path,
     extra: &[&str],
 ) -> Operator {
+    start_operator_with_env(plugin_dir, providers, kubeconfig, dir, extra, &[])
+}
+
+/// [`start_operator`], with `env` added to its environment.
+fn start_operator_with_env(
+    plugin_dir: &Path,
+    providers: &Path,
+    kubeconfig: &Path,
+    dir: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Operator {
     let listen = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let log = dir.join("operator.log");
     let child = Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
@@ -130,6 +143,7 @@ fn start_operator(
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -524,4 +538,202 @@ async fn a_hostile_provider_cannot_starve_the_operator_or_the_other_providers() 
             "{name}: no reconcile error naming {limit:?} in the operator log"
         );
     }
+}
+
+/// An OTLP/HTTP collector on 127.0.0.1 that accepts every export and keeps nothing: with
+/// it, the operator records trace ids without a real collector. Its URL.
+async fn null_collector() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let _ = tcp.read(&mut buf).await;
+                let _ = tcp.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+            });
+        }
+    });
+    url
+}
+
+/// `--log-format json`, as the shipped Deployment runs: every line on stderr is one JSON
+/// object with the time, level, target and the event's own fields; a line written inside a
+/// reconcile also carries the reconcile span's fields (the Proxy, its provider, the trace
+/// id) under `span`, and every open span's under `spans`, so a log pipeline can select a
+/// Proxy's lines or jump to its trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line_with_the_span_fields() {
+    let plugin_dir = plugins_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let (_fake, client, kubeconfig) = fake_cluster(dir.path()).await;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok").unwrap();
+    let backend = ExampleBackend::start("tok");
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(&providers, providers_yaml(&backend, &token, "")).unwrap();
+    let collector = null_collector().await;
+    let op = start_operator_with_env(
+        &plugin_dir,
+        &providers,
+        &kubeconfig,
+        dir.path(),
+        &["--log-format", "json", "--probe-target", "127.0.0.1:9"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", collector.as_str())],
+    );
+    wait_for("/readyz to answer 200", Duration::from_secs(60), async || {
+        (op.get("/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let proxy: Proxy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "egress.proxy-operator.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": "p1", "namespace": "default"},
+        "spec": {"provider": "ex", "placement": {"region": "r1"},
+                 "cloudInit": {"inline": "#cloud-config\n"}, "port": 3128},
+    }))
+    .unwrap();
+    proxies
+        .create(&PostParams::default(), &proxy)
+        .await
+        .unwrap();
+    // The probe target refuses, so the reconciles keep logging inside their span.
+    wait_for(
+        "a log line inside p1's reconcile",
+        Duration::from_secs(30),
+        async || {
+            let log = std::fs::read_to_string(&op.log).unwrap_or_default();
+            log.lines()
+                .any(|l| l.contains(r#""name":"reconcile""#) && l.contains(r#""proxy.name":"p1""#))
+                .then_some(())
+        },
+    )
+    .await;
+    let mut op = op;
+    let pid = op.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    wait_for("the operator to exit", Duration::from_secs(15), async || {
+        op.child.try_wait().unwrap()
+    })
+    .await;
+
+    let log = std::fs::read_to_string(&op.log).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}"))
+        })
+        .collect();
+    assert!(lines.len() >= 5, "too few lines:\n{log}");
+    for (line, text) in lines.iter().zip(log.lines()) {
+        let field = |k: &str| line.get(k).and_then(|v| v.as_str()).unwrap_or_default();
+        assert!(
+            ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"].contains(&field("level")),
+            "level in {text}"
+        );
+        assert!(
+            !field("target").is_empty() && !field("timestamp").is_empty(),
+            "target and timestamp in {text}"
+        );
+        assert!(
+            humantime::parse_rfc3339_weak(&field("timestamp")[..19]).is_ok(),
+            "an RFC 3339 timestamp in {text}"
+        );
+        // The event's own fields (its message, usually), flattened next to those.
+        let own = line.as_object().unwrap().keys().any(|k| {
+            !["timestamp", "level", "target", "span", "spans", "threadName", "threadId"]
+                .contains(&k.as_str())
+        });
+        assert!(own, "the event's fields in {text}");
+    }
+    // The event's own fields sit next to the message.
+    let starting = lines
+        .iter()
+        .find(|l| l["message"] == "starting")
+        .unwrap_or_else(|| panic!("no `starting` line in\n{log}"));
+    assert_eq!(starting["installation"], "run-test", "{starting}");
+    // Inside a reconcile: the span's fields, the trace id among them.
+    let inside = lines
+        .iter()
+        .find(|l| l["span"]["name"] == "reconcile" && l["span"]["proxy.name"] == "p1")
+        .unwrap_or_else(|| panic!("no line inside p1's reconcile in\n{log}"));
+    eprintln!("a line inside a reconcile: {inside}");
+    let span = &inside["span"];
+    assert_eq!(span["proxy.namespace"], "default", "{inside}");
+    assert_eq!(span["provider.name"], "ex", "{inside}");
+    assert!(
+        span["proxy.uid"].as_str().is_some_and(|u| !u.is_empty()),
+        "{inside}"
+    );
+    let trace_id = span["trace_id"].as_str().unwrap_or_default();
+    assert!(
+        trace_id.len() == 32 && trace_id.chars().all(|c| c.is_ascii_hexdigit()),
+        "a trace id in {inside}"
+    );
+    assert!(
+        inside["spans"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["name"] == "reconcile")),
+        "the span list in {inside}"
+    );
+    // A provider call's lines carry both the reconcile's and the call's fields.
+    assert!(
+        lines.iter().any(|l| {
+            l["spans"].as_array().is_some_and(|s| {
+                s.iter().any(|s| s["proxy.name"] == "p1")
+                    && s.iter()
+                        .any(|s| s["name"] == "provider.create" && s["provider.name"] == "ex")
+            })
+        }),
+        "no line inside p1's provider.create in\n{log}"
+    );
+}
+
+/// Text logs written to a file or a pipe (a pod log, `2> file`) hold no ANSI escape codes,
+/// even without `NO_COLOR`: colour is for terminals only.
+#[test]
+fn text_logs_off_a_terminal_have_no_colour_codes() {
+    let plugin_dir = plugins_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(
+        &providers,
+        "providers:\n- name: ex\n  plugin: example.wasm\n  \
+         config: {endpoint: 'http://127.0.0.1:1', regions: [r1]}\n\
+         - name: broken\n  plugin: missing.wasm\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+        .arg("providers")
+        .arg("--plugin-dir")
+        .arg(&plugin_dir)
+        .arg("--providers")
+        .arg(&providers)
+        .arg("--plugin-cache-dir")
+        .arg(support::cache_dir())
+        .arg("--plugin-scratch-dir")
+        .arg(dir.path().join("scratch"))
+        .env("RUST_LOG", "debug")
+        .env_remove("NO_COLOR")
+        .env_remove("LOG_FORMAT")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.lines().filter(|l| l.contains("DEBUG")).count() >= 1
+            && stderr.lines().filter(|l| l.contains("INFO")).count() >= 1,
+        "expected debug and info lines on stderr:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("\x1b["),
+        "ANSI escape codes on a non-terminal stderr:\n{stderr:?}"
+    );
 }
