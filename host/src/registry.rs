@@ -175,6 +175,9 @@ mod tests {
         );
         reg.replace([Arc::new(FakeProvider::new("c")) as Arc<dyn Provider>]);
         assert_eq!(reg.plugin_types(), [("c".into(), String::new())].into());
-        assert!(reg.get("a").is_none(), "the types went with their providers");
+        assert!(
+            reg.get("a").is_none(),
+            "the types went with their providers"
+        );
     }
 }

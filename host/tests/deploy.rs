@@ -234,10 +234,7 @@ fn default_overlay_renders_valid_hardened_manifests() {
         "{args:?}"
     );
     // Pod logs go to log pipelines: one JSON object per line.
-    assert!(
-        args.contains(&"--log-format=json".to_string()),
-        "{args:?}"
-    );
+    assert!(args.contains(&"--log-format=json".to_string()), "{args:?}");
     let env = |name: &str| -> Option<&k8s_openapi::api::core::v1::EnvVar> {
         c.env.as_ref().unwrap().iter().find(|e| e.name == name)
     };

@@ -582,9 +582,11 @@ async fn json_logs_are_one_object_per_line_with_the_span_fields() {
         &["--log-format", "json", "--probe-target", "127.0.0.1:9"],
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", collector.as_str())],
     );
-    wait_for("/readyz to answer 200", Duration::from_secs(60), async || {
-        (op.get("/readyz").await.0 == 200).then_some(())
-    })
+    wait_for(
+        "/readyz to answer 200",
+        Duration::from_secs(60),
+        async || (op.get("/readyz").await.0 == 200).then_some(()),
+    )
     .await;
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
     let proxy: Proxy = serde_json::from_value(serde_json::json!({
@@ -620,17 +622,17 @@ async fn json_logs_are_one_object_per_line_with_the_span_fields() {
             .unwrap()
             .success()
     );
-    wait_for("the operator to exit", Duration::from_secs(15), async || {
-        op.child.try_wait().unwrap()
-    })
+    wait_for(
+        "the operator to exit",
+        Duration::from_secs(15),
+        async || op.child.try_wait().unwrap(),
+    )
     .await;
 
     let log = std::fs::read_to_string(&op.log).unwrap();
     let lines: Vec<serde_json::Value> = log
         .lines()
-        .map(|l| {
-            serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}"))
-        })
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}")))
         .collect();
     assert!(lines.len() >= 5, "too few lines:\n{log}");
     for (line, text) in lines.iter().zip(log.lines()) {
@@ -649,8 +651,16 @@ async fn json_logs_are_one_object_per_line_with_the_span_fields() {
         );
         // The event's own fields (its message, usually), flattened next to those.
         let own = line.as_object().unwrap().keys().any(|k| {
-            !["timestamp", "level", "target", "span", "spans", "threadName", "threadId"]
-                .contains(&k.as_str())
+            ![
+                "timestamp",
+                "level",
+                "target",
+                "span",
+                "spans",
+                "threadName",
+                "threadId",
+            ]
+            .contains(&k.as_str())
         });
         assert!(own, "the event's fields in {text}");
     }

@@ -33,8 +33,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let fits = proxy_operator::config::fit::check(&file, &budget);
     match &fits {
         Ok(need) => {
-            let of =
-                |b: Option<u64>| b.map_or("no limit known".into(), |b| format!("{} available", Mib(b)));
+            let of = |b: Option<u64>| {
+                b.map_or("no limit known".into(), |b| format!("{} available", Mib(b)))
+            };
             println!(
                 "fit     memory {} ({}), /tmp {} ({})",
                 Mib(need.memory.total()),

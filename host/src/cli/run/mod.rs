@@ -184,8 +184,8 @@ fn providers_that_fit(args: &Args) -> anyhow::Result<(ProvidersFile, Budget)> {
         .with_context(|| format!("reading providers file {}", path.display()))?;
     let file = ProvidersFile::parse(&text)?;
     let budget = args.fit.budget(&args.runtime);
-    let need = fit::check(&file, &budget)
-        .with_context(|| format!("providers file {}", path.display()))?;
+    let need =
+        fit::check(&file, &budget).with_context(|| format!("providers file {}", path.display()))?;
     let known = |b: Option<u64>| b.map_or_else(|| "unknown".into(), |b| Mib(b).to_string());
     tracing::info!(
         memory_need = %Mib(need.memory.total()),
