@@ -265,6 +265,22 @@ impl Reloader {
         Some(change)
     }
 
+    /// Polls every `interval` (the first poll is the caller's, before the other loops
+    /// start) until `cancel`, and publishes every change to `serving`.
+    pub async fn run(mut self, interval: Duration, cancel: CancellationToken, serving: Serving) {
+        let mut tick = tokio::time::interval(interval);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if let Some(change) = self.poll().await {
+                serving.publish(&self, &change);
+            }
+        }
+    }
+
     fn file_error(&mut self, text: String, why: String) -> Option<Change> {
         let again = self.errors.get("") == Some(&why);
         self.seen = Some((text, BTreeMap::new()));
@@ -316,24 +332,6 @@ impl Reloader {
             },
             p,
         ))
-    }
-}
-
-impl Reloader {
-    /// Polls every `interval` (the first poll is the caller's, before the other loops
-    /// start) until `cancel`, and publishes every change to `serving`.
-    pub async fn run(mut self, interval: Duration, cancel: CancellationToken, serving: Serving) {
-        let mut tick = tokio::time::interval(interval);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            if let Some(change) = self.poll().await {
-                serving.publish(&self, &change);
-            }
-        }
     }
 }
 

@@ -162,3 +162,84 @@ async fn a_file_that_does_not_fit_the_pod_is_refused() {
     assert!(c.failed.is_empty() && c.loaded.is_empty(), "{c:?}");
     assert!(r.errors().is_empty(), "{:?}", r.errors());
 }
+
+/// The reload loop as `proxy-operator run` wires it: what serves reaches the provider
+/// registry (instrumented, with each provider's plugin type) and `/readyz`'s load report;
+/// a change on disk swaps the registry's set and announces it; a broken file only reports
+/// its error; cancelling ends the loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reload_loop_keeps_the_registry_and_readiness_in_step_with_the_disk() {
+    use futures::StreamExt;
+    use proxy_operator::ops::Readiness;
+    use proxy_operator::reload::Serving;
+    use std::time::Duration;
+    let plugins = plugins_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_dir = dir.path().join("plugins");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    std::fs::copy(
+        plugins.join("example.wasm"),
+        plugin_dir.join("example.wasm"),
+    )
+    .unwrap();
+    let file = dir.path().join("providers.yaml");
+    write_file(&file, "http://127.0.0.1:1", "a");
+
+    let mut r = Reloader::new(support::runtime(), &plugin_dir, &file, Default::default());
+    r.poll().await.expect("first poll loads everything");
+    let readiness = Readiness::default();
+    let serving = Serving::first(&r, readiness.clone(), Default::default());
+    let registry = serving.registry.clone();
+    let types = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| (n.to_string(), "example".to_string()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    assert_eq!(registry.plugin_types(), types(&["ex", "other"]));
+    assert_eq!(readiness.verdict().0, 503, "the Proxy cache has not synced");
+    readiness.set_cache_synced();
+    let (code, body) = readiness.verdict();
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("2 provider(s) serving (ex, other)"), "{body}");
+
+    let mut changes = Box::pin(registry.changes());
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(r.run(Duration::from_millis(50), cancel.clone(), serving));
+
+    // `other` leaves the file: the set is swapped and announced, its type goes with it.
+    std::fs::write(
+        &file,
+        "providers:\n- name: ex\n  plugin: example.wasm\n  config: {endpoint: 'http://127.0.0.1:1', regions: [a]}\n",
+    )
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), changes.next())
+        .await
+        .expect("the swap is announced")
+        .expect("stream open");
+    assert_eq!(registry.plugin_types(), types(&["ex"]));
+    assert!(registry.get("other").is_none());
+
+    // A file that does not parse: reported, every provider kept.
+    std::fs::write(&file, "providers: [").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !readiness.load_errors().contains_key("") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broken file was not reported"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(registry.get("ex").is_some(), "ex keeps serving");
+    assert!(
+        readiness.verdict().1.contains("providers file"),
+        "{:?}",
+        readiness.verdict()
+    );
+
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the loop ends on cancel")
+        .unwrap();
+}

@@ -256,6 +256,11 @@ async fn a_running_replica_reports_readiness_metrics_reload_errors_and_stops_wit
     );
     let ex = health.get("ex").await.unwrap().status.unwrap();
     assert_eq!(ex.load_error, None, "ex loaded fine: {ex:?}");
+    assert_eq!(
+        ex.type_.as_deref(),
+        Some("example"),
+        "its plugin type, from the registry: {ex:?}"
+    );
 
     // Every backend call now hangs (60 s, inside limits.timeout). SIGTERM: the delete in
     // flight gets the 1 s grace, then is cancelled, and the process exits.
