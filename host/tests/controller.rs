@@ -1202,12 +1202,7 @@ async fn drift_by_list_notices_a_vanished_instance_within_one_interval() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_inventory_falls_back_to_get() {
     let env = Env::start().await;
-    for i in 0..3 {
-        env.create(&format!("p{i}"), spec("z1")).await;
-    }
-    for i in 0..3 {
-        env.wait_running(&format!("p{i}")).await;
-    }
+    env.create_running(3).await;
     let drift = settings().timings.drift_poll;
     tokio::time::sleep(drift * 2).await;
     let gets = || env.fake.count_calls(Op::Get);
@@ -1232,12 +1227,7 @@ async fn a_stale_inventory_falls_back_to_get() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_lists_once_instead_of_a_get_per_proxy() {
     let mut env = Env::start().await;
-    for i in 0..6 {
-        env.create(&format!("p{i}"), spec("z1")).await;
-    }
-    for i in 0..6 {
-        env.wait_running(&format!("p{i}")).await;
-    }
+    env.create_running(6).await;
     env.crash_controller().await;
     // A new process: nothing listed yet.
     let drift = settings().timings.drift_poll;
@@ -1268,12 +1258,7 @@ async fn a_restart_lists_once_instead_of_a_get_per_proxy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_lists_the_rebuilt_provider_instead_of_a_get_per_proxy() {
     let env = Env::start().await;
-    for i in 0..6 {
-        env.create(&format!("p{i}"), spec("z1")).await;
-    }
-    for i in 0..6 {
-        env.wait_running(&format!("p{i}")).await;
-    }
+    env.create_running(6).await;
     let drift = settings().timings.drift_poll;
     tokio::time::sleep(drift * 2).await;
     // A backend that takes its time: the rebuilt provider's first list is still under way
@@ -1298,6 +1283,16 @@ async fn a_reload_lists_the_rebuilt_provider_instead_of_a_get_per_proxy() {
 }
 
 impl Env {
+    /// Creates Proxies `p0`..`p{n-1}` in zone z1 and waits until all are Running.
+    async fn create_running(&self, n: usize) {
+        for i in 0..n {
+            self.create(&format!("p{i}"), spec("z1")).await;
+        }
+        for i in 0..n {
+            self.wait_running(&format!("p{i}")).await;
+        }
+    }
+
     fn secret_cache(&self) -> Arc<SecretCache> {
         self.secret_cache.clone().expect("a controller was started")
     }
