@@ -79,12 +79,12 @@ pub fn watch_proxies(
     let (mark, synced) = channel();
     let feed = Arc::new(ProxyFeed::default());
     let api = kube::Api::<Proxy>::all(client);
-    let stream = watcher(api, watcher::Config::default())
+    let events = watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(trim_for_cache)
         .reflect(writer)
-        .inspect(move |ev| mark.observe(ev))
-        .applied_objects();
+        .inspect(move |ev| mark.observe(ev));
+    let stream = applied_once_cached(events, store.clone());
     let sink = feed.clone();
     let fut = async move {
         let mut stream = std::pin::pin!(stream);
@@ -96,6 +96,56 @@ pub fn watch_proxies(
         }
     };
     (ProxyCache { store, synced }, feed, fut)
+}
+
+/// The Proxies a reflector's events apply, each passed on only once `store` holds it.
+///
+/// A change seen by the watch is in the store as soon as it comes out of the reflector,
+/// but a (re-)list is not: kube's store keeps the list's objects aside and takes them all
+/// at its end (so readers never see half a list). Passing a listed object on at once (as
+/// `applied_objects` does) hands the controller a trigger for an object its store does
+/// not have yet (created while the watch was down) or has in an older version: kube's
+/// runner drops the first (the Proxy, with no status, then waits for a change that never
+/// comes) and reconciles the second from a stale copy. So a list's objects are remembered
+/// by reference and passed on, as the store has them, when the list ends.
+pub fn applied_once_cached<S>(
+    events: S,
+    store: Store<Proxy>,
+) -> impl Stream<Item = Result<Proxy, watcher::Error>> + Send + 'static
+where
+    S: Stream<Item = Result<watcher::Event<Proxy>, watcher::Error>> + Send + 'static,
+{
+    type Listed = Vec<reflector::ObjectRef<Proxy>>;
+    type Out = Box<dyn Iterator<Item = Result<Proxy, watcher::Error>> + Send>;
+    events
+        .scan(Listed::new(), move |listed, ev| {
+            let out: Out = match ev {
+                Ok(watcher::Event::Apply(p)) => Box::new(std::iter::once(Ok(p))),
+                Ok(watcher::Event::Delete(_)) => Box::new(std::iter::empty()),
+                Ok(watcher::Event::Init) => {
+                    listed.clear();
+                    Box::new(std::iter::empty())
+                }
+                Ok(watcher::Event::InitApply(p)) => {
+                    listed.push(reflector::ObjectRef::from_obj(&p));
+                    Box::new(std::iter::empty())
+                }
+                // One at a time, as the consumer takes them: a list of 10,000 Proxies is
+                // not copied all at once.
+                Ok(watcher::Event::InitDone) => {
+                    let store = store.clone();
+                    Box::new(
+                        std::mem::take(listed)
+                            .into_iter()
+                            .filter_map(move |r| store.get(&r))
+                            .map(|p| Ok((*p).clone())),
+                    )
+                }
+                Err(e) => Box::new(std::iter::once(Err(e))),
+            };
+            futures::future::ready(Some(futures::stream::iter(out)))
+        })
+        .flatten()
 }
 
 /// Drops what no reader of the cache uses from the cached copy of a Proxy:
@@ -170,6 +220,57 @@ mod tests {
         // A relist later does not un-sync it.
         mark.observe(&Event::Ok(watcher::Event::Init));
         assert!(synced.is_synced());
+    }
+
+    fn proxy(name: &str, version: &str) -> Proxy {
+        let spec =
+            serde_json::json!({"provider": "p", "placement": {}, "cloudInit": {}, "port": 3128});
+        let mut p = Proxy::new(name, serde_json::from_value(spec).unwrap());
+        p.metadata.namespace = Some("ns".into());
+        p.metadata.resource_version = Some(version.into());
+        p
+    }
+
+    /// Every object the stream passes on is in the store, in the version passed on, when
+    /// the consumer sees it: a trigger for an object the store lacks is dropped by kube's
+    /// runner. `applied_objects` fails this for lists (their objects enter the store at the
+    /// list's end).
+    #[tokio::test]
+    async fn listed_objects_are_passed_on_once_the_store_has_them() {
+        use watcher::Event as E;
+        let (store, writer) = reflector::store::<Proxy>();
+        let events = vec![
+            // The first list.
+            Ok(E::Init),
+            Ok(E::InitApply(proxy("a", "1"))),
+            Ok(E::InitDone),
+            Ok(E::Apply(proxy("a", "2"))),
+            // A re-list (after 410 Gone): "a" changed and "b" was created meanwhile.
+            Ok(E::Init),
+            Ok(E::InitApply(proxy("a", "5"))),
+            Ok(E::InitApply(proxy("b", "4"))),
+            Ok(E::InitDone),
+        ];
+        let stream =
+            applied_once_cached(futures::stream::iter(events).reflect(writer), store.clone());
+        let mut stream = std::pin::pin!(stream);
+        let mut seen = Vec::new();
+        while let Some(p) = stream.next().await {
+            let p = p.unwrap();
+            let cached = store.get(&reflector::ObjectRef::from_obj(&p));
+            assert_eq!(
+                cached.and_then(|c| c.resource_version()),
+                p.resource_version(),
+                "{} passed on before the store had that version",
+                p.name_any()
+            );
+            seen.push(format!(
+                "{}@{}",
+                p.name_any(),
+                p.resource_version().unwrap()
+            ));
+        }
+        assert_eq!(seen, ["a@1", "a@2", "a@5", "b@4"]);
     }
 
     #[tokio::test]

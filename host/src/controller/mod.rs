@@ -10,6 +10,7 @@ pub mod secret_cache;
 pub mod secrets;
 mod spec_hash;
 pub mod status;
+pub mod turns;
 
 pub use decide::{Answer, Call, Decision, Input, Next, Observed, Timings, decide};
 pub use spec_hash::spec_hash;

@@ -8,6 +8,7 @@ use super::decide::{
 };
 use super::secret_cache::SecretCache;
 use super::secrets::SecretKey;
+use super::turns::Turns;
 use super::{input, secret_cache, spec_hash, status};
 use crate::api::{Proxy, ProxyStatus, condition};
 use crate::cache::{ProxyCache, ProxyFeed, trim_for_cache};
@@ -24,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use std::collections::HashMap;
@@ -365,14 +366,26 @@ pub async fn run(
     // (see `trigger_hash`): the operator's own status writes come back through the watch
     // and would otherwise each cost one more reconcile with a provider call.
     let changes = applied.predicate_filter(trigger_hash, PredicateConfig::default());
+    // kube's runner is unbounded; `turns` admits `concurrency` reconciles at a time, in
+    // the order they came due (see `turns` for why).
+    let turns = Turns::new(concurrency);
+    let close = turns.clone();
+    let store = reader.clone();
     Controller::for_stream(changes, reader)
-        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .with_config(ControllerConfig::default().concurrency(0))
         .reconcile_all_on(ctx.registry.changes())
         .reconcile_on(probed)
         .reconcile_on(rechecks)
         .reconcile_on(secret_changes)
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .graceful_shutdown_on(async move {
+            shutdown.await;
+            close.close();
+        })
+        .run(
+            move |proxy, ctx| in_turn(turns.clone(), store.clone(), proxy, ctx),
+            error_policy,
+            ctx,
+        )
         .for_each(|result| async move {
             if let Err(e) = result {
                 // Reconcile errors were logged by error_policy; these are watch/queue errors.
@@ -401,13 +414,12 @@ fn proxy_source(
     }
     let (store, writer) = reflector::store();
     let (mark_synced, synced) = crate::cache::channel();
-    let applied = reflector(
+    let events = reflector(
         writer,
         watcher(proxies, watcher::Config::default()).modify(trim_for_cache),
     )
-    .inspect(move |ev| mark_synced.observe(ev))
-    .applied_objects()
-    .boxed();
+    .inspect(move |ev| mark_synced.observe(ev));
+    let applied = crate::cache::applied_once_cached(events, store.clone()).boxed();
     (ProxyCache { store, synced }, applied)
 }
 
@@ -477,6 +489,26 @@ fn error_policy(proxy: Arc<Proxy>, err: &ReconcileError, ctx: Arc<Context>) -> A
         "reconcile failed"
     );
     Action::requeue(delay)
+}
+
+/// Waits for a turn, then reconciles the Proxy as the cache has it by then (a request can
+/// wait minutes behind a large queue). Kept small while it waits: the reconcile's own
+/// future is only built (and boxed) once the turn comes.
+async fn in_turn(
+    turns: Turns,
+    store: Store<Proxy>,
+    proxy: Arc<Proxy>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let Some(_turn) = turns.take().await else {
+        // Shutting down: the next leader (or this process's next term) reconciles it.
+        return Ok(Action::await_change());
+    };
+    // Gone from the cache: deleted and released meanwhile; nothing left to do.
+    let Some(fresh) = store.get(&ObjectRef::from_obj(&*proxy)) else {
+        return Ok(Action::await_change());
+    };
+    Box::pin(reconcile(fresh, ctx)).await
 }
 
 /// One reconcile of one Proxy.

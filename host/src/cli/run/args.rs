@@ -21,7 +21,7 @@ pub struct Args {
     /// Reported as the events' reporting instance.
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
-    /// Proxies reconciled at once.
+    /// Proxies reconciled at once; the others wait their turn in the order they came due.
     #[arg(long, default_value_t = 3)]
     pub concurrency: u16,
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
