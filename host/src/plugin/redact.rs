@@ -20,6 +20,22 @@
 //! | percent-encoded | a value in a query string or form body |
 //! | cloud-init: each line, and each value after `:`, `=` or whitespace | a password inside `user:PASSWORD`, `BasicAuth user PASSWORD` |
 //!
+//! Encodings are generated for the trimmed value only: every form of it lies inside the same
+//! form of the untrimmed value (each encoding maps bytes, or base64 three-byte blocks at the
+//! matching alignment, one to one).
+//! A multi-line cloud-init document is not matched as a whole at all: every line of it that
+//! is not public is matched in every encoding (lines of [`MIN_ENCODED`]` * 2` bytes or more
+//! as whole values, shorter ones as fragments), and the document in any encoding contains
+//! its lines in that encoding. Documents of one fleet share most lines (a template with a
+//! password or a name in it), so a new document costs its new lines only: at 10,000
+//! Proxies each with its own document, the whole-document patterns were most of the
+//! ~47 KiB the redactor grew per document.
+//!
+//! Every occurrence of every pattern is scrubbed, overlapping ones included (the union of
+//! their spans becomes one [`REDACTED`]), so one value cannot hide another by overlapping
+//! its start; and the patterns can be split over several automata ([`Segment`]s), which is
+//! how [`super::sensitive`] adds documents without recompiling all the others.
+//!
 //! Short fragments would match ordinary text (every log line has `port` or `true` in it), so
 //! a cloud-init fragment must be at least [`MIN_FRAGMENT`] bytes and must not be one of the
 //! cloud-init schema's own keywords (public knowledge, not user data). Whole lines count
@@ -77,20 +93,26 @@ const PUBLIC_WORDS: &[&str] = &[
     "write_files",
 ];
 
-/// A set of sensitive values, compiled for fast replacement.
+/// A set of sensitive values, compiled for fast replacement: one or more [`Segment`]s.
 #[derive(Clone, Default)]
 pub struct Redactor {
-    /// Every pattern: what free text is scrubbed of.
-    matcher: Option<AhoCorasick>,
-    /// Whole values only (secrets, documents, long lines, and their encodings), without
-    /// the short fragments: what an identifier must not contain. Fragments would reject
-    /// honest IDs (`eu-west-1/i-...` when a cloud-init mentions `eu-west-1`).
-    whole: Option<AhoCorasick>,
+    segments: Vec<std::sync::Arc<Segment>>,
+}
+
+/// One compiled automaton over some of the patterns.
+pub struct Segment {
+    /// Every pattern, all occurrences reported (overlapping search).
+    matcher: AhoCorasick,
+    /// Patterns `0..whole` are whole values (secrets, documents, long lines, and their
+    /// encodings); the rest are short fragments. An identifier must not contain a whole
+    /// value; fragments would reject honest IDs (`eu-west-1/i-...` when a cloud-init
+    /// mentions `eu-west-1`).
+    whole: usize,
 }
 
 impl std::fmt::Debug for Redactor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Redactor { .. }")
+        write!(f, "Redactor {{ segments: {} }}", self.segments.len())
     }
 }
 
@@ -106,11 +128,8 @@ pub struct Patterns {
 impl Patterns {
     /// A secret: the value in every form listed in the module docs, and each line of it.
     pub fn secret(&mut self, value: &[u8]) {
-        self.value(value);
         let trimmed = value.trim_ascii();
-        if trimmed.len() != value.len() {
-            self.value(trimmed);
-        }
+        self.value(trimmed);
         if trimmed.contains(&b'\n') {
             for line in trimmed.split(|b| *b == b'\n') {
                 let line = line.trim_ascii();
@@ -123,9 +142,10 @@ impl Patterns {
 
     /// A cloud-init document: the whole in every form, each line, and each value in it.
     pub fn cloud_init(&mut self, doc: &[u8]) {
-        self.value(doc);
         let trimmed = doc.trim_ascii();
-        if trimmed.len() != doc.len() {
+        // A one-line document is a line; a longer one is covered line by line below (every
+        // line that is not public is matched in every encoding).
+        if !trimmed.contains(&b'\n') {
             self.value(trimmed);
         }
         for line in doc.split(|b| *b == b'\n') {
@@ -135,6 +155,7 @@ impl Patterns {
                     self.value(line);
                 } else {
                     self.plain(line, MIN_LINE);
+                    self.encoded_fragment(line);
                 }
                 // Without a YAML list marker: `- echo x` is logged as `echo x`.
                 if let Some(rest) = line.strip_prefix(b"- ") {
@@ -180,6 +201,22 @@ impl Patterns {
         }
     }
 
+    /// A short line's encodings, as fragments: inside an encoded document nothing else
+    /// covers it. Too short to be a whole value (an identifier could hold its few base64
+    /// characters by chance), long enough that ordinary encoded text rarely does.
+    fn encoded_fragment(&mut self, v: &[u8]) {
+        let text = String::from_utf8_lossy(v);
+        let json = serde_json::to_string(&text).expect("a string always serializes");
+        self.fragments
+            .insert(json[1..json.len() - 1].as_bytes().to_vec());
+        self.fragments.insert(percent_encode(v).into_bytes());
+        for alphabet in [&data_encoding::BASE64, &data_encoding::BASE64URL] {
+            for b64 in base64_at_every_offset(alphabet, v) {
+                self.fragments.insert(b64.into_bytes());
+            }
+        }
+    }
+
     /// A fragment: only the value itself (its encodings would be too short to be safe to
     /// match), when it is long enough.
     fn plain(&mut self, v: &[u8], min: usize) {
@@ -189,24 +226,47 @@ impl Patterns {
     }
 
     pub fn build(self) -> Redactor {
-        let compile = |set: &BTreeSet<Vec<u8>>| {
-            (!set.is_empty()).then(|| {
-                // A contiguous NFA builds in time linear in the patterns; a DFA (what the
-                // builder picks for small sets) takes minutes for one 16 KiB document.
-                AhoCorasick::builder()
-                    .match_kind(MatchKind::LeftmostLongest)
-                    .kind(Some(AhoCorasickKind::ContiguousNFA))
-                    .build(set)
-                    .expect("literal patterns always build")
-            })
-        };
-        let whole = compile(&self.set);
-        let mut all = self.set;
-        all.extend(self.fragments);
         Redactor {
-            matcher: compile(&all),
-            whole,
+            segments: self
+                .segment()
+                .map(std::sync::Arc::new)
+                .into_iter()
+                .collect(),
         }
+    }
+
+    /// The patterns as one automaton; `None` when there are none.
+    pub fn segment(self) -> Option<Segment> {
+        let whole = self.set.len();
+        let fragments = self
+            .fragments
+            .difference(&self.set)
+            .cloned()
+            .collect::<Vec<_>>();
+        let patterns = self.set.into_iter().chain(fragments);
+        let matcher = AhoCorasick::builder()
+            // Every occurrence, overlapping ones included (see the module docs).
+            .match_kind(MatchKind::Standard)
+            // A contiguous NFA builds in time linear in the patterns; a DFA (what the
+            // builder picks for small sets) takes minutes for one 16 KiB document.
+            .kind(Some(AhoCorasickKind::ContiguousNFA))
+            .build(patterns)
+            .expect("literal patterns always build");
+        (matcher.patterns_len() > 0).then_some(Segment { matcher, whole })
+    }
+}
+
+impl Segment {
+    /// Spans of every occurrence of a pattern (`whole_only`: of a whole value).
+    fn spans<'a>(
+        &'a self,
+        text: &'a [u8],
+        whole_only: bool,
+    ) -> impl Iterator<Item = std::ops::Range<usize>> + 'a {
+        self.matcher
+            .find_overlapping_iter(text)
+            .filter(move |m| !whole_only || m.pattern().as_usize() < self.whole)
+            .map(|m| m.range())
     }
 }
 
@@ -296,34 +356,59 @@ impl Redactor {
         p.build()
     }
 
-    /// The text with every sensitive value replaced by [`REDACTED`].
+    /// Heap bytes of the compiled automata.
+    pub fn memory_usage(&self) -> usize {
+        self.segments.iter().map(|s| s.matcher.memory_usage()).sum()
+    }
+
+    /// A redactor over these segments together.
+    pub fn from_segments(segments: Vec<std::sync::Arc<Segment>>) -> Self {
+        Redactor { segments }
+    }
+
+    /// The text with every sensitive value replaced by [`REDACTED`]: the union of the
+    /// spans of all occurrences, each run of it replaced once.
     pub fn scrub(&self, text: &str) -> String {
-        match &self.matcher {
-            None => text.to_string(),
-            Some(m) => {
-                let bytes = m.replace_all_bytes(
-                    text.as_bytes(),
-                    &[REDACTED.as_bytes()].repeat(m.patterns_len()),
-                );
-                String::from_utf8_lossy(&bytes).into_owned()
-            }
+        let bytes = text.as_bytes();
+        let mut spans: Vec<std::ops::Range<usize>> = self
+            .segments
+            .iter()
+            .flat_map(|s| s.spans(bytes, false))
+            .collect();
+        if spans.is_empty() {
+            return text.to_string();
         }
+        spans.sort_unstable_by_key(|r| r.start);
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut at = 0;
+        let mut spans = spans.into_iter().peekable();
+        while let Some(first) = spans.next() {
+            let mut end = first.end;
+            while let Some(next) = spans.next_if(|n| n.start <= end) {
+                end = end.max(next.end);
+            }
+            out.extend_from_slice(&bytes[at..first.start.max(at)]);
+            out.extend_from_slice(REDACTED.as_bytes());
+            at = end;
+        }
+        out.extend_from_slice(&bytes[at..]);
+        String::from_utf8_lossy(&out).into_owned()
     }
 
     /// Whether `text` holds any sensitive value, fragments included.
     pub fn finds(&self, text: &str) -> bool {
-        self.matcher
-            .as_ref()
-            .is_some_and(|m| m.is_match(text.as_bytes()))
+        self.segments
+            .iter()
+            .any(|s| s.matcher.is_match(text.as_bytes()))
     }
 
     /// Whether `text` holds a whole sensitive value: a secret, a line of one, a cloud-init
     /// document or one of its long lines, in any encoding. For identifiers, which a
     /// fragment of ordinary words could match by chance.
     pub fn finds_whole(&self, text: &str) -> bool {
-        self.whole
-            .as_ref()
-            .is_some_and(|m| m.is_match(text.as_bytes()))
+        self.segments
+            .iter()
+            .any(|s| s.spans(text.as_bytes(), true).next().is_some())
     }
 
     /// Like [`Redactor::scrub`] for raw bytes (guest stdout), returned as lossy UTF-8.
@@ -452,6 +537,47 @@ mod tests {
             "tinyproxy",
         ] {
             assert_eq!(r.scrub(fine), fine.replace("tinyproxy", REDACTED));
+        }
+    }
+
+    /// A document is matched line by line, not as a whole: in every encoding of it, what
+    /// is left unscrubbed is at most the few characters at each line break (which carry
+    /// the newline, indentation and a few bits of the neighbouring bytes), never a line.
+    #[test]
+    fn an_encoded_document_is_scrubbed_line_by_line() {
+        let r = redactor();
+        let lines: Vec<&[u8]> = CLOUD_INIT.split(|b| *b == b'\n').collect();
+        // What may stay: the public lines (schema keywords), the indentation of the others,
+        // and a few characters at each line break.
+        let public: Vec<u8> = lines
+            .iter()
+            .flat_map(|l| {
+                let t = l.trim_ascii();
+                let keep = if is_public(t) || t.len() < MIN_LINE {
+                    l.len()
+                } else {
+                    l.len() - l.trim_ascii_start().len()
+                };
+                l[..keep].iter().chain(b"\n")
+            })
+            .copied()
+            .collect();
+        let b64 = |v: &[u8]| data_encoding::BASE64.encode(v);
+        let json = |v: &[u8]| serde_json::to_string(&String::from_utf8_lossy(v)).unwrap();
+        let encodings: [(&str, &dyn Fn(&[u8]) -> String, usize); 3] = [
+            ("base64", &b64, 4),
+            ("json", &json, 8),
+            ("percent", &percent_encode, 16),
+        ];
+        for (what, encode, per_break) in encodings {
+            let out = r.scrub(&encode(CLOUD_INIT));
+            let left = out.replace(REDACTED, "");
+            let allowed = encode(&public).len() + lines.len() * per_break;
+            assert!(
+                left.len() <= allowed,
+                "{what}: {} characters left (at most {allowed}): {out}",
+                left.len(),
+            );
         }
     }
 
