@@ -208,7 +208,7 @@ impl Patterns {
         let text = String::from_utf8_lossy(v);
         let json = serde_json::to_string(&text).expect("a string always serializes");
         self.fragments
-            .insert(json[1..json.len() - 1].as_bytes().to_vec());
+            .insert(json.as_bytes()[1..json.len() - 1].to_vec());
         self.fragments.insert(percent_encode(v).into_bytes());
         for alphabet in [&data_encoding::BASE64, &data_encoding::BASE64URL] {
             for b64 in base64_at_every_offset(alphabet, v) {
