@@ -564,7 +564,8 @@ mod tests {
             .collect();
         let b64 = |v: &[u8]| data_encoding::BASE64.encode(v);
         let json = |v: &[u8]| serde_json::to_string(&String::from_utf8_lossy(v)).unwrap();
-        let encodings: [(&str, &dyn Fn(&[u8]) -> String, usize); 3] = [
+        type Encode<'a> = &'a dyn Fn(&[u8]) -> String;
+        let encodings: [(&str, Encode, usize); 3] = [
             ("base64", &b64, 4),
             ("json", &json, 8),
             ("percent", &percent_encode, 16),
