@@ -50,17 +50,39 @@ macro_rules! plugins_or_skip {
     };
 }
 
-/// A cache directory shared by the tests of one binary, so each plugin compiles once.
+/// The plugin compile cache of the tests: one directory for every test binary and run (in
+/// the target directory when there is one), so each plugin version compiles once, not once
+/// per binary. It used to be a temporary directory per binary that was never removed (a
+/// `static` is not dropped): 4 MB left in /tmp by every test binary run. Artifacts are
+/// written atomically, so binaries running at once share it safely; those not used for a
+/// day are removed.
 pub fn cache_dir() -> PathBuf {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        tempfile::Builder::new()
-            .prefix("egress-cache-")
-            .tempdir()
-            .unwrap()
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir)
+            .join("test-plugin-cache");
+        std::fs::create_dir_all(&base).unwrap();
+        // The runtime refuses a cache directory others can write to.
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let dir = base.join("cache");
+        let day = std::time::Duration::from_secs(24 * 3600);
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let old = entry
+                .metadata()
+                .and_then(|m| m.accessed().or_else(|_| m.modified()))
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > day);
+            if old {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        dir
     })
-    .path()
-    .join("cache")
+    .clone()
 }
 
 pub fn runtime() -> Arc<Runtime> {
