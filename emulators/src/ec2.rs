@@ -25,7 +25,8 @@
 //!   AMI's default, usually true), so a plugin that forgets to set it leaks a volume that
 //!   [`Emulator::dump`] and DescribeVolumes show.
 //!
-//! The control surface ([`crate::control`]) maps onto EC2 like this:
+//! The control surface ([`crate::control`], served by [`crate::framework`]) maps onto EC2
+//! like this:
 //! - faults answer as EC2 does: server-error alternates `InternalError` (500) and
 //!   `Unavailable` (503), starting with 500; quota is `InstanceLimitExceeded` (400; EC2's
 //!   other capacity answers are `InsufficientInstanceCapacity`, 500, and
@@ -72,6 +73,8 @@ mod tests;
 
 pub use sigv4::{Credential, SignatureMismatch};
 
+#[cfg(doc)]
+use crate::control::Emulator;
 use crate::control::{
     Dump, DumpInstance, DumpSecondary, Fault, FaultKind, Plant, RateLimit, Refusal, RequestStats,
 };

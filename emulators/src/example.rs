@@ -458,7 +458,7 @@ async fn create_instance(
     let mut record = Record::new(b.new_id(), body.name, body.region, extra);
     record.labels = body.labels;
     record.user_data = user_data;
-    let record = b.fleet.create(record);
+    let record = b.create(record);
     (StatusCode::CREATED, Json(Instance::of(&record))).into_response()
 }
 

@@ -39,10 +39,11 @@
 //!
 //! # Control surface
 //!
-//! [`HetznerEmulator`] implements [`Emulator`] and serves it under `/_emulator/` as the
-//! table in [`crate::control`] says, plus `POST /_emulator/finish-deletes`
-//! ([`Emulator::finish_deletes`] has no row there), `POST /_emulator/errors` (any Hetzner
-//! error, see [`HetznerEmulator::inject_error`]) and `GET /_emulator/requests`.
+//! [`HetznerEmulator`] is the framework's [`Served`] over [`Backend`], which implements the
+//! framework's [`Model`](crate::framework::Model) (and its gate's
+//! [`Api`](crate::framework::Api)), so it is an [`Emulator`] and serves the shared
+//! `/_emulator/` surface, plus `POST /_emulator/errors` (any Hetzner error, see
+//! [`HetznerEmulator::inject_error`]) and `GET /_emulator/requests`.
 //!
 //! How the shared operations map here:
 //! - faults: `create` is `POST /v1/servers`; `get` is `GET /v1/servers/{id}`, the action
@@ -106,6 +107,8 @@ use std::time::Duration;
 
 use axum::Router;
 
+#[cfg(doc)]
+use crate::control::Emulator;
 use crate::control::FaultOp;
 use crate::framework::{Served, Shared};
 use state::parse_id;

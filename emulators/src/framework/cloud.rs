@@ -7,7 +7,7 @@ use std::time::Instant;
 use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
 
-use super::fleet::{Fleet, States};
+use super::fleet::{Fleet, Record, States};
 use super::gate::Api;
 use super::served::Model;
 use super::traffic::{Effect, Traffic};
@@ -81,6 +81,15 @@ impl<A: Adapter> Cloud<A> {
     pub fn next_address(&mut self) -> String {
         self.addresses += 1;
         self.backend.address(self.addresses)
+    }
+
+    /// A new instance; see [`Fleet::create`].
+    pub fn create(&mut self, record: Record<A::Extra>) -> Record<A::Extra> {
+        let (backend, n) = (&self.backend, &mut self.addresses);
+        self.fleet.create(record, || {
+            *n += 1;
+            backend.address(*n)
+        })
     }
 
     /// A read returned instance `id`: advance a read-counted schedule.

@@ -175,13 +175,14 @@ impl<X: Clone> Fleet<X> {
         }
     }
 
-    /// A new instance in the provisioning state, without an address.
-    pub fn create(&mut self, mut record: Record<X>) -> Record<X> {
+    /// A new instance in the provisioning state, without an address, as the create
+    /// answers it (with `AfterReads(0)` it runs, with address `ip`, right after).
+    pub fn create(&mut self, mut record: Record<X>, ip: impl FnOnce() -> String) -> Record<X> {
         record.state = self.states.provisioning.into();
         record.ip = None;
         self.records.insert(record.id.clone(), record.clone());
         if self.schedule == Schedule::AfterReads(0) {
-            self.run(&record.id, None);
+            self.run(&record.id, Some(ip()));
         }
         record
     }
@@ -411,5 +412,109 @@ impl<X> Drop for Fleet<X> {
                 proxies.stop(id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATES: States = States {
+        provisioning: "new",
+        running: "active",
+        deleting: "archive",
+    };
+
+    fn fleet(schedule: Schedule) -> (Fleet<()>, String) {
+        let mut f = Fleet::new(STATES, schedule, None);
+        let id = f.allocate(|n| format!("{n:09}"));
+        f.create(Record::new(id.clone(), "a".into(), "r1".into(), ()), || {
+            "203.0.113.1".into()
+        });
+        (f, id)
+    }
+
+    /// What each schedule shows after a number of reads, and after time passes.
+    #[test]
+    fn schedules_move_provisioning_instances_to_running() {
+        let cases = [
+            (Schedule::AfterReads(0), 0, Duration::ZERO, "active"),
+            (Schedule::AfterReads(1), 0, Duration::ZERO, "new"),
+            (Schedule::AfterReads(1), 1, Duration::ZERO, "active"),
+            (Schedule::AfterReads(3), 2, Duration::ZERO, "new"),
+            (Schedule::Manual, 5, Duration::from_millis(30), "new"),
+            (
+                Schedule::After(Duration::from_millis(20)),
+                0,
+                Duration::ZERO,
+                "new",
+            ),
+            (
+                Schedule::After(Duration::from_millis(20)),
+                0,
+                Duration::from_millis(30),
+                "active",
+            ),
+        ];
+        for (schedule, reads, wait, want) in cases {
+            let (mut f, id) = fleet(schedule);
+            for _ in 0..reads {
+                f.saw(&id, || "203.0.113.1".into());
+            }
+            std::thread::sleep(wait);
+            f.tick(|| "203.0.113.1".into());
+            let r = f.get(&id).unwrap();
+            assert_eq!(r.state, want, "{schedule:?} after {reads} reads, {wait:?}");
+            assert_eq!(r.ip.is_some(), want == "active", "{schedule:?}");
+        }
+    }
+
+    #[test]
+    fn holds_locks_and_slow_deletes() {
+        let (mut f, id) = fleet(Schedule::AfterReads(1));
+        assert!(f.hold(&format!("r1/{id}"), true), "scope prefix accepted");
+        f.saw(&id, || "ip".into());
+        assert_eq!(f.get(&id).unwrap().state, "new", "held");
+        assert!(f.set_state(&id, "active", || "203.0.113.7".into()));
+        assert_eq!(f.get(&id).unwrap().ip.as_deref(), Some("203.0.113.7"));
+        assert!(f.set_locked(&id, true));
+        assert_eq!(f.delete(&id), Deletion::Locked);
+        assert!(f.set_locked(&id, false));
+        assert!(f.slow_delete(&id));
+        assert!(f.hold(&id, true), "a delete in progress is not held");
+        assert!(matches!(f.delete(&id), Deletion::InProgress(r) if r.state == "archive"));
+        assert!(f.name_taken("a"));
+        f.finish_deletes();
+        assert_eq!(f.delete(&id), Deletion::NotFound);
+        assert!(!f.hold("000000099", true));
+        f.reset();
+        assert_ne!(f.allocate(|n| format!("{n:09}")), id, "ids are not reused");
+    }
+
+    #[test]
+    fn plants_carry_the_marks_asked_for_and_scopes_fail() {
+        let mut f: Fleet<()> = Fleet::new(STATES, Schedule::Manual, None);
+        let plant = Plant {
+            name: "p".into(),
+            managed: true,
+            uid: Some(String::new()),
+            created_at: Some(7),
+            ..Plant::default()
+        };
+        f.plant("x".into(), &plant, "r2".into(), "203.0.113.9".into(), ());
+        let dump = f.dump();
+        assert_eq!(dump[0].state, "active");
+        assert_eq!(
+            dump[0].labels,
+            [
+                (crate::MARK_MANAGED.to_string(), "true".to_string()),
+                (crate::MARK_UID.to_string(), String::new()),
+            ]
+        );
+        assert_eq!(f.get("x").unwrap().created_at, 7);
+        f.fail_scope("r2", true);
+        assert_eq!(f.failing_scope(["r1", "r2"].into_iter()), Some("r2"));
+        f.fail_scope("r2", false);
+        assert_eq!(f.failing_scope(["r2"].into_iter()), None);
     }
 }

@@ -1,5 +1,5 @@
-//! The backend's state and every rule that changes it. Handlers in `api` and `surface`
-//! only lock, call one method here and render the result, so the HTTP API and the Rust
+//! The backend's state and every rule that changes it. Handlers in `api` and the shared control
+//! surface only lock, call one method here and render the result, so the HTTP API and the Rust
 //! control surface can never disagree about what an operation does.
 
 use std::collections::{BTreeMap, BTreeSet};
