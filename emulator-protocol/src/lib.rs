@@ -4,7 +4,9 @@
 //! through these requests, so a third-party plugin author can bring an emulator written in
 //! any language: serve these routes next to the backend API and the suite runs unchanged.
 //! Bodies are JSON; ids are the backend's own identifiers as [`DumpInstance::id`] shows
-//! them. Answers are `204` (or `200` with a JSON body), and `404` for an unknown id.
+//! them. Answers are `204` (or `200` with a JSON body), `404` for an unknown id and `400`
+//! for a body that does not parse. The Rust emulators serve these routes with one router
+//! (`egress_emulators::framework`).
 //!
 //! | method + path | body | effect |
 //! |---|---|---|

@@ -1,11 +1,16 @@
 //! The Rust side of the control surface every backend emulator exposes, so one conformance
 //! suite can drive any of them through the states and faults a real backend only shows by
 //! accident. The wire types and the HTTP routes (`/_emulator/...`) are defined in
-//! `egress-emulator-protocol`; each emulator implements [`Emulator`] and serves those routes.
+//! `egress-emulator-protocol`; [`crate::framework`] serves those routes for every emulator
+//! with one router over this trait.
 
 pub use egress_emulator_protocol::*;
 
 /// The Rust side of the control surface.
+///
+/// Calls that name an instance return whether it exists: the HTTP surface answers `404`
+/// for `false`, and Rust callers may ignore it (cleanup after a completed delete must not
+/// fail).
 pub trait Emulator: Send + Sync {
     /// Base URL of the backend API, e.g. `http://127.0.0.1:41234`.
     fn url(&self) -> String;
@@ -14,22 +19,31 @@ pub trait Emulator: Send + Sync {
         self.url()
     }
     /// Keep the instance in its provisioning state (no IP, not running) until released.
-    fn hold_provisioning(&self, id: &str, hold: bool);
+    fn hold_provisioning(&self, id: &str, hold: bool) -> bool;
     /// Put the instance in a raw backend state, known to the plugin or not.
-    fn set_backend_state(&self, id: &str, state: &str);
+    fn set_backend_state(&self, id: &str, state: &str) -> bool;
     /// Remove the instance's public address (`None`) or set it, leaving its state alone:
     /// how a plugin's "running but no address yet" path is reached.
-    fn set_address(&self, id: &str, ip: Option<&str>);
+    fn set_address(&self, id: &str, ip: Option<&str>) -> bool;
     /// Start a delete that stays in progress (the name stays taken, the backend still
     /// shows the instance in its deleting state) until [`Emulator::finish_deletes`].
-    fn start_slow_delete(&self, id: &str);
+    fn start_slow_delete(&self, id: &str) -> bool;
     /// Complete every delete left in progress.
     fn finish_deletes(&self);
     /// Lock the instance as the backend does during an action (calls on it fail with the
     /// backend's "locked" error); for backends without locks, an in-progress operation.
-    fn set_locked(&self, id: &str, locked: bool);
-    /// Create an instance directly, returning its backend id.
-    fn plant(&self, plant: Plant) -> String;
+    fn set_locked(&self, id: &str, locked: bool) -> bool;
+    /// Create an instance directly, returning its backend id, or the backend's refusal
+    /// (name taken, invalid name, unknown scope) as the answer it would give.
+    fn try_plant(&self, plant: Plant) -> Result<String, Refusal>;
+    /// [`Emulator::try_plant`] for tests: panics when the backend refuses, since a planted
+    /// instance must be one the backend could hold.
+    fn plant(&self, plant: Plant) -> String {
+        match self.try_plant(plant.clone()) {
+            Ok(id) => id,
+            Err(e) => panic!("cannot plant {plant:?}: {e}"),
+        }
+    }
     /// Inject a fault into the next calls.
     fn inject(&self, fault: Fault);
     /// Make listing fail for one scope (region / location) while the others answer.
@@ -39,10 +53,20 @@ pub trait Emulator: Send + Sync {
     /// Forget everything.
     fn reset(&self);
     /// Enforce the backend's rate limit the way the backend answers it (`None`: off, the
-    /// default). Optional: an emulator without one ignores it.
-    fn set_rate_limit(&self, _limit: Option<RateLimit>) {}
+    /// default).
+    fn set_rate_limit(&self, limit: Option<RateLimit>);
     /// The API calls answered since start or the last reset (`GET /_emulator/stats`).
     fn stats(&self) -> RequestStats;
+}
+
+/// A backend's refusal of a control request, as the answer the backend would give: the
+/// HTTP surface sends it as is, [`Emulator::plant`] panics with it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{status} {body}")]
+pub struct Refusal {
+    pub status: u16,
+    /// The backend's error body (JSON).
+    pub body: serde_json::Value,
 }
 
 /// Faults waiting for the calls they hit, oldest first: each hits the next `count` calls
@@ -50,7 +74,8 @@ pub trait Emulator: Send + Sync {
 /// in a given emulator (answer an error, wait).
 #[derive(Debug)]
 pub struct FaultQueue<E> {
-    queued: Vec<(FaultOp, E, u32)>,
+    /// Operation, effect, calls left, calls hit so far.
+    queued: Vec<(FaultOp, E, u32, u32)>,
 }
 
 impl<E> Default for FaultQueue<E> {
@@ -63,24 +88,31 @@ impl<E: Clone> FaultQueue<E> {
     /// Queues `effect` for the next `count` calls of `op` (nothing when `count` is 0).
     pub fn push(&mut self, op: FaultOp, effect: E, count: u32) {
         if count > 0 {
-            self.queued.push((op, effect, count));
+            self.queued.push((op, effect, count, 0));
         }
     }
 
     /// The oldest fault that applies to a call of `op` (`None`: a call of no particular
     /// operation, hit only by `Any` faults), consuming one of its uses.
     pub fn take(&mut self, op: Option<FaultOp>) -> Option<E> {
+        self.take_counted(op).map(|(effect, _)| effect)
+    }
+
+    /// [`FaultQueue::take`], with how many calls the fault hit before this one (EC2
+    /// alternates its server errors by it).
+    pub fn take_counted(&mut self, op: Option<FaultOp>) -> Option<(E, u32)> {
         let idx = self
             .queued
             .iter()
-            .position(|(o, _, _)| *o == FaultOp::Any || Some(*o) == op)?;
-        let (_, effect, remaining) = &mut self.queued[idx];
+            .position(|(o, ..)| *o == FaultOp::Any || Some(*o) == op)?;
+        let (_, effect, remaining, hit) = &mut self.queued[idx];
         *remaining -= 1;
-        let effect = effect.clone();
+        let result = (effect.clone(), *hit);
+        *hit += 1;
         if *remaining == 0 {
             self.queued.remove(idx);
         }
-        Some(effect)
+        Some(result)
     }
 
     pub fn clear(&mut self) {
@@ -102,6 +134,10 @@ mod fault_queue_tests {
         assert_eq!(q.take(Some(FaultOp::Get)), Some("get-1"));
         assert_eq!(q.take(None), Some("any"));
         assert_eq!(q.take(Some(FaultOp::Get)), None);
+        q.push(FaultOp::List, "l", 3);
+        assert_eq!(q.take_counted(Some(FaultOp::List)), Some(("l", 0)));
+        assert_eq!(q.take_counted(None), None);
+        assert_eq!(q.take_counted(Some(FaultOp::List)), Some(("l", 1)));
         q.push(FaultOp::Delete, "d", 5);
         q.clear();
         assert_eq!(q.take(Some(FaultOp::Delete)), None);

@@ -25,7 +25,8 @@
 //!   AMI's default, usually true), so a plugin that forgets to set it leaks a volume that
 //!   [`Emulator::dump`] and DescribeVolumes show.
 //!
-//! The control surface ([`crate::control`]) maps onto EC2 like this:
+//! The control surface ([`crate::control`], served by [`crate::framework`]) maps onto EC2
+//! like this:
 //! - faults answer as EC2 does: server-error alternates `InternalError` (500) and
 //!   `Unavailable` (503), starting with 500; quota is `InstanceLimitExceeded` (400; EC2's
 //!   other capacity answers are `InsufficientInstanceCapacity`, 500, and
@@ -59,8 +60,8 @@
 //! Region); a call without one answers 503 `RequestLimitExceeded` ("Request limit
 //! exceeded.") and does nothing. EC2 sends no rate-limit headers and no `Retry-After`.
 //!
-//! HTTP control routes (no SigV4) follow [`crate::control`], plus
-//! `POST /_emulator/finish-deletes` and `GET /_emulator/requests`.
+//! HTTP control routes (no SigV4) are the framework's ([`crate::framework`]), plus
+//! `GET /_emulator/requests` (the actions called, as a JSON array).
 
 mod api;
 mod model;
@@ -72,22 +73,24 @@ mod tests;
 
 pub use sigv4::{Credential, SignatureMismatch};
 
+#[cfg(doc)]
+use crate::control::Emulator;
 use crate::control::{
-    Dump, DumpInstance, DumpSecondary, Emulator, Fault, FaultKind, Plant, ScopeFailure,
+    Dump, DumpInstance, DumpSecondary, Fault, FaultKind, Plant, RateLimit, Refusal, RequestStats,
 };
+use crate::framework::{Effect, Model, Served, Shared};
 use api::{ApiError, Params};
+use axum::Json;
 use axum::Router;
 use axum::extract::{Request, State as AxState};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, extract::rejection::JsonRejection};
-use model::{DiskSpec, LaunchSpec, State, unix_now};
-use serde::Deserialize;
-use serde_json::json;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use axum::routing::get;
+use model::{DiskSpec, LaunchSpec, unix_now};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub use model::State;
 
 /// What one region offers. Anything outside it is refused with EC2's error codes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -224,21 +227,10 @@ impl Ec2Config {
     }
 }
 
-type Shared = Arc<Mutex<State>>;
-
-fn lock(s: &Shared) -> MutexGuard<'_, State> {
-    // A test that panicked while holding the lock must not hide the real failure behind
-    // a poison error in every later call.
-    s.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// A running EC2 emulator on 127.0.0.1. Stops (closing every connection) when dropped.
-pub struct Ec2Emulator {
-    server: crate::server::ServerThread,
-    state: Shared,
-}
+pub type Ec2Emulator = Served<State>;
 
-impl Ec2Emulator {
+impl Served<State> {
     /// Start on an OS-chosen port.
     ///
     /// The server runs on its own thread and runtime, so it works from sync and async tests
@@ -253,286 +245,198 @@ impl Ec2Emulator {
             config.regions.iter().all(|r| !r.zones.is_empty()),
             "every region needs a zone"
         );
-        let state: Shared = Arc::new(Mutex::new(State::new(Arc::new(config))));
-        let (listener, _) = crate::server::bind();
-        let app = router(state.clone());
-        let server = crate::server::ServerThread::spawn("ec2-emulator", listener, app);
-        Ec2Emulator { server, state }
-    }
-
-    /// `http://127.0.0.1:PORT`, the plugin's endpoint for every region.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.server.addr())
-    }
-
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr()
-    }
-
-    /// The `Action` of every API call so far, in order (control calls excluded; calls that
-    /// failed authentication included, with `""` when there was no Action).
-    pub fn requests(&self) -> Vec<String> {
-        lock(&self.state).requests.clone()
+        let (listener, _) = crate::framework::bind(0).expect("bind 127.0.0.1:0");
+        let state = Shared::new(State::new(Arc::new(config)));
+        let app = Router::new()
+            .route("/", get(api_call).post(api_call))
+            .route(
+                "/_emulator/requests",
+                get(|AxState(s): AxState<Shared<State>>| async move { Json(s.lock().requests()) }),
+            );
+        Served::serve("ec2-emulator", listener, state, app)
     }
 }
 
-impl Drop for Ec2Emulator {
+impl Drop for State {
     /// Real-proxy mode: the proxies of this emulator's instances stop with it.
     fn drop(&mut self) {
-        lock(&self.state).stop_all_proxies();
+        self.stop_all_proxies();
     }
 }
 
-impl Emulator for Ec2Emulator {
-    fn url(&self) -> String {
-        Ec2Emulator::url(self)
+/// The control surface on EC2's terms; see the module documentation.
+impl Model for State {
+    fn hold(&mut self, id: &str, hold: bool) -> bool {
+        self.set_hold(id, hold, Instant::now())
     }
 
-    fn hold_provisioning(&self, id: &str, hold: bool) {
-        hold_provisioning(&self.state, id, hold);
-    }
-
-    fn set_backend_state(&self, id: &str, state: &str) {
-        lock(&self.state).force_state(id, state, Instant::now());
-    }
-
-    fn set_address(&self, id: &str, ip: Option<&str>) {
-        set_address(&self.state, id, ip);
-    }
-
-    fn start_slow_delete(&self, id: &str) {
-        start_slow_delete(&self.state, id);
-    }
-
-    fn finish_deletes(&self) {
-        finish_deletes(&self.state);
-    }
-
-    fn set_locked(&self, id: &str, locked: bool) {
-        set_locked(&self.state, id, locked);
-    }
-
-    fn plant(&self, plant: Plant) -> String {
-        plant_instance(&self.state, plant)
-    }
-
-    fn inject(&self, fault: Fault) {
-        lock(&self.state)
-            .faults
-            .push(model::ActiveFault { fault, served: 0 });
-    }
-
-    fn fail_scope(&self, scope: &str, fail: bool) {
-        fail_scope(&self.state, scope, fail);
-    }
-
-    fn dump(&self) -> Dump {
-        dump(&lock(&self.state))
-    }
-
-    fn reset(&self) {
-        reset(&self.state);
-    }
-
-    fn stats(&self) -> crate::control::RequestStats {
-        lock(&self.state).stats.clone()
-    }
-
-    fn set_rate_limit(&self, limit: Option<crate::rate_limit::RateLimit>) {
-        let mut st = lock(&self.state);
-        st.rate_limit = limit;
-        st.rate_buckets.clear();
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Control operations shared by the Rust API and the HTTP routes. Those that take an id
-// return whether the instance exists, which the HTTP routes turn into 204 or 404.
-
-fn hold_provisioning(s: &Shared, id: &str, hold: bool) -> bool {
-    lock(s).set_hold(id, hold, Instant::now())
-}
-
-fn set_address(s: &Shared, id: &str, ip: Option<&str>) -> bool {
-    match lock(s).instances.get_mut(id) {
-        Some(inst) => {
-            inst.public_ip = ip.map(str::to_string);
-            true
+    fn set_state(&mut self, id: &str, state: &str) -> bool {
+        if !self.instances.contains_key(id) {
+            return false;
         }
-        None => false,
+        self.force_state(id, state, Instant::now());
+        true
     }
-}
 
-fn start_slow_delete(s: &Shared, id: &str) -> bool {
-    let mut st = lock(s);
-    if !st.instances.contains_key(id) {
-        return false;
-    }
-    st.begin_terminate(id, Instant::now());
-    if let Some(inst) = st.instances.get_mut(id)
-        && inst.state == "shutting-down"
-    {
-        inst.slow_delete = true;
-    }
-    true
-}
-
-fn finish_deletes(s: &Shared) {
-    let mut st = lock(s);
-    let now = Instant::now();
-    let slow: Vec<String> = st
-        .instances
-        .values()
-        .filter(|i| i.slow_delete)
-        .map(|i| i.id.clone())
-        .collect();
-    for id in slow {
-        st.enter_terminated(&id, now);
-    }
-}
-
-fn set_locked(s: &Shared, id: &str, locked: bool) -> bool {
-    let mut st = lock(s);
-    match st.instances.get_mut(id) {
-        Some(inst) => {
-            inst.locked = locked;
-            true
+    fn set_address(&mut self, id: &str, ip: Option<&str>) -> bool {
+        match self.instances.get_mut(id) {
+            Some(inst) => {
+                inst.public_ip = ip.map(str::to_string);
+                true
+            }
+            None => false,
         }
-        None => false,
     }
-}
 
-/// Forget everything but the configuration.
-fn reset(s: &Shared) {
-    let mut st = lock(s);
-    st.stop_all_proxies();
-    let cfg = st.cfg.clone();
-    // The rate limit is configuration: it stays, with full buckets.
-    let rate_limit = st.rate_limit;
-    *st = State::new(cfg);
-    st.rate_limit = rate_limit;
-}
+    fn slow_delete(&mut self, id: &str) -> bool {
+        if !self.instances.contains_key(id) {
+            return false;
+        }
+        self.begin_terminate(id, Instant::now());
+        if let Some(inst) = self.instances.get_mut(id)
+            && inst.state == "shutting-down"
+        {
+            inst.slow_delete = true;
+        }
+        true
+    }
 
-fn fail_scope(s: &Shared, scope: &str, fail: bool) {
-    let mut st = lock(s);
-    if fail {
-        st.failing_scopes.insert(scope.to_string());
-    } else {
-        st.failing_scopes.remove(scope);
+    fn finish_deletes(&mut self) {
+        let now = Instant::now();
+        let slow: Vec<String> = self
+            .instances
+            .values()
+            .filter(|i| i.slow_delete)
+            .map(|i| i.id.clone())
+            .collect();
+        for id in slow {
+            self.enter_terminated(&id, now);
+        }
     }
-}
 
-fn plant_instance(s: &Shared, plant: Plant) -> String {
-    let mut st = lock(s);
-    let cfg = st.cfg.clone();
-    let catalog = cfg
-        .region(&plant.scope)
-        .unwrap_or_else(|| &cfg.regions[0])
-        .clone();
-    let mut tags = vec![("Name".to_string(), plant.name.clone())];
-    if plant.managed {
-        tags.push((crate::MARK_MANAGED.into(), crate::MARK_MANAGED_YES.into()));
+    fn set_locked(&mut self, id: &str, locked: bool) -> bool {
+        match self.instances.get_mut(id) {
+            Some(inst) => {
+                inst.locked = locked;
+                true
+            }
+            None => false,
+        }
     }
-    if let Some(uid) = plant.uid {
-        tags.push((crate::MARK_UID.into(), uid));
-    }
-    if let Some(inst) = plant.installation {
-        tags.push((crate::MARK_INSTALLATION.into(), inst));
-    }
-    let reservation = st.launch(
-        LaunchSpec {
-            region: catalog.name.clone(),
-            zone: catalog.zones[0].clone(),
-            image_id: catalog.images.first().cloned().unwrap_or_default(),
-            instance_type: catalog.instance_types.first().cloned().unwrap_or_default(),
-            count: 1,
-            user_data: None,
-            client_token: String::new(),
-            subnet_id: None,
-            security_groups: Vec::new(),
-            instance_tags: tags,
-            volume_tags: Vec::new(),
-            disks: vec![DiskSpec {
-                device: cfg.root_device_name.clone(),
-                size: 8,
-                volume_type: "gp3".into(),
-                delete_on_termination: true,
-            }],
-            launch_time: plant.created_at.unwrap_or_else(unix_now),
-            planted: true,
-        },
-        Instant::now(),
-    );
-    st.reservations[&reservation].instance_ids[0].clone()
-}
 
-fn dump(st: &State) -> Dump {
-    let instances = st
-        .instances
-        .values()
-        .filter(|i| i.state != "terminated" && !i.expired)
-        .map(|i| DumpInstance {
-            id: i.id.clone(),
-            name: i.tag("Name").unwrap_or("").to_string(),
-            scope: i.region.clone(),
-            state: i.state.clone(),
-            ip: i.public_ip.clone().unwrap_or_default(),
-            labels: i.tags.clone(),
-            user_data: i.user_data.clone().unwrap_or_default(),
-        })
-        .collect();
-    let secondary = st
-        .volumes
-        .values()
-        .map(|v| DumpSecondary {
-            kind: "volume".into(),
-            id: v.id.clone(),
-            attached_to: v.attachment.as_ref().map(|a| a.instance_id.clone()),
-        })
-        .collect();
-    Dump {
-        instances,
-        secondary,
+    /// A `running` instance tagged `Name` and with the marks asked for, in the plant's
+    /// region (the first when empty or unknown), with a root volume deleted on
+    /// termination.
+    fn plant(&mut self, plant: &Plant) -> Result<String, Refusal> {
+        let cfg = self.cfg.clone();
+        let catalog = cfg
+            .region(&plant.scope)
+            .unwrap_or_else(|| &cfg.regions[0])
+            .clone();
+        let mut tags = vec![("Name".to_string(), plant.name.clone())];
+        tags.extend(crate::framework::marks(plant));
+        let reservation = self.launch(
+            LaunchSpec {
+                region: catalog.name.clone(),
+                zone: catalog.zones[0].clone(),
+                image_id: catalog.images.first().cloned().unwrap_or_default(),
+                instance_type: catalog.instance_types.first().cloned().unwrap_or_default(),
+                count: 1,
+                user_data: None,
+                client_token: String::new(),
+                subnet_id: None,
+                security_groups: Vec::new(),
+                instance_tags: tags,
+                volume_tags: Vec::new(),
+                disks: vec![DiskSpec {
+                    device: cfg.root_device_name.clone(),
+                    size: 8,
+                    volume_type: "gp3".into(),
+                    delete_on_termination: true,
+                }],
+                launch_time: plant.created_at.unwrap_or_else(unix_now),
+                planted: true,
+            },
+            Instant::now(),
+        );
+        Ok(self.reservations[&reservation].instance_ids[0].clone())
+    }
+
+    /// Faults keep their kind: the answer is chosen when one hits (server errors alternate).
+    fn inject(&mut self, fault: Fault) {
+        let effect = match fault.kind {
+            FaultKind::Slow { delay_ms } => Effect::delay(Duration::from_millis(delay_ms)),
+            kind => Effect::fail(kind),
+        };
+        self.traffic.faults.push(fault.op, effect, fault.count);
+    }
+
+    /// Every call signed for `scope` answers 503 `Unavailable`.
+    fn fail_scope(&mut self, scope: &str, fail: bool) {
+        if fail {
+            self.failing_scopes.insert(scope.to_string());
+        } else {
+            self.failing_scopes.remove(scope);
+        }
+    }
+
+    /// Instances not yet `terminated`, and every volume as a secondary resource.
+    fn dump(&mut self) -> Dump {
+        let instances = self
+            .instances
+            .values()
+            .filter(|i| i.state != "terminated" && !i.expired)
+            .map(|i| DumpInstance {
+                id: i.id.clone(),
+                name: i.tag("Name").unwrap_or("").to_string(),
+                scope: i.region.clone(),
+                state: i.state.clone(),
+                ip: i.public_ip.clone().unwrap_or_default(),
+                labels: i.tags.clone(),
+                user_data: i.user_data.clone().unwrap_or_default(),
+            })
+            .collect();
+        let secondary = self
+            .volumes
+            .values()
+            .map(|v| DumpSecondary {
+                kind: "volume".into(),
+                id: v.id.clone(),
+                attached_to: v.attachment.as_ref().map(|a| a.instance_id.clone()),
+            })
+            .collect();
+        Dump {
+            instances,
+            secondary,
+        }
+    }
+
+    /// Forget everything but the configuration; the rate limit is configuration too, and
+    /// stays with full buckets.
+    fn reset(&mut self) {
+        self.stop_all_proxies();
+        let limit = self.traffic.limits.spec();
+        *self = State::new(self.cfg.clone());
+        self.traffic.limits.set(limit);
+    }
+
+    fn set_rate_limit(&mut self, limit: Option<RateLimit>) {
+        self.traffic.limits.set(limit);
+    }
+
+    fn stats(&self) -> RequestStats {
+        self.traffic.stats.clone()
+    }
+
+    /// The `Action` of every API call so far, in order (calls that failed authentication
+    /// included, with `""` when there was no Action).
+    fn requests(&self) -> Vec<String> {
+        self.traffic.requests.clone()
     }
 }
 
 // ---------------------------------------------------------------------------------------
 // HTTP
-
-fn router(state: Shared) -> Router {
-    Router::new()
-        .route("/", get(api_call).post(api_call))
-        .route("/_emulator/dump", get(control_dump))
-        .route("/_emulator/hold", post(control_hold))
-        .route("/_emulator/state", post(control_state))
-        .route("/_emulator/address", post(control_address))
-        .route("/_emulator/deleting", post(control_deleting))
-        .route("/_emulator/finish-deletes", post(control_finish_deletes))
-        .route("/_emulator/lock", post(control_lock))
-        .route("/_emulator/plant", post(control_plant))
-        .route("/_emulator/faults", post(control_faults))
-        .route("/_emulator/scope", post(control_scope))
-        .route("/_emulator/reset", post(control_reset))
-        .route("/_emulator/requests", get(control_requests))
-        .route("/_emulator/stats", get(control_stats))
-        .route("/_emulator/rate-limit", post(control_rate_limit))
-        .with_state(state)
-}
-
-async fn control_rate_limit(
-    AxState(s): AxState<Shared>,
-    body: Result<Json<Option<crate::rate_limit::RateLimit>>, JsonRejection>,
-) -> Response {
-    match body {
-        Ok(Json(limit)) => {
-            let mut st = lock(&s);
-            st.rate_limit = limit;
-            st.rate_buckets.clear();
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(e) => bad_json(e),
-    }
-}
 
 fn error_response(err: &ApiError, request_id: &str) -> Response {
     let body = xml::error_document(&err.code, &err.message, request_id);
@@ -562,7 +466,7 @@ const MAX_BODY: usize = 1 << 20;
 
 /// One API call: record it, verify the signature, apply scope failures and injected
 /// faults, then run the action.
-async fn api_call(AxState(shared): AxState<Shared>, req: Request) -> Response {
+async fn api_call(AxState(shared): AxState<Shared<State>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
@@ -588,10 +492,10 @@ async fn api_call(AxState(shared): AxState<Shared>, req: Request) -> Response {
         .collect();
 
     let (request_id, verified, fault) = {
-        let mut st = lock(&shared);
-        st.requests.push(action.clone());
+        let mut st = shared.lock();
         let call = if action.is_empty() { "(none)" } else { &action };
-        st.stats.record(api::fault_op(&action, &params), call);
+        let op = api::fault_op(&action, &params);
+        st.traffic.record(action.clone(), op, call);
         let request_id = st.request_id();
         let cfg = st.cfg.clone();
         let known = |r: &str| cfg.region(r).is_some();
@@ -636,17 +540,11 @@ async fn api_call(AxState(shared): AxState<Shared>, req: Request) -> Response {
             );
             return error_response(&err, &request_id);
         }
-        if let Some(limit) = st.rate_limit {
-            let now = Instant::now();
-            let bucket = st
-                .rate_buckets
-                .entry((verified.region.clone(), action.clone()))
-                .or_insert_with(|| crate::rate_limit::Limiter::new(limit, now));
-            if !bucket.take(now) {
-                st.stats.rate_limited += 1;
-                let err = ApiError::new(503, "RequestLimitExceeded", "Request limit exceeded.");
-                return error_response(&err, &request_id);
-            }
+        let bucket = format!("{} {action}", verified.region);
+        if st.traffic.limits.take(&bucket, Instant::now()).is_some() {
+            st.traffic.stats.rate_limited += 1;
+            let err = ApiError::new(503, "RequestLimitExceeded", "Request limit exceeded.");
+            return error_response(&err, &request_id);
         }
         if st.failing_scopes.contains(&verified.region) {
             let err = ApiError::new(
@@ -656,36 +554,34 @@ async fn api_call(AxState(shared): AxState<Shared>, req: Request) -> Response {
             );
             return error_response(&err, &request_id);
         }
-        let fault = st.take_fault(api::fault_op(&action, &params));
+        let fault = st.traffic.faults.take_counted(op);
         (request_id, verified, fault)
     };
 
-    if let Some((fault, index)) = fault {
-        let err = match fault.kind {
-            FaultKind::Slow { delay_ms } => {
-                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-                None
-            }
-            FaultKind::ServerError if index % 2 == 0 => Some(ApiError::new(
+    if let Some((Effect { delay, fail }, index)) = fault {
+        tokio::time::sleep(delay).await;
+        let err = match fail {
+            None | Some(FaultKind::Slow { .. }) => None,
+            Some(FaultKind::ServerError) if index % 2 == 0 => Some(ApiError::new(
                 500,
                 "InternalError",
                 "An internal error has occurred",
             )),
-            FaultKind::ServerError => Some(ApiError::new(
+            Some(FaultKind::ServerError) => Some(ApiError::new(
                 503,
                 "Unavailable",
                 "The server is overloaded and can't handle the request.",
             )),
-            FaultKind::Quota => Some(api::instance_limit_exceeded(1, 0)),
-            FaultKind::RateLimit => {
-                lock(&shared).stats.rate_limited += 1;
+            Some(FaultKind::Quota) => Some(api::instance_limit_exceeded(1, 0)),
+            Some(FaultKind::RateLimit) => {
+                shared.lock().traffic.stats.rate_limited += 1;
                 Some(ApiError::new(
                     503,
                     "RequestLimitExceeded",
                     "Request limit exceeded.",
                 ))
             }
-            FaultKind::Auth => Some(ApiError::new(
+            Some(FaultKind::Auth) => Some(ApiError::new(
                 401,
                 "AuthFailure",
                 sigv4::AUTH_FAILURE_MESSAGE,
@@ -696,7 +592,7 @@ async fn api_call(AxState(shared): AxState<Shared>, req: Request) -> Response {
         }
     }
 
-    let mut st = lock(&shared);
+    let mut st = shared.lock();
     let now = Instant::now();
     st.advance(now);
     match api::dispatch(
@@ -710,174 +606,4 @@ async fn api_call(AxState(shared): AxState<Shared>, req: Request) -> Response {
         Ok(body) => xml_response(StatusCode::OK, body, &request_id),
         Err(err) => error_response(&err, &request_id),
     }
-}
-
-fn not_found() -> Response {
-    (
-        StatusCode::NOT_FOUND,
-        Json(json!({"error": "no such instance"})),
-    )
-        .into_response()
-}
-
-fn bad_json(e: JsonRejection) -> Response {
-    (
-        StatusCode::BAD_REQUEST,
-        Json(json!({"error": e.body_text()})),
-    )
-        .into_response()
-}
-
-fn done(found: bool) -> Response {
-    if found {
-        StatusCode::NO_CONTENT.into_response()
-    } else {
-        not_found()
-    }
-}
-
-async fn control_dump(AxState(s): AxState<Shared>) -> Response {
-    Json(dump(&lock(&s))).into_response()
-}
-
-async fn control_stats(AxState(s): AxState<Shared>) -> Response {
-    Json(lock(&s).stats.clone()).into_response()
-}
-
-async fn control_requests(AxState(s): AxState<Shared>) -> Response {
-    Json(lock(&s).requests.clone()).into_response()
-}
-
-#[derive(Deserialize)]
-struct HoldBody {
-    id: String,
-    hold: bool,
-}
-
-async fn control_hold(
-    AxState(s): AxState<Shared>,
-    body: Result<Json<HoldBody>, JsonRejection>,
-) -> Response {
-    match body {
-        Ok(Json(b)) => done(hold_provisioning(&s, &b.id, b.hold)),
-        Err(e) => bad_json(e),
-    }
-}
-
-#[derive(Deserialize)]
-struct StateBody {
-    id: String,
-    state: String,
-}
-
-async fn control_state(
-    AxState(s): AxState<Shared>,
-    body: Result<Json<StateBody>, JsonRejection>,
-) -> Response {
-    match body {
-        Ok(Json(b)) => {
-            let mut st = lock(&s);
-            if !st.instances.contains_key(&b.id) {
-                return not_found();
-            }
-            st.force_state(&b.id, &b.state, Instant::now());
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(e) => bad_json(e),
-    }
-}
-
-#[derive(Deserialize)]
-struct IdBody {
-    id: String,
-}
-
-#[derive(Deserialize)]
-struct AddressBody {
-    id: String,
-    ip: Option<String>,
-}
-
-async fn control_address(
-    AxState(s): AxState<Shared>,
-    body: Result<Json<AddressBody>, JsonRejection>,
-) -> Response {
-    match body {
-        Ok(Json(b)) => done(set_address(&s, &b.id, b.ip.as_deref())),
-        Err(e) => bad_json(e),
-    }
-}
-
-async fn control_deleting(
-    AxState(s): AxState<Shared>,
-    body: Result<Json<IdBody>, JsonRejection>,
-) -> Response {
-    match body {
-        Ok(Json(b)) => done(start_slow_delete(&s, &b.id)),
-        Err(e) => bad_json(e),
-    }
-}
-
-async fn control_finish_deletes(AxState(s): AxState<Shared>) -> Response {
-    finish_deletes(&s);
-    StatusCode::NO_CONTENT.into_response()
-}
-
-#[derive(Deserialize)]
-struct LockBody {
-    id: String,
-    locked: bool,
-}
-
-async fn control_lock(
-    AxState(s): AxState<Shared>,
-    body: Result<Json<LockBody>, JsonRejection>,
-) -> Response {
-    match body {
-        Ok(Json(b)) => done(set_locked(&s, &b.id, b.locked)),
-        Err(e) => bad_json(e),
-    }
-}
-
-async fn control_plant(
-    AxState(s): AxState<Shared>,
-    body: Result<Json<Plant>, JsonRejection>,
-) -> Response {
-    match body {
-        Ok(Json(p)) => Json(json!({"id": plant_instance(&s, p)})).into_response(),
-        Err(e) => bad_json(e),
-    }
-}
-
-async fn control_faults(
-    AxState(s): AxState<Shared>,
-    body: Result<Json<Fault>, JsonRejection>,
-) -> Response {
-    match body {
-        Ok(Json(fault)) => {
-            lock(&s)
-                .faults
-                .push(model::ActiveFault { fault, served: 0 });
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(e) => bad_json(e),
-    }
-}
-
-async fn control_scope(
-    AxState(s): AxState<Shared>,
-    body: Result<Json<ScopeFailure>, JsonRejection>,
-) -> Response {
-    match body {
-        Ok(Json(b)) => {
-            fail_scope(&s, &b.scope, b.fail);
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(e) => bad_json(e),
-    }
-}
-
-async fn control_reset(AxState(s): AxState<Shared>) -> Response {
-    reset(&s);
-    StatusCode::NO_CONTENT.into_response()
 }

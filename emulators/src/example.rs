@@ -27,9 +27,14 @@
 //! (`POST /v1/instances`), `get` (`GET /v1/instances/{id}`), `delete` (`DELETE`) and
 //! `list` (`GET /v1/instances`).
 //!
-//! Control surface (no token, never faulted, not recorded as API calls): the shared one of
-//! [`crate::control`] (`/_emulator/dump`, `hold`, `state` (POST), `address`, `deleting`,
-//! `finish-deletes`, `lock`, `plant`, `faults`, `scope`, `reset`), which is what
+//! Built on [`crate::framework::Cloud`], and its worked example: this module is the wire
+//! types, the [`Adapter`] and the four routes; instances, faults, holds, locks, slow
+//! deletes, the rate limit (off unless set; 429 `rate_limited`) and the control surface
+//! are the framework's.
+//!
+//! Control surface (no token, never faulted, not recorded as API calls): the shared one
+//! (`/_emulator/dump`, `hold`, `state` (POST), `address`, `deleting`, `finish-deletes`,
+//! `lock`, `plant`, `faults`, `scope`, `reset`, `rate-limit`, `stats`), which is what
 //! `proxy-operator conformance` drives, and the older example-only routes:
 //! - `GET /_emulator/state` -> `{instances, requests, auto_run}`.
 //! - `POST /_emulator/fault` `{status?, count, delay_ms?}`: the next `count` API calls
@@ -42,22 +47,22 @@
 //! instance without a scope goes to [`DEFAULT_REGION`].
 
 use axum::Router;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, extract::rejection::JsonRejection};
 use data_encoding::BASE64;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::control::{
-    Dump, DumpInstance, Emulator, Fault, FaultKind, FaultOp, Plant, ScopeFailure,
+#[cfg(test)]
+use crate::control::{Emulator, Fault};
+use crate::control::{FaultKind, FaultOp, Plant, RateLimit, Refusal};
+use crate::framework::{
+    Adapter, Cloud, Deletion, Effect, Fleet, Record, Schedule, Served, Shared, States,
 };
 
 /// Where a planted instance without a scope goes.
@@ -67,7 +72,10 @@ pub const DEFAULT_REGION: &str = "r1";
 /// example`) accepts, and `docs/writing-a-provider.md` writes into its secret.
 pub const EMULATOR_TOKEN: &str = "emulator-token";
 
-/// An instance as the backend stores and returns it.
+/// The address a running instance gets.
+const RUNNING_IP: &str = "127.0.0.1";
+
+/// An instance as the backend returns it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Instance {
     pub id: String,
@@ -80,7 +88,7 @@ pub struct Instance {
     pub labels: BTreeMap<String, String>,
     /// RFC 3339, UTC.
     pub created_at: String,
-    /// Base64, exactly as received.
+    /// Base64.
     pub user_data: String,
     pub region: String,
     pub zone: String,
@@ -94,11 +102,58 @@ impl Instance {
     pub fn user_data_bytes(&self) -> Vec<u8> {
         BASE64.decode(self.user_data.as_bytes()).unwrap_or_default()
     }
+
+    fn of(r: &Record<Placement>) -> Self {
+        Instance {
+            id: r.id.clone(),
+            name: r.name.clone(),
+            ip: r.ip.clone().unwrap_or_default(),
+            status: r.state.clone(),
+            labels: r.labels.clone(),
+            created_at: crate::time::rfc3339(r.created_at),
+            user_data: BASE64.encode(&r.user_data),
+            region: r.scope.clone(),
+            zone: r.extra.zone.clone(),
+            machine_type: r.extra.machine_type.clone(),
+            image: r.extra.image.clone(),
+            port: r.extra.port,
+        }
+    }
+
+    fn into_record(self) -> Record<Placement> {
+        let extra = Placement {
+            zone: self.zone.clone(),
+            machine_type: self.machine_type.clone(),
+            image: self.image.clone(),
+            port: self.port,
+        };
+        let mut r = Record::new(
+            self.id.clone(),
+            self.name.clone(),
+            self.region.clone(),
+            extra,
+        );
+        r.user_data = self.user_data_bytes();
+        r.ip = (!self.ip.is_empty()).then_some(self.ip);
+        r.state = self.status;
+        r.labels = self.labels;
+        r.created_at = crate::time::parse_rfc3339(&self.created_at).unwrap_or(r.created_at);
+        r
+    }
+}
+
+/// What an instance holds beyond the fields every emulator's records have.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Placement {
+    zone: String,
+    machine_type: String,
+    image: String,
+    port: u16,
 }
 
 /// An error answer: status, `code` and `error` (the message) in the body.
 #[derive(Debug, Clone)]
-struct ApiError {
+pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
@@ -117,8 +172,9 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such instance")
     }
 
-    /// The error a status stands for, for the older fault route that gives only a status.
-    fn for_status(status: u16) -> Self {
+    /// A status with the code it stands for, for the older fault route that gives only a
+    /// status, and for rejected requests.
+    fn for_status(status: u16, message: &str) -> Self {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let code = match status.as_u16() {
             400 => "invalid_request",
@@ -130,13 +186,21 @@ impl ApiError {
             503 => "unavailable",
             _ => "internal",
         };
-        ApiError::new(status, code, "injected fault")
+        ApiError::new(status, code, message)
+    }
+
+    fn bad_request(message: &str) -> Self {
+        ApiError::for_status(400, message)
+    }
+
+    fn body(&self) -> serde_json::Value {
+        json!({"error": self.message, "code": self.code})
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(json!({"error": self.message, "code": self.code}));
+        let body = Json(self.body());
         if self.status == StatusCode::TOO_MANY_REQUESTS {
             (self.status, [("retry-after", "1")], body).into_response()
         } else {
@@ -145,324 +209,105 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// What an injected fault does to one call: wait, then fail (or go on normally).
-#[derive(Debug, Clone)]
-struct Effect {
-    delay: Duration,
-    fail: Option<ApiError>,
+impl From<ApiError> for Refusal {
+    fn from(e: ApiError) -> Refusal {
+        Refusal {
+            status: e.status.as_u16(),
+            body: e.body(),
+        }
+    }
 }
 
-#[derive(Debug)]
-struct Backend {
+/// The example backend's side of the framework: its token, state names, id format and
+/// error answers.
+pub struct Example {
     token: String,
-    instances: BTreeMap<String, Instance>,
-    next_id: u64,
-    auto_run: bool,
-    faults: crate::control::FaultQueue<Effect>,
-    requests: Vec<String>,
-    /// Counted calls (`GET /_emulator/stats`).
-    stats: crate::control::RequestStats,
-    /// Held in `starting` until released.
-    held: BTreeSet<String>,
-    /// Locked by a backend action: DELETE answers 409 `locked`.
-    locked: BTreeSet<String>,
-    /// Deletes in progress, completed only by `finish_deletes`.
-    deleting: BTreeSet<String>,
-    /// Regions whose listing fails.
-    failing_regions: BTreeSet<String>,
 }
 
-impl Backend {
-    fn new(token: String) -> Self {
-        Backend {
-            token,
-            instances: BTreeMap::new(),
-            next_id: 1,
-            auto_run: true,
-            faults: Default::default(),
-            requests: Vec::new(),
-            stats: Default::default(),
-            held: BTreeSet::new(),
-            locked: BTreeSet::new(),
-            deleting: BTreeSet::new(),
-            failing_regions: BTreeSet::new(),
+impl Adapter for Example {
+    type Extra = Placement;
+    type Error = ApiError;
+    const STATES: States = States {
+        provisioning: "starting",
+        running: "running",
+        deleting: "deleting",
+    };
+
+    fn id(&self, n: u64) -> String {
+        format!("i-{n:08x}")
+    }
+
+    fn address(&self, _n: u64) -> String {
+        RUNNING_IP.into()
+    }
+
+    fn default_scope(&self) -> String {
+        DEFAULT_REGION.into()
+    }
+
+    fn plant(&self, plant: &Plant, _scope: &str) -> Result<Placement, ApiError> {
+        if plant.name.is_empty() {
+            return Err(ApiError::bad_request("name is required"));
         }
+        Ok(Placement::default())
     }
 
-    /// Forget everything but the token. The ID counter keeps counting, so an ID a test
-    /// still holds from before the reset never names a new instance.
-    fn reset(&mut self) {
-        let next_id = self.next_id;
-        *self = Backend::new(std::mem::take(&mut self.token));
-        self.next_id = next_id;
+    fn name_taken(&self) -> ApiError {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            "an instance with this name exists",
+        )
     }
 
-    fn allocate_id(&mut self) -> String {
-        loop {
-            let id = format!("i-{:08x}", self.next_id);
-            self.next_id += 1;
-            if !self.instances.contains_key(&id) {
-                return id;
-            }
-        }
-    }
-
-    /// The oldest fault that applies to a call of `op`, consuming one of its uses.
-    fn take_fault(&mut self, op: Option<FaultOp>) -> Option<Effect> {
-        self.faults.take(op)
-    }
-
-    fn inject(&mut self, fault: &Fault) {
-        let fail = |status, code, message: &str| Some(ApiError::new(status, code, message));
-        let effect = match &fault.kind {
-            FaultKind::ServerError => Effect {
-                delay: Duration::ZERO,
-                fail: fail(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "internal error",
-                ),
-            },
-            FaultKind::Slow { delay_ms } => Effect {
-                delay: Duration::from_millis(*delay_ms),
-                fail: None,
-            },
-            FaultKind::Quota => Effect {
-                delay: Duration::ZERO,
-                fail: fail(
-                    StatusCode::FORBIDDEN,
-                    "quota_exceeded",
-                    "instance limit reached",
-                ),
-            },
-            FaultKind::RateLimit => Effect {
-                delay: Duration::ZERO,
-                fail: fail(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limited",
-                    "too many requests",
-                ),
-            },
-            FaultKind::Auth => Effect {
-                delay: Duration::ZERO,
-                fail: fail(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthorized",
-                    "missing or wrong bearer token",
-                ),
-            },
+    fn fault(&self, kind: &FaultKind) -> ApiError {
+        let (status, code, message) = match kind {
+            FaultKind::Quota => (403, "quota_exceeded", "instance limit reached"),
+            FaultKind::RateLimit => (429, "rate_limited", "too many requests"),
+            FaultKind::Auth => (401, "unauthorized", "missing or wrong bearer token"),
+            FaultKind::ServerError | FaultKind::Slow { .. } => (500, "internal", "internal error"),
         };
-        self.faults.push(fault.op, effect, fault.count);
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        ApiError::new(status, code, message)
     }
 
-    /// The older single-fault API: replaces whatever was injected before.
-    fn replace_fault(&mut self, effect: Effect, count: u32) {
-        self.faults.clear();
-        self.faults.push(FaultOp::Any, effect, count);
-    }
-
-    fn with<R>(&mut self, id: &str, f: impl FnOnce(&mut Backend, String) -> R) -> Option<R> {
-        let key = backend_id(id).to_string();
-        if self.instances.contains_key(&key) {
-            Some(f(self, key))
-        } else {
-            None
-        }
-    }
-
-    fn hold(&mut self, id: &str, hold: bool) -> bool {
-        self.with(id, |b, key| {
-            if b.deleting.contains(&key) {
-                return;
-            }
-            if hold {
-                b.held.insert(key.clone());
-                if let Some(i) = b.instances.get_mut(&key) {
-                    i.status = "starting".into();
-                    i.ip.clear();
-                }
-            } else {
-                b.held.remove(&key);
-            }
-        })
-        .is_some()
-    }
-
-    /// A raw state; `running` also gives an instance without an address one.
-    fn set_state(&mut self, id: &str, state: &str) -> bool {
-        self.with(id, |b, key| {
-            b.held.remove(&key);
-            if let Some(i) = b.instances.get_mut(&key) {
-                i.status = state.to_string();
-                if state == "running" && i.ip.is_empty() {
-                    i.ip = RUNNING_IP.into();
-                }
-            }
-        })
-        .is_some()
-    }
-
-    fn set_address(&mut self, id: &str, ip: Option<&str>) -> bool {
-        self.with(id, |b, key| {
-            if let Some(i) = b.instances.get_mut(&key) {
-                i.ip = ip.unwrap_or_default().to_string();
-            }
-        })
-        .is_some()
-    }
-
-    fn slow_delete(&mut self, id: &str) -> bool {
-        self.with(id, |b, key| {
-            b.held.remove(&key);
-            if let Some(i) = b.instances.get_mut(&key) {
-                i.status = "deleting".into();
-            }
-            b.deleting.insert(key);
-        })
-        .is_some()
-    }
-
-    fn finish_deletes(&mut self) {
-        for key in std::mem::take(&mut self.deleting) {
-            self.forget(&key);
-        }
-    }
-
-    fn forget(&mut self, key: &str) {
-        self.instances.remove(key);
-        self.held.remove(key);
-        self.locked.remove(key);
-        self.deleting.remove(key);
-    }
-
-    fn set_locked(&mut self, id: &str, locked: bool) -> bool {
-        self.with(id, |b, key| {
-            if locked {
-                b.locked.insert(key);
-            } else {
-                b.locked.remove(&key);
-            }
-        })
-        .is_some()
-    }
-
-    fn plant(&mut self, p: &Plant) -> Result<String, ApiError> {
-        if p.name.is_empty() {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                "name is required",
-            ));
-        }
-        if self.instances.values().any(|i| i.name == p.name) {
-            return Err(name_taken());
-        }
-        let mut labels = BTreeMap::new();
-        if p.managed {
-            labels.insert(crate::MARK_MANAGED.into(), crate::MARK_MANAGED_YES.into());
-        }
-        if let Some(uid) = &p.uid {
-            labels.insert(crate::MARK_UID.into(), uid.clone());
-        }
-        if let Some(inst) = &p.installation {
-            labels.insert(crate::MARK_INSTALLATION.into(), inst.clone());
-        }
-        let region = if p.scope.is_empty() {
-            DEFAULT_REGION.to_string()
-        } else {
-            p.scope.clone()
+    fn classify(&self, method: &Method, path: &str) -> (Option<FaultOp>, String) {
+        let rest = path.strip_prefix("/v1/instances");
+        let op = match (method.as_str(), rest.map(str::is_empty)) {
+            ("POST", Some(true)) => Some(FaultOp::Create),
+            ("GET", Some(true)) => Some(FaultOp::List),
+            ("GET", Some(false)) => Some(FaultOp::Get),
+            ("DELETE", Some(false)) => Some(FaultOp::Delete),
+            _ => None,
         };
-        let id = self.allocate_id();
-        let instance = Instance {
-            id: id.clone(),
-            name: p.name.clone(),
-            ip: RUNNING_IP.into(),
-            status: "running".into(),
-            labels,
-            created_at: crate::time::rfc3339(p.created_at.unwrap_or_else(now_secs)),
-            user_data: String::new(),
-            region,
-            zone: String::new(),
-            machine_type: String::new(),
-            image: String::new(),
-            port: 0,
-        };
-        self.instances.insert(id.clone(), instance);
-        Ok(id)
-    }
-
-    fn fail_region(&mut self, region: &str, fail: bool) {
-        if fail {
-            self.failing_regions.insert(region.to_string());
+        let route = if path.starts_with("/v1/instances/") {
+            "/v1/instances/{id}"
         } else {
-            self.failing_regions.remove(region);
-        }
+            path
+        };
+        (op, format!("{method} {route}"))
     }
 
-    fn dump(&self) -> Dump {
-        let instances = self
-            .instances
-            .values()
-            .map(|i| DumpInstance {
-                id: i.id.clone(),
-                name: i.name.clone(),
-                scope: i.region.clone(),
-                state: i.status.clone(),
-                ip: i.ip.clone(),
-                labels: i
-                    .labels
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-                user_data: i.user_data_bytes(),
-            })
-            .collect();
-        // Instances are all this backend makes: no volumes, no addresses of their own.
-        Dump {
-            instances,
-            secondary: Vec::new(),
-        }
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        let want = format!("Bearer {}", self.token);
+        headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(want.as_str())
+    }
+
+    fn unauthorized(&self) -> ApiError {
+        ApiError::for_status(401, "missing or wrong bearer token")
+    }
+
+    fn rate_limited(&self, _limit: RateLimit) -> ApiError {
+        ApiError::for_status(429, "too many requests")
     }
 }
 
-/// The address a running instance gets.
-const RUNNING_IP: &str = "127.0.0.1";
-
-/// `i-00000001`, also from a plugin's `r1/i-00000001`.
-fn backend_id(id: &str) -> &str {
-    id.rsplit('/').next().unwrap_or(id)
-}
-
-fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
-}
-
-fn name_taken() -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        "conflict",
-        "an instance with this name exists",
-    )
-}
-
-type Shared = Arc<Mutex<Backend>>;
-
-fn lock(s: &Shared) -> MutexGuard<'_, Backend> {
-    // A test that panicked while holding the lock must not hide the real failure behind
-    // a poison error in every later call.
-    s.lock().unwrap_or_else(|e| e.into_inner())
-}
+type Backend = Cloud<Example>;
 
 /// A running example backend. Stops (closing every connection) when dropped.
-pub struct ExampleBackend {
-    server: crate::server::ServerThread,
-    state: Shared,
-}
+pub type ExampleBackend = Served<Backend>;
 
-impl ExampleBackend {
+impl Served<Backend> {
     /// Start on 127.0.0.1 with an OS-chosen port, requiring `Authorization: Bearer
     /// <token>`.
     ///
@@ -470,252 +315,101 @@ impl ExampleBackend {
     /// tests alike and keeps answering while the test's runtime is blocked in a
     /// synchronous plugin call.
     pub fn start(token: impl Into<String>) -> ExampleBackend {
-        let (listener, _) = crate::server::bind();
-        Self::serve(listener, token.into())
+        Self::start_on_port(token, 0).expect("bind 127.0.0.1:0")
     }
 
     /// Start on `127.0.0.1:port` (0: OS-chosen), for a backend a person points a
     /// providers file at by hand.
     pub fn start_on_port(token: impl Into<String>, port: u16) -> std::io::Result<ExampleBackend> {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
-        listener.set_nonblocking(true)?;
-        Ok(Self::serve(listener, token.into()))
-    }
-
-    fn serve(listener: std::net::TcpListener, token: String) -> ExampleBackend {
-        let state: Shared = Arc::new(Mutex::new(Backend::new(token)));
-        let app = router(state.clone());
-        let server = crate::server::ServerThread::spawn("example-backend", listener, app);
-        ExampleBackend { server, state }
-    }
-
-    /// `http://127.0.0.1:PORT`, the plugin config's `endpoint`.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.server.addr())
-    }
-
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr()
+        let (listener, _) = crate::framework::bind(port)?;
+        let fleet = Fleet::new(Example::STATES, Schedule::AfterReads(1), None);
+        let adapter = Example {
+            token: token.into(),
+        };
+        let state = Shared::new(Cloud::new(adapter, fleet, None));
+        let api = Router::new()
+            .route("/v1/instances", get(list_instances).post(create_instance))
+            .route(
+                "/v1/instances/{id}",
+                get(get_instance).delete(delete_instance),
+            );
+        let app = crate::framework::gated(api, &state)
+            .route("/_emulator/state", get(dump_state))
+            .route("/_emulator/fault", post(set_fault))
+            .route("/_emulator/instances/{id}/status", post(control_status))
+            .route("/_emulator/auto-run", post(control_auto_run));
+        Ok(Served::serve("example-backend", listener, state, app))
     }
 
     /// A snapshot of every instance, ordered by ID.
     pub fn instances(&self) -> Vec<Instance> {
-        lock(&self.state).instances.values().cloned().collect()
+        self.lock().fleet.iter().map(Instance::of).collect()
     }
 
     pub fn instance(&self, id: &str) -> Option<Instance> {
-        lock(&self.state).instances.get(id).cloned()
-    }
-
-    /// Every API call so far as `METHOD /path?query` (control calls excluded), e.g. to
-    /// assert that a plugin rejected bad input without calling the backend.
-    pub fn requests(&self) -> Vec<String> {
-        lock(&self.state).requests.clone()
+        self.lock().fleet.get(id).map(Instance::of)
     }
 
     /// The next `count` API calls answer `status` with a JSON error body (replacing any
     /// fault injected before).
     pub fn inject_fault(&self, status: u16, count: u32) {
-        let effect = Effect {
-            delay: Duration::ZERO,
-            fail: Some(ApiError::for_status(status)),
-        };
-        lock(&self.state).replace_fault(effect, count);
+        let effect = Effect::fail(ApiError::for_status(status, "injected fault"));
+        replace_fault(&mut self.lock(), effect, count);
     }
 
     /// The next `count` API calls are answered normally, after `delay` (replacing any
     /// fault injected before).
     pub fn inject_delay(&self, delay: Duration, count: u32) {
-        let effect = Effect { delay, fail: None };
-        lock(&self.state).replace_fault(effect, count);
+        replace_fault(&mut self.lock(), Effect::delay(delay), count);
     }
 
     /// Force an instance's status (`running` also sets the IP, anything else clears it).
     /// Returns false when there is no such instance.
     pub fn set_status(&self, id: &str, status: &str) -> bool {
         let ip = (status == "running").then(|| RUNNING_IP.to_string());
-        set_status(&mut lock(&self.state), id, status, ip)
+        set_status(&mut self.lock(), id, status, ip)
     }
 
     /// Whether `starting` instances become `running` after their first GET (default on).
     pub fn set_auto_run(&self, enabled: bool) {
-        lock(&self.state).auto_run = enabled;
+        set_auto_run(&mut self.lock(), enabled);
     }
 
     /// Put an instance in as is (e.g. an old orphan, or another installation's), keeping
     /// its ID; allocation skips IDs in use.
     pub fn insert(&self, instance: Instance) {
-        lock(&self.state)
-            .instances
-            .insert(instance.id.clone(), instance);
+        self.lock().fleet.insert(instance.into_record());
     }
 
     /// Forget all instances, requests and faults; keep the token.
     pub fn reset(&self) {
-        lock(&self.state).reset();
+        crate::framework::Model::reset(&mut *self.lock());
     }
 }
 
-impl Emulator for ExampleBackend {
-    fn url(&self) -> String {
-        ExampleBackend::url(self)
-    }
+/// The older single-fault API: replaces whatever was injected before.
+fn replace_fault(b: &mut Backend, effect: Effect<ApiError>, count: u32) {
+    b.traffic.faults.clear();
+    b.traffic.faults.push(FaultOp::Any, effect, count);
+}
 
-    /// Unknown IDs are ignored here (the HTTP surface answers 404).
-    fn hold_provisioning(&self, id: &str, hold: bool) {
-        lock(&self.state).hold(id, hold);
-    }
-
-    fn set_backend_state(&self, id: &str, state: &str) {
-        lock(&self.state).set_state(id, state);
-    }
-
-    fn set_address(&self, id: &str, ip: Option<&str>) {
-        lock(&self.state).set_address(id, ip);
-    }
-
-    fn start_slow_delete(&self, id: &str) {
-        lock(&self.state).slow_delete(id);
-    }
-
-    fn finish_deletes(&self) {
-        lock(&self.state).finish_deletes();
-    }
-
-    fn set_locked(&self, id: &str, locked: bool) {
-        lock(&self.state).set_locked(id, locked);
-    }
-
-    /// Panics when the backend would refuse the instance (empty or taken name).
-    fn plant(&self, plant: Plant) -> String {
-        match lock(&self.state).plant(&plant) {
-            Ok(id) => id,
-            Err(e) => panic!("cannot plant {plant:?}: {}", e.message),
-        }
-    }
-
-    fn inject(&self, fault: Fault) {
-        lock(&self.state).inject(&fault);
-    }
-
-    /// Any list whose matches include an instance in `scope` fails whole with 503.
-    fn fail_scope(&self, scope: &str, fail: bool) {
-        lock(&self.state).fail_region(scope, fail);
-    }
-
-    fn dump(&self) -> Dump {
-        lock(&self.state).dump()
-    }
-
-    fn reset(&self) {
-        lock(&self.state).reset();
-    }
-
-    fn stats(&self) -> crate::control::RequestStats {
-        lock(&self.state).stats.clone()
-    }
+fn set_auto_run(b: &mut Backend, enabled: bool) {
+    b.fleet.schedule = if enabled {
+        Schedule::AfterReads(1)
+    } else {
+        Schedule::Manual
+    };
 }
 
 fn set_status(b: &mut Backend, id: &str, status: &str, ip: Option<String>) -> bool {
-    match b.instances.get_mut(id) {
+    match b.fleet.get_mut(id) {
         Some(i) => {
-            i.status = status.to_string();
-            i.ip = ip.unwrap_or_default();
+            i.state = status.to_string();
+            i.ip = ip;
             true
         }
         None => false,
     }
-}
-
-fn router(state: Shared) -> Router {
-    let api = Router::new()
-        .route("/v1/instances", get(list_instances).post(create_instance))
-        .route(
-            "/v1/instances/{id}",
-            get(get_instance).delete(delete_instance),
-        )
-        .layer(middleware::from_fn_with_state(state.clone(), gate));
-    let control = Router::new()
-        // The shared control surface (`crate::control`).
-        .route("/_emulator/dump", get(control_dump))
-        .route("/_emulator/hold", post(control_hold))
-        .route("/_emulator/state", get(dump_state).post(control_state))
-        .route("/_emulator/address", post(control_address))
-        .route("/_emulator/deleting", post(control_deleting))
-        .route("/_emulator/finish-deletes", post(control_finish_deletes))
-        .route("/_emulator/lock", post(control_lock))
-        .route("/_emulator/plant", post(control_plant))
-        .route("/_emulator/faults", post(control_faults))
-        .route("/_emulator/scope", post(control_scope))
-        .route("/_emulator/reset", post(control_reset))
-        .route("/_emulator/stats", get(control_stats))
-        // The example's own, older routes.
-        .route("/_emulator/fault", post(set_fault))
-        .route("/_emulator/instances/{id}/status", post(control_status))
-        .route("/_emulator/auto-run", post(control_auto_run));
-    api.merge(control).with_state(state)
-}
-
-fn error(status: StatusCode, message: &str) -> Response {
-    let code = ApiError::for_status(status.as_u16()).code;
-    ApiError::new(status, code, message).into_response()
-}
-
-/// The operation a call belongs to, for faults aimed at one.
-fn operation(method: &Method, path: &str) -> Option<FaultOp> {
-    let rest = path.strip_prefix("/v1/instances")?;
-    match (method.as_str(), rest.is_empty()) {
-        ("POST", true) => Some(FaultOp::Create),
-        ("GET", true) => Some(FaultOp::List),
-        ("GET", false) => Some(FaultOp::Get),
-        ("DELETE", false) => Some(FaultOp::Delete),
-        _ => None,
-    }
-}
-
-/// Records the call, applies an injected fault or delay, then checks the token: a fault
-/// stands for a failure in front of the API (proxy, load balancer), so it wins over auth.
-async fn gate(State(state): State<Shared>, req: Request, next: Next) -> Response {
-    let line = match req.uri().query() {
-        Some(q) => format!("{} {}?{}", req.method(), req.uri().path(), q),
-        None => format!("{} {}", req.method(), req.uri().path()),
-    };
-    let op = operation(req.method(), req.uri().path());
-    let (fault, authorized) = {
-        let mut b = lock(&state);
-        b.requests.push(line);
-        let path = req.uri().path();
-        let route = if path.starts_with("/v1/instances/") {
-            "/v1/instances/{id}"
-        } else {
-            path
-        };
-        b.stats.record(op, &format!("{} {route}", req.method()));
-        let fault = b.take_fault(op);
-        let want = format!("Bearer {}", b.token);
-        let authorized = bearer(req.headers()) == Some(want.as_str());
-        (fault, authorized)
-    };
-    if let Some(f) = fault {
-        if !f.delay.is_zero() {
-            tokio::time::sleep(f.delay).await;
-        }
-        if let Some(e) = f.fail {
-            let resp = e.into_response();
-            if resp.status() == StatusCode::TOO_MANY_REQUESTS {
-                lock(&state).stats.rate_limited += 1;
-            }
-            return resp;
-        }
-    }
-    if !authorized {
-        return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
-    }
-    next.run(req).await
-}
-
-fn bearer(h: &HeaderMap) -> Option<&str> {
-    h.get("authorization").and_then(|v| v.to_str().ok())
 }
 
 #[derive(Deserialize)]
@@ -738,44 +432,38 @@ struct CreateBody {
 }
 
 async fn create_instance(
-    State(state): State<Shared>,
+    State(state): State<Shared<Backend>>,
     body: Result<Json<CreateBody>, JsonRejection>,
 ) -> Response {
     let Json(body) = match body {
         Ok(b) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e.body_text()),
+        Err(e) => return ApiError::bad_request(&e.body_text()).into_response(),
     };
     if body.name.is_empty() {
-        return error(StatusCode::BAD_REQUEST, "name is required");
+        return ApiError::bad_request("name is required").into_response();
     }
-    if BASE64.decode(body.user_data.as_bytes()).is_err() {
-        return error(StatusCode::BAD_REQUEST, "user_data is not base64");
+    let Ok(user_data) = BASE64.decode(body.user_data.as_bytes()) else {
+        return ApiError::bad_request("user_data is not base64").into_response();
+    };
+    let mut b = state.lock();
+    if b.fleet.name_taken(&body.name) {
+        return b.backend.name_taken().into_response();
     }
-    let mut b = lock(&state);
-    if b.instances.values().any(|i| i.name == body.name) {
-        return name_taken().into_response();
-    }
-    let id = b.allocate_id();
-    let instance = Instance {
-        id: id.clone(),
-        name: body.name,
-        ip: String::new(),
-        status: "starting".into(),
-        labels: body.labels,
-        created_at: crate::time::rfc3339(now_secs()),
-        user_data: body.user_data,
-        region: body.region,
+    let extra = Placement {
         zone: body.zone,
         machine_type: body.machine_type,
         image: body.image,
         port: body.port,
     };
-    b.instances.insert(id, instance.clone());
-    (StatusCode::CREATED, Json(instance)).into_response()
+    let mut record = Record::new(b.new_id(), body.name, body.region, extra);
+    record.labels = body.labels;
+    record.user_data = user_data;
+    let record = b.create(record);
+    (StatusCode::CREATED, Json(Instance::of(&record))).into_response()
 }
 
 async fn list_instances(
-    State(state): State<Shared>,
+    State(state): State<Shared<Backend>>,
     Query(query): Query<Vec<(String, String)>>,
 ) -> Response {
     let mut name = None;
@@ -787,159 +475,61 @@ async fn list_instances(
             "region" => region = Some(v),
             "label" => match v.split_once('=') {
                 Some((lk, lv)) => labels.push((lk.to_string(), lv.to_string())),
-                None => return error(StatusCode::BAD_REQUEST, "label filter must be k=v"),
+                None => return ApiError::bad_request("label filter must be k=v").into_response(),
             },
-            _ => return error(StatusCode::BAD_REQUEST, &format!("unknown filter {k:?}")),
+            _ => return ApiError::bad_request(&format!("unknown filter {k:?}")).into_response(),
         }
     }
-    let b = lock(&state);
-    let instances: Vec<&Instance> = b
-        .instances
-        .values()
+    let b = state.lock();
+    let matched: Vec<&Record<Placement>> = b
+        .fleet
+        .iter()
         .filter(|i| name.as_ref().is_none_or(|n| &i.name == n))
-        .filter(|i| region.as_ref().is_none_or(|r| &i.region == r))
+        .filter(|i| region.as_ref().is_none_or(|r| &i.scope == r))
         .filter(|i| labels.iter().all(|(k, v)| i.labels.get(k) == Some(v)))
         .collect();
-    if let Some(down) = instances
-        .iter()
-        .find(|i| b.failing_regions.contains(&i.region))
+    if let Some(down) = b
+        .fleet
+        .failing_scope(matched.iter().map(|i| i.scope.as_str()))
     {
-        let msg = format!("region {:?} is unavailable", down.region);
+        let msg = format!("region {down:?} is unavailable");
         return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg).into_response();
     }
+    let instances: Vec<Instance> = matched.into_iter().map(Instance::of).collect();
     Json(json!({ "instances": instances })).into_response()
 }
 
-async fn get_instance(State(state): State<Shared>, Path(id): Path<String>) -> Response {
-    let mut b = lock(&state);
-    let Some(instance) = b.instances.get(&id).cloned() else {
+async fn get_instance(State(state): State<Shared<Backend>>, Path(id): Path<String>) -> Response {
+    let mut b = state.lock();
+    let Some(instance) = b.fleet.get(&id).map(Instance::of) else {
         return ApiError::not_found().into_response();
     };
     // The first GET shows `starting`; the next one finds it running, like a fast cloud.
-    if b.auto_run && instance.status == "starting" && !b.held.contains(&id) {
-        set_status(&mut b, &id, "running", Some(RUNNING_IP.into()));
-    }
+    b.saw(&instance.id);
     Json(instance).into_response()
 }
 
-async fn delete_instance(State(state): State<Shared>, Path(id): Path<String>) -> Response {
-    let mut b = lock(&state);
-    let Some(instance) = b.instances.get(&id).cloned() else {
-        return ApiError::not_found().into_response();
-    };
-    if b.locked.contains(&id) {
-        let msg = "the instance is locked by another action";
-        return ApiError::new(StatusCode::CONFLICT, "locked", msg).into_response();
-    }
-    if b.deleting.contains(&id) {
-        return (StatusCode::ACCEPTED, Json(instance)).into_response();
-    }
-    b.forget(&id);
-    StatusCode::NO_CONTENT.into_response()
-}
-
-// ---- control surface --------------------------------------------------------------------
-
-fn done(found: bool) -> Response {
-    if found {
-        StatusCode::NO_CONTENT.into_response()
-    } else {
-        ApiError::not_found().into_response()
+async fn delete_instance(State(state): State<Shared<Backend>>, Path(id): Path<String>) -> Response {
+    match state.lock().fleet.delete(&id) {
+        Deletion::NotFound => ApiError::not_found().into_response(),
+        Deletion::Locked => {
+            let msg = "the instance is locked by another action";
+            ApiError::new(StatusCode::CONFLICT, "locked", msg).into_response()
+        }
+        Deletion::InProgress(r) => (StatusCode::ACCEPTED, Json(Instance::of(&r))).into_response(),
+        Deletion::Done(_) => StatusCode::NO_CONTENT.into_response(),
     }
 }
 
-fn yes() -> bool {
-    true
-}
+// ---- the example's own control routes ----------------------------------------------------
 
-async fn control_dump(State(state): State<Shared>) -> Response {
-    Json(lock(&state).dump()).into_response()
-}
-
-async fn control_stats(State(state): State<Shared>) -> Response {
-    Json(lock(&state).stats.clone()).into_response()
-}
-
-#[derive(Deserialize)]
-struct HoldBody {
-    id: String,
-    #[serde(default = "yes")]
-    hold: bool,
-}
-
-async fn control_hold(State(state): State<Shared>, Json(b): Json<HoldBody>) -> Response {
-    done(lock(&state).hold(&b.id, b.hold))
-}
-
-#[derive(Deserialize)]
-struct StateBody {
-    id: String,
-    state: String,
-}
-
-async fn control_state(State(state): State<Shared>, Json(b): Json<StateBody>) -> Response {
-    done(lock(&state).set_state(&b.id, &b.state))
-}
-
-#[derive(Deserialize)]
-struct AddressBody {
-    id: String,
-    ip: Option<String>,
-}
-
-async fn control_address(State(state): State<Shared>, Json(b): Json<AddressBody>) -> Response {
-    done(lock(&state).set_address(&b.id, b.ip.as_deref()))
-}
-
-#[derive(Deserialize)]
-struct IdBody {
-    id: String,
-}
-
-async fn control_deleting(State(state): State<Shared>, Json(b): Json<IdBody>) -> Response {
-    done(lock(&state).slow_delete(&b.id))
-}
-
-async fn control_finish_deletes(State(state): State<Shared>) -> Response {
-    lock(&state).finish_deletes();
-    StatusCode::NO_CONTENT.into_response()
-}
-
-#[derive(Deserialize)]
-struct LockBody {
-    id: String,
-    #[serde(default = "yes")]
-    locked: bool,
-}
-
-async fn control_lock(State(state): State<Shared>, Json(b): Json<LockBody>) -> Response {
-    done(lock(&state).set_locked(&b.id, b.locked))
-}
-
-async fn control_plant(State(state): State<Shared>, Json(p): Json<Plant>) -> Response {
-    match lock(&state).plant(&p) {
-        Ok(id) => Json(json!({ "id": id })).into_response(),
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn control_faults(State(state): State<Shared>, Json(f): Json<Fault>) -> Response {
-    lock(&state).inject(&f);
-    StatusCode::NO_CONTENT.into_response()
-}
-
-async fn control_scope(State(state): State<Shared>, Json(b): Json<ScopeFailure>) -> Response {
-    lock(&state).fail_region(&b.scope, b.fail);
-    StatusCode::NO_CONTENT.into_response()
-}
-
-async fn dump_state(State(state): State<Shared>) -> Response {
-    let b = lock(&state);
-    let instances: Vec<&Instance> = b.instances.values().collect();
+async fn dump_state(State(state): State<Shared<Backend>>) -> Response {
+    let b = state.lock();
+    let instances: Vec<Instance> = b.fleet.iter().map(Instance::of).collect();
     Json(json!({
         "instances": instances,
-        "requests": b.requests,
-        "auto_run": b.auto_run,
+        "requests": b.traffic.requests,
+        "auto_run": b.fleet.schedule != Schedule::Manual,
     }))
     .into_response()
 }
@@ -953,12 +543,12 @@ struct LegacyFault {
     delay_ms: u64,
 }
 
-async fn set_fault(State(state): State<Shared>, Json(fault): Json<LegacyFault>) -> Response {
+async fn set_fault(State(state): State<Shared<Backend>>, Json(f): Json<LegacyFault>) -> Response {
     let effect = Effect {
-        delay: Duration::from_millis(fault.delay_ms),
-        fail: fault.status.map(ApiError::for_status),
+        delay: Duration::from_millis(f.delay_ms),
+        fail: f.status.map(|s| ApiError::for_status(s, "injected fault")),
     };
-    lock(&state).replace_fault(effect, fault.count);
+    replace_fault(&mut state.lock(), effect, f.count);
     StatusCode::NO_CONTENT.into_response()
 }
 
@@ -970,14 +560,14 @@ struct StatusBody {
 }
 
 async fn control_status(
-    State(state): State<Shared>,
+    State(state): State<Shared<Backend>>,
     Path(id): Path<String>,
     Json(body): Json<StatusBody>,
 ) -> Response {
     let ip = body
         .ip
         .or_else(|| (body.status == "running").then(|| RUNNING_IP.to_string()));
-    if set_status(&mut lock(&state), &id, &body.status, ip) {
+    if set_status(&mut state.lock(), &id, &body.status, ip) {
         StatusCode::NO_CONTENT.into_response()
     } else {
         ApiError::not_found().into_response()
@@ -989,13 +579,11 @@ struct AutoRunBody {
     enabled: bool,
 }
 
-async fn control_auto_run(State(state): State<Shared>, Json(body): Json<AutoRunBody>) -> Response {
-    lock(&state).auto_run = body.enabled;
-    StatusCode::NO_CONTENT.into_response()
-}
-
-async fn control_reset(State(state): State<Shared>) -> Response {
-    lock(&state).reset();
+async fn control_auto_run(
+    State(state): State<Shared<Backend>>,
+    Json(body): Json<AutoRunBody>,
+) -> Response {
+    set_auto_run(&mut state.lock(), body.enabled);
     StatusCode::NO_CONTENT.into_response()
 }
 

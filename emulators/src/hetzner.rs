@@ -39,10 +39,11 @@
 //!
 //! # Control surface
 //!
-//! [`HetznerEmulator`] implements [`Emulator`] and serves it under `/_emulator/` as the
-//! table in [`crate::control`] says, plus `POST /_emulator/finish-deletes`
-//! ([`Emulator::finish_deletes`] has no row there), `POST /_emulator/errors` (any Hetzner
-//! error, see [`HetznerEmulator::inject_error`]) and `GET /_emulator/requests`.
+//! [`HetznerEmulator`] is the framework's [`Served`] over [`Backend`], which implements the
+//! framework's [`Model`](crate::framework::Model) (and its gate's
+//! [`Api`](crate::framework::Api)), so it is an [`Emulator`] and serves the shared
+//! `/_emulator/` surface, plus `POST /_emulator/errors` (any Hetzner error, see
+//! [`HetznerEmulator::inject_error`]) and `GET /_emulator/requests`.
 //!
 //! How the shared operations map here:
 //! - faults: `create` is `POST /v1/servers`; `get` is `GET /v1/servers/{id}`, the action
@@ -93,7 +94,6 @@ mod labels;
 mod query;
 mod render;
 mod state;
-mod surface;
 #[cfg(test)]
 mod tests;
 
@@ -101,14 +101,19 @@ pub use error::HetznerError;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 
-use crate::control::{Dump, Emulator, Fault, FaultOp, Plant};
-use state::{Backend, Shared, lock, parse_id};
+#[cfg(doc)]
+use crate::control::Emulator;
+use crate::control::FaultOp;
+use crate::framework::{Served, Shared};
+use state::parse_id;
+
+pub use state::Backend;
 
 /// A location of the catalogue, with the one datacenter servers there are placed in.
 #[derive(Debug, Clone, PartialEq)]
@@ -219,19 +224,9 @@ impl ImageSpec {
     }
 }
 
-/// When a new server leaves `initializing`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunSchedule {
-    /// After this many reads (GET of the server, or a list page showing it) have returned
-    /// it `initializing`. `AfterReads(1)`, the default, makes the first poll see
-    /// `initializing` and the second `running`: the provisioning window exists but costs
-    /// no wall time.
-    AfterReads(u32),
-    /// Once this long has passed since the create (checked whenever the API is called).
-    After(Duration),
-    /// Never by itself: only the control surface moves it.
-    Manual,
-}
+/// When a new server leaves `initializing` (the framework's provisioning schedule; reads
+/// are GETs of the server and list pages showing it).
+pub use crate::framework::Schedule as RunSchedule;
 
 /// When a deleted server disappears.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -420,47 +415,27 @@ impl fmt::Debug for HetznerConfig {
 }
 
 /// A running Hetzner emulator on 127.0.0.1. Stops, closing every connection, when dropped.
-pub struct HetznerEmulator {
-    server: crate::server::ServerThread,
-    state: Shared,
-}
+pub type HetznerEmulator = Served<Backend>;
 
-impl HetznerEmulator {
+impl Served<Backend> {
     /// Start on an OS-chosen port; ready to answer when this returns.
     ///
     /// Synchronous on purpose: the server runs on its own thread and runtime, so it works
     /// from sync and async tests alike and keeps answering while the test's runtime is
     /// blocked inside a synchronous plugin call.
     pub fn start(config: HetznerConfig) -> HetznerEmulator {
-        let (listener, addr) = crate::server::bind();
-        let state: Shared = Arc::new(Mutex::new(Backend::new(config, format!("http://{addr}"))));
+        let (listener, url) = crate::framework::bind(0).expect("bind 127.0.0.1:0");
+        let state = Shared::new(Backend::new(config, url));
         let app = Router::new()
-            .nest("/v1", api::router(state.clone()))
-            .merge(surface::router())
-            .fallback(api::unknown_route)
-            .with_state(state.clone());
-        let server = crate::server::ServerThread::spawn("hetzner-emulator", listener, app);
-        HetznerEmulator { server, state }
-    }
-
-    /// `http://127.0.0.1:PORT`; the API lives under `/v1`, as on `api.hetzner.cloud`.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.server.addr())
-    }
-
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr()
-    }
-
-    /// Every API call so far as `METHOD /path?query` (control calls excluded), e.g. to
-    /// assert that a plugin rejected bad input without calling the backend.
-    pub fn requests(&self) -> Vec<String> {
-        lock(&self.state).requests.clone()
+            .nest("/v1", crate::framework::gated(api::router(), &state))
+            .merge(api::control_extras())
+            .fallback(api::unknown_route);
+        Served::serve("hetzner-emulator", listener, state, app)
     }
 
     /// The server as `GET /v1/servers/{id}` would show it, without counting as a read.
     pub fn server(&self, id: &str) -> Option<serde_json::Value> {
-        let b = lock(&self.state);
+        let b = self.lock();
         let sid = parse_id(id)?;
         b.server_json_by_id(sid)
     }
@@ -469,98 +444,20 @@ impl HetznerEmulator {
     /// [`FaultKind`](crate::control::FaultKind)s do not cover, such as `409 conflict`,
     /// `403 forbidden` or `503 unavailable`.
     pub fn inject_error(&self, op: FaultOp, error: HetznerError, count: u32) {
-        lock(&self.state).inject_error(op, error, count);
+        self.lock().inject_error(op, error, count);
     }
 
     /// Creation fails inside Hetzner after the API accepted it: the `create_server` action
     /// ends in `error` and the server disappears. Returns false for an unknown server.
     pub fn fail_create(&self, id: &str) -> bool {
-        parse_id(id).is_some_and(|n| lock(&self.state).fail_create(n))
+        parse_id(id).is_some_and(|n| self.lock().fail_create(n))
     }
 
     /// An unassigned Primary IP (`auto_delete: false`) in `location`, for a create with
     /// `public_net.ipv4` / `ipv6` set. Returns its ID; `None` for an unknown location.
     pub fn plant_primary_ip(&self, location: &str, ipv6: bool) -> Option<String> {
-        lock(&self.state)
+        self.lock()
             .plant_primary_ip(location, ipv6)
             .map(|id| id.to_string())
-    }
-
-    fn with_server(&self, id: &str, f: impl FnOnce(&mut Backend, u64) -> bool) {
-        if let Some(n) = parse_id(id) {
-            f(&mut lock(&self.state), n);
-        }
-    }
-}
-
-impl Drop for HetznerEmulator {
-    /// Real-proxy mode: the proxies of this emulator's servers stop with it.
-    fn drop(&mut self) {
-        lock(&self.state).stop_all_proxies();
-    }
-}
-
-impl Emulator for HetznerEmulator {
-    fn url(&self) -> String {
-        HetznerEmulator::url(self)
-    }
-
-    fn hold_provisioning(&self, id: &str, hold: bool) {
-        self.with_server(id, |b, n| b.hold(n, hold));
-    }
-
-    fn set_backend_state(&self, id: &str, state: &str) {
-        self.with_server(id, |b, n| b.set_state(n, state));
-    }
-
-    fn start_slow_delete(&self, id: &str) {
-        self.with_server(id, |b, n| b.slow_delete(n));
-    }
-
-    fn finish_deletes(&self) {
-        lock(&self.state).finish_deletes();
-    }
-
-    fn set_address(&self, id: &str, ip: Option<&str>) {
-        self.with_server(id, |b, n| b.set_address(n, ip));
-    }
-
-    fn set_locked(&self, id: &str, locked: bool) {
-        self.with_server(id, |b, n| b.set_locked(n, locked));
-    }
-
-    /// Panics when Hetzner itself would refuse the server (name taken or not a hostname,
-    /// labels invalid, unknown location): a planted server must be one the backend could
-    /// hold.
-    fn plant(&self, plant: Plant) -> String {
-        match lock(&self.state).plant(&plant) {
-            Ok(id) => id.to_string(),
-            Err(e) => panic!("cannot plant {plant:?}: {} ({})", e.message, e.code),
-        }
-    }
-
-    fn inject(&self, fault: Fault) {
-        lock(&self.state).inject(fault.op, &fault.kind, fault.count);
-    }
-
-    /// See "Partial failures" in the module documentation.
-    fn fail_scope(&self, scope: &str, fail: bool) {
-        lock(&self.state).fail_scope(scope, fail);
-    }
-
-    fn dump(&self) -> Dump {
-        lock(&self.state).dump()
-    }
-
-    fn reset(&self) {
-        lock(&self.state).reset();
-    }
-
-    fn stats(&self) -> crate::control::RequestStats {
-        lock(&self.state).stats.clone()
-    }
-
-    fn set_rate_limit(&self, limit: Option<crate::rate_limit::RateLimit>) {
-        lock(&self.state).set_rate_limit(limit);
     }
 }

@@ -5,6 +5,7 @@
 //! states, faults and delays that a real backend only shows by accident.
 
 pub mod control;
+pub mod framework;
 pub mod time;
 
 /// The mark keys of the provider contract (the guest SDK and the host define the same

@@ -12,17 +12,6 @@ pub(crate) struct ServerThread {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// A listener on 127.0.0.1 with an OS-chosen port: bound before the state is built, for
-/// emulators whose answers contain their own URL.
-pub(crate) fn bind() -> (std::net::TcpListener, SocketAddr) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener
-        .set_nonblocking(true)
-        .expect("non-blocking listener");
-    let addr = listener.local_addr().expect("local addr");
-    (listener, addr)
-}
-
 impl ServerThread {
     pub(crate) fn spawn(
         name: &str,

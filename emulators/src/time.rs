@@ -5,6 +5,14 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// Unix seconds now.
+pub fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
 /// `2026-11-29T10:00:00Z` for Unix seconds.
 pub fn rfc3339(secs: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs)).to_string()

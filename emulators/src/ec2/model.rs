@@ -5,7 +5,8 @@
 //! region of a call comes from its SigV4 credential scope.
 
 use super::{Ec2Config, Transition};
-use crate::control::{Fault, FaultOp};
+use crate::control::FaultKind;
+use crate::framework::Traffic;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -121,11 +122,6 @@ pub(crate) struct TokenRecord {
     pub reservation_id: String,
 }
 
-pub(crate) struct ActiveFault {
-    pub fault: Fault,
-    pub served: u32,
-}
-
 /// One root or extra EBS volume requested at launch.
 pub(crate) struct DiskSpec {
     pub device: String,
@@ -153,22 +149,19 @@ pub(crate) struct LaunchSpec {
     pub planted: bool,
 }
 
-pub(crate) struct State {
-    pub cfg: Arc<Ec2Config>,
-    pub instances: BTreeMap<String, Instance>,
-    pub volumes: BTreeMap<String, Volume>,
-    pub reservations: HashMap<String, Reservation>,
+/// The emulated EC2 account, every region of it, and the calls made.
+pub struct State {
+    pub(crate) cfg: Arc<Ec2Config>,
+    pub(crate) instances: BTreeMap<String, Instance>,
+    pub(crate) volumes: BTreeMap<String, Volume>,
+    pub(crate) reservations: HashMap<String, Reservation>,
     /// (region, client token) -> the launch it made. Tokens are per region in EC2.
-    pub tokens: HashMap<(String, String), TokenRecord>,
-    pub faults: Vec<ActiveFault>,
-    pub failing_scopes: BTreeSet<String>,
-    pub requests: Vec<String>,
-    /// Counted calls (`GET /_emulator/stats`).
-    pub stats: crate::control::RequestStats,
-    /// The enforced rate limit (see `Ec2Config::rate_limit`) and its buckets by (region,
-    /// action).
-    pub rate_limit: Option<crate::rate_limit::RateLimit>,
-    pub rate_buckets: HashMap<(String, String), crate::rate_limit::Limiter>,
+    pub(crate) tokens: HashMap<(String, String), TokenRecord>,
+    pub(crate) failing_scopes: BTreeSet<String>,
+    /// The action log, stats, faults (as their kind: server errors alternate by hit) and
+    /// the enforced rate limit, one bucket per region and action (see
+    /// `Ec2Config::rate_limit`).
+    pub(crate) traffic: Traffic<FaultKind>,
     seq: u64,
     rng: u64,
     next_ip: u32,
@@ -189,19 +182,14 @@ impl State {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .as_nanos() as u64;
-        let rate_limit = cfg.rate_limit;
         State {
+            traffic: Traffic::new(cfg.rate_limit),
             cfg,
             instances: BTreeMap::new(),
             volumes: BTreeMap::new(),
             reservations: HashMap::new(),
             tokens: HashMap::new(),
-            faults: Vec::new(),
             failing_scopes: BTreeSet::new(),
-            requests: Vec::new(),
-            stats: Default::default(),
-            rate_limit,
-            rate_buckets: HashMap::new(),
             seq: 0,
             rng: seed,
             next_ip: 10,
@@ -532,22 +520,6 @@ impl State {
         if let Some(inst) = self.instances.get_mut(id) {
             inst.forced = state != "terminated";
         }
-    }
-
-    /// The first injected fault that applies to a call of `op` (any call when `None`
-    /// matches only `FaultOp::Any`), with how many calls it hit before this one.
-    pub(crate) fn take_fault(&mut self, op: Option<FaultOp>) -> Option<(Fault, u32)> {
-        let pos = self.faults.iter().position(|f| {
-            f.fault.count > f.served && (f.fault.op == FaultOp::Any || Some(f.fault.op) == op)
-        })?;
-        let f = &mut self.faults[pos];
-        let index = f.served;
-        f.served += 1;
-        let fault = f.fault.clone();
-        if f.served >= f.fault.count {
-            self.faults.remove(pos);
-        }
-        Some((fault, index))
     }
 
     /// Instances that count against the instance limit in `region`.

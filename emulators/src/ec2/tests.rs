@@ -3,11 +3,13 @@
 
 use super::sigv4::{SignedRequest, format_amz_date, signature, uri_encode};
 use super::*;
-use crate::control::FaultOp;
+use crate::control::{Emulator, FaultOp};
 use bytes::Bytes;
 use data_encoding::BASE64;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
+use serde_json::json;
+use std::net::SocketAddr;
 
 const KEY: &str = EXAMPLE_ACCESS_KEY;
 const SECRET: &str = EXAMPLE_SECRET_KEY;

@@ -145,3 +145,12 @@ impl IntoResponse for HetznerError {
         resp
     }
 }
+
+impl From<HetznerError> for crate::control::Refusal {
+    fn from(e: HetznerError) -> Self {
+        crate::control::Refusal {
+            status: e.status,
+            body: e.body(),
+        }
+    }
+}

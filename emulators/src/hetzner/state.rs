@@ -1,11 +1,10 @@
-//! The backend's state and every rule that changes it. Handlers in `api` and `surface`
-//! only lock, call one method here and render the result, so the HTTP API and the Rust
+//! The backend's state and every rule that changes it. Handlers in `api` and the shared control
+//! surface only lock, call one method here and render the result, so the HTTP API and the Rust
 //! control surface can never disagree about what an operation does.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -16,15 +15,13 @@ use super::{
     DeleteSchedule, HetznerConfig, ImageSpec, LocationSpec, RunSchedule, RunningServer,
     ServerTypeSpec,
 };
-use crate::control::{Dump, DumpInstance, DumpSecondary, FaultKind, FaultOp, Plant};
+use crate::control::{
+    Dump, DumpInstance, DumpSecondary, Fault, FaultKind, FaultOp, Plant, RateLimit, Refusal,
+    RequestStats,
+};
+use crate::framework::{Effect, Model, Traffic};
 
-pub(crate) type Shared = Arc<Mutex<Backend>>;
-
-pub(crate) fn lock(s: &Shared) -> MutexGuard<'_, Backend> {
-    // A test that panicked while holding the lock must not hide its real failure behind a
-    // poison error in every later call.
-    s.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub(crate) use crate::time::now_secs;
 
 /// The documented status values, for validating the `status` filter.
 const SERVER_STATUSES: [&str; 9] = [
@@ -119,19 +116,14 @@ pub(crate) struct Action {
     pub error: Option<(String, String)>,
 }
 
-#[derive(Clone)]
-pub(crate) enum FaultEffect {
-    Delay(Duration),
-    Fail(HetznerError),
-}
-
 /// A list answer: the body plus the `Link` header the reference says lists carry.
 pub(crate) struct Listing {
     pub body: Value,
     pub link: String,
 }
 
-pub(crate) struct Backend {
+/// The emulated Hetzner project: servers, Primary IPs, actions, and the calls made.
+pub struct Backend {
     pub cfg: HetznerConfig,
     /// `http://127.0.0.1:PORT`, for absolute `Link` URLs.
     pub base_url: String,
@@ -143,20 +135,9 @@ pub(crate) struct Backend {
     next_action: u64,
     next_v4: u32,
     next_v6: u32,
-    faults: crate::control::FaultQueue<FaultEffect>,
     failing_scopes: BTreeSet<String>,
-    pub requests: Vec<String>,
-    /// Counted calls (`GET /_emulator/stats`).
-    pub(crate) stats: crate::control::RequestStats,
-    /// The enforced rate limit, if any.
-    pub(crate) limiter: Option<crate::rate_limit::Limiter>,
-}
-
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
+    /// Request log, stats, faults and the enforced rate limit.
+    pub(crate) traffic: Traffic<HetznerError>,
 }
 
 /// Hetzner writes timestamps with an explicit `+00:00` offset, not `Z`; plugins must
@@ -177,11 +158,8 @@ pub(crate) fn parse_id(id: &str) -> Option<u64> {
 
 impl Backend {
     pub(crate) fn new(cfg: HetznerConfig, base_url: String) -> Self {
-        let limiter = cfg
-            .rate_limit
-            .map(|l| crate::rate_limit::Limiter::new(l, std::time::Instant::now()));
         Backend {
-            limiter,
+            traffic: Traffic::new(cfg.rate_limit),
             cfg,
             base_url,
             servers: BTreeMap::new(),
@@ -192,59 +170,39 @@ impl Backend {
             next_action: FIRST_ACTION_ID,
             next_v4: 0,
             next_v6: 0,
-            faults: Default::default(),
             failing_scopes: BTreeSet::new(),
-            requests: Vec::new(),
-            stats: Default::default(),
         }
     }
 
     /// Forget everything but the configuration. ID counters keep counting, so an ID a test
     /// still holds from before the reset never names a new resource.
-    pub(crate) fn reset(&mut self) {
+    fn forget(&mut self) {
         self.stop_all_proxies();
         self.servers.clear();
         self.ips.clear();
         self.actions.clear();
-        self.faults.clear();
         self.failing_scopes.clear();
-        self.requests.clear();
-        self.stats = Default::default();
-        // The limit is configuration: it stays, with a full bucket.
-        self.set_rate_limit(self.limiter.as_ref().map(|l| l.spec()));
-    }
-
-    pub(crate) fn set_rate_limit(&mut self, limit: Option<crate::rate_limit::RateLimit>) {
-        self.limiter = limit.map(|l| crate::rate_limit::Limiter::new(l, std::time::Instant::now()));
+        self.traffic.reset();
     }
 
     // ---- faults -------------------------------------------------------------------------
 
     pub(crate) fn inject(&mut self, op: FaultOp, kind: &FaultKind, count: u32) {
         let effect = match kind {
-            FaultKind::ServerError => FaultEffect::Fail(HetznerError::server_error()),
-            FaultKind::Slow { delay_ms } => FaultEffect::Delay(Duration::from_millis(*delay_ms)),
-            FaultKind::Quota => FaultEffect::Fail(HetznerError::server_limit()),
-            FaultKind::RateLimit => FaultEffect::Fail(HetznerError::rate_limited()),
-            FaultKind::Auth => FaultEffect::Fail(HetznerError::unauthorized()),
+            FaultKind::ServerError => Effect::fail(HetznerError::server_error()),
+            FaultKind::Slow { delay_ms } => Effect::delay(Duration::from_millis(*delay_ms)),
+            FaultKind::Quota => Effect::fail(HetznerError::server_limit()),
+            FaultKind::RateLimit => Effect::fail(HetznerError::rate_limited()),
+            FaultKind::Auth => Effect::fail(HetznerError::unauthorized()),
         };
-        self.push_fault(op, effect, count);
+        self.traffic.faults.push(op, effect, count);
     }
 
     pub(crate) fn inject_error(&mut self, op: FaultOp, error: HetznerError, count: u32) {
-        self.push_fault(op, FaultEffect::Fail(error), count);
+        self.traffic.faults.push(op, Effect::fail(error), count);
     }
 
-    fn push_fault(&mut self, op: FaultOp, effect: FaultEffect, count: u32) {
-        self.faults.push(op, effect, count);
-    }
-
-    /// The oldest fault that applies to this call, consuming one of its uses.
-    pub(crate) fn take_fault(&mut self, op: Option<FaultOp>) -> Option<FaultEffect> {
-        self.faults.take(op)
-    }
-
-    pub(crate) fn fail_scope(&mut self, scope: &str, fail: bool) {
+    fn fail_location(&mut self, scope: &str, fail: bool) {
         if fail {
             self.failing_scopes.insert(scope.to_string());
         } else {
@@ -472,7 +430,7 @@ impl Backend {
 
     /// `None` deletes the server's primary IPv4 (as if it had been created without one);
     /// `Some` gives it that address, creating an auto-delete primary IP when it has none.
-    pub(crate) fn set_address(&mut self, id: u64, ip: Option<&str>) -> bool {
+    fn set_address_server(&mut self, id: u64, ip: Option<&str>) -> bool {
         let Some(s) = self.servers.get(&id) else {
             return false;
         };
@@ -503,7 +461,7 @@ impl Backend {
         true
     }
 
-    pub(crate) fn hold(&mut self, id: u64, hold: bool) -> bool {
+    fn hold_server(&mut self, id: u64, hold: bool) -> bool {
         let Some(s) = self.servers.get_mut(&id) else {
             return false;
         };
@@ -519,7 +477,7 @@ impl Backend {
         true
     }
 
-    pub(crate) fn set_state(&mut self, id: u64, state: &str) -> bool {
+    fn set_state_server(&mut self, id: u64, state: &str) -> bool {
         let Some(s) = self.servers.get_mut(&id) else {
             return false;
         };
@@ -545,7 +503,7 @@ impl Backend {
         true
     }
 
-    pub(crate) fn slow_delete(&mut self, id: u64) -> bool {
+    fn slow_delete_server(&mut self, id: u64) -> bool {
         let Some(s) = self.servers.get_mut(&id) else {
             return false;
         };
@@ -558,7 +516,7 @@ impl Backend {
         true
     }
 
-    pub(crate) fn finish_deletes(&mut self) {
+    fn finish_all_deletes(&mut self) {
         let ids: Vec<u64> = self
             .servers
             .values()
@@ -570,7 +528,7 @@ impl Backend {
         }
     }
 
-    pub(crate) fn set_locked(&mut self, id: u64, locked: bool) -> bool {
+    fn set_locked_server(&mut self, id: u64, locked: bool) -> bool {
         match self.servers.get_mut(&id) {
             Some(s) => {
                 s.locked = locked;
@@ -597,7 +555,7 @@ impl Backend {
         true
     }
 
-    pub(crate) fn plant(&mut self, p: &Plant) -> Result<u64, HetznerError> {
+    fn plant_server(&mut self, p: &Plant) -> Result<u64, HetznerError> {
         let location = if p.scope.is_empty() {
             self.cfg.default_location.clone()
         } else {
@@ -606,19 +564,7 @@ impl Backend {
         let location = self
             .find_location(&location)
             .ok_or_else(|| HetznerError::invalid_input("location not found"))?;
-        let mut labels = BTreeMap::new();
-        if p.managed {
-            labels.insert(
-                crate::MARK_MANAGED.to_string(),
-                crate::MARK_MANAGED_YES.to_string(),
-            );
-        }
-        if let Some(uid) = &p.uid {
-            labels.insert(crate::MARK_UID.to_string(), uid.clone());
-        }
-        if let Some(inst) = &p.installation {
-            labels.insert(crate::MARK_INSTALLATION.to_string(), inst.clone());
-        }
+        let labels: BTreeMap<String, String> = crate::framework::marks(p).into_iter().collect();
         let mut errs = Vec::new();
         check_hostname(&p.name, &mut errs);
         check_labels(&labels, &mut errs);
@@ -681,7 +627,7 @@ impl Backend {
         Some(self.new_ip(kind, &loc, None, false))
     }
 
-    pub(crate) fn dump(&mut self) -> Dump {
+    fn dump_all(&mut self) -> Dump {
         self.tick();
         let instances = self
             .servers
@@ -1130,4 +1076,60 @@ fn root_password(id: u64) -> String {
             ALPHABET[(z % ALPHABET.len() as u64) as usize] as char
         })
         .collect()
+}
+
+/// The control surface on Hetzner's terms; see "Control surface" in the module docs.
+impl Model for Backend {
+    fn hold(&mut self, id: &str, hold: bool) -> bool {
+        parse_id(id).is_some_and(|n| self.hold_server(n, hold))
+    }
+    fn set_state(&mut self, id: &str, state: &str) -> bool {
+        parse_id(id).is_some_and(|n| self.set_state_server(n, state))
+    }
+    fn set_address(&mut self, id: &str, ip: Option<&str>) -> bool {
+        parse_id(id).is_some_and(|n| self.set_address_server(n, ip))
+    }
+    fn slow_delete(&mut self, id: &str) -> bool {
+        parse_id(id).is_some_and(|n| self.slow_delete_server(n))
+    }
+    fn finish_deletes(&mut self) {
+        self.finish_all_deletes()
+    }
+    fn set_locked(&mut self, id: &str, locked: bool) -> bool {
+        parse_id(id).is_some_and(|n| self.set_locked_server(n, locked))
+    }
+    /// Refused as Hetzner would refuse the server (name taken or not a hostname, labels
+    /// invalid, unknown location).
+    fn plant(&mut self, plant: &Plant) -> Result<String, Refusal> {
+        Ok(self.plant_server(plant)?.to_string())
+    }
+    fn inject(&mut self, fault: Fault) {
+        Backend::inject(self, fault.op, &fault.kind, fault.count)
+    }
+    /// See "Partial failures" in the module documentation.
+    fn fail_scope(&mut self, scope: &str, fail: bool) {
+        self.fail_location(scope, fail)
+    }
+    fn dump(&mut self) -> Dump {
+        self.dump_all()
+    }
+    fn reset(&mut self) {
+        self.forget()
+    }
+    fn set_rate_limit(&mut self, limit: Option<RateLimit>) {
+        self.traffic.limits.set(limit);
+    }
+    fn stats(&self) -> RequestStats {
+        self.traffic.stats.clone()
+    }
+    fn requests(&self) -> Vec<String> {
+        self.traffic.requests.clone()
+    }
+}
+
+impl Drop for Backend {
+    /// Real-proxy mode: the proxies of this emulator's servers stop with it.
+    fn drop(&mut self) {
+        self.stop_all_proxies();
+    }
 }

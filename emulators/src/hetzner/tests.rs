@@ -1,11 +1,12 @@
 //! Tests through real HTTP, the way a plugin sees the emulator.
 
 use super::*;
-use crate::control::{FaultKind, FaultOp};
+use crate::control::{Dump, Emulator, Fault, FaultKind, FaultOp, Plant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+use std::sync::Mutex;
 use std::time::Instant;
 
 const TOKEN: &str = "hcloud-test-token";

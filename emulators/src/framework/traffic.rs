@@ -1,0 +1,132 @@
+//! The bookkeeping of API calls every emulator keeps: the request log, the counters of
+//! `GET /_emulator/stats`, the queue of injected faults and the enforced rate limit.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::control::{FaultOp, FaultQueue, RateLimit, RequestStats};
+use crate::rate_limit::Limiter;
+
+/// What an injected fault does to one call: wait, then answer `fail` (or go on normally).
+/// `E` is the emulator's error answer.
+#[derive(Debug, Clone)]
+pub struct Effect<E> {
+    pub delay: Duration,
+    pub fail: Option<E>,
+}
+
+impl<E> Effect<E> {
+    pub fn fail(error: E) -> Self {
+        Effect {
+            delay: Duration::ZERO,
+            fail: Some(error),
+        }
+    }
+
+    pub fn delay(delay: Duration) -> Self {
+        Effect { delay, fail: None }
+    }
+}
+
+/// The enforced rate limit: one token bucket per key (a backend with one limit uses one
+/// key; EC2 keeps one per action and region). Off (every call passes) until set.
+#[derive(Debug, Clone, Default)]
+pub struct RateLimits {
+    spec: Option<RateLimit>,
+    buckets: HashMap<String, Limiter>,
+}
+
+impl RateLimits {
+    pub fn new(spec: Option<RateLimit>) -> Self {
+        RateLimits {
+            spec,
+            buckets: HashMap::new(),
+        }
+    }
+
+    pub fn spec(&self) -> Option<RateLimit> {
+        self.spec
+    }
+
+    /// A new limit (or none), with full buckets.
+    pub fn set(&mut self, spec: Option<RateLimit>) {
+        *self = RateLimits::new(spec);
+    }
+
+    /// The bucket of `key`, full when first used; `None` while no limit is set.
+    pub fn bucket(&mut self, key: &str, now: Instant) -> Option<&mut Limiter> {
+        let spec = self.spec?;
+        Some(
+            self.buckets
+                .entry(key.to_string())
+                .or_insert_with(|| Limiter::new(spec, now)),
+        )
+    }
+
+    /// Takes a token of `key`'s bucket: `Some(limit)` when the call is over it.
+    pub fn take(&mut self, key: &str, now: Instant) -> Option<RateLimit> {
+        let spec = self.spec?;
+        let bucket = self.bucket(key, now)?;
+        (!bucket.take(now)).then_some(spec)
+    }
+}
+
+/// The API calls of one emulator. `E` is what a failing fault answers.
+#[derive(Debug)]
+pub struct Traffic<E> {
+    /// Every API call, as the emulator writes it (`METHOD /path?query`, or an action).
+    pub requests: Vec<String>,
+    pub stats: RequestStats,
+    pub faults: FaultQueue<Effect<E>>,
+    pub limits: RateLimits,
+}
+
+impl<E: Clone> Traffic<E> {
+    pub fn new(limit: Option<RateLimit>) -> Self {
+        Traffic {
+            requests: Vec::new(),
+            stats: RequestStats::default(),
+            faults: FaultQueue::default(),
+            limits: RateLimits::new(limit),
+        }
+    }
+
+    /// Logs and counts one call: `line` for the log, `op` and `call` for the counters.
+    pub fn record(&mut self, line: String, op: Option<FaultOp>, call: &str) {
+        self.requests.push(line);
+        self.stats.record(op, call);
+    }
+
+    /// Forgets calls and faults. The rate limit is configuration: it stays, with full
+    /// buckets.
+    pub fn reset(&mut self) {
+        *self = Traffic::new(self.limits.spec());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_per_key_and_reset_keeps_the_limit() {
+        let now = Instant::now();
+        let mut t: Traffic<&str> = Traffic::new(Some(RateLimit {
+            per_hour: 3600,
+            burst: 1,
+        }));
+        assert_eq!(t.limits.take("a", now), None);
+        assert!(t.limits.take("a", now).is_some());
+        assert_eq!(t.limits.take("b", now), None);
+        t.record("GET /x".into(), Some(FaultOp::Get), "GET /x");
+        t.faults.push(FaultOp::Any, Effect::fail("boom"), 1);
+        t.reset();
+        assert!(t.requests.is_empty() && t.stats.total == 0);
+        assert!(t.faults.take(None).is_none());
+        assert_eq!(t.limits.take("a", now), None, "refilled");
+        assert!(t.limits.take("a", now).is_some(), "still limited");
+        t.limits.set(None);
+        assert_eq!(t.limits.take("a", now), None);
+        assert!(t.limits.bucket("a", now).is_none());
+    }
+}
