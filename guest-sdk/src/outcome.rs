@@ -8,7 +8,7 @@
 //! them as well, but a plugin that never emits them is the contract, and the host's
 //! `[REDACTED]` in a log means a plugin bug.
 
-use crate::{ErrorClass, Level, ProviderError};
+use crate::{ErrorClass, Instance, Level, ProviderError, State};
 use std::cell::RefCell;
 
 thread_local! {
@@ -44,6 +44,66 @@ fn scrub(mut line: String) -> String {
     line
 }
 
+/// What a successful operation returns, and the words its outcome line uses for it.
+pub trait Outcome {
+    type Value;
+    fn split(self) -> (Self::Value, String);
+}
+
+/// An instance ID (`create`).
+impl Outcome for String {
+    type Value = String;
+    fn split(self) -> (String, String) {
+        let what = format!("id {self}");
+        (self, what)
+    }
+}
+
+/// `get`: the state and IP the operator will see.
+impl Outcome for Instance {
+    type Value = Instance;
+    fn split(self) -> (Instance, String) {
+        let state = match self.state {
+            State::Provisioning => "provisioning",
+            State::Running => "running",
+            State::Stopped => "stopped",
+            State::Terminated => "terminated",
+        };
+        let ip = if self.ip.is_empty() {
+            "no IP"
+        } else {
+            self.ip.as_str()
+        };
+        let what = format!("{state}, {ip}");
+        (self, what)
+    }
+}
+
+/// `list-by-tag`: how many.
+impl Outcome for Vec<Instance> {
+    type Value = Vec<Instance>;
+    fn split(self) -> (Vec<Instance>, String) {
+        let what = format!("{} instances", self.len());
+        (self, what)
+    }
+}
+
+/// `delete`.
+impl Outcome for () {
+    type Value = ();
+    fn split(self) -> ((), String) {
+        ((), "done".to_string())
+    }
+}
+
+/// Any value with the plugin's own words (`adopted`, `already gone`).
+impl<T> Outcome for (T, String) {
+    type Value = T;
+    fn split(self) -> (T, String) {
+        self
+    }
+}
+
 /// A plugin's outcome logger: a `const` per plugin.
 #[derive(Clone, Copy, Debug)]
 pub struct Outcomes {
@@ -56,39 +116,53 @@ pub struct Outcomes {
 }
 
 impl Outcomes {
-    /// Log the result of `op` on `subject` and hand it on. On success `what` (from the
-    /// plugin) says what happened (`created fsn1/42`, `already gone`); a failure logs
-    /// `class (code): message`, the class as the WIT names it (`quota-exceeded`).
-    pub fn log<T>(
+    /// Log the result of `op` on `subject` and hand it on. On success the [`Outcome`]
+    /// says what happened (`id r1/i-1`, `running, 192.0.2.1`, `already gone`); a failure
+    /// logs `class (code): message`, the class as the WIT names it (`quota-exceeded`).
+    pub fn log<R: Outcome>(
         &self,
         op: &str,
         subject: &str,
-        result: Result<(T, String), ProviderError>,
-    ) -> Result<T, ProviderError> {
+        result: Result<R, ProviderError>,
+    ) -> Result<R::Value, ProviderError> {
         let (line, out) = self.line(op, subject, result);
         crate::host::log(self.level, &line);
         out
     }
 
-    /// The line [`log`](Self::log) writes, and the result it returns.
-    fn line<T>(
+    /// Run one operation and [`log`](Self::log) its result, so the operation's body can
+    /// use `?` and still get its line.
+    pub fn run<R: Outcome>(
         &self,
         op: &str,
         subject: &str,
-        result: Result<(T, String), ProviderError>,
-    ) -> (String, Result<T, ProviderError>) {
+        f: impl FnOnce() -> Result<R, ProviderError>,
+    ) -> Result<R::Value, ProviderError> {
+        self.log(op, subject, f())
+    }
+
+    /// The line [`log`](Self::log) writes, and the result it returns.
+    fn line<R: Outcome>(
+        &self,
+        op: &str,
+        subject: &str,
+        result: Result<R, ProviderError>,
+    ) -> (String, Result<R::Value, ProviderError>) {
         let head = format!("{} {op} {subject}", self.plugin);
-        match result {
+        match result.map(R::split) {
             Ok((v, what)) => (scrub(format!("{head}: {what}")), Ok(v)),
             Err(e) => {
-                let code = e.code.as_deref().unwrap_or("-");
                 let class = match e.class {
                     ErrorClass::NotFound => "not-found",
                     ErrorClass::QuotaExceeded => "quota-exceeded",
                     ErrorClass::Transient => "transient",
                     ErrorClass::Permanent => "permanent",
                 };
-                let line = format!("{head}: {class} ({code}): {}", e.message);
+                let line = format!(
+                    "{head}: {class} ({code}): {}",
+                    e.message,
+                    code = e.code.as_deref().unwrap_or("-")
+                );
                 (scrub(line), Err(e))
             }
         }
@@ -106,26 +180,61 @@ mod tests {
 
     #[test]
     fn one_line_per_result() {
-        let (line, r) = OUT.line(
-            "create",
-            "proxy-x",
-            Ok(("r1/1".to_string(), "created r1/1".to_string())),
-        );
+        let inst = |state, ip: &str| Instance {
+            id: "r1/1".into(),
+            ip: ip.into(),
+            state,
+            uid: String::new(),
+            created_at: None,
+        };
+        let lines = [
+            OUT.line("create", "proxy-x", Ok("r1/1".to_string())).0,
+            OUT.line(
+                "create",
+                "proxy-x",
+                Ok(("r1/1".to_string(), "adopted r1/1".to_string())),
+            )
+            .0,
+            OUT.line("get", "r1/1", Ok(inst(State::Running, "192.0.2.1")))
+                .0,
+            OUT.line("get", "r1/1", Ok(inst(State::Provisioning, ""))).0,
+            OUT.line("list", "inst", Ok(vec![inst(State::Stopped, "")]))
+                .0,
+            OUT.line("delete", "r1/1", Ok(())).0,
+            OUT.line::<()>(
+                "get",
+                "r1/1",
+                Err(ProviderError::quota("limit reached").with_code("rate_limited")),
+            )
+            .0,
+            OUT.line::<()>("delete", "r1/1", Err(ProviderError::transient("t")))
+                .0,
+        ];
         assert_eq!(
-            (line.as_str(), r.unwrap().as_str()),
-            ("test create proxy-x: created r1/1", "r1/1")
+            lines,
+            [
+                "test create proxy-x: id r1/1",
+                "test create proxy-x: adopted r1/1",
+                "test get r1/1: running, 192.0.2.1",
+                "test get r1/1: provisioning, no IP",
+                "test list inst: 1 instances",
+                "test delete r1/1: done",
+                "test get r1/1: quota-exceeded (rate_limited): limit reached",
+                "test delete r1/1: transient (-): t",
+            ]
         );
-
-        let e = ProviderError::quota("limit reached").with_code("rate_limited");
-        let (line, r) = OUT.line::<()>("get", "r1/1", Err(e));
+        let r = OUT.run("get", "r1/1", || {
+            Err::<(), _>(ProviderError::not_found("gone"))
+        });
+        assert_eq!(r.unwrap_err().class, ErrorClass::NotFound);
         assert_eq!(
-            line,
-            "test get r1/1: quota-exceeded (rate_limited): limit reached"
+            OUT.run("create", "p", || Ok((
+                "id".to_string(),
+                "created".to_string()
+            )))
+            .unwrap(),
+            "id"
         );
-        assert_eq!(r.unwrap_err().class, ErrorClass::QuotaExceeded);
-
-        let (line, _) = OUT.line::<()>("delete", "r1/1", Err(ProviderError::transient("t")));
-        assert_eq!(line, "test delete r1/1: transient (-): t");
     }
 
     #[test]
