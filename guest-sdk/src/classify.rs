@@ -236,8 +236,10 @@ impl Classifier {
     /// credentials, else the status's (`Unauthorized`, `Forbidden`, `APIError`).
     pub fn reason(&self, status: u16, code: Option<&str>) -> &'static str {
         match (self.kind(Some(status), code), status) {
-            (Kind::Auth, _) | (_, 401) => "Unauthorized",
-            (Kind::Forbidden, _) | (_, 403) => "Forbidden",
+            (Kind::Auth, _) => "Unauthorized",
+            (Kind::Forbidden, _) => "Forbidden",
+            (_, 401) => "Unauthorized",
+            (_, 403) => "Forbidden",
             _ => "APIError",
         }
     }
@@ -266,6 +268,7 @@ mod tests {
             Rule::code("rate_limited", Kind::RateLimited),
             Rule::code("Insufficient*Capacity", Kind::Quota),
             Rule::code("locked", Kind::Conflict),
+            Rule::code("forbidden_code", Kind::Forbidden),
             Rule::code("Invalid*", Kind::Invalid),
             Rule::code("*.Malformed", Kind::Invalid),
             Rule::status(404, Kind::Gone).from_backend(),
@@ -430,6 +433,8 @@ mod tests {
 
         let reasons = [
             (api(401, "x"), "Unauthorized"),
+            // The code's kind wins over the status: a forbidden-kind code at 401.
+            (api(401, "forbidden_code"), "Forbidden"),
             (api(403, "x"), "Forbidden"),
             (api(400, "InvalidX"), "APIError"),
             (api(500, "x"), "APIError"),

@@ -371,6 +371,12 @@ impl Request {
             .json()
     }
 
+    /// Send, and accept only a 2xx answer ([`Response::error_for_status`]): for calls
+    /// whose answer body does not matter (a delete, an update).
+    pub fn send_ok(self) -> Result<Response, HttpError> {
+        self.send()?.error_for_status()
+    }
+
     /// Send the request and read the whole answer. Any status is `Ok`; only a request that
     /// got no answer (or could not be built) is an error.
     pub fn send(self) -> Result<Response, HttpError> {
