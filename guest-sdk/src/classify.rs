@@ -58,6 +58,8 @@ enum Code {
     /// A backend code equal to the pattern, where one `*` stands for any run of
     /// characters (`Invalid*`, `Insufficient*Capacity`).
     Glob(&'static str),
+    /// A backend code equal to any of the patterns.
+    AnyOf(&'static [&'static str]),
 }
 
 /// One row of the table: a status range and a code pattern, and the kind they mean.
@@ -75,6 +77,16 @@ impl Rule {
         Rule {
             status: None,
             code: Code::Glob(pattern),
+            kind,
+        }
+    }
+
+    /// Any of several backend codes (each with at most one `*`), whatever the status: one
+    /// row per kind keeps a backend's long code list readable.
+    pub const fn codes(patterns: &'static [&'static str], kind: Kind) -> Rule {
+        Rule {
+            status: None,
+            code: Code::AnyOf(patterns),
             kind,
         }
     }
@@ -124,6 +136,7 @@ impl Rule {
             Code::Any => true,
             Code::Present => code.is_some(),
             Code::Glob(pattern) => code.is_some_and(|c| glob(pattern, c)),
+            Code::AnyOf(patterns) => code.is_some_and(|c| patterns.iter().any(|p| glob(p, c))),
         };
         status_ok && code_ok
     }
@@ -269,8 +282,7 @@ mod tests {
             Rule::code("Insufficient*Capacity", Kind::Quota),
             Rule::code("locked", Kind::Conflict),
             Rule::code("forbidden_code", Kind::Forbidden),
-            Rule::code("Invalid*", Kind::Invalid),
-            Rule::code("*.Malformed", Kind::Invalid),
+            Rule::codes(&["Invalid*", "*.Malformed", "bad_request"], Kind::Invalid),
             Rule::status(404, Kind::Gone).from_backend(),
             Rule::status(429, Kind::RateLimited),
             Rule::status(401, Kind::Auth),
@@ -345,6 +357,18 @@ mod tests {
                 Kind::Invalid,
                 Permanent,
                 "Filter.Malformed",
+            ),
+            (
+                api(500, "bad_request"),
+                Kind::Invalid,
+                Permanent,
+                "bad_request",
+            ),
+            (
+                api(500, "bad_request_2"),
+                Kind::Retryable,
+                Transient,
+                "bad_request_2",
             ),
             (
                 answer(429, "", None),

@@ -236,6 +236,7 @@ fn snippet(text: &str) -> String {
 /// EC2's error codes onto kinds, first match wins. EC2 answers in XML, so the table is
 /// used through [`Classifier::kind`] with the code `wire` parsed; an answer that is not
 /// EC2's (`Ec2Error::Unexpected`) has no code and goes by status.
+#[rustfmt::skip] // a table: one row per kind reads better than one code per line
 const EC2: Classifier = Classifier {
     backend: "EC2",
     code_at: "",
@@ -244,54 +245,45 @@ const EC2: Classifier = Classifier {
         // The one code that means "this instance does not exist".
         Rule::code("InvalidInstanceID.NotFound", Kind::Gone),
         // A state transition is in progress (the emulator's lock): try again.
-        Rule::code("IncorrectInstanceState", Kind::Conflict),
-        Rule::code("IncorrectState", Kind::Conflict),
+        Rule::codes(&["IncorrectInstanceState", "IncorrectState"], Kind::Conflict),
         // The clock is off; NTP may fix it.
-        Rule::code("RequestExpired", Kind::Retryable),
-        Rule::code("RequestTimeTooSkewed", Kind::Retryable),
+        Rule::codes(&["RequestExpired", "RequestTimeTooSkewed"], Kind::Retryable),
         // Quota, rate limit or capacity: the operator waits instead of backing off.
-        Rule::code("RequestLimitExceeded", Kind::RateLimited),
-        Rule::code("Throttling", Kind::RateLimited),
-        Rule::code("ThrottlingException", Kind::RateLimited),
-        Rule::code("InstanceLimitExceeded", Kind::Quota),
-        Rule::code("VcpuLimitExceeded", Kind::Quota),
-        Rule::code("ResourceLimitExceeded", Kind::Quota),
-        Rule::code("MaxIOPSLimitExceeded", Kind::Quota),
-        Rule::code("VolumeLimitExceeded", Kind::Quota),
-        Rule::code("AddressLimitExceeded", Kind::Quota),
-        Rule::code("InsufficientFreeAddressesInSubnet", Kind::Quota),
-        Rule::code("Insufficient*Capacity", Kind::Quota),
+        Rule::codes(&["RequestLimitExceeded", "Throttling", "ThrottlingException"], Kind::RateLimited),
+        Rule::codes(
+            &[
+                "InstanceLimitExceeded", "VcpuLimitExceeded", "ResourceLimitExceeded", "MaxIOPSLimitExceeded",
+                "VolumeLimitExceeded", "AddressLimitExceeded", "InsufficientFreeAddressesInSubnet",
+                "Insufficient*Capacity",
+            ],
+            Kind::Quota,
+        ),
         // The credentials themselves are refused: a fixed key or Secret is needed.
-        Rule::code("AuthFailure", Kind::Auth),
-        Rule::code("SignatureDoesNotMatch", Kind::Auth),
-        Rule::code("InvalidClientTokenId", Kind::Auth),
-        Rule::code("UnrecognizedClientException", Kind::Auth),
-        Rule::code("MissingAuthenticationToken", Kind::Auth),
-        Rule::code("ExpiredToken", Kind::Auth),
-        Rule::code("RequestExpiredToken", Kind::Auth),
+        Rule::codes(
+            &[
+                "AuthFailure", "SignatureDoesNotMatch", "InvalidClientTokenId", "UnrecognizedClientException",
+                "MissingAuthenticationToken", "ExpiredToken", "RequestExpiredToken",
+            ],
+            Kind::Auth,
+        ),
         // The credentials are fine but may not do this: an IAM or account change is needed.
-        Rule::code("UnauthorizedOperation", Kind::Forbidden),
-        Rule::code("AccessDenied", Kind::Forbidden),
-        Rule::code("AccessDeniedException", Kind::Forbidden),
-        Rule::code("OptInRequired", Kind::Forbidden),
-        Rule::code("Blocked", Kind::Forbidden),
-        Rule::code("PendingVerification", Kind::Forbidden),
-        Rule::code("InternalError", Kind::Retryable),
-        Rule::code("InternalFailure", Kind::Retryable),
-        Rule::code("Unavailable", Kind::Retryable),
-        Rule::code("ServiceUnavailable", Kind::Retryable),
+        Rule::codes(
+            &[
+                "UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "OptInRequired", "Blocked",
+                "PendingVerification",
+            ],
+            Kind::Forbidden,
+        ),
+        Rule::codes(&["InternalError", "InternalFailure", "Unavailable", "ServiceUnavailable"], Kind::Retryable),
         // Retrying the same request can never succeed: fix the placement, the config, IAM.
-        Rule::code("MissingParameter", Kind::Invalid),
-        Rule::code("UnknownParameter", Kind::Invalid),
-        Rule::code("Unsupported", Kind::Invalid),
-        Rule::code("UnsupportedOperation", Kind::Invalid),
-        Rule::code("OperationNotPermitted", Kind::Invalid),
-        Rule::code("IdempotentParameterMismatch", Kind::Invalid),
-        Rule::code("IncompleteSignature", Kind::Invalid),
-        Rule::code("InvalidAction", Kind::Invalid),
-        Rule::code("DryRunOperation", Kind::Invalid),
-        Rule::code("Invalid*", Kind::Invalid),
-        Rule::code("*.Malformed", Kind::Invalid),
+        Rule::codes(
+            &[
+                "MissingParameter", "UnknownParameter", "Unsupported", "UnsupportedOperation", "OperationNotPermitted",
+                "IdempotentParameterMismatch", "IncompleteSignature", "InvalidAction", "DryRunOperation", "Invalid*",
+                "*.Malformed",
+            ],
+            Kind::Invalid,
+        ),
         // Codes not listed, and answers that are not EC2's: by status, transient when in
         // doubt.
         Rule::status(429, Kind::RateLimited),

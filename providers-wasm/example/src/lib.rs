@@ -195,7 +195,7 @@ impl Provider for Example {
     fn delete(id: &str) -> Result<(), ProviderError> {
         OUTCOMES.run("delete", id, || {
             let (_, key) = ID.parse(id)?;
-            match api()?.delete(&format!("/v1/instances/{key}")).send().and_then(|r| r.error_for_status()) {
+            match api()?.delete(&format!("/v1/instances/{key}")).send_ok() {
                 Ok(_) => Ok(((), "deleting".into())), // 204 deleted, 202 a delete already in progress
                 Err(e) if CLASSIFIER.is_gone(&e) => Ok(((), "already gone".into())), // counts as deleted
                 Err(e) => Err(classify(e)),

@@ -190,6 +190,7 @@ pub struct PrimaryIpEnvelope {
 /// (a proxy's HTML page, an empty 502) is classified by status alone, and its 404 is
 /// "cannot tell", never "gone". Anything unrecognised is transient: retrying is the safe
 /// default, and the permanent cases are the ones the table names.
+#[rustfmt::skip] // a table: one row per kind reads better than one code per line
 pub const HZ: Classifier = Classifier {
     backend: "Hetzner",
     code_at: "/error/code",
@@ -199,42 +200,32 @@ pub const HZ: Classifier = Classifier {
         // Rate limit, account limits and "no capacity here right now": waiting helps,
         // backing off fast does not.
         Rule::code("rate_limit_exceeded", Kind::RateLimited),
-        Rule::code("resource_limit_exceeded", Kind::Quota),
-        Rule::code("resource_unavailable", Kind::Quota),
-        Rule::code("placement_error", Kind::Quota),
-        Rule::code("no_space_left_in_location", Kind::Quota),
+        Rule::codes(
+            &["resource_limit_exceeded", "resource_unavailable", "placement_error", "no_space_left_in_location"],
+            Kind::Quota,
+        ),
         // The server is busy or the API is: passes by itself. `uniqueness_error` is handled
         // in create (a concurrent create won the race); anywhere else it is a race too.
-        Rule::code("locked", Kind::Conflict),
-        Rule::code("conflict", Kind::Conflict),
-        Rule::code("uniqueness_error", Kind::Conflict),
-        Rule::code("maintenance", Kind::Retryable),
-        Rule::code("server_error", Kind::Retryable),
-        Rule::code("service_error", Kind::Retryable),
-        Rule::code("unavailable", Kind::Retryable),
-        Rule::code("timeout", Kind::Retryable),
-        Rule::code("bad_gateway", Kind::Retryable),
-        Rule::code("robot_unavailable", Kind::Retryable),
-        Rule::code("unknown_error", Kind::Retryable),
-        Rule::code("action_failed", Kind::Retryable),
+        Rule::codes(&["locked", "conflict", "uniqueness_error"], Kind::Conflict),
+        Rule::codes(
+            &[
+                "maintenance", "server_error", "service_error", "unavailable", "timeout", "bad_gateway",
+                "robot_unavailable", "unknown_error", "action_failed",
+            ],
+            Kind::Retryable,
+        ),
         // Fixing the token, its permissions, the config or the Proxy spec is needed.
         Rule::code("unauthorized", Kind::Auth),
-        Rule::code("forbidden", Kind::Forbidden),
-        Rule::code("token_readonly", Kind::Forbidden),
-        Rule::code("invalid_input", Kind::Invalid),
-        Rule::code("json_error", Kind::Invalid),
-        Rule::code("protected", Kind::Invalid),
-        Rule::code("resource_locked", Kind::Invalid),
-        Rule::code("method_not_allowed", Kind::Invalid),
-        Rule::code("unsupported_error", Kind::Invalid),
-        Rule::code("deprecated_api_endpoint", Kind::Invalid),
-        Rule::code("invalid_server_type", Kind::Invalid),
-        Rule::code("primary_ip_assigned", Kind::Invalid),
-        Rule::code("primary_ip_datacenter_mismatch", Kind::Invalid),
-        Rule::code("primary_ip_version_mismatch", Kind::Invalid),
-        Rule::code("networks_overlap", Kind::Invalid),
-        Rule::code("firewall_resource_not_found", Kind::Invalid),
-        Rule::code("incompatible_network_type", Kind::Invalid),
+        Rule::codes(&["forbidden", "token_readonly"], Kind::Forbidden),
+        Rule::codes(
+            &[
+                "invalid_input", "json_error", "protected", "resource_locked", "method_not_allowed",
+                "unsupported_error", "deprecated_api_endpoint", "invalid_server_type", "primary_ip_assigned",
+                "primary_ip_datacenter_mismatch", "primary_ip_version_mismatch", "networks_overlap",
+                "firewall_resource_not_found", "incompatible_network_type",
+            ],
+            Kind::Invalid,
+        ),
         // Codes not listed: by status.
         Rule::status(404, Kind::Gone).from_backend(),
         Rule::status(429, Kind::RateLimited),
