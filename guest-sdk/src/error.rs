@@ -93,7 +93,7 @@ impl ProviderError {
     }
 
     /// The config block cannot be used: permanent, `InvalidConfig`. The message must name
-    /// the field and the value; [`crate::config`] builds such messages.
+    /// the field and the value; [`crate::config`](mod@crate::config) builds such messages.
     pub fn invalid_config(message: impl Into<String>) -> Self {
         Self::permanent(message).with_code(code::INVALID_CONFIG)
     }
@@ -198,6 +198,85 @@ mod tests {
             ErrorClass::QuotaExceeded
         ));
         assert_eq!(ProviderError::quota("q").code, None);
+    }
+
+    /// Every typed constructor: its class, its code and a message that names the value.
+    #[test]
+    fn typed_constructors() {
+        use ErrorClass::*;
+        let cases = [
+            (
+                ProviderError::invalid_config("config.x 1 is invalid: no"),
+                Permanent,
+                "InvalidConfig",
+                "config.x 1 is invalid: no",
+            ),
+            (
+                ProviderError::invalid_id("r1/../x", "<region>/<id>"),
+                Permanent,
+                "InvalidId",
+                r#"malformed id "r1/../x": want <region>/<id>"#,
+            ),
+            (
+                ProviderError::name_taken("proxy-a", "server 42", "u-2", "u-1"),
+                Permanent,
+                "NameTaken",
+                r#"server 42 already has the name "proxy-a" with uid "u-2", not "u-1": it is not this Proxy's"#,
+            ),
+            (
+                ProviderError::invalid_placement(PlacementField::MachineType, "cx99", "is unknown"),
+                Permanent,
+                "InvalidMachineType",
+                r#"placement.machineType "cx99" is unknown"#,
+            ),
+            (
+                ProviderError::invalid_placement(PlacementField::Zone, "", "is not one of []"),
+                Permanent,
+                "InvalidZone",
+                r#"placement.zone "" is not one of []"#,
+            ),
+            (
+                ProviderError::user_data_too_large(20, 16, " (28 bytes base64)"),
+                Permanent,
+                "UserDataTooLarge",
+                "cloud-init is 20 bytes (28 bytes base64); the backend accepts at most 16 bytes of user data",
+            ),
+        ];
+        for (e, class, code, message) in cases {
+            assert_eq!(
+                (e.class, e.code.as_deref(), e.message.as_str()),
+                (class, Some(code), message)
+            );
+        }
+        let codes = [
+            (PlacementField::Region, "region", "InvalidRegion"),
+            (PlacementField::Image, "image", "InvalidImage"),
+        ];
+        for (f, name, code) in codes {
+            assert_eq!((f.name(), f.code()), (name, code));
+        }
+    }
+
+    #[test]
+    fn not_found_is_permanent_only_for_not_found() {
+        let e = ProviderError::not_found("no such collection")
+            .with_code("not_found")
+            .not_found_is_permanent("check config.endpoint");
+        assert_eq!(
+            (e.class, e.code.as_deref()),
+            (ErrorClass::Permanent, Some("not_found"))
+        );
+        assert_eq!(e.message, "no such collection (check config.endpoint)");
+        for e in [
+            ProviderError::transient("t"),
+            ProviderError::quota("q"),
+            ProviderError::permanent("p"),
+        ] {
+            let class = e.class;
+            let after = e.not_found_is_permanent("hint");
+            assert_eq!(after.class, class);
+            assert!(!after.message.contains("hint"));
+        }
     }
 
     #[test]

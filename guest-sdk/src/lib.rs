@@ -6,6 +6,13 @@
 //! naming) is here so that all plugins behave the same way where the contract says
 //! they must: same error classes for the same failures, same marks, same instance names.
 //!
+//! What every REST plugin would otherwise write again, each its own module:
+//! [`config`](mod@config) (parse a config block and check its fields, errors naming field and value),
+//! [`id`] (`<scope>/<key>` instance IDs, parsed strictly), [`paging`] (a bounded page loop
+//! that converts page by page), [`classify`] (the status/code -> error class table),
+//! [`outcome`] (one log line per operation result) and the typed constructors of
+//! [`ProviderError`] in [`error`](mod@error) (`invalid_config`, `invalid_id`, `name_taken`, ...).
+//!
 //! ```ignore
 //! struct MyCloud;
 //! impl egress_guest_sdk::Provider for MyCloud { /* ... */ }
