@@ -110,9 +110,13 @@ pub struct Outcomes {
     /// Starts every line (`hetzner create proxy-x: ...`), so lines of several plugins in
     /// one operator log can be told apart.
     pub plugin: &'static str,
-    /// Outcome lines are routine: `Debug` keeps them out of a default-level log, `Info`
-    /// puts every operation in it.
-    pub level: Level,
+    /// The level of `create` and `delete` lines: changes a user asked for, a few per
+    /// Proxy. `Info` puts them in the operator's default log (inside the operation's
+    /// span), `Debug` keeps them out.
+    pub changes: Level,
+    /// The level of every other operation's line (`get`, `list`): reads repeat at every
+    /// poll, so `Debug` unless the plugin has reason to be loud.
+    pub reads: Level,
 }
 
 impl Outcomes {
@@ -126,8 +130,15 @@ impl Outcomes {
         result: Result<R, ProviderError>,
     ) -> Result<R::Value, ProviderError> {
         let (line, out) = self.line(op, subject, result);
-        crate::host::log(self.level, &line);
+        crate::host::log(self.level(op), &line);
         out
+    }
+
+    fn level(&self, op: &str) -> Level {
+        match op {
+            "create" | "delete" => self.changes,
+            _ => self.reads,
+        }
     }
 
     /// Run one operation and [`log`](Self::log) its result, so the operation's body can
@@ -175,8 +186,23 @@ mod tests {
 
     const OUT: Outcomes = Outcomes {
         plugin: "test",
-        level: Level::Debug,
+        changes: Level::Info,
+        reads: Level::Debug,
     };
+
+    #[test]
+    fn changes_and_reads_have_their_levels() {
+        let cases = [
+            ("create", Level::Info),
+            ("delete", Level::Info),
+            ("get", Level::Debug),
+            ("list", Level::Debug),
+            ("check", Level::Debug),
+        ];
+        for (op, want) in cases {
+            assert_eq!(OUT.level(op), want, "{op}");
+        }
+    }
 
     #[test]
     fn one_line_per_result() {

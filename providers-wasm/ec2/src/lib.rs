@@ -104,13 +104,10 @@ const PAGES: Bounds = Bounds {
 
 /// Info per create and delete (the user's actions), debug per get and list (polled):
 /// the `tiered` logging of the profile. Never the request (cloud-init) or credentials.
-const CHANGES: Outcomes = Outcomes {
+const OUTCOMES: Outcomes = Outcomes {
     plugin: "ec2",
-    level: Level::Info,
-};
-const READS: Outcomes = Outcomes {
-    plugin: "ec2",
-    level: Level::Debug,
+    changes: Level::Info,
+    reads: Level::Debug,
 };
 
 fn load_config() -> Result<Config, ProviderError> {
@@ -420,7 +417,7 @@ impl Provider for Ec2Provider {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        CHANGES.run("create", &req.name, || {
+        OUTCOMES.run("create", &req.name, || {
             let cfg = load_config()?;
             let launch = config::resolve(&cfg, &req.placement)?;
             if req.cloud_init.len() > MAX_USER_DATA {
@@ -452,7 +449,7 @@ impl Provider for Ec2Provider {
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        READS.run("get", id, || {
+        OUTCOMES.run("get", id, || {
             let (region, iid) = parse_id(id)?;
             let cfg = load_config()?;
             let ec2 = client(&cfg, region, api::credentials()?)?;
@@ -472,7 +469,7 @@ impl Provider for Ec2Provider {
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        CHANGES.run("delete", id, || {
+        OUTCOMES.run("delete", id, || {
             let (region, iid) = parse_id(id)?;
             let cfg = load_config()?;
             let ec2 = client(&cfg, region, api::credentials()?)?;
@@ -489,7 +486,7 @@ impl Provider for Ec2Provider {
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        READS.run("list", installation, || {
+        OUTCOMES.run("list", installation, || {
             let cfg = load_config()?;
             let creds = api::credentials()?;
             let params = filters(&[

@@ -141,8 +141,9 @@ const PROFILE: &str = "readiness=immediate create-return=submit delete-return=wa
     credentials=mounted-files client-kind=thin-client timeouts=per-call logging=outcome-only \
     child-spans=transport-wrapper backend-test=integration-tag";
 
-/// One debug line per operation outcome, never the request (cloud-init) or the token.
-const OUTCOMES: Outcomes = Outcomes { plugin: "example", level: Level::Debug };
+/// One line per operation outcome, never the request (cloud-init) or the token: create and
+/// delete at info (a few per Proxy), the polled get and list at debug.
+const OUTCOMES: Outcomes = Outcomes { plugin: "example", changes: Level::Info, reads: Level::Debug };
 
 impl Provider for Example {
     fn info() -> PluginInfo {

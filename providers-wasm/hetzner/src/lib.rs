@@ -57,7 +57,8 @@ fn cfg() -> Result<Config, ProviderError> {
 /// One debug line per operation outcome: what happened, never tokens or user data.
 const OUTCOMES: Outcomes = Outcomes {
     plugin: "hetzner",
-    level: Level::Debug,
+    changes: Level::Debug,
+    reads: Level::Debug,
 };
 
 /// Hetzner takes `user_data` as a JSON string, so bytes that are not UTF-8 cannot travel
