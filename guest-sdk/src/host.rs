@@ -17,10 +17,9 @@ pub fn config_json<T: DeserializeOwned>() -> Result<T, ProviderError> {
 }
 
 /// Parse a config block; what `validate-config` and [`config_json`] share, so a config
-/// that validated also parses at call time.
+/// that validated also parses at call time. The same as [`crate::config::parse`].
 pub fn parse_config<T: DeserializeOwned>(json: &str) -> Result<T, ProviderError> {
-    serde_json::from_str(json)
-        .map_err(|e| ProviderError::permanent(format!("invalid provider config: {e}")))
+    crate::config::parse(json)
 }
 
 /// The secret under `key`, read from disk by the host on every call (so rotation works).
@@ -29,7 +28,11 @@ pub fn parse_config<T: DeserializeOwned>(json: &str) -> Result<T, ProviderError>
 /// provider's entry does not name, or a file that cannot be read, is permanent. Messages
 /// name the key, never the contents.
 pub fn secret(key: &str) -> Result<Vec<u8>, ProviderError> {
-    raw::read_secret(key).map_err(|e| secret_error(key, e))
+    let value = raw::read_secret(key).map_err(|e| secret_error(key, e))?;
+    if let Ok(text) = std::str::from_utf8(&value) {
+        crate::outcome::remember_secret(text);
+    }
+    Ok(value)
 }
 
 /// [`secret`] as UTF-8 with surrounding whitespace removed: secret files are often

@@ -51,8 +51,13 @@ pub enum HttpError {
     /// No answer: the host refused the request or the connection failed. Carries the
     /// `wasi:http` error code the host gave.
     Transport(ErrorCode),
-    /// The backend answered, with a status the caller did not accept.
-    Status { status: u16, body: Vec<u8> },
+    /// The backend answered, with a status the caller did not accept. `retry_after` is
+    /// the answer's `Retry-After` in seconds, when it gave one as a number (rate limits).
+    Status {
+        status: u16,
+        body: Vec<u8>,
+        retry_after: Option<u64>,
+    },
     /// The URL cannot be sent: no or unknown scheme, no host, user info.
     InvalidUrl(String),
     /// The host refused a header (`Forbidden` for e.g. `Host`, which follows the URL).
@@ -123,7 +128,7 @@ impl fmt::Display for HttpError {
                 }
                 Ok(())
             }
-            HttpError::Status { status, body } => {
+            HttpError::Status { status, body, .. } => {
                 write!(f, "backend answered HTTP {status}")?;
                 let text = String::from_utf8_lossy(body);
                 let text = text.trim();
@@ -246,13 +251,19 @@ impl Response {
     /// The answer, or [`HttpError::Status`] when it is not 2xx.
     pub fn error_for_status(self) -> Result<Response, HttpError> {
         if self.is_success() {
-            Ok(self)
-        } else {
-            Err(HttpError::Status {
-                status: self.status,
-                body: self.body,
-            })
+            return Ok(self);
         }
+        // Only the delta-seconds form: backends send it for rate limits, and an HTTP date
+        // would need a date parser for a value that only goes into a message.
+        let retry_after = self
+            .header("retry-after")
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.trim().parse().ok());
+        Err(HttpError::Status {
+            status: self.status,
+            body: self.body,
+            retry_after,
+        })
     }
 
     /// Decode the body as JSON (whatever the status).
@@ -358,6 +369,12 @@ impl Request {
             .send()?
             .error_for_status()?
             .json()
+    }
+
+    /// Send, and accept only a 2xx answer ([`Response::error_for_status`]): for calls
+    /// whose answer body does not matter (a delete, an update).
+    pub fn send_ok(self) -> Result<Response, HttpError> {
+        self.send()?.error_for_status()
     }
 
     /// Send the request and read the whole answer. Any status is `Ok`; only a request that
@@ -714,6 +731,7 @@ mod tests {
         let status = |s| HttpError::Status {
             status: s,
             body: vec![],
+            retry_after: None,
         };
         assert_eq!(reason(status(401)), "Unauthorized");
         assert_eq!(reason(status(403)), "Forbidden");
@@ -730,6 +748,7 @@ mod tests {
         let e = HttpError::Status {
             status: 503,
             body: b" busy \n".to_vec(),
+            retry_after: None,
         };
         assert_eq!(e.to_string(), "backend answered HTTP 503: busy");
         assert_eq!(e.status(), Some(503));
@@ -754,9 +773,31 @@ mod tests {
         let v: serde_json::Value = r.json().unwrap();
         assert_eq!(v["error"], "gone");
         assert!(matches!(
-            r.error_for_status(),
-            Err(HttpError::Status { status: 404, .. })
+            r.clone().error_for_status(),
+            Err(HttpError::Status {
+                status: 404,
+                retry_after: None,
+                ..
+            })
         ));
+        let limited = |value: &str| Response {
+            status: 429,
+            headers: vec![("Retry-After".into(), value.as_bytes().to_vec())],
+            body: vec![],
+        };
+        for (value, want) in [
+            ("30", Some(30)),
+            (" 7 ", Some(7)),
+            ("Wed, 21 Oct 2015 07:28:00 GMT", None),
+            ("-1", None),
+        ] {
+            match limited(value).error_for_status() {
+                Err(HttpError::Status { retry_after, .. }) => {
+                    assert_eq!(retry_after, want, "{value}")
+                }
+                other => panic!("{value}: {other:?}"),
+            }
+        }
     }
 
     #[test]

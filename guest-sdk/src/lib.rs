@@ -6,6 +6,13 @@
 //! naming) is here so that all plugins behave the same way where the contract says
 //! they must: same error classes for the same failures, same marks, same instance names.
 //!
+//! What every REST plugin would otherwise write again, each its own module:
+//! [`config`](mod@config) (parse a config block and check its fields, errors naming field and value),
+//! [`id`] (`<scope>/<key>` instance IDs, parsed strictly), [`paging`] (a bounded page loop
+//! that converts page by page), [`classify`] (the status/code -> error class table),
+//! [`outcome`] (one log line per operation result) and the typed constructors of
+//! [`ProviderError`] in [`error`](mod@error) (`invalid_config`, `invalid_id`, `name_taken`, ...).
+//!
 //! ```ignore
 //! struct MyCloud;
 //! impl egress_guest_sdk::Provider for MyCloud { /* ... */ }
@@ -28,10 +35,16 @@ pub mod bindings {
     });
 }
 
+pub mod classify;
+pub mod config;
 pub mod error;
 pub mod host;
 pub mod http;
+pub mod id;
+pub mod json;
 mod log;
+pub mod outcome;
+pub mod paging;
 pub mod time;
 
 pub use bindings::egress::provider::host::Level;
@@ -39,6 +52,7 @@ pub use bindings::egress::provider::types::{
     CreateRequest, Datetime, ErrorClass, Instance, Placement, PluginInfo, ProviderError, State,
     TargetStatus,
 };
+pub use error::PlacementField;
 pub use host::{cache_get, cache_set, config, config_json, secret, secret_string};
 
 use sha2::{Digest, Sha256};
@@ -177,6 +191,12 @@ impl TargetStatus {
         }
     }
 
+    /// The one entry of a check whose config no longer parses: target `config`, reason
+    /// `InvalidConfig`, so the failure is not blamed on any one region.
+    pub fn invalid_config(e: ProviderError) -> Self {
+        Self::failed("config", "InvalidConfig", e.message)
+    }
+
     /// A target that did not answer or refused; `reason` is a short CamelCase word such as
     /// [`HttpError::reason`](http::HttpError::reason) gives.
     pub fn failed(
@@ -194,9 +214,57 @@ impl TargetStatus {
     }
 }
 
+/// One [`TargetStatus`] per target, in the order given: `probe` with the API client, or,
+/// when no client could be built (a secret missing or unreadable), every target failed as
+/// `Unauthorized` with that error's message and no request made.
+pub fn check_each<C, T: AsRef<str>>(
+    targets: &[T],
+    client: Result<C, ProviderError>,
+    probe: impl Fn(&C, &str) -> TargetStatus,
+) -> Vec<TargetStatus> {
+    let one = |t: &T| match &client {
+        Ok(c) => probe(c, t.as_ref()),
+        Err(e) => TargetStatus::failed(t.as_ref(), "Unauthorized", &e.message),
+    };
+    targets.iter().map(one).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn check_each_probes_or_fails_every_target() {
+        let targets = ["r1", "r2"];
+        let got = check_each(&targets, Ok(7), |c, t| {
+            TargetStatus::ready(t, vec![("c".into(), c.to_string())])
+        });
+        assert_eq!(
+            got.iter()
+                .map(|t| (t.target.as_str(), t.ready))
+                .collect::<Vec<_>>(),
+            [("r1", true), ("r2", true)]
+        );
+        assert_eq!(got[1].details, vec![("c".to_string(), "7".to_string())]);
+
+        let no_token: Result<u8, _> = Err(ProviderError::permanent(
+            "secret \"token\" is not configured",
+        ));
+        let got = check_each(&targets, no_token, |_, _| {
+            unreachable!("no request without a client")
+        });
+        assert!(
+            got.iter()
+                .all(|t| !t.ready && t.reason == "Unauthorized" && t.message.contains("token"))
+        );
+
+        let bad =
+            TargetStatus::invalid_config(ProviderError::invalid_config("config.x is invalid"));
+        assert_eq!(
+            (bad.target.as_str(), bad.reason.as_str(), bad.ready),
+            ("config", "InvalidConfig", false)
+        );
+    }
 
     #[test]
     fn plugin_info_profile() {

@@ -5,6 +5,7 @@
 use crate::config::Endpoint;
 use crate::sigv4::{self, Credentials};
 use crate::wire::{self, ApiError, Page};
+use egress_guest_sdk::classify::{Classifier, Kind, Rule};
 use egress_guest_sdk::http::{HttpError, Request, Timeouts};
 use egress_guest_sdk::{ProviderError, debug, warn};
 use std::fmt;
@@ -99,13 +100,7 @@ impl Ec2Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Ec2Error::Transport { error, .. } => error.reason(),
-            Ec2Error::Api { status, error, .. } => match error.code.as_str() {
-                c if is_auth_failure(c) => "Unauthorized",
-                c if is_forbidden(c) => "Forbidden",
-                _ if *status == 401 => "Unauthorized",
-                _ if *status == 403 => "Forbidden",
-                _ => "APIError",
-            },
+            Ec2Error::Api { status, error, .. } => EC2.reason(*status, Some(&error.code)),
             Ec2Error::Unexpected { .. } => "APIError",
         }
     }
@@ -238,106 +233,79 @@ fn snippet(text: &str) -> String {
     t.chars().take(200).collect()
 }
 
-/// The credentials themselves are refused: a fixed key or Secret is needed.
-fn is_auth_failure(code: &str) -> bool {
-    matches!(
-        code,
-        "AuthFailure"
-            | "SignatureDoesNotMatch"
-            | "InvalidClientTokenId"
-            | "UnrecognizedClientException"
-            | "MissingAuthenticationToken"
-            | "ExpiredToken"
-            | "RequestExpiredToken"
-    )
-}
-
-/// The credentials are fine but may not do this: an IAM or account change is needed.
-fn is_forbidden(code: &str) -> bool {
-    matches!(
-        code,
-        "UnauthorizedOperation"
-            | "AccessDenied"
-            | "AccessDeniedException"
-            | "OptInRequired"
-            | "Blocked"
-            | "PendingVerification"
-    )
-}
-
-/// Quota, rate limit or capacity: the operator waits instead of backing off.
-fn is_quota(code: &str) -> bool {
-    matches!(
-        code,
-        "InstanceLimitExceeded"
-            | "VcpuLimitExceeded"
-            | "RequestLimitExceeded"
-            | "Throttling"
-            | "ThrottlingException"
-            | "ResourceLimitExceeded"
-            | "MaxIOPSLimitExceeded"
-            | "VolumeLimitExceeded"
-            | "AddressLimitExceeded"
-            | "InsufficientFreeAddressesInSubnet"
-    ) || (code.starts_with("Insufficient") && code.ends_with("Capacity"))
-}
-
-/// Retrying the same request can never succeed: fix the placement, the config, IAM.
-fn is_permanent(code: &str) -> bool {
-    matches!(
-        code,
-        "MissingParameter"
-            | "UnknownParameter"
-            | "Unsupported"
-            | "UnsupportedOperation"
-            | "OperationNotPermitted"
-            | "IdempotentParameterMismatch"
-            | "IncompleteSignature"
-            | "InvalidAction"
-            | "DryRunOperation"
-    ) || code.starts_with("Invalid")
-        || code.ends_with(".Malformed")
-}
+/// EC2's error codes onto kinds, first match wins. EC2 answers in XML, so the table is
+/// used through [`Classifier::kind`] with the code `wire` parsed; an answer that is not
+/// EC2's (`Ec2Error::Unexpected`) has no code and goes by status.
+#[rustfmt::skip] // a table: one row per kind reads better than one code per line
+const EC2: Classifier = Classifier {
+    backend: "EC2",
+    code_at: "",
+    message_at: "",
+    rules: &[
+        // The one code that means "this instance does not exist".
+        Rule::code("InvalidInstanceID.NotFound", Kind::Gone),
+        // A state transition is in progress (the emulator's lock): try again.
+        Rule::codes(&["IncorrectInstanceState", "IncorrectState"], Kind::Conflict),
+        // The clock is off; NTP may fix it.
+        Rule::codes(&["RequestExpired", "RequestTimeTooSkewed"], Kind::Retryable),
+        // Quota, rate limit or capacity: the operator waits instead of backing off.
+        Rule::codes(&["RequestLimitExceeded", "Throttling", "ThrottlingException"], Kind::RateLimited),
+        Rule::codes(
+            &[
+                "InstanceLimitExceeded", "VcpuLimitExceeded", "ResourceLimitExceeded", "MaxIOPSLimitExceeded",
+                "VolumeLimitExceeded", "AddressLimitExceeded", "InsufficientFreeAddressesInSubnet",
+                "Insufficient*Capacity",
+            ],
+            Kind::Quota,
+        ),
+        // The credentials themselves are refused: a fixed key or Secret is needed.
+        Rule::codes(
+            &[
+                "AuthFailure", "SignatureDoesNotMatch", "InvalidClientTokenId", "UnrecognizedClientException",
+                "MissingAuthenticationToken", "ExpiredToken", "RequestExpiredToken",
+            ],
+            Kind::Auth,
+        ),
+        // The credentials are fine but may not do this: an IAM or account change is needed.
+        Rule::codes(
+            &[
+                "UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "OptInRequired", "Blocked",
+                "PendingVerification",
+            ],
+            Kind::Forbidden,
+        ),
+        Rule::codes(&["InternalError", "InternalFailure", "Unavailable", "ServiceUnavailable"], Kind::Retryable),
+        // Retrying the same request can never succeed: fix the placement, the config, IAM.
+        Rule::codes(
+            &[
+                "MissingParameter", "UnknownParameter", "Unsupported", "UnsupportedOperation", "OperationNotPermitted",
+                "IdempotentParameterMismatch", "IncompleteSignature", "InvalidAction", "DryRunOperation", "Invalid*",
+                "*.Malformed",
+            ],
+            Kind::Invalid,
+        ),
+        // Codes not listed, and answers that are not EC2's: by status, transient when in
+        // doubt.
+        Rule::status(429, Kind::RateLimited),
+        Rule::status(401, Kind::Auth),
+        Rule::status(403, Kind::Forbidden),
+    ],
+};
 
 /// The one place that maps EC2 failures onto the operator's error classes. Put EC2's own
 /// code (or the transport error's name) in `code`.
 pub fn classify(err: &Ec2Error) -> ProviderError {
     let msg = err.to_string();
-    match err {
-        Ec2Error::Transport { error, .. } => {
-            ProviderError::transient(msg).with_code(error.code_name())
-        }
-        Ec2Error::Unexpected { status, .. } => {
-            let e = match status {
-                429 => ProviderError::quota(msg),
-                401 | 403 => ProviderError::permanent(msg),
-                _ => ProviderError::transient(msg),
-            };
-            e.with_code(format!("HTTP{status}"))
-        }
-        Ec2Error::Api { status, error, .. } => {
-            let code = error.code.as_str();
-            let e = match code {
-                // The one code that means "this instance does not exist".
-                "InvalidInstanceID.NotFound" => ProviderError::not_found(msg),
-                // A state transition is in progress (the emulator's lock): try again.
-                "IncorrectInstanceState" | "IncorrectState" => ProviderError::transient(msg),
-                // The clock is off; NTP may fix it.
-                "RequestExpired" | "RequestTimeTooSkewed" => ProviderError::transient(msg),
-                c if is_quota(c) => ProviderError::quota(msg),
-                c if is_auth_failure(c) || is_forbidden(c) => ProviderError::permanent(msg),
-                "InternalError" | "InternalFailure" | "Unavailable" | "ServiceUnavailable" => {
-                    ProviderError::transient(msg)
-                }
-                c if is_permanent(c) => ProviderError::permanent(msg),
-                // Codes not listed: by status, and transient when in doubt.
-                _ => match status {
-                    429 => ProviderError::quota(msg),
-                    401 | 403 => ProviderError::permanent(msg),
-                    _ => ProviderError::transient(msg),
-                },
-            };
-            e.with_code(code)
-        }
-    }
+    let (class, code) = match err {
+        Ec2Error::Transport { error, .. } => (Kind::Retryable.class(), error.code_name()),
+        Ec2Error::Unexpected { status, .. } => (
+            EC2.kind(Some(*status), None).class(),
+            format!("HTTP{status}"),
+        ),
+        Ec2Error::Api { status, error, .. } => (
+            EC2.kind(Some(*status), Some(&error.code)).class(),
+            error.code.clone(),
+        ),
+    };
+    ProviderError::new(class, msg).with_code(code)
 }

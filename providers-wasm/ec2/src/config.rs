@@ -5,7 +5,9 @@
 //! costs a support round-trip. Everything that ends up in an identifier, a URL or an EC2
 //! parameter is checked here, so `create` can trust it.
 
-use egress_guest_sdk::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID, Placement, ProviderError};
+use egress_guest_sdk::{
+    MARK_INSTALLATION, MARK_MANAGED, MARK_UID, Placement, PlacementField, ProviderError,
+};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -274,25 +276,20 @@ pub struct Launch {
 /// Resolve a placement, refusing what can never work before anything is sent, naming
 /// the field, the value and what would have been accepted.
 pub fn resolve(cfg: &Config, p: &Placement) -> Result<Launch, ProviderError> {
-    let bad = |field: &str, value: &str, code: &str, accepted: String| {
-        ProviderError::permanent(format!(
-            "placement.{field} {value:?} is not usable: {accepted}"
-        ))
-        .with_code(code)
+    let bad = |field: PlacementField, value: &str, accepted: String| {
+        ProviderError::invalid_placement(field, value, format!("is not usable: {accepted}"))
     };
     let region = cfg.regions.get(&p.region).ok_or_else(|| {
         bad(
-            "region",
+            PlacementField::Region,
             &p.region,
-            "InvalidRegion",
             format!("configured regions are {:?}", keys(&cfg.regions)),
         )
     })?;
     let zone = region.zones.get(&p.zone).ok_or_else(|| {
         bad(
-            "zone",
+            PlacementField::Zone,
             &p.zone,
-            "InvalidZone",
             format!(
                 "configured zones of {} are {:?}",
                 p.region,
@@ -302,18 +299,16 @@ pub fn resolve(cfg: &Config, p: &Placement) -> Result<Launch, ProviderError> {
     })?;
     if !cfg.instance_types.contains(&p.machine_type) {
         return Err(bad(
-            "machineType",
+            PlacementField::MachineType,
             &p.machine_type,
-            "InvalidMachineType",
             format!("configured instance types are {:?}", cfg.instance_types),
         ));
     }
     let image = if p.image.starts_with("ami-") {
         if !valid_id(&p.image, "ami") {
             return Err(bad(
-                "image",
+                PlacementField::Image,
                 &p.image,
-                "InvalidImage",
                 "an AMI id is \"ami-\" and 8 or 17 hex digits".to_string(),
             ));
         }
@@ -326,9 +321,8 @@ pub fn resolve(cfg: &Config, p: &Placement) -> Result<Launch, ProviderError> {
             Ok(Some(image)) => image,
             _ => {
                 return Err(bad(
-                    "image",
+                    PlacementField::Image,
                     &p.image,
-                    "InvalidImage",
                     format!(
                         "not an AMI id, and the image keys of {} are {:?}",
                         p.region,
@@ -396,7 +390,7 @@ fn parse_endpoint(url: &str) -> Result<Endpoint, &'static str> {
 }
 
 fn invalid(message: impl Into<String>) -> ProviderError {
-    ProviderError::permanent(message).with_code("InvalidConfig")
+    ProviderError::invalid_config(message)
 }
 
 /// `eu-west-1`, `us-gov-east-1`, `ap-southeast-4`: lowercase words joined by `-`, the

@@ -13,6 +13,9 @@ mod wire;
 
 use api::{Ec2, Ec2Error, classify};
 use config::{Config, IpAddress, Launch};
+use egress_guest_sdk::id::IdFormat;
+use egress_guest_sdk::outcome::Outcomes;
+use egress_guest_sdk::paging::{Bounds, Page};
 use egress_guest_sdk::time::parse_rfc3339;
 use egress_guest_sdk::{self as sdk, *};
 use sha2::{Digest, Sha256};
@@ -93,7 +96,19 @@ const LIVE_STATES: &[&str] = &["pending", "running", "stopping", "stopped"];
 /// Largest page DescribeInstances serves, and a bound on pages so a misbehaving endpoint
 /// cannot keep a call looping.
 const PAGE_SIZE: &str = "1000";
-const MAX_PAGES: usize = 100;
+const PAGES: Bounds = Bounds {
+    what: "EC2 DescribeInstances",
+    max_pages: 100,
+    max_items: 100 * 1000,
+};
+
+/// Info per create and delete (the user's actions), debug per get and list (polled):
+/// the `tiered` logging of the profile. Never the request (cloud-init) or credentials.
+const OUTCOMES: Outcomes = Outcomes {
+    plugin: "ec2",
+    changes: Level::Info,
+    reads: Level::Debug,
+};
 
 fn load_config() -> Result<Config, ProviderError> {
     Config::parse(&sdk::config())
@@ -108,16 +123,14 @@ fn client(cfg: &Config, region: &str, creds: sigv4::Credentials) -> Result<Ec2, 
 }
 
 /// `<region>/<instance-id>`, parsed strictly: a malformed ID is permanent.
+const ID: IdFormat = IdFormat {
+    shape: "<region>/i-<hex>, e.g. eu-west-1/i-0123456789abcdef0",
+    scope: config::valid_region,
+    key: |k| config::valid_id(k, "i"),
+};
+
 fn parse_id(id: &str) -> Result<(&str, &str), ProviderError> {
-    match id.split_once('/') {
-        Some((region, iid)) if config::valid_region(region) && config::valid_id(iid, "i") => {
-            Ok((region, iid))
-        }
-        _ => Err(ProviderError::permanent(format!(
-            "malformed instance ID {id:?} (expected <region>/i-<hex>)"
-        ))
-        .with_code("InvalidId")),
-    }
+    ID.parse(id)
 }
 
 /// EC2's state names onto the operator's four states.
@@ -140,7 +153,7 @@ fn to_instance(region: &str, inst: &Ec2Instance, mode: IpAddress) -> Instance {
     }
     .unwrap_or_default();
     Instance {
-        id: format!("{region}/{}", inst.id),
+        id: ID.format(region, &inst.id),
         state: map_state(&inst.state, !ip.is_empty()),
         ip,
         uid: inst.tag(MARK_UID).unwrap_or_default().to_string(),
@@ -162,28 +175,28 @@ fn filters(list: &[(&str, &[&str])]) -> Vec<(String, String)> {
     out
 }
 
-/// Every instance matching `params` (filters), following `nextToken`.
-fn describe_all(ec2: &Ec2, params: &[(String, String)]) -> Result<Vec<Ec2Instance>, Ec2Error> {
-    let mut all = Vec::new();
-    let mut token: Option<String> = None;
-    for _ in 0..MAX_PAGES {
+/// Every instance matching `params` (filters), following `nextToken`, each passed
+/// through `keep` as its page arrives.
+fn describe_all<T>(
+    ec2: &Ec2,
+    params: &[(String, String)],
+    keep: impl FnMut(Ec2Instance) -> Option<T>,
+) -> Result<Vec<T>, ProviderError> {
+    let fetch = |token: &String| {
         let mut p = params.to_vec();
         p.push(("MaxResults".into(), PAGE_SIZE.into()));
-        if let Some(t) = &token {
-            p.push(("NextToken".into(), t.clone()));
+        if !token.is_empty() {
+            p.push(("NextToken".into(), token.clone()));
         }
-        let page = ec2.instances("DescribeInstances", &p)?;
-        all.extend(page.instances);
-        match page.next_token {
-            Some(t) => token = Some(t),
-            None => return Ok(all),
-        }
-    }
-    Err(Ec2Error::Unexpected {
-        call: format!("DescribeInstances in {}", ec2.region),
-        status: 200,
-        what: format!("still paginating after {MAX_PAGES} pages"),
-    })
+        let page = ec2
+            .instances("DescribeInstances", &p)
+            .map_err(|e| classify(&e))?;
+        Ok(Page {
+            items: page.instances,
+            next: page.next_token,
+        })
+    };
+    PAGES.collect(String::new(), fetch, keep)
 }
 
 /// One instance by ID: `None` when EC2 answered without it.
@@ -197,25 +210,22 @@ fn describe_one(ec2: &Ec2, iid: &str) -> Result<Option<Ec2Instance>, Ec2Error> {
 /// so every caller picks the same one.
 fn find_by_name(ec2: &Ec2, name: &str, uid: &str) -> Result<Option<String>, ProviderError> {
     let params = filters(&[("tag:Name", &[name]), ("instance-state-name", LIVE_STATES)]);
-    let found = describe_all(ec2, &params).map_err(|e| classify(&e))?;
     // Filtered again here: an endpoint that ignored a filter must not make us adopt.
-    let mut named: Vec<Ec2Instance> = found
-        .into_iter()
-        .filter(|i| i.tag("Name") == Some(name) && !i.is_dead())
-        .collect();
+    let mut named = describe_all(ec2, &params, |i| {
+        (i.tag("Name") == Some(name) && !i.is_dead()).then_some(i)
+    })?;
     named.sort_by(|a, b| (&a.launch_time, &a.id).cmp(&(&b.launch_time, &b.id)));
     if let Some(mine) = named.iter().find(|i| i.tag(MARK_UID) == Some(uid)) {
         return Ok(Some(mine.id.clone()));
     }
     match named.first() {
         None => Ok(None),
-        Some(other) => Err(ProviderError::permanent(format!(
-            "instance {} in {} is already named {name:?} but belongs to uid {:?}, not {uid:?}",
-            other.id,
-            ec2.region,
-            other.tag(MARK_UID).unwrap_or_default()
-        ))
-        .with_code("NameTaken")),
+        Some(other) => Err(ProviderError::name_taken(
+            name,
+            &format!("instance {} in {}", other.id, ec2.region),
+            other.tag(MARK_UID).unwrap_or_default(),
+            uid,
+        )),
     }
 }
 
@@ -407,103 +417,106 @@ impl Provider for Ec2Provider {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        let cfg = load_config()?;
-        let launch = config::resolve(&cfg, &req.placement)?;
-        if req.cloud_init.len() > MAX_USER_DATA {
-            return Err(ProviderError::permanent(format!(
-                "cloudInit is {} bytes; EC2 user data is limited to {MAX_USER_DATA} bytes",
+        OUTCOMES.run("create", &req.name, || {
+            let cfg = load_config()?;
+            let launch = config::resolve(&cfg, &req.placement)?;
+            if req.cloud_init.len() > MAX_USER_DATA {
+                let (len, max) = (req.cloud_init.len(), MAX_USER_DATA);
+                return Err(ProviderError::user_data_too_large(
+                    len,
+                    max,
+                    " (EC2's limit)",
+                ));
+            }
+            let ec2 = Ec2::new(&launch.region, launch.endpoint.clone(), api::credentials()?);
+            if let Some(iid) = find_by_name(&ec2, &req.name, &req.uid)? {
+                let id = ID.format(&launch.region, &iid);
+                return Ok((id.clone(), format!("adopted {id}")));
+            }
+            let params = run_params(&req, &launch, &cfg.tags);
+            let iid = run_instance(&ec2, &req, &params)?;
+            wait_visible(&ec2, &iid)?;
+            let id = ID.format(&launch.region, &iid);
+            let what = format!(
+                "created {id} ({} {} in {}, {} bytes of user data)",
+                launch.instance_type,
+                launch.image_id,
+                launch.zone,
                 req.cloud_init.len()
-            ))
-            .with_code("UserDataTooLarge"));
-        }
-        let ec2 = Ec2::new(&launch.region, launch.endpoint.clone(), api::credentials()?);
-        if let Some(iid) = find_by_name(&ec2, &req.name, &req.uid)? {
-            let id = format!("{}/{iid}", launch.region);
-            info!("adopted {id} for {}", req.name);
-            return Ok(id);
-        }
-        let params = run_params(&req, &launch, &cfg.tags);
-        let iid = run_instance(&ec2, &req, &params)?;
-        wait_visible(&ec2, &iid)?;
-        let id = format!("{}/{iid}", launch.region);
-        info!(
-            "created {id} for {} ({} {} in {}, {} bytes of user data)",
-            req.name,
-            launch.instance_type,
-            launch.image_id,
-            launch.zone,
-            req.cloud_init.len()
-        );
-        Ok(id)
+            );
+            Ok((id, what))
+        })
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        let (region, iid) = parse_id(id)?;
-        let cfg = load_config()?;
-        let ec2 = client(&cfg, region, api::credentials()?)?;
-        match describe_one(&ec2, iid) {
-            Ok(Some(inst)) if inst.state == "terminated" => Err(ProviderError::not_found(format!(
-                "instance {iid} in {region} is terminated"
-            ))
-            .with_code("Terminated")),
-            Ok(Some(inst)) => Ok(to_instance(region, &inst, cfg.ip_address)),
-            Ok(None) => Err(ProviderError::not_found(format!(
-                "EC2 DescribeInstances in {region} answered without {iid}"
-            ))
-            .with_code("EmptyAnswer")),
-            Err(e) => Err(classify(&e)),
-        }
+        OUTCOMES.run("get", id, || {
+            let (region, iid) = parse_id(id)?;
+            let cfg = load_config()?;
+            let ec2 = client(&cfg, region, api::credentials()?)?;
+            match describe_one(&ec2, iid) {
+                Ok(Some(inst)) if inst.state == "terminated" => {
+                    let msg = format!("instance {iid} in {region} is terminated");
+                    Err(ProviderError::not_found(msg).with_code("Terminated"))
+                }
+                Ok(Some(inst)) => Ok(to_instance(region, &inst, cfg.ip_address)),
+                Ok(None) => {
+                    let msg = format!("EC2 DescribeInstances in {region} answered without {iid}");
+                    Err(ProviderError::not_found(msg).with_code("EmptyAnswer"))
+                }
+                Err(e) => Err(classify(&e)),
+            }
+        })
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        let (region, iid) = parse_id(id)?;
-        let cfg = load_config()?;
-        let ec2 = client(&cfg, region, api::credentials()?)?;
-        // Terminating a shutting-down or terminated instance succeeds in EC2, so repeated
-        // deletes during the shutdown are one cheap call each.
-        match ec2.call("TerminateInstances", &[("InstanceId.1".into(), iid.into())]) {
-            Ok(_) => {
-                info!("terminating {id}");
-                Ok(())
+        OUTCOMES.run("delete", id, || {
+            let (region, iid) = parse_id(id)?;
+            let cfg = load_config()?;
+            let ec2 = client(&cfg, region, api::credentials()?)?;
+            // Terminating a shutting-down or terminated instance succeeds in EC2, so
+            // repeated deletes during the shutdown are one cheap call each.
+            match ec2.call("TerminateInstances", &[("InstanceId.1".into(), iid.into())]) {
+                Ok(_) => Ok(((), "terminating".to_string())),
+                Err(e) if e.code() == Some("InvalidInstanceID.NotFound") => {
+                    Ok(((), "already gone".to_string()))
+                }
+                Err(e) => Err(classify(&e)),
             }
-            Err(e) if e.code() == Some("InvalidInstanceID.NotFound") => {
-                info!("{id} is already gone");
-                Ok(())
-            }
-            Err(e) => Err(classify(&e)),
-        }
+        })
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        let cfg = load_config()?;
-        let creds = api::credentials()?;
-        let params = filters(&[
-            (&format!("tag:{MARK_MANAGED}"), &[MARK_MANAGED_YES]),
-            (&format!("tag:{MARK_INSTALLATION}"), &[installation]),
-            ("instance-state-name", LISTED_STATES),
-        ]);
-        let mut out = Vec::new();
-        // Fail-whole: a region that cannot be listed fails the list, so GC skips this
-        // sweep rather than act on a partial picture.
-        for region in cfg.regions.keys() {
-            let ec2 = client(&cfg, region, creds.clone())?;
-            let found = describe_all(&ec2, &params).map_err(|e| classify(&e))?;
-            // Filtered again here: an endpoint that ignored a filter must not hand GC
-            // another installation's (or an unmanaged) instance.
-            let mine = found.iter().filter(|i| {
-                i.tag(MARK_MANAGED) == Some(MARK_MANAGED_YES)
-                    && i.tag(MARK_INSTALLATION) == Some(installation)
-                    && i.state != "terminated"
-            });
-            out.extend(mine.map(|i| to_instance(region, i, cfg.ip_address)));
-        }
-        Ok(out)
+        OUTCOMES.run("list", installation, || {
+            let cfg = load_config()?;
+            let creds = api::credentials()?;
+            let params = filters(&[
+                (&format!("tag:{MARK_MANAGED}"), &[MARK_MANAGED_YES]),
+                (&format!("tag:{MARK_INSTALLATION}"), &[installation]),
+                ("instance-state-name", LISTED_STATES),
+            ]);
+            let mut out = Vec::new();
+            // Fail-whole: a region that cannot be listed fails the list, so GC skips this
+            // sweep rather than act on a partial picture.
+            for region in cfg.regions.keys() {
+                let ec2 = client(&cfg, region, creds.clone())?;
+                // Filtered again here: an endpoint that ignored a filter must not hand GC
+                // another installation's (or an unmanaged) instance.
+                let mine = |i: Ec2Instance| {
+                    let ours = i.tag(MARK_MANAGED) == Some(MARK_MANAGED_YES)
+                        && i.tag(MARK_INSTALLATION) == Some(installation)
+                        && i.state != "terminated";
+                    ours.then(|| to_instance(region, &i, cfg.ip_address))
+                };
+                out.extend(describe_all(&ec2, &params, mine)?);
+            }
+            Ok(out)
+        })
     }
 
     fn check() -> Vec<TargetStatus> {
         let cfg = match load_config() {
             Ok(cfg) => cfg,
-            Err(e) => return vec![TargetStatus::failed("config", "InvalidConfig", e.message)],
+            Err(e) => return vec![TargetStatus::invalid_config(e)],
         };
         let creds = api::credentials();
         let params = {

@@ -6,7 +6,10 @@
 //! unchecked: it accepts any value. Instance IDs are `<region>/<backend id>`.
 
 use data_encoding::BASE64;
+use egress_guest_sdk::classify::{Classifier, Kind, Rule};
 use egress_guest_sdk::http::{Client, HttpError, encode_component};
+use egress_guest_sdk::id::{IdFormat, is_word};
+use egress_guest_sdk::outcome::Outcomes;
 use egress_guest_sdk::time::parse_rfc3339;
 use egress_guest_sdk::{self as sdk, *};
 use serde::Deserialize;
@@ -41,19 +44,14 @@ struct List {
 }
 
 fn parse_config(json: &str) -> Result<Config, ProviderError> {
-    let cfg: Config = sdk::host::parse_config(json)?;
-    if !cfg.endpoint.starts_with("http://") && !cfg.endpoint.starts_with("https://") {
-        let msg = format!("config.endpoint {:?} is not an http(s) URL", cfg.endpoint);
-        return Err(ProviderError::permanent(msg));
-    }
-    match cfg.regions.iter().find(|r| !valid_token(r)) {
-        Some(r) => Err(ProviderError::permanent(format!("config.regions entry {r:?} is invalid"))),
-        None => Ok(cfg),
-    }
+    let mut cfg: Config = sdk::config::parse(json)?;
+    cfg.endpoint = sdk::config::endpoint("endpoint", &cfg.endpoint, "")?;
+    sdk::config::each("regions", &cfg.regions, |r| valid_token(r), "want 1-64 letters, digits or '-'")?;
+    Ok(cfg)
 }
 
 fn valid_token(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    is_word(s, 64, b"-")
 }
 
 /// A client for the configured endpoint; the token is read on every call so a rotated
@@ -66,39 +64,31 @@ fn api() -> Result<Client, ProviderError> {
     client(&parse_config(&config())?)
 }
 
-/// The backend's own error code: its errors are `{"error": message, "code": code}`.
-fn backend_code(e: &HttpError) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Body {
-        code: String,
-    }
-    match e {
-        HttpError::Status { body, .. } => serde_json::from_slice::<Body>(body).ok().map(|b| b.code),
-        _ => None,
-    }
-}
+/// The one place that turns backend answers into error classes. The backend's errors are
+/// `{"error": message, "code": code}`; first match wins, anything else is transient.
+const CLASSIFIER: Classifier = Classifier {
+    backend: "example",
+    code_at: "/code",
+    message_at: "/error",
+    rules: &[
+        Rule::status_code(404, "not_found", Kind::Gone), // the backend says: gone
+        Rule::status(429, Kind::RateLimited),
+        Rule::code("quota_exceeded", Kind::Quota),
+        Rule::status(408, Kind::Retryable),
+        Rule::status(409, Kind::Conflict), // locked or busy: try again
+        Rule::status(401, Kind::Auth),
+        Rule::status(403, Kind::Forbidden),
+        Rule::statuses(400, 499, Kind::Invalid), // bad request, wrong URL
+    ],
+};
 
-/// The one place that turns backend answers into error classes.
 fn classify(e: HttpError) -> ProviderError {
-    let code = backend_code(&e).unwrap_or_else(|| e.code_name());
-    let msg = e.to_string();
-    match (e.status(), code.as_str()) {
-        (Some(404), "not_found") => ProviderError::not_found(msg), // the backend says: gone
-        (Some(429), _) | (_, "quota_exceeded") => ProviderError::quota(msg),
-        (Some(408 | 409), _) => ProviderError::transient(msg), // locked or busy: try again
-        (Some(400..=499), _) => ProviderError::permanent(msg), // bad request, auth, wrong URL
-        _ => ProviderError::transient(msg),                    // 5xx, transport errors
-    }
-    .with_code(code)
+    CLASSIFIER.classify(e)
 }
 
 /// `<region>/<backend id>`, parsed strictly: a malformed ID is permanent.
-fn split_id(id: &str) -> Result<&str, ProviderError> {
-    match id.split_once('/') {
-        Some((region, key)) if valid_token(region) && valid_token(key) => Ok(key),
-        _ => Err(ProviderError::permanent(format!("malformed id {id:?}")).with_code("InvalidId")),
-    }
-}
+const ID: IdFormat =
+    IdFormat { shape: "<region>/<instance id>, e.g. r1/i-00000001", scope: valid_token, key: valid_token };
 
 fn to_instance(w: Wire) -> Instance {
     let state = match w.status.as_str() {
@@ -110,7 +100,7 @@ fn to_instance(w: Wire) -> Instance {
     };
     let uid = w.labels.get(MARK_UID).cloned().unwrap_or_default();
     let created_at = parse_rfc3339(&w.created_at);
-    Instance { id: format!("{}/{}", w.region, w.id), ip: w.ip, state, uid, created_at }
+    Instance { id: ID.format(&w.region, &w.id), ip: w.ip, state, uid, created_at }
 }
 
 /// A server-side label filter `k=v`, encoded for the query string.
@@ -128,8 +118,8 @@ fn find_by_name(api: &Client, name: &str, uid: &str) -> Result<Option<String>, P
         None => Ok(None),
         Some(w) if w.labels.get(MARK_UID).is_some_and(|u| u == uid) => Ok(Some(to_instance(w).id)),
         Some(w) => {
-            let msg = format!("instance {:?} named {name:?} belongs to another uid", w.id);
-            Err(ProviderError::permanent(msg).with_code("NameTaken"))
+            let found = w.labels.get(MARK_UID).map_or("", String::as_str);
+            Err(ProviderError::name_taken(name, &format!("instance {}", w.id), found, uid))
         }
     }
 }
@@ -139,7 +129,7 @@ fn probe(api: &Client, region: &str) -> TargetStatus {
     let query = format!("/v1/instances?region={region}&label={}", label(MARK_MANAGED, MARK_MANAGED_YES));
     match api.get_json::<List>(&query) {
         Ok(l) => TargetStatus::ready(region, vec![("managed".into(), l.instances.len().to_string())]),
-        Err(e) => TargetStatus::failed(region, e.reason(), e.to_string()),
+        Err(e) => TargetStatus::failed(region, CLASSIFIER.reason_of(&e), e.to_string()),
     }
 }
 
@@ -150,6 +140,10 @@ const PROFILE: &str = "readiness=immediate create-return=submit delete-return=wa
     provisioning-state=native async-ops=none secondary-resources=none \
     credentials=mounted-files client-kind=thin-client timeouts=per-call logging=outcome-only \
     child-spans=transport-wrapper backend-test=integration-tag";
+
+/// One line per operation outcome, never the request (cloud-init) or the token: create and
+/// delete at info (a few per Proxy), the polled get and list at debug.
+const OUTCOMES: Outcomes = Outcomes { plugin: "example", changes: Level::Info, reads: Level::Debug };
 
 impl Provider for Example {
     fn info() -> PluginInfo {
@@ -162,79 +156,72 @@ impl Provider for Example {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        let cfg = parse_config(&config())?;
-        let (region, p) = (&req.placement.region, &req.placement);
-        if !cfg.regions.contains(region) {
-            let msg = format!("placement.region {region:?} is not one of {:?}", cfg.regions);
-            return Err(ProviderError::permanent(msg).with_code("InvalidRegion"));
-        }
-        let api = client(&cfg)?;
-        if let Some(id) = find_by_name(&api, &req.name, &req.uid)? {
-            info!("adopted {id} for {}", req.name);
-            return Ok(id);
-        }
-        let labels = BTreeMap::from([
-            (MARK_MANAGED, MARK_MANAGED_YES),
-            (MARK_UID, &req.uid),
-            (MARK_INSTALLATION, &req.installation),
-        ]);
-        let body = json!({
-            "name": req.name, "labels": labels, "user_data": BASE64.encode(&req.cloud_init),
-            "region": region, "zone": p.zone, "machine_type": p.machine_type, "image": p.image,
-            "port": req.port,
-        });
-        match api.post_json::<_, Wire>("/v1/instances", &body) {
-            Ok(w) => {
-                let id = to_instance(w).id;
-                info!("created {id} for {}", req.name);
-                Ok(id)
+        OUTCOMES.run("create", &req.name, || {
+            let cfg = parse_config(&config())?;
+            let p = &req.placement;
+            let region = sdk::config::one_of(PlacementField::Region, &p.region, &cfg.regions, "regions")?;
+            let api = client(&cfg)?;
+            if let Some(id) = find_by_name(&api, &req.name, &req.uid)? {
+                return Ok((id, "adopted".to_string()));
             }
-            // A concurrent create won the race for the name: adopt it if it is ours.
-            Err(e) if e.status() == Some(409) => find_by_name(&api, &req.name, &req.uid)?
-                .ok_or_else(|| ProviderError::transient(format!("name {:?} is taken", req.name))),
-            Err(e) => Err(classify(e)),
-        }
+            let labels = BTreeMap::from([
+                (MARK_MANAGED, MARK_MANAGED_YES),
+                (MARK_UID, &req.uid),
+                (MARK_INSTALLATION, &req.installation),
+            ]);
+            let body = json!({
+                "name": req.name, "labels": labels, "user_data": BASE64.encode(&req.cloud_init),
+                "region": region, "zone": p.zone, "machine_type": p.machine_type, "image": p.image,
+                "port": req.port,
+            });
+            match api.post_json::<_, Wire>("/v1/instances", &body) {
+                Ok(w) => Ok((to_instance(w).id, "created".to_string())),
+                // A concurrent create won the race for the name: adopt it if it is ours.
+                Err(e) if e.status() == Some(409) => match find_by_name(&api, &req.name, &req.uid)? {
+                    Some(id) => Ok((id, "adopted after a concurrent create".to_string())),
+                    None => Err(ProviderError::transient(format!("name {:?} is taken", req.name))),
+                },
+                Err(e) => Err(classify(e)),
+            }
+        })
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        let key = split_id(id)?;
-        api()?.get_json::<Wire>(&format!("/v1/instances/{key}")).map(to_instance).map_err(classify)
+        OUTCOMES.run("get", id, || {
+            let (_, key) = ID.parse(id)?;
+            api()?.get_json::<Wire>(&format!("/v1/instances/{key}")).map(to_instance).map_err(classify)
+        })
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        let key = split_id(id)?;
-        match api()?.delete(&format!("/v1/instances/{key}")).send().and_then(|r| r.error_for_status()) {
-            Ok(_) => Ok(()), // 204 deleted, 202 a delete already in progress
-            Err(e) => match classify(e) {
-                e if matches!(e.class, ErrorClass::NotFound) => Ok(()), // already gone counts as deleted
-                e => Err(e),
-            },
-        }
+        OUTCOMES.run("delete", id, || {
+            let (_, key) = ID.parse(id)?;
+            match api()?.delete(&format!("/v1/instances/{key}")).send_ok() {
+                Ok(_) => Ok(((), "deleting".into())), // 204 deleted, 202 a delete already in progress
+                Err(e) if CLASSIFIER.is_gone(&e) => Ok(((), "already gone".into())), // counts as deleted
+                Err(e) => Err(classify(e)),
+            }
+        })
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        let (managed, ours) = (label(MARK_MANAGED, MARK_MANAGED_YES), label(MARK_INSTALLATION, installation));
-        let found = list(&api()?, &format!("label={managed}&label={ours}"))?;
-        // Filtered again here: a backend that ignored a filter must not hand this
-        // installation another one's instances to collect.
-        let mine = |w: &Wire| w.labels.get(MARK_INSTALLATION).is_some_and(|i| i == installation);
-        Ok(found.into_iter().filter(mine).map(to_instance).collect())
+        OUTCOMES.run("list", installation, || {
+            let (managed, ours) = (label(MARK_MANAGED, MARK_MANAGED_YES), label(MARK_INSTALLATION, installation));
+            let found = list(&api()?, &format!("label={managed}&label={ours}"))?;
+            // Filtered again here: a backend that ignored a filter must not hand this
+            // installation another one's instances to collect.
+            let mine = |w: &Wire| w.labels.get(MARK_INSTALLATION).is_some_and(|i| i == installation);
+            Ok(found.into_iter().filter(mine).map(to_instance).collect::<Vec<_>>())
+        })
     }
 
     fn check() -> Vec<TargetStatus> {
-        let cfg = match parse_config(&config()) {
-            Ok(cfg) => cfg,
-            Err(e) => return vec![TargetStatus::failed("config", "InvalidConfig", e.message)],
-        };
-        if cfg.regions.is_empty() {
-            return vec![]; // nothing to check: no secret read, no request
+        match parse_config(&config()) {
+            // No regions: nothing to check, so no secret read and no request.
+            Ok(cfg) if cfg.regions.is_empty() => vec![],
+            Ok(cfg) => check_each(&cfg.regions, client(&cfg), probe),
+            Err(e) => vec![TargetStatus::invalid_config(e)],
         }
-        let api = client(&cfg);
-        let target = |r: &String| match &api {
-            Ok(api) => probe(api, r),
-            Err(e) => TargetStatus::failed(r, "Unauthorized", &e.message),
-        };
-        cfg.regions.iter().map(target).collect()
     }
 }
 

@@ -8,11 +8,11 @@ fn class(e: HttpError) -> ErrorClass {
 }
 
 fn status(s: u16) -> HttpError {
-    HttpError::Status { status: s, body: br#"{"error":"x"}"#.to_vec() }
+    HttpError::Status { status: s, body: br#"{"error":"x"}"#.to_vec(), retry_after: None }
 }
 
 fn coded(s: u16, code: &str) -> HttpError {
-    HttpError::Status { status: s, body: format!(r#"{{"error":"x","code":"{code}"}}"#).into_bytes() }
+    HttpError::Status { status: s, body: format!(r#"{{"error":"x","code":"{code}"}}"#).into_bytes(), retry_after: None }
 }
 
 #[test]
@@ -80,10 +80,10 @@ fn state_mapping() {
 
 #[test]
 fn ids_are_parsed_strictly() {
-    assert_eq!(split_id("r1/i-00000001").unwrap(), "i-00000001");
+    assert_eq!(ID.parse("r1/i-00000001").unwrap(), ("r1", "i-00000001"));
     for bad in ["", "i-1", "r1/", "/i-1", "r1/i-1/x", "r1/../x", "r 1/i-1"] {
-        let e = split_id(bad).unwrap_err();
-        assert_eq!(e.class, ErrorClass::Permanent, "{bad:?}");
+        let e = ID.parse(bad).unwrap_err();
+        assert_eq!((e.class, e.code.as_deref()), (ErrorClass::Permanent, Some("InvalidId")), "{bad:?}");
     }
 }
 

@@ -2,9 +2,12 @@
 //! function that turns failures into error classes, and the few requests every operation
 //! shares.
 
-use egress_guest_sdk::http::{Client, HttpError, Response, Timeouts, encode_component};
-use egress_guest_sdk::{ErrorClass, ProviderError};
-use serde::{Deserialize, Deserializer};
+use egress_guest_sdk::ProviderError;
+use egress_guest_sdk::classify::{Classifier, Kind, Rule};
+use egress_guest_sdk::http::{Client, HttpError, Timeouts, encode_component};
+use egress_guest_sdk::json::nullable;
+use egress_guest_sdk::paging::{Bounds, Page};
+use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -12,7 +15,11 @@ use std::time::Duration;
 pub const PER_PAGE: u32 = 50;
 /// A ceiling on pages per list (50 000 servers): a backend whose `next_page` never ends
 /// must fail the list, not pin GC.
-const MAX_PAGES: u64 = 1000;
+const PAGES: Bounds = Bounds {
+    what: "Hetzner server list",
+    max_pages: 1000,
+    max_items: 1000 * PER_PAGE as usize,
+};
 
 /// Per-request bounds, well inside the host's per-call deadline and the 10 s poll: a
 /// connect that takes 5 s is a dead endpoint, and Hetzner answers reads in well under a
@@ -22,11 +29,6 @@ pub const TIMEOUTS: Timeouts = Timeouts {
     first_byte: Some(Duration::from_secs(20)),
     between_bytes: Some(Duration::from_secs(10)),
 };
-
-/// `null` and absent read as the default: Hetzner sends `null` for many empty fields.
-fn nullable<'de, D: Deserializer<'de>, T: Default + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
-    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
-}
 
 #[derive(Deserialize, Default, Debug, Clone)]
 #[serde(default)]
@@ -181,133 +183,69 @@ pub struct PrimaryIpEnvelope {
     pub primary_ip: PrimaryIp,
 }
 
-#[derive(Deserialize)]
-struct ErrorEnvelope {
-    error: ApiError,
-}
-
-/// Hetzner's error body, `{"error": {"code", "message", "details"}}`.
-#[derive(Deserialize, Debug, PartialEq)]
-pub struct ApiError {
-    pub code: String,
-    #[serde(default, deserialize_with = "nullable")]
-    pub message: String,
-}
-
-/// The Hetzner error in a failed answer; `None` when the body is not Hetzner's envelope
-/// (a proxy's HTML page, an empty 502), which classify must not read as an API verdict.
-pub fn api_error(e: &HttpError) -> Option<ApiError> {
-    match e {
-        HttpError::Status { body, .. } => serde_json::from_slice::<ErrorEnvelope>(body)
-            .ok()
-            .map(|env| env.error),
-        _ => None,
-    }
-}
-
-/// The class of a Hetzner error code, from the API reference's error table. `None` for a
-/// code this plugin does not know, which then falls back to the HTTP status.
-pub fn class_of_code(code: &str) -> Option<ErrorClass> {
-    Some(match code {
-        "not_found" => ErrorClass::NotFound,
+/// The one place that decides classes, from the API reference's error table. Hetzner's
+/// errors are `{"error": {"code", "message", "details"}}`; its code is more precise than
+/// the status (`resource_limit_exceeded` is a 403 but means quota), so codes come first,
+/// then the status for codes this table does not know. An answer without the envelope
+/// (a proxy's HTML page, an empty 502) is classified by status alone, and its 404 is
+/// "cannot tell", never "gone". Anything unrecognised is transient: retrying is the safe
+/// default, and the permanent cases are the ones the table names.
+#[rustfmt::skip] // a table: one row per kind reads better than one code per line
+pub const HZ: Classifier = Classifier {
+    backend: "Hetzner",
+    code_at: "/error/code",
+    message_at: "/error/message",
+    rules: &[
+        Rule::status_code(404, "not_found", Kind::Gone),
         // Rate limit, account limits and "no capacity here right now": waiting helps,
         // backing off fast does not.
-        "rate_limit_exceeded"
-        | "resource_limit_exceeded"
-        | "resource_unavailable"
-        | "placement_error"
-        | "no_space_left_in_location" => ErrorClass::QuotaExceeded,
+        Rule::code("rate_limit_exceeded", Kind::RateLimited),
+        Rule::codes(
+            &["resource_limit_exceeded", "resource_unavailable", "placement_error", "no_space_left_in_location"],
+            Kind::Quota,
+        ),
         // The server is busy or the API is: passes by itself. `uniqueness_error` is handled
         // in create (a concurrent create won the race); anywhere else it is a race too.
-        "locked" | "conflict" | "uniqueness_error" | "maintenance" | "server_error"
-        | "service_error" | "unavailable" | "timeout" | "bad_gateway" | "robot_unavailable"
-        | "unknown_error" | "action_failed" => ErrorClass::Transient,
+        Rule::codes(&["locked", "conflict", "uniqueness_error"], Kind::Conflict),
+        Rule::codes(
+            &[
+                "maintenance", "server_error", "service_error", "unavailable", "timeout", "bad_gateway",
+                "robot_unavailable", "unknown_error", "action_failed",
+            ],
+            Kind::Retryable,
+        ),
         // Fixing the token, its permissions, the config or the Proxy spec is needed.
-        "unauthorized"
-        | "forbidden"
-        | "token_readonly"
-        | "invalid_input"
-        | "json_error"
-        | "protected"
-        | "resource_locked"
-        | "method_not_allowed"
-        | "unsupported_error"
-        | "deprecated_api_endpoint"
-        | "invalid_server_type"
-        | "primary_ip_assigned"
-        | "primary_ip_datacenter_mismatch"
-        | "primary_ip_version_mismatch"
-        | "networks_overlap"
-        | "firewall_resource_not_found"
-        | "incompatible_network_type" => ErrorClass::Permanent,
-        _ => return None,
-    })
-}
+        Rule::code("unauthorized", Kind::Auth),
+        Rule::codes(&["forbidden", "token_readonly"], Kind::Forbidden),
+        Rule::codes(
+            &[
+                "invalid_input", "json_error", "protected", "resource_locked", "method_not_allowed",
+                "unsupported_error", "deprecated_api_endpoint", "invalid_server_type", "primary_ip_assigned",
+                "primary_ip_datacenter_mismatch", "primary_ip_version_mismatch", "networks_overlap",
+                "firewall_resource_not_found", "incompatible_network_type",
+            ],
+            Kind::Invalid,
+        ),
+        // Codes not listed: by status.
+        Rule::status(404, Kind::Gone).from_backend(),
+        Rule::status(429, Kind::RateLimited),
+        Rule::status(401, Kind::Auth),
+        Rule::status(403, Kind::Forbidden),
+        Rule::status(400, Kind::Invalid),
+        Rule::status(405, Kind::Invalid),
+        Rule::status(422, Kind::Invalid),
+    ],
+};
 
-/// Turn any failed request into a provider error: the one place that decides classes.
-///
-/// Order: Hetzner's own code when the body carries one (it is more precise than the
-/// status: `resource_limit_exceeded` is a 403 but means quota), then the status, then
-/// transport failures. Anything unrecognised is transient: retrying is the safe default,
-/// and the permanent cases are the ones the table names.
+/// Turn any failed request into a provider error, through [`HZ`].
 pub fn classify(e: HttpError) -> ProviderError {
-    if let Some(api) = api_error(&e) {
-        let status = e.status().unwrap_or_default();
-        let class = class_of_code(&api.code).unwrap_or_else(|| class_of_status(status));
-        let msg = format!(
-            "Hetzner API answered HTTP {status} {}: {}",
-            api.code, api.message
-        );
-        return with_class(class, msg).with_code(api.code);
-    }
-    let code = e.code_name();
-    let class = match &e {
-        HttpError::Status { status, .. } => match class_of_status(*status) {
-            // A 404 without Hetzner's envelope did not come from the API: "cannot tell",
-            // never "gone".
-            ErrorClass::NotFound => ErrorClass::Transient,
-            c => c,
-        },
-        HttpError::InvalidUrl(_) | HttpError::Header { .. } => ErrorClass::Permanent,
-        HttpError::Transport(_) | HttpError::Json(_) => ErrorClass::Transient,
-    };
-    with_class(class, e.to_string()).with_code(code)
-}
-
-fn class_of_status(status: u16) -> ErrorClass {
-    match status {
-        404 => ErrorClass::NotFound,
-        429 => ErrorClass::QuotaExceeded,
-        400 | 401 | 403 | 405 | 422 => ErrorClass::Permanent,
-        _ => ErrorClass::Transient,
-    }
-}
-
-pub fn with_class(class: ErrorClass, msg: String) -> ProviderError {
-    match class {
-        ErrorClass::NotFound => ProviderError::not_found(msg),
-        ErrorClass::QuotaExceeded => ProviderError::quota(msg),
-        ErrorClass::Transient => ProviderError::transient(msg),
-        ErrorClass::Permanent => ProviderError::permanent(msg),
-    }
+    HZ.classify(e)
 }
 
 /// For requests where "not found" cannot mean "the instance is gone" (lists, the create
-/// call): something the request names does not exist, which retrying cannot fix. `hint`
-/// says what to check. Keeps not-found out of create and list.
+/// call): see [`ProviderError::not_found_is_permanent`]. `hint` says what to check.
 pub fn not_gone(e: HttpError, hint: &str) -> ProviderError {
-    let err = classify(e);
-    match err.class {
-        ErrorClass::NotFound => {
-            let msg = format!("{} ({hint})", err.message);
-            ProviderError {
-                class: ErrorClass::Permanent,
-                message: msg,
-                code: err.code,
-            }
-        }
-        _ => err,
-    }
+    classify(e).not_found_is_permanent(hint)
 }
 
 /// [`not_gone`] for `GET /servers?...`: a collection that does not exist means a wrong
@@ -328,19 +266,14 @@ pub fn client(endpoint: &str) -> Result<Client, ProviderError> {
 
 /// Whether a failed answer is Hetzner saying the addressed resource does not exist.
 pub fn is_not_found(e: &HttpError) -> bool {
-    e.status() == Some(404) && api_error(e).is_some_and(|a| a.code == "not_found")
-}
-
-fn ok(r: Response) -> Result<Response, HttpError> {
-    r.error_for_status()
+    HZ.is_gone(e)
 }
 
 /// `GET /servers/{id}`; `None` when Hetzner says the server does not exist.
 pub fn fetch_server(api: &Client, id: u64) -> Result<Option<Server>, ProviderError> {
     let result = api
         .get(&format!("/servers/{id}"))
-        .send()
-        .and_then(ok)
+        .send_ok()
         .and_then(|r| r.json::<ServerEnvelope>());
     match result {
         Ok(env) => Ok(Some(env.server)),
@@ -358,53 +291,43 @@ pub fn find_by_name(api: &Client, name: &str) -> Result<Option<Server>, Provider
     Ok(list.servers.into_iter().find(|s| s.name == name))
 }
 
-/// Every server matching `selector`, following `meta.pagination.next_page` to the end.
-/// Fails whole: a list with a page missing would let GC miss nothing but also vouch for
-/// nothing, and Hetzner lists are global anyway (one API, every location).
+/// Every server matching `selector`, following `meta.pagination.next_page` to the end,
+/// each converted by `keep` page by page: at 10,000 servers, holding every `Server` until
+/// the end took several MiB of the plugin's memory. Fails whole: a list with a page
+/// missing would vouch for nothing, and Hetzner lists are global anyway (one API, every
+/// location).
 pub fn list_servers<T>(
     api: &Client,
     selector: &str,
-    mut keep: impl FnMut(Server) -> Option<T>,
+    keep: impl FnMut(Server) -> Option<T>,
 ) -> Result<Vec<T>, ProviderError> {
     let sel = encode_component(selector);
-    let mut out = Vec::new();
-    let mut page = 1u64;
-    for _ in 0..MAX_PAGES {
+    let fetch = |page: &u64| {
         let path = format!("/servers?label_selector={sel}&per_page={PER_PAGE}&page={page}");
         let list: ServerList = api.get_json(&path).map_err(collection_error)?;
-        // Page by page: at 10,000 servers, holding every `Server` until the end took
-        // several MiB of the plugin's memory, which the host holds for the call.
-        out.extend(list.servers.into_iter().filter_map(&mut keep));
-        match list
+        let next = list
             .meta
             .and_then(|m| m.pagination)
-            .and_then(|p| p.next_page)
-        {
-            None => return Ok(out),
-            Some(next) if next > page => page = next,
-            Some(next) => {
-                let msg = format!(
-                    "Hetzner pagination went from page {page} back to {next}: refusing a list that may loop"
-                );
-                return Err(ProviderError::transient(msg).with_code("BadPagination"));
-            }
-        }
-    }
-    let msg = format!(
-        "server list longer than {MAX_PAGES} pages of {PER_PAGE}: refusing to vouch for it"
-    );
-    Err(ProviderError::transient(msg).with_code("BadPagination"))
+            .and_then(|p| p.next_page);
+        Ok(Page {
+            items: list.servers,
+            next,
+        })
+    };
+    PAGES.collect(1, fetch, keep)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use egress_guest_sdk::ErrorClass;
     use egress_guest_sdk::http::ErrorCode;
 
     fn status(s: u16, body: &str) -> HttpError {
         HttpError::Status {
             status: s,
             body: body.as_bytes().to_vec(),
+            retry_after: None,
         }
     }
 

@@ -5,7 +5,9 @@
 //! all the admin sees. The same parser runs at every call, so a config that loaded always
 //! parses later.
 
-use egress_guest_sdk::{Placement, ProviderError};
+use egress_guest_sdk::config::{choose, each, endpoint, nonempty, one_of, unique};
+use egress_guest_sdk::json::nullable;
+use egress_guest_sdk::{Placement, PlacementField, ProviderError};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -17,18 +19,18 @@ pub const DEFAULT_ENDPOINT: &str = "https://api.hetzner.cloud/v1";
 struct Raw {
     #[serde(default)]
     endpoint: Option<String>,
-    // Values are kept raw and read by hand below: serde's type errors do not say which
-    // field they are about, and the admin needs that.
-    locations: Value,
-    server_types: Value,
-    /// A list of image names, or a map from catalogue key to image name or ID.
+    locations: Vec<String>,
+    server_types: Vec<String>,
+    /// A list of image names, or a map from catalogue key to image name or ID; read by
+    /// hand below, since serde cannot say which form went wrong.
     images: Value,
-    #[serde(default)]
-    firewall_ids: Value,
-    #[serde(default)]
-    network_ids: Value,
-    #[serde(default)]
-    ssh_keys: Value,
+    // `null` is an empty list: an admin's template may render an unset list that way.
+    #[serde(default, deserialize_with = "nullable")]
+    firewall_ids: Vec<u64>,
+    #[serde(default, deserialize_with = "nullable")]
+    network_ids: Vec<u64>,
+    #[serde(default, deserialize_with = "nullable")]
+    ssh_keys: Vec<String>,
 }
 
 /// A validated config block.
@@ -55,124 +57,65 @@ pub struct Resolved<'a> {
 }
 
 fn invalid(msg: String) -> ProviderError {
-    ProviderError::permanent(msg).with_code("InvalidConfig")
+    ProviderError::invalid_config(msg)
 }
 
-/// Parse and validate a config block.
+/// Parse and validate a config block. The endpoint must end in `/v1`: the plugin speaks
+/// API v1 and appends resource paths, so a base without it would turn every lookup into a
+/// 404 that could pass for "gone".
 pub fn parse(json: &str) -> Result<Config, ProviderError> {
-    let raw: Raw = egress_guest_sdk::host::parse_config(json)?;
-    let endpoint = endpoint(raw.endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT))?;
-    let locations = strings("locations", &raw.locations)?;
-    let server_types = strings("serverTypes", &raw.server_types)?;
-    let firewall_ids = ids("firewallIds", &raw.firewall_ids)?;
-    let network_ids = ids("networkIds", &raw.network_ids)?;
-    let ssh_keys = strings("sshKeys", &raw.ssh_keys)?;
-    nonempty_unique("locations", &locations)?;
-    for l in &locations {
-        if !is_location(l) {
-            let why =
-                "want 1-32 lowercase letters, digits or '-' (a Hetzner location such as fsn1)";
-            return Err(invalid(format!(
-                "config.locations entry {l:?} is invalid: {why}"
-            )));
-        }
-    }
-    nonempty_unique("serverTypes", &server_types)?;
-    for t in &server_types {
-        if !is_catalogue_name(t, 64) {
-            let why =
-                "want 1-64 letters, digits, '.', '_' or '-' (a Hetzner server type such as cx22)";
-            return Err(invalid(format!(
-                "config.serverTypes entry {t:?} is invalid: {why}"
-            )));
-        }
+    let raw: Raw = egress_guest_sdk::config::parse(json)?;
+    let endpoint = endpoint(
+        "endpoint",
+        raw.endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT),
+        "/v1",
+    )?;
+    let location = "want 1-32 lowercase letters, digits or '-' (a Hetzner location such as fsn1)";
+    let server_type =
+        "want 1-64 letters, digits, '.', '_' or '-' (a Hetzner server type such as cx22)";
+    for (field, items, valid, want) in [
+        (
+            "locations",
+            &raw.locations,
+            is_location as fn(&str) -> bool,
+            location,
+        ),
+        (
+            "serverTypes",
+            &raw.server_types,
+            |t: &str| is_catalogue_name(t, 64),
+            server_type,
+        ),
+    ] {
+        nonempty(field, items)?;
+        unique(field, items)?;
+        each(field, items, |i| valid(i), want)?;
     }
     let images = images(&raw.images)?;
-    for (field, ids) in [("firewallIds", &firewall_ids), ("networkIds", &network_ids)] {
-        if let Some(id) = duplicate(ids) {
-            return Err(invalid(format!("config.{field} lists {id} twice")));
-        }
+    for (field, ids) in [
+        ("firewallIds", &raw.firewall_ids),
+        ("networkIds", &raw.network_ids),
+    ] {
+        each(field, ids, |id| *id > 0, "want a positive integer ID")?;
+        unique(field, ids)?;
     }
-    for k in &ssh_keys {
-        if k.trim().is_empty() || k.len() > 128 || k.chars().any(char::is_control) {
-            return Err(invalid(format!(
-                "config.sshKeys entry {k:?} is invalid: want an SSH key name or ID"
-            )));
-        }
-    }
+    let ssh_key =
+        |k: &String| !k.trim().is_empty() && k.len() <= 128 && !k.chars().any(char::is_control);
+    each(
+        "sshKeys",
+        &raw.ssh_keys,
+        ssh_key,
+        "want an SSH key name or ID",
+    )?;
     Ok(Config {
         endpoint,
-        locations,
-        server_types,
+        locations: raw.locations,
+        server_types: raw.server_types,
         images,
-        firewall_ids,
-        network_ids,
-        ssh_keys,
+        firewall_ids: raw.firewall_ids,
+        network_ids: raw.network_ids,
+        ssh_keys: raw.ssh_keys,
     })
-}
-
-/// A list of strings; an absent optional list (`null`) is empty.
-fn strings(field: &str, v: &Value) -> Result<Vec<String>, ProviderError> {
-    let wrong = |what: &Value| {
-        invalid(format!(
-            "config.{field} {what} is invalid: want a list of strings"
-        ))
-    };
-    match v {
-        Value::Null => Ok(Vec::new()),
-        Value::Array(items) => items
-            .iter()
-            .map(|i| i.as_str().map(str::to_string).ok_or_else(|| wrong(i)))
-            .collect(),
-        other => Err(wrong(other)),
-    }
-}
-
-/// A list of positive integer IDs; an absent optional list (`null`) is empty.
-fn ids(field: &str, v: &Value) -> Result<Vec<u64>, ProviderError> {
-    let wrong = |what: &Value| {
-        invalid(format!(
-            "config.{field} entry {what} is invalid: want a positive integer ID"
-        ))
-    };
-    match v {
-        Value::Null => Ok(Vec::new()),
-        Value::Array(items) => items
-            .iter()
-            .map(|i| i.as_u64().filter(|n| *n > 0).ok_or_else(|| wrong(i)))
-            .collect(),
-        other => Err(invalid(format!(
-            "config.{field} {other} is invalid: want a list of IDs"
-        ))),
-    }
-}
-
-/// `http(s)://authority/.../v1`: the plugin speaks API v1 and appends resource paths, so a
-/// base without `/v1` would turn every lookup into a 404 that could pass for "gone".
-fn endpoint(url: &str) -> Result<String, ProviderError> {
-    let bad = |why: &str| invalid(format!("config.endpoint {url:?} is invalid: {why}"));
-    let rest = url
-        .strip_prefix("https://")
-        .or_else(|| url.strip_prefix("http://"))
-        .ok_or_else(|| bad("want an http:// or https:// URL"))?;
-    if url.chars().any(|c| c.is_whitespace() || c.is_control()) || rest.contains(['?', '#']) {
-        return Err(bad("no whitespace, query or fragment allowed"));
-    }
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    if authority.is_empty() || authority.contains('@') {
-        return Err(bad("want a host and no user info"));
-    }
-    let path = path.trim_end_matches('/');
-    if !path.ends_with("/v1") {
-        return Err(bad(
-            "the path must end in /v1 (e.g. https://api.hetzner.cloud/v1)",
-        ));
-    }
-    Ok(format!(
-        "{}{}",
-        &url[..url.len() - rest.len()],
-        &rest[..authority.len() + path.len()]
-    ))
 }
 
 fn images(v: &Value) -> Result<Vec<(String, String)>, ProviderError> {
@@ -209,36 +152,10 @@ fn images(v: &Value) -> Result<Vec<(String, String)>, ProviderError> {
             )));
         }
     };
-    if out.is_empty() {
-        return Err(invalid(
-            "config.images is empty: no Proxy could be placed".into(),
-        ));
-    }
+    nonempty("images", &out)?;
     let keys: Vec<&String> = out.iter().map(|(k, _)| k).collect();
-    if let Some(k) = duplicate(&keys) {
-        return Err(invalid(format!("config.images lists {k:?} twice")));
-    }
+    unique("images", &keys)?;
     Ok(out)
-}
-
-fn nonempty_unique(field: &str, items: &[String]) -> Result<(), ProviderError> {
-    if items.is_empty() {
-        return Err(invalid(format!(
-            "config.{field} is empty: no Proxy could be placed"
-        )));
-    }
-    match duplicate(items) {
-        Some(d) => Err(invalid(format!("config.{field} lists {d:?} twice"))),
-        None => Ok(()),
-    }
-}
-
-fn duplicate<T: PartialEq>(items: &[T]) -> Option<&T> {
-    items
-        .iter()
-        .enumerate()
-        .find(|(i, x)| items[..*i].contains(x))
-        .map(|(_, x)| x)
 }
 
 /// Location names end up in provider IDs (`<location>/<server id>`) and in a label value,
@@ -264,45 +181,29 @@ impl Config {
     /// and this error is the user's only feedback. `zone` is ignored (Hetzner places a
     /// server in a location, not a zone).
     pub fn resolve<'a>(&'a self, p: &Placement) -> Result<Resolved<'a>, ProviderError> {
-        let location = self
-            .locations
-            .iter()
-            .find(|l| **l == p.region)
-            .ok_or_else(|| {
-                let msg = format!(
-                    "placement.region {:?} is not one of the configured locations {:?}",
-                    p.region, self.locations
-                );
-                ProviderError::permanent(msg).with_code("InvalidRegion")
-            })?;
-        let server_type = self
-            .server_types
-            .iter()
-            .find(|t| **t == p.machine_type)
-            .ok_or_else(|| {
-                let msg = format!(
-                    "placement.machineType {:?} is not one of the configured server types {:?}",
-                    p.machine_type, self.server_types
-                );
-                ProviderError::permanent(msg).with_code("InvalidMachineType")
-            })?;
-        let image = self
-            .images
-            .iter()
-            .find(|(k, _)| *k == p.image)
-            .map(|(_, v)| v)
-            .ok_or_else(|| {
-                let keys: Vec<&str> = self.images.iter().map(|(k, _)| k.as_str()).collect();
-                let msg = format!(
-                    "placement.image {:?} is not one of the configured images {keys:?}",
-                    p.image
-                );
-                ProviderError::permanent(msg).with_code("InvalidImage")
-            })?;
+        let location = one_of(
+            PlacementField::Region,
+            &p.region,
+            &self.locations,
+            "locations",
+        )?;
+        let server_type = one_of(
+            PlacementField::MachineType,
+            &p.machine_type,
+            &self.server_types,
+            "server types",
+        )?;
+        let image = choose(
+            PlacementField::Image,
+            &p.image,
+            &self.images,
+            |(k, _)| k,
+            "images",
+        )?;
         Ok(Resolved {
             location,
             server_type,
-            image,
+            image: &image.1,
         })
     }
 }

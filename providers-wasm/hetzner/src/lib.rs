@@ -10,16 +10,17 @@ mod config;
 mod marks;
 mod state;
 
-use api::{Server, api_error, classify, client, fetch_server, find_by_name, is_not_found};
+use api::{HZ, Server, classify, client, fetch_server, find_by_name, is_not_found};
 use config::Config;
 use data_encoding::BASE64;
 #[cfg(feature = "export")]
 use egress_guest_sdk::export_provider;
-use egress_guest_sdk::http::{Client, HttpError, Response, encode_component};
+use egress_guest_sdk::http::{Client, encode_component};
+use egress_guest_sdk::outcome::Outcomes;
 use egress_guest_sdk::time::{now, parse_rfc3339};
 use egress_guest_sdk::{
-    self as sdk, CreateRequest, ErrorClass, Instance, MARK_MANAGED, MARK_MANAGED_YES, MARK_UID,
-    PluginInfo, Provider, ProviderError, State, TargetStatus,
+    self as sdk, CreateRequest, ErrorClass, Instance, Level, MARK_MANAGED, MARK_MANAGED_YES,
+    MARK_UID, PluginInfo, Provider, ProviderError, State, TargetStatus,
 };
 use marks::{MARK_LOCATION, format_id, parse_id};
 use serde_json::json;
@@ -54,31 +55,11 @@ fn cfg() -> Result<Config, ProviderError> {
 }
 
 /// One debug line per operation outcome: what happened, never tokens or user data.
-fn logged<T>(
-    op: &str,
-    subject: &str,
-    r: Result<(T, String), ProviderError>,
-) -> Result<T, ProviderError> {
-    match r {
-        Ok((v, what)) => {
-            sdk::debug!("hetzner {op} {subject}: {what}");
-            Ok(v)
-        }
-        Err(e) => {
-            let code = e.code.as_deref().unwrap_or("-");
-            sdk::debug!(
-                "hetzner {op} {subject}: {:?} ({code}): {}",
-                e.class,
-                e.message
-            );
-            Err(e)
-        }
-    }
-}
-
-fn ok(r: Response) -> Result<Response, HttpError> {
-    r.error_for_status()
-}
+const OUTCOMES: Outcomes = Outcomes {
+    plugin: "hetzner",
+    changes: Level::Debug,
+    reads: Level::Debug,
+};
 
 /// Hetzner takes `user_data` as a JSON string, so bytes that are not UTF-8 cannot travel
 /// as they are. They are sent base64-encoded instead: cloud-init's Hetzner datasource
@@ -96,12 +77,9 @@ fn user_data(cloud_init: &[u8]) -> Result<Option<String>, ProviderError> {
         ),
     };
     if text.len() > USER_DATA_MAX {
-        let msg = format!(
-            "cloud-init is {} bytes ({} bytes {how}); Hetzner accepts at most {USER_DATA_MAX} bytes of user data",
-            cloud_init.len(),
-            text.len()
-        );
-        return Err(ProviderError::permanent(msg).with_code("UserDataTooLarge"));
+        let note = format!(" ({} bytes {how})", text.len());
+        let err = ProviderError::user_data_too_large(cloud_init.len(), USER_DATA_MAX, &note);
+        return Err(err);
     }
     Ok(Some(text))
 }
@@ -133,11 +111,8 @@ fn adopt(s: &Server, req: &CreateRequest, location: &str) -> Result<String, Prov
         .map(String::as_str)
         .unwrap_or_default();
     if uid != req.uid {
-        let msg = format!(
-            "server {:?} (id {}) already exists with uid {uid:?}, not {:?}: it is not this Proxy's",
-            s.name, s.id, req.uid
-        );
-        return Err(ProviderError::permanent(msg).with_code("NameTaken"));
+        let holder = format!("server {}", s.id);
+        return Err(ProviderError::name_taken(&s.name, &holder, uid, &req.uid));
     }
     if s.status == "deleting" {
         // Adopting a dying server would only make the reconciler wait for it and create
@@ -186,14 +161,13 @@ fn failed_action(created: &api::Created) -> Option<ProviderError> {
         .as_ref()
         .map(|e| (e.code.as_str(), e.message.as_str()))
         .unwrap_or(("action_failed", ""));
-    let class = api::class_of_code(code)
-        .filter(|c| *c != ErrorClass::NotFound)
-        .unwrap_or(ErrorClass::Transient);
+    // Only the code counts (an action has no status), so never not-found.
+    let class = HZ.kind(None, Some(code)).class();
     let msg = format!(
         "Hetzner accepted server {} but its {} action failed: {code}: {message}",
         created.server.id, a.command
     );
-    Some(api::with_class(class, msg).with_code(code))
+    Some(ProviderError::new(class, msg).with_code(code))
 }
 
 fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
@@ -240,8 +214,7 @@ fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
     let answer = api
         .post("/servers")
         .json(&body)
-        .send()
-        .and_then(ok)
+        .send_ok()
         .and_then(|r| r.json::<api::Created>());
     match answer {
         Ok(created) => {
@@ -263,19 +236,17 @@ fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
         }
         // A concurrent create (a retried reconcile, a second replica) won the race for
         // the name: adopt its server if it is ours.
-        Err(e) if api_error(&e).is_some_and(|a| a.code == "uniqueness_error") => {
-            match find_by_name(&api, &req.name)? {
-                Some(s) => adopt(&s, req, place.location)
-                    .map(|id| (id, "adopted the server of a concurrent create".into())),
-                None => {
-                    let msg = format!(
-                        "name {:?} was taken, but no server has it now; retrying will tell",
-                        req.name
-                    );
-                    Err(ProviderError::transient(msg).with_code("uniqueness_error"))
-                }
+        Err(e) if HZ.has_code(&e, "uniqueness_error") => match find_by_name(&api, &req.name)? {
+            Some(s) => adopt(&s, req, place.location)
+                .map(|id| (id, "adopted the server of a concurrent create".into())),
+            None => {
+                let msg = format!(
+                    "name {:?} was taken, but no server has it now; retrying will tell",
+                    req.name
+                );
+                Err(ProviderError::transient(msg).with_code("uniqueness_error"))
             }
-        }
+        },
         Err(e) => Err(api::not_gone(
             e,
             "check config.endpoint and the firewall, network and SSH key IDs in the config",
@@ -339,22 +310,16 @@ fn delete(id: &str) -> Result<((), String), ProviderError> {
 }
 
 fn delete_server(api: &Client, server_id: u64) -> Result<&'static str, ProviderError> {
-    match api
-        .delete(&format!("/servers/{server_id}"))
-        .send()
-        .and_then(ok)
-    {
+    match api.delete(&format!("/servers/{server_id}")).send_ok() {
         Ok(_) => Ok("delete started"),
         Err(e) if is_not_found(&e) => Ok("already gone"),
         // Another delete (GC racing the reconciler) holds the lock with its own action;
         // any other action holding it makes this worth retrying, not giving up.
-        Err(e) if api_error(&e).is_some_and(|a| a.code == "locked") => {
-            match fetch_server(api, server_id)? {
-                None => Ok("already gone"),
-                Some(s) if s.status == "deleting" => Ok("already being deleted"),
-                Some(_) => Err(classify(e)),
-            }
-        }
+        Err(e) if HZ.has_code(&e, "locked") => match fetch_server(api, server_id)? {
+            None => Ok("already gone"),
+            Some(s) if s.status == "deleting" => Ok("already being deleted"),
+            Some(_) => Err(classify(e)),
+        },
         Err(e) => Err(classify(e)),
     }
 }
@@ -378,12 +343,7 @@ fn cascade_primary_ips(api: &Client, s: &Server) -> Result<Vec<u64>, ProviderErr
         if auto_delete {
             continue;
         }
-        match api
-            .put(&path)
-            .json(&json!({"auto_delete": true}))
-            .send()
-            .and_then(ok)
-        {
+        match api.put(&path).json(&json!({"auto_delete": true})).send_ok() {
             Ok(_) => {}
             Err(e) if is_not_found(&e) => {}
             Err(e) => {
@@ -402,11 +362,7 @@ fn cascade_primary_ips(api: &Client, s: &Server) -> Result<Vec<u64>, ProviderErr
 /// gone yet: transient, so the operator calls delete again.
 fn release_primary_ips(api: &Client, ips: &[u64]) -> Result<(), ProviderError> {
     for ip in ips {
-        match api
-            .delete(&format!("/primary_ips/{ip}"))
-            .send()
-            .and_then(ok)
-        {
+        match api.delete(&format!("/primary_ips/{ip}")).send_ok() {
             Ok(_) => {}
             Err(e) if is_not_found(&e) => {}
             Err(e) => {
@@ -461,7 +417,7 @@ fn probe(api: &Client, location: &str) -> TargetStatus {
         "/servers?label_selector={}&per_page=1",
         encode_component(&selector)
     );
-    let answer = api.get(&path).send().and_then(ok);
+    let answer = api.get(&path).send_ok();
     let result = answer.and_then(|r| Ok((r.json::<api::ServerList>()?, r)));
     match result {
         Ok((list, r)) => {
@@ -481,10 +437,7 @@ fn probe(api: &Client, location: &str) -> TargetStatus {
             }
             TargetStatus::ready(location, details)
         }
-        Err(e) => {
-            let reason = e.reason();
-            TargetStatus::failed(location, reason, classify(e).message)
-        }
+        Err(e) => TargetStatus::failed(location, HZ.reason_of(&e), classify(e).message),
     }
 }
 
@@ -502,34 +455,26 @@ impl Provider for Hetzner {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        logged("create", &req.name, create(&req))
+        OUTCOMES.log("create", &req.name, create(&req))
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        logged("get", id, get(id))
+        OUTCOMES.log("get", id, get(id))
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        logged("delete", id, delete(id))
+        OUTCOMES.log("delete", id, delete(id))
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        logged("list", installation, list_by_tag(installation))
+        OUTCOMES.log("list", installation, list_by_tag(installation))
     }
 
     fn check() -> Vec<TargetStatus> {
-        let cfg = match cfg() {
-            Ok(cfg) => cfg,
-            Err(e) => return vec![TargetStatus::failed("config", "InvalidConfig", e.message)],
-        };
-        match client(&cfg.endpoint) {
-            Ok(api) => cfg.locations.iter().map(|l| probe(&api, l)).collect(),
+        match cfg() {
             // No usable token: every location fails the same way, and no request is made.
-            Err(e) => cfg
-                .locations
-                .iter()
-                .map(|l| TargetStatus::failed(l, "Unauthorized", &e.message))
-                .collect(),
+            Ok(cfg) => sdk::check_each(&cfg.locations, client(&cfg.endpoint), probe),
+            Err(e) => vec![TargetStatus::invalid_config(e)],
         }
     }
 }

@@ -7,6 +7,7 @@
 //! deterministically (see [`installation_value`]).
 
 use data_encoding::BASE32_NOPAD;
+use egress_guest_sdk::id::{IdFormat, is_decimal_id};
 use egress_guest_sdk::{
     MARK_INSTALLATION, MARK_MANAGED, MARK_MANAGED_YES, MARK_UID, ProviderError,
 };
@@ -104,30 +105,25 @@ pub fn is_gc_match(labels: &BTreeMap<String, String>, installation: &str) -> boo
 
 /// `<location>/<server id>`. Hetzner server IDs are global, so the location is not needed
 /// to find the server; it is there so an ID read in a Proxy status says where it runs.
+/// The ID is a decimal exactly as Hetzner's number prints, so it parses back to the same.
+pub const ID: IdFormat = IdFormat {
+    shape: "<location>/<server id>, e.g. fsn1/4200001",
+    scope: crate::config::is_location,
+    key: is_decimal_id,
+};
+
 pub fn format_id(location: &str, server_id: u64) -> String {
-    format!("{location}/{server_id}")
+    ID.format(location, server_id)
 }
 
 /// Parse a provider ID strictly: a malformed one is permanent (the operator then stops
 /// retrying and, when deleting, gives up cleanly) rather than a lookup of something else.
 pub fn parse_id(id: &str) -> Result<(&str, u64), ProviderError> {
-    let malformed = || {
-        let msg = format!("malformed id {id:?}: want <location>/<server id>, e.g. fsn1/4200001");
-        ProviderError::permanent(msg).with_code("InvalidId")
-    };
-    let (location, num) = id.split_once('/').ok_or_else(malformed)?;
-    if !crate::config::is_location(location) {
-        return Err(malformed());
-    }
-    // Digits only, no sign, no leading zero: exactly what format_id writes.
-    if num.is_empty()
-        || num.len() > 19
-        || !num.bytes().all(|b| b.is_ascii_digit())
-        || num.starts_with('0')
-    {
-        return Err(malformed());
-    }
-    let n: u64 = num.parse().map_err(|_| malformed())?;
+    let (location, num) = ID.parse(id)?;
+    // Cannot fail: `is_decimal_id` admits only what `u64` parses.
+    let n = num
+        .parse()
+        .map_err(|_| ProviderError::invalid_id(id, ID.shape))?;
     Ok((location, n))
 }
 

@@ -1,0 +1,282 @@
+//! Outcome logging: one line per operation result (`logging=outcome-only` in the
+//! behaviour profile).
+//!
+//! The line names the plugin, the operation, its subject (an instance name, an ID, an
+//! installation; never the request, so cloud-init cannot ride along) and either what
+//! happened or the error's class, code and message. Secrets this call read through
+//! [`crate::secret`] are cut out of the line before it leaves the plugin. The host scrubs
+//! them as well, but a plugin that never emits them is the contract, and the host's
+//! `[REDACTED]` in a log means a plugin bug.
+
+use crate::{ErrorClass, Instance, Level, ProviderError, State};
+use std::cell::RefCell;
+
+thread_local! {
+    /// Secret values read during this call. Each call runs in a fresh instance, so the
+    /// list never outlives the call it belongs to.
+    static SECRETS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Shorter values are not cut: a 1-3 character secret would mangle every line, and is no
+/// secret worth the name.
+const MIN_SECRET_LEN: usize = 4;
+
+/// Remember a secret value so outcome lines never carry it.
+pub(crate) fn remember_secret(value: &str) {
+    let value = value.trim();
+    if value.len() >= MIN_SECRET_LEN {
+        SECRETS.with_borrow_mut(|s| {
+            if !s.iter().any(|v| v == value) {
+                s.push(value.to_string());
+            }
+        });
+    }
+}
+
+fn scrub(mut line: String) -> String {
+    SECRETS.with_borrow(|secrets| {
+        for s in secrets {
+            if line.contains(s.as_str()) {
+                line = line.replace(s.as_str(), "[secret]");
+            }
+        }
+    });
+    line
+}
+
+/// What a successful operation returns, and the words its outcome line uses for it.
+pub trait Outcome {
+    type Value;
+    fn split(self) -> (Self::Value, String);
+}
+
+/// An instance ID (`create`).
+impl Outcome for String {
+    type Value = String;
+    fn split(self) -> (String, String) {
+        let what = format!("id {self}");
+        (self, what)
+    }
+}
+
+/// `get`: the state and IP the operator will see.
+impl Outcome for Instance {
+    type Value = Instance;
+    fn split(self) -> (Instance, String) {
+        let state = match self.state {
+            State::Provisioning => "provisioning",
+            State::Running => "running",
+            State::Stopped => "stopped",
+            State::Terminated => "terminated",
+        };
+        let ip = if self.ip.is_empty() {
+            "no IP"
+        } else {
+            self.ip.as_str()
+        };
+        let what = format!("{state}, {ip}");
+        (self, what)
+    }
+}
+
+/// `list-by-tag`: how many.
+impl Outcome for Vec<Instance> {
+    type Value = Vec<Instance>;
+    fn split(self) -> (Vec<Instance>, String) {
+        let what = format!("{} instances", self.len());
+        (self, what)
+    }
+}
+
+/// `delete`.
+impl Outcome for () {
+    type Value = ();
+    fn split(self) -> ((), String) {
+        ((), "done".to_string())
+    }
+}
+
+/// Any value with the plugin's own words (`adopted`, `already gone`).
+impl<T> Outcome for (T, String) {
+    type Value = T;
+    fn split(self) -> (T, String) {
+        self
+    }
+}
+
+/// A plugin's outcome logger: a `const` per plugin.
+#[derive(Clone, Copy, Debug)]
+pub struct Outcomes {
+    /// Starts every line (`hetzner create proxy-x: ...`), so lines of several plugins in
+    /// one operator log can be told apart.
+    pub plugin: &'static str,
+    /// The level of `create` and `delete` lines: changes a user asked for, a few per
+    /// Proxy. `Info` puts them in the operator's default log (inside the operation's
+    /// span), `Debug` keeps them out.
+    pub changes: Level,
+    /// The level of every other operation's line (`get`, `list`): reads repeat at every
+    /// poll, so `Debug` unless the plugin has reason to be loud.
+    pub reads: Level,
+}
+
+impl Outcomes {
+    /// Log the result of `op` on `subject` and hand it on. On success the [`Outcome`]
+    /// says what happened (`id r1/i-1`, `running, 192.0.2.1`, `already gone`); a failure
+    /// logs `class (code): message`, the class as the WIT names it (`quota-exceeded`).
+    pub fn log<R: Outcome>(
+        &self,
+        op: &str,
+        subject: &str,
+        result: Result<R, ProviderError>,
+    ) -> Result<R::Value, ProviderError> {
+        let (line, out) = self.line(op, subject, result);
+        crate::host::log(self.level(op), &line);
+        out
+    }
+
+    fn level(&self, op: &str) -> Level {
+        match op {
+            "create" | "delete" => self.changes,
+            _ => self.reads,
+        }
+    }
+
+    /// Run one operation and [`log`](Self::log) its result, so the operation's body can
+    /// use `?` and still get its line.
+    pub fn run<R: Outcome>(
+        &self,
+        op: &str,
+        subject: &str,
+        f: impl FnOnce() -> Result<R, ProviderError>,
+    ) -> Result<R::Value, ProviderError> {
+        self.log(op, subject, f())
+    }
+
+    /// The line [`log`](Self::log) writes, and the result it returns.
+    fn line<R: Outcome>(
+        &self,
+        op: &str,
+        subject: &str,
+        result: Result<R, ProviderError>,
+    ) -> (String, Result<R::Value, ProviderError>) {
+        let head = format!("{} {op} {subject}", self.plugin);
+        match result.map(R::split) {
+            Ok((v, what)) => (scrub(format!("{head}: {what}")), Ok(v)),
+            Err(e) => {
+                let class = match e.class {
+                    ErrorClass::NotFound => "not-found",
+                    ErrorClass::QuotaExceeded => "quota-exceeded",
+                    ErrorClass::Transient => "transient",
+                    ErrorClass::Permanent => "permanent",
+                };
+                let line = format!(
+                    "{head}: {class} ({code}): {}",
+                    e.message,
+                    code = e.code.as_deref().unwrap_or("-")
+                );
+                (scrub(line), Err(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OUT: Outcomes = Outcomes {
+        plugin: "test",
+        changes: Level::Info,
+        reads: Level::Debug,
+    };
+
+    #[test]
+    fn changes_and_reads_have_their_levels() {
+        let cases = [
+            ("create", Level::Info),
+            ("delete", Level::Info),
+            ("get", Level::Debug),
+            ("list", Level::Debug),
+            ("check", Level::Debug),
+        ];
+        for (op, want) in cases {
+            assert_eq!(OUT.level(op), want, "{op}");
+        }
+    }
+
+    #[test]
+    fn one_line_per_result() {
+        let inst = |state, ip: &str| Instance {
+            id: "r1/1".into(),
+            ip: ip.into(),
+            state,
+            uid: String::new(),
+            created_at: None,
+        };
+        let lines = [
+            OUT.line("create", "proxy-x", Ok("r1/1".to_string())).0,
+            OUT.line(
+                "create",
+                "proxy-x",
+                Ok(("r1/1".to_string(), "adopted r1/1".to_string())),
+            )
+            .0,
+            OUT.line("get", "r1/1", Ok(inst(State::Running, "192.0.2.1")))
+                .0,
+            OUT.line("get", "r1/1", Ok(inst(State::Provisioning, ""))).0,
+            OUT.line("list", "inst", Ok(vec![inst(State::Stopped, "")]))
+                .0,
+            OUT.line("delete", "r1/1", Ok(())).0,
+            OUT.line::<()>(
+                "get",
+                "r1/1",
+                Err(ProviderError::quota("limit reached").with_code("rate_limited")),
+            )
+            .0,
+            OUT.line::<()>("delete", "r1/1", Err(ProviderError::transient("t")))
+                .0,
+        ];
+        assert_eq!(
+            lines,
+            [
+                "test create proxy-x: id r1/1",
+                "test create proxy-x: adopted r1/1",
+                "test get r1/1: running, 192.0.2.1",
+                "test get r1/1: provisioning, no IP",
+                "test list inst: 1 instances",
+                "test delete r1/1: done",
+                "test get r1/1: quota-exceeded (rate_limited): limit reached",
+                "test delete r1/1: transient (-): t",
+            ]
+        );
+        let r = OUT.run("get", "r1/1", || {
+            Err::<(), _>(ProviderError::not_found("gone"))
+        });
+        assert_eq!(r.unwrap_err().class, ErrorClass::NotFound);
+        assert_eq!(
+            OUT.run("create", "p", || Ok((
+                "id".to_string(),
+                "created".to_string()
+            )))
+            .unwrap(),
+            "id"
+        );
+    }
+
+    #[test]
+    fn secrets_read_in_the_call_never_reach_the_line() {
+        remember_secret(" tok-SENTINEL-123\n");
+        remember_secret("abc"); // too short to cut
+        let what = "answer mentions tok-SENTINEL-123 twice: tok-SENTINEL-123, abc".to_string();
+        let (line, _) = OUT.line("check", "r1", Ok(((), what)));
+        assert_eq!(
+            line,
+            "test check r1: answer mentions [secret] twice: [secret], abc"
+        );
+        let e = ProviderError::permanent("bad token tok-SENTINEL-123");
+        let (line, _) = OUT.line::<()>("get", "r1/1", Err(e));
+        assert!(!line.contains("SENTINEL"), "{line}");
+        OUT.log("get", "r1/1", Ok(((), "natively to stderr".to_string())))
+            .unwrap();
+    }
+}
