@@ -8,7 +8,7 @@ use super::decide::{
 };
 use super::secret_cache::SecretCache;
 use super::secrets::SecretKey;
-use super::turns::{Lane, NewsMarks, Turns};
+use super::turns::Turns;
 use super::{input, secret_cache, spec_hash, status};
 use crate::api::{Proxy, ProxyStatus, condition};
 use crate::cache::{ProxyCache, ProxyFeed, trim_for_cache};
@@ -371,24 +371,6 @@ pub async fn run(
     let turns = Turns::new(concurrency);
     let close = turns.clone();
     let store = reader.clone();
-    // Triggers that carry news (see `turns::Lane`): the watch's changes, rechecks after a
-    // list, probe verdicts, Secret changes. Not timers, not the re-run after a reload.
-    let news = Arc::new(NewsMarks::default());
-    let mark = |news: &Arc<NewsMarks<ObjectRef<Proxy>>>| {
-        let news = news.clone();
-        move |r: &ObjectRef<Proxy>| news.mark(r.clone())
-    };
-    let changes = changes.inspect({
-        let news = news.clone();
-        move |p| {
-            if let Ok(p) = p {
-                news.mark(ObjectRef::from_obj(p));
-            }
-        }
-    });
-    let probed = probed.inspect(mark(&news));
-    let rechecks = rechecks.inspect(mark(&news));
-    let secret_changes = secret_changes.inspect(mark(&news));
     Controller::for_stream(changes, reader)
         .with_config(ControllerConfig::default().concurrency(0))
         .reconcile_all_on(ctx.registry.changes())
@@ -400,10 +382,7 @@ pub async fn run(
             close.close();
         })
         .run(
-            move |proxy, ctx| {
-                let lane = news.lane(&ObjectRef::from_obj(&*proxy));
-                in_turn(turns.clone(), lane, store.clone(), proxy, ctx)
-            },
+            move |proxy, ctx| in_turn(turns.clone(), store.clone(), proxy, ctx),
             error_policy,
             ctx,
         )
@@ -517,12 +496,11 @@ fn error_policy(proxy: Arc<Proxy>, err: &ReconcileError, ctx: Arc<Context>) -> A
 /// future is only built (and boxed) once the turn comes.
 async fn in_turn(
     turns: Turns,
-    lane: Lane,
     store: Store<Proxy>,
     proxy: Arc<Proxy>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
-    let Some(_turn) = turns.take(lane).await else {
+    let Some(_turn) = turns.take().await else {
         // Shutting down: the next leader (or this process's next term) reconciles it.
         return Ok(Action::await_change());
     };
