@@ -107,7 +107,14 @@ pub fn capture() -> (tracing::subscriber::DefaultGuard, Captured) {
     let (layer, captured) = CaptureLayer::new();
     let subscriber = tracing_subscriber::registry()
         .with(layer.with_filter(crate::telemetry::env_filter("trace")));
-    (tracing::subscriber::set_default(subscriber), captured)
+    let guard = tracing::subscriber::set_default(subscriber);
+    // tracing caches, per callsite and for the whole process, whether any subscriber wants
+    // it. With one thread-local subscriber per test and tests on many threads, a callsite
+    // first hit while no capturing subscriber was registered could stay cached as "never"
+    // for this one too: a leak check then saw no event at all (one run in three with 16
+    // test threads). Rebuilding the cache once this subscriber is in place asks it too.
+    tracing::callsite::rebuild_interest_cache();
+    (guard, captured)
 }
 
 struct FieldVisitor<'a>(&'a mut HashMap<String, String>);
