@@ -84,7 +84,8 @@ impl Captured {
 
 /// The layer; install with `tracing_subscriber::registry().with(layer)`.
 pub struct CaptureLayer {
-    captured: Captured,
+    /// `None`: whatever [`capture`] installed for the current thread.
+    captured: Option<Captured>,
 }
 
 impl CaptureLayer {
@@ -92,29 +93,80 @@ impl CaptureLayer {
         let captured = Captured::default();
         (
             CaptureLayer {
-                captured: captured.clone(),
+                captured: Some(captured.clone()),
             },
             captured,
         )
     }
+
+    fn sink(&self) -> Option<Captured> {
+        self.captured
+            .clone()
+            .or_else(|| CURRENT.with(|c| c.borrow().last().cloned()))
+    }
 }
 
-/// Installs a capturing subscriber for the current thread until the guard drops. It uses
-/// the operator's own filter ([`crate::telemetry::env_filter`]) at `trace` for everything
-/// else, so a leak check sees everything production could ever log.
-pub fn capture() -> (tracing::subscriber::DefaultGuard, Captured) {
+thread_local! {
+    /// The captures [`capture`] installed on this thread, innermost last.
+    static CURRENT: std::cell::RefCell<Vec<Captured>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Ends a [`capture`] when dropped.
+pub struct CaptureGuard {
+    _thread_local: Option<tracing::subscriber::DefaultGuard>,
+    routed: bool,
+}
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        if self.routed {
+            CURRENT.with(|c| c.borrow_mut().pop());
+        }
+    }
+}
+
+/// Records what this thread emits until the guard drops. It uses the operator's own filter
+/// ([`crate::telemetry::env_filter`]) at `trace` for everything else, so a leak check sees
+/// everything production could ever log.
+///
+/// One process-wide subscriber routes each thread's spans and events to the capture
+/// installed on that thread. A thread-local subscriber per test lost events now and then
+/// (a leak check saw none of the plugin's lines, one run in six): tracing caches, per
+/// callsite and for the whole process, whether any subscriber wants it, and that cache does
+/// not keep up with subscribers coming and going on many test threads. A global subscriber
+/// always wants everything. If the process already has another global subscriber, the
+/// capture falls back to a thread-local one.
+pub fn capture() -> (CaptureGuard, Captured) {
     use tracing_subscriber::prelude::*;
+    static GLOBAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let routed = *GLOBAL.get_or_init(|| {
+        let layer = CaptureLayer { captured: None };
+        let subscriber = tracing_subscriber::registry()
+            .with(layer.with_filter(crate::telemetry::env_filter("trace")));
+        tracing::subscriber::set_global_default(subscriber).is_ok()
+    });
+    if routed {
+        let captured = Captured::default();
+        CURRENT.with(|c| c.borrow_mut().push(captured.clone()));
+        return (
+            CaptureGuard {
+                _thread_local: None,
+                routed: true,
+            },
+            captured,
+        );
+    }
     let (layer, captured) = CaptureLayer::new();
     let subscriber = tracing_subscriber::registry()
         .with(layer.with_filter(crate::telemetry::env_filter("trace")));
     let guard = tracing::subscriber::set_default(subscriber);
-    // tracing caches, per callsite and for the whole process, whether any subscriber wants
-    // it. With one thread-local subscriber per test and tests on many threads, a callsite
-    // first hit while no capturing subscriber was registered could stay cached as "never"
-    // for this one too: a leak check then saw no event at all (one run in three with 16
-    // test threads). Rebuilding the cache once this subscriber is in place asks it too.
-    tracing::callsite::rebuild_interest_cache();
-    (guard, captured)
+    (
+        CaptureGuard {
+            _thread_local: Some(guard),
+            routed: false,
+        },
+        captured,
+    )
 }
 
 struct FieldVisitor<'a>(&'a mut HashMap<String, String>);
@@ -143,7 +195,10 @@ where
         } else {
             None
         };
-        self.captured.inner.lock().unwrap().0.push(SpanRecord {
+        let Some(captured) = self.sink() else {
+            return;
+        };
+        captured.inner.lock().unwrap().0.push(SpanRecord {
             id: id.into_u64(),
             parent,
             name: attrs.metadata().name().to_string(),
@@ -152,7 +207,10 @@ where
     }
 
     fn on_record(&self, id: &Id, values: &Record<'_>, _ctx: Context<'_, S>) {
-        let mut guard = self.captured.inner.lock().unwrap();
+        let Some(captured) = self.sink() else {
+            return;
+        };
+        let mut guard = captured.inner.lock().unwrap();
         if let Some(span) = guard.0.iter_mut().rev().find(|s| s.id == id.into_u64()) {
             values.record(&mut FieldVisitor(&mut span.fields));
         }
@@ -162,7 +220,10 @@ where
         let mut fields = HashMap::new();
         event.record(&mut FieldVisitor(&mut fields));
         let span = ctx.event_span(event).map(|s| s.id().into_u64());
-        self.captured.inner.lock().unwrap().1.push(EventRecord {
+        let Some(captured) = self.sink() else {
+            return;
+        };
+        captured.inner.lock().unwrap().1.push(EventRecord {
             level: *event.metadata().level(),
             target: event.metadata().target().to_string(),
             span,
