@@ -138,12 +138,13 @@ impl Drop for CaptureGuard {
 /// capture falls back to a thread-local one.
 pub fn capture() -> (CaptureGuard, Captured) {
     use tracing_subscriber::prelude::*;
+    let subscriber = |layer: CaptureLayer| {
+        tracing_subscriber::registry()
+            .with(layer.with_filter(crate::telemetry::env_filter("trace")))
+    };
     static GLOBAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let routed = *GLOBAL.get_or_init(|| {
-        let layer = CaptureLayer { captured: None };
-        let subscriber = tracing_subscriber::registry()
-            .with(layer.with_filter(crate::telemetry::env_filter("trace")));
-        tracing::subscriber::set_global_default(subscriber).is_ok()
+        tracing::subscriber::set_global_default(subscriber(CaptureLayer { captured: None })).is_ok()
     });
     if routed {
         let captured = Captured::default();
@@ -157,9 +158,7 @@ pub fn capture() -> (CaptureGuard, Captured) {
         );
     }
     let (layer, captured) = CaptureLayer::new();
-    let subscriber = tracing_subscriber::registry()
-        .with(layer.with_filter(crate::telemetry::env_filter("trace")));
-    let guard = tracing::subscriber::set_default(subscriber);
+    let guard = tracing::subscriber::set_default(subscriber(layer));
     (
         CaptureGuard {
             _thread_local: Some(guard),

@@ -184,37 +184,15 @@ impl Patterns {
         if v.len() < MIN_ENCODED {
             return;
         }
-        let text = String::from_utf8_lossy(v);
-        let json = serde_json::to_string(&text).expect("a string always serializes");
-        let json = &json[1..json.len() - 1];
-        if json.as_bytes() != v {
-            self.set.insert(json.as_bytes().to_vec());
-        }
-        let pct = percent_encode(v);
-        if pct.as_bytes() != v {
-            self.set.insert(pct.into_bytes());
-        }
-        for alphabet in [&data_encoding::BASE64, &data_encoding::BASE64URL] {
-            for b64 in base64_at_every_offset(alphabet, v) {
-                self.set.insert(b64.into_bytes());
-            }
-        }
+        let encoded: Vec<Vec<u8>> = encodings(v).filter(|e| e != v).collect();
+        self.set.extend(encoded);
     }
 
     /// A short line's encodings, as fragments: inside an encoded document nothing else
     /// covers it. Too short to be a whole value (an identifier could hold its few base64
     /// characters by chance), long enough that ordinary encoded text rarely does.
     fn encoded_fragment(&mut self, v: &[u8]) {
-        let text = String::from_utf8_lossy(v);
-        let json = serde_json::to_string(&text).expect("a string always serializes");
-        self.fragments
-            .insert(json.as_bytes()[1..json.len() - 1].to_vec());
-        self.fragments.insert(percent_encode(v).into_bytes());
-        for alphabet in [&data_encoding::BASE64, &data_encoding::BASE64URL] {
-            for b64 in base64_at_every_offset(alphabet, v) {
-                self.fragments.insert(b64.into_bytes());
-            }
-        }
+        self.fragments.extend(encodings(v));
     }
 
     /// A fragment: only the value itself (its encodings would be too short to be safe to
@@ -309,6 +287,20 @@ fn is_public(word: &[u8]) -> bool {
 /// Ports and counts (`3128`, `0644`): matching them would scrub every number in a log.
 fn is_small_number(word: &[u8]) -> bool {
     word.len() <= 5 && word.iter().all(u8::is_ascii_digit)
+}
+
+/// `v` JSON-escaped (without the quotes), percent-encoded, and base64 at every offset in
+/// both alphabets (see [`base64_at_every_offset`]).
+fn encodings(v: &[u8]) -> impl Iterator<Item = Vec<u8>> {
+    let json =
+        serde_json::to_string(&String::from_utf8_lossy(v)).expect("a string always serializes");
+    let json = json.as_bytes()[1..json.len() - 1].to_vec();
+    let mut b64 = base64_at_every_offset(&data_encoding::BASE64, v);
+    b64.extend(base64_at_every_offset(&data_encoding::BASE64URL, v));
+    let b64 = b64.into_iter().map(String::into_bytes);
+    [json, percent_encode(v).into_bytes()]
+        .into_iter()
+        .chain(b64)
 }
 
 fn percent_encode(v: &[u8]) -> String {
