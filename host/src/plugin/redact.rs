@@ -145,7 +145,13 @@ impl Patterns {
         let trimmed = doc.trim_ascii();
         // A one-line document is a line; a longer one is covered line by line below (every
         // line that is not public is matched in every encoding).
-        if !trimmed.contains(&b'\n') {
+        // An identifier is checked against whole values only: a document none of whose
+        // lines is one (all short or public) is one itself, or an ID could carry it whole.
+        let has_whole_line = trimmed.split(|b| *b == b'\n').any(|line| {
+            let line = line.trim_ascii();
+            line.len() >= MIN_ENCODED * 2 && !is_public(line)
+        });
+        if !trimmed.contains(&b'\n') || !has_whole_line {
             self.value(trimmed);
         }
         for line in doc.split(|b| *b == b'\n') {
@@ -572,6 +578,21 @@ mod tests {
                 left.len(),
             );
         }
+    }
+
+    /// An identifier holding a whole document is refused, in any encoding, also when no
+    /// line of it is long enough to be a whole value on its own.
+    #[test]
+    fn a_document_of_short_lines_is_a_whole_value() {
+        let doc = b"#cloud-config\npw=kx9q\nab12\n";
+        let r = Redactor::new(std::iter::empty(), doc);
+        for id in [
+            String::from_utf8_lossy(doc).into_owned(),
+            data_encoding::BASE64.encode(doc),
+        ] {
+            assert!(r.finds_whole(&id), "{id}");
+        }
+        assert!(!r.finds_whole("eu-west-1/i-0abc"));
     }
 
     #[test]
