@@ -306,6 +306,16 @@ fn default_overlay_renders_valid_hardened_manifests() {
             one(&docs, "ConfigMap", &cm.name);
             assert_eq!(m.read_only, Some(true), "{}", v.name);
         }
+        // The plugin directory projects one ConfigMap per plugin (here the placeholder).
+        if let Some(projected) = &v.projected {
+            for source in projected.sources.iter().flatten() {
+                let cm = source.config_map.as_ref().unwrap_or_else(|| {
+                    panic!("volume {} projects something else: {source:?}", v.name)
+                });
+                one(&docs, "ConfigMap", &cm.name);
+            }
+            assert_eq!(m.read_only, Some(true), "{}", v.name);
+        }
         if let Some(s) = &v.secret {
             assert_eq!(
                 s.optional,

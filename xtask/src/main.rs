@@ -9,6 +9,7 @@ use std::process::Command;
 
 mod bench;
 mod build_plugins;
+mod configmaps;
 mod demo;
 mod docs;
 mod e2e;
