@@ -55,11 +55,19 @@ enum Command {
     /// against an emulator of its backend that serves the `/_emulator/` control surface.
     /// Prints one line per case and a total; exits non-zero when any case fails.
     Conformance(cli::conformance::Args),
+    /// Compile one plugin (stdin) to an artifact (stdout) for an engine with these options:
+    /// how the operator keeps cranelift out of its own long-running process.
+    #[command(name = "compile-plugin", hide = true)]
+    CompilePlugin(proxy_operator::plugin::compiler::ChildArgs),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // The operator's own child: no logging set up, no exporters; its parent reads stderr.
+    if let Command::CompilePlugin(args) = &cli.command {
+        std::process::exit(proxy_operator::plugin::compiler::child_main(args));
+    }
     let _telemetry = proxy_operator::telemetry::init(
         &std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
         cli.log_format,
@@ -84,5 +92,6 @@ async fn main() -> anyhow::Result<()> {
         Command::Rbac => cli::rbac::run(),
         Command::Provider { command } => cli::provider::run(command).await,
         Command::Conformance(args) => cli::conformance::run(args).await,
+        Command::CompilePlugin(_) => unreachable!("handled before logging is set up"),
     }
 }

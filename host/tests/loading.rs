@@ -133,6 +133,82 @@ async fn compile_cache_is_keyed_by_content() {
     assert_eq!(fourth.cache, CacheOutcome::Miss);
 }
 
+/// The operator compiles in a child process (`proxy-operator compile-plugin`): the plugin
+/// loads and runs, is cached as usual, a plugin that does not compile says why, and a child
+/// that cannot run falls back to compiling in this process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_compile_in_a_child_process() {
+    let dir = plugins_or_skip!();
+    let cache = tempfile::tempdir().unwrap();
+    let opts = |exe: &str, cached: bool| {
+        let mut o = proxy_operator::plugin::RuntimeOptions::for_providers(
+            &ProvidersFile { providers: vec![] },
+            cached.then(|| cache.path().join("c")),
+            std::env::temp_dir().join("egress-test-scratch"),
+        );
+        o.engine.max_instances = 8;
+        o.compile_in = Some(exe.into());
+        o
+    };
+    let exe = env!("CARGO_BIN_EXE_proxy-operator");
+    let (_guard, captured) = proxy_operator::testing::capture();
+    const FELL_BACK: &str = "cannot compile plugins in a child process";
+    for cached in [true, false] {
+        let rt = proxy_operator::plugin::Runtime::new(opts(exe, cached)).unwrap();
+        let hostile = rt
+            .load_plugin(&dir.join("testing/hostile.wasm"))
+            .await
+            .unwrap();
+        let want = if cached {
+            CacheOutcome::Miss
+        } else {
+            CacheOutcome::Uncached
+        };
+        assert_eq!(hostile.cache, want);
+        let p = rt
+            .provider(hostile, &support::entry("name: h\nplugin: hostile.wasm"))
+            .await
+            .unwrap();
+        assert_eq!(p.get("ok").await.unwrap().id, "ok");
+    }
+    let cached = std::fs::read_dir(cache.path().join("c")).unwrap().count();
+    assert_eq!(cached, 1, "the child's artifact is cached");
+
+    // A component that is valid to the loader's checks but not to the compiler.
+    let bad = cache.path().join("bad.wasm");
+    let mut bytes = std::fs::read(dir.join("example.wasm")).unwrap();
+    let len = bytes.len();
+    bytes.truncate(len / 2);
+    std::fs::write(&bad, &bytes).unwrap();
+    let rt = proxy_operator::plugin::Runtime::new(opts(exe, false)).unwrap();
+    match rt.load_plugin(&bad).await {
+        Err(LoadError::Compile { message, .. }) => {
+            assert!(
+                !message.is_empty() && !message.contains("exited with"),
+                "{message}"
+            )
+        }
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+    // All of the above ran in children.
+    assert!(
+        !captured.all_text().contains(FELL_BACK),
+        "{}",
+        captured.all_text()
+    );
+
+    // No such executable: compiled here instead, with a warning.
+    let rt =
+        proxy_operator::plugin::Runtime::new(opts("/nonexistent/proxy-operator", false)).unwrap();
+    let example = rt.load_plugin(&dir.join("example.wasm")).await.unwrap();
+    assert_eq!(example.info.type_name, "example");
+    assert!(
+        captured.all_text().contains(FELL_BACK),
+        "{}",
+        captured.all_text()
+    );
+}
+
 /// A broken plugin, a missing plugin and a bad config each stop only their own provider.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_bad_provider_does_not_stop_the_others() {

@@ -69,6 +69,7 @@ impl RuntimeArgs {
             (!self.plugin_cache_dir.as_os_str().is_empty()).then(|| self.plugin_cache_dir.clone());
         let mut opts = RuntimeOptions::for_providers(file, cache, self.plugin_scratch_dir.clone());
         opts.max_plugin_bytes = self.max_plugin_bytes;
+        opts.compile_in = Some(proxy_operator::plugin::compiler::Compiler::THIS_EXECUTABLE.into());
         opts
     }
 }

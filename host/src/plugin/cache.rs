@@ -9,6 +9,7 @@
 //! cache only accepts a directory that this process's user owns and nobody else can write
 //! to, and only ever reads files it wrote there itself (atomically, via rename).
 
+use super::compiler::Compiler;
 use sha2::{Digest, Sha256};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -108,41 +109,54 @@ impl ArtifactCache {
         })
     }
 
-    /// A compiled component for `bytes`, from the cache when possible.
+    /// A compiled component for `bytes`, from the cache when possible, else compiled by
+    /// `compiler` (and then cached).
     pub fn component(
         &self,
         engine: &Engine,
+        compiler: &Compiler,
         bytes: &[u8],
         sha256: &str,
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
         let Some(dir) = &self.dir else {
-            return Ok((Component::new(engine, bytes)?, CacheOutcome::Uncached));
+            let artifact = compiler.compile(engine, bytes)?;
+            return Ok((deserialize(engine, &artifact)?, CacheOutcome::Uncached));
         };
         let path = dir.join(format!("{sha256}-{}.cwasm", self.engine_hash));
         if path.is_file() {
-            // SAFETY: the file is in a directory only this user can write to (checked in
-            // `open`), under a name only `store` below writes, so it is an artifact this
-            // operator produced with a compatible engine; wasmtime still checks the header.
-            match unsafe { Component::deserialize_file(engine, &path) } {
+            match deserialize_file(engine, &path) {
                 Ok(c) => return Ok((c, CacheOutcome::Hit)),
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "ignoring unusable cached plugin artifact")
                 }
             }
         }
-        let component = Component::new(engine, bytes)?;
-        match component
-            .serialize()
-            .map_err(std::io::Error::other)
-            .and_then(|art| store(dir, &path, &art))
-        {
-            Ok(()) => Ok((component, CacheOutcome::Miss)),
+        let artifact = compiler.compile(engine, bytes)?;
+        match store(dir, &path, &artifact) {
+            // Mapped from the file: its code pages are the file's, which the kernel can
+            // drop and reread, not anonymous memory of this process.
+            Ok(()) => Ok((deserialize_file(engine, &path)?, CacheOutcome::Miss)),
             Err(e) => {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not write plugin compile cache");
-                Ok((component, CacheOutcome::Uncached))
+                Ok((deserialize(engine, &artifact)?, CacheOutcome::Uncached))
             }
         }
     }
+}
+
+/// SAFETY (of the `unsafe` below): wasmtime loads an artifact's native code unverified.
+/// Every artifact here was produced by [`Compiler::compile`], by this process or by a child
+/// running this same executable with the same engine options, and cached files sit in a
+/// directory only this user can write to (checked in `open`), under names only `store`
+/// writes; wasmtime still checks that the artifact fits the engine.
+fn deserialize(engine: &Engine, artifact: &[u8]) -> wasmtime::Result<Component> {
+    // SAFETY: see above.
+    unsafe { Component::deserialize(engine, artifact) }
+}
+
+fn deserialize_file(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
+    // SAFETY: see `deserialize`.
+    unsafe { Component::deserialize_file(engine, path) }
 }
 
 fn store(dir: &Path, path: &Path, artifact: &[u8]) -> std::io::Result<()> {

@@ -181,7 +181,7 @@ impl Runtime {
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let (component, cache) = self
             .cache
-            .component(&self.engine, &bytes, &sha256)
+            .component(&self.engine, &self.compiler, &bytes, &sha256)
             .map_err(|e| LoadError::Compile {
                 path: p(),
                 message: format!("{e:#}"),

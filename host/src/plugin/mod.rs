@@ -10,6 +10,7 @@ pub mod bindings;
 pub mod budget;
 mod cache;
 pub mod clock;
+pub mod compiler;
 mod engine;
 mod fs;
 mod http;
@@ -59,6 +60,10 @@ pub struct RuntimeOptions {
     /// ([`budget::shipped_default`]). On, except where a plugin is driven against an
     /// emulator far faster than any real backend allows (the conformance suite, tests).
     pub shipped_budgets: bool,
+    /// An executable (this one, `/proc/self/exe`) whose hidden `compile-plugin` subcommand
+    /// compiles plugins in a child process, so that cranelift's memory and code never
+    /// stay in this one (see `compiler.rs`); `None` compiles in this process.
+    pub compile_in: Option<PathBuf>,
 }
 
 /// Default of [`RuntimeOptions::max_plugin_bytes`]: the shipped plugins are 200-340 KiB and
@@ -96,6 +101,7 @@ impl RuntimeOptions {
             scratch_dir,
             max_plugin_bytes: DEFAULT_MAX_PLUGIN_BYTES,
             shipped_budgets: true,
+            compile_in: None,
         }
     }
 }
@@ -105,6 +111,7 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<CallState>,
     cache: cache::ArtifactCache,
+    compiler: compiler::Compiler,
     pooling: bool,
     max_memory_bytes: u64,
     scratch_dir: PathBuf,
@@ -137,10 +144,19 @@ impl Runtime {
         })?;
         let linker = linker(&engine).map_err(|e| anyhow::anyhow!("plugin linker: {e:#}"))?;
         let ticker = engine::EpochTicker::start(&engine);
+        let compiler = match opts.compile_in {
+            Some(exe) => compiler::Compiler::Child {
+                exe,
+                opts: opts.engine.clone(),
+                pooling,
+            },
+            None => compiler::Compiler::InProcess,
+        };
         Ok(Arc::new(Runtime {
             engine,
             linker,
             cache,
+            compiler,
             pooling,
             max_memory_bytes: opts.engine.max_memory_bytes,
             scratch_dir: opts.scratch_dir,
