@@ -79,8 +79,6 @@ fn in_child(
     let mut child = Command::new(exe)
         .arg(SUBCOMMAND)
         .args(args(opts, pooling))
-        // Only failures: the parent logs the load.
-        .env("RUST_LOG", "error")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
