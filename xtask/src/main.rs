@@ -16,6 +16,7 @@ mod e2e;
 mod moto;
 mod scale;
 mod test;
+mod wasm_opt;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "egress-proxies-operator project tasks")]

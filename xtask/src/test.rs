@@ -40,6 +40,11 @@ const PACKAGES: &[(&str, &str, &str)] = &[
         "chromium",
         "the status page tests (headless DOM and screenshot checks)",
     ),
+    (
+        "wasm-opt",
+        "binaryen",
+        "`wasm-opt -Oz` on the providers, so the tests run the plugins as they ship",
+    ),
 ];
 
 pub fn run(args: &Args) -> Result<()> {
