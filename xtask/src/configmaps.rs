@@ -350,9 +350,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// The built plugins, deployed the way config/release deploys them, are every provider
-    /// of the shipped providers file, and the operator loads them all from the projected
-    /// directory (`proxy-operator providers`, which loads as `run` does).
+    /// The built plugins, deployed the way config/release deploys them, include every
+    /// plugin of the shipped providers file; the operator loads each deployed plugin from
+    /// the projected directory (`plugin inspect`), and every shipped provider with its
+    /// config (`proxy-operator providers`, which loads as `run` does).
     #[test]
     fn the_operator_loads_every_shipped_plugin_from_the_projected_directory() {
         let ws = crate::workspace().unwrap();
@@ -419,7 +420,25 @@ mod tests {
             .arg(dir.join("calls"))
             .output()
             .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        // Every deployed plugin loads, shipped enabled or not (the providers file enables
+        // what fits the pod; the others are commented entries an admin turns on).
+        for file in &files {
+            let inspect = Command::new(&operator)
+                .args(["plugin", "inspect"])
+                .arg(volume.join(file))
+                .arg("--plugin-cache-dir")
+                .arg(dir.join("cache"))
+                .arg("--plugin-scratch-dir")
+                .arg(dir.join("calls"))
+                .output()
+                .unwrap();
+            assert!(
+                inspect.status.success(),
+                "{file} does not load from the projected directory: {}",
+                String::from_utf8_lossy(&inspect.stderr)
+            );
+        }
         let _ = std::fs::remove_dir_all(&dir);
         assert!(
             out.status.success(),
