@@ -107,15 +107,23 @@ fn check(b: &Backend, body: &CreateBody) -> Result<Vec<u8>, LinodeError> {
         Some(_) => {}
     }
     if body.label.as_deref().is_some_and(|l| !valid_label(l)) {
-        return bad("label", "Label must begin with a letter and contain only letters, digits, '-', '_' or '.'");
+        return bad(
+            "label",
+            "Label must begin with a letter and contain only letters, digits, '-', '_' or '.'",
+        );
     }
     if body.image.is_some() {
         match body.root_pass.as_deref() {
             None | Some("") => return bad("root_pass", "root_pass is required"),
             Some(p) if !(7..=128).contains(&p.len()) => {
-                return bad("root_pass", "root_pass must be between 7 and 128 characters");
+                return bad(
+                    "root_pass",
+                    "root_pass must be between 7 and 128 characters",
+                );
             }
-            Some(p) if weak(p) => return bad("root_pass", "Password does not meet strength requirement"),
+            Some(p) if weak(p) => {
+                return bad("root_pass", "Password does not meet strength requirement");
+            }
             Some(_) => {}
         }
     }
@@ -129,10 +137,16 @@ fn check(b: &Backend, body: &CreateBody) -> Result<Vec<u8>, LinodeError> {
         return bad("metadata.user_data", "user_data must be base64-encoded");
     };
     if data.len() > USER_DATA_MAX {
-        return bad("metadata.user_data", "user_data must not exceed 65535 bytes before encoding");
+        return bad(
+            "metadata.user_data",
+            "user_data must not exceed 65535 bytes before encoding",
+        );
     }
     if !cfg.metadata_regions.iter().any(|r| r == region) {
-        return bad("metadata.user_data", "Metadata is not supported in this region");
+        return bad(
+            "metadata.user_data",
+            "Metadata is not supported in this region",
+        );
     }
     Ok(data)
 }
@@ -140,7 +154,10 @@ fn check(b: &Backend, body: &CreateBody) -> Result<Vec<u8>, LinodeError> {
 async fn create(State(state): St, body: Result<Json<CreateBody>, JsonRejection>) -> Response {
     let Json(body) = match body {
         Ok(b) => b,
-        Err(e) => return LinodeError::new(400, format!("Invalid JSON: {}", e.body_text())).into_response(),
+        Err(e) => {
+            return LinodeError::new(400, format!("Invalid JSON: {}", e.body_text()))
+                .into_response();
+        }
     };
     let mut b = state.lock();
     if let Err(e) = b.backend.take_create() {
@@ -251,7 +268,11 @@ fn matches(filter: &Value, r: &Record<Extra>) -> Result<bool, String> {
     Ok(true)
 }
 
-async fn list(State(state): St, Query(q): Query<BTreeMap<String, String>>, headers: HeaderMap) -> Response {
+async fn list(
+    State(state): St,
+    Query(q): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
     let bad = |field: &str, reason: &str| LinodeError::field(400, field, reason).into_response();
     let num = |k: &str, default: u64| q.get(k).map_or(Some(default), |v| v.parse::<u64>().ok());
     let (Some(page), Some(size)) = (num("page", 1), num("page_size", 100)) else {
@@ -263,7 +284,10 @@ async fn list(State(state): St, Query(q): Query<BTreeMap<String, String>>, heade
     if !(25..=500).contains(&size) {
         return bad("page_size", "page_size must be between 25 and 500");
     }
-    let filter = match headers.get("x-filter").map(|v| serde_json::from_slice::<Value>(v.as_bytes())) {
+    let filter = match headers
+        .get("x-filter")
+        .map(|v| serde_json::from_slice::<Value>(v.as_bytes()))
+    {
         None => json!({}),
         Some(Ok(f)) => f,
         Some(Err(_)) => return bad("X-Filter", "X-Filter is not valid JSON"),
@@ -277,12 +301,20 @@ async fn list(State(state): St, Query(q): Query<BTreeMap<String, String>>, heade
             Err(why) => return bad("X-Filter", &why),
         }
     }
-    if b.fleet.failing_scope(matched.iter().map(|r| r.scope.as_str())).is_some() {
+    if b.fleet
+        .failing_scope(matched.iter().map(|r| r.scope.as_str()))
+        .is_some()
+    {
         return LinodeError::new(500, "Internal server error").into_response();
     }
     let results = matched.len() as u64;
     let pages = results.div_ceil(size).max(1);
     let skip = ((page - 1) * size) as usize;
-    let data: Vec<Value> = matched.into_iter().skip(skip).take(size as usize).map(render).collect();
+    let data: Vec<Value> = matched
+        .into_iter()
+        .skip(skip)
+        .take(size as usize)
+        .map(render)
+        .collect();
     Json(json!({"data": data, "page": page, "pages": pages, "results": results})).into_response()
 }

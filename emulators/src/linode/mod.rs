@@ -207,7 +207,9 @@ impl Linode {
         if bucket.take(now) {
             return Ok(());
         }
-        Err(LinodeError::too_many(bucket.until_full(now).as_secs().max(1)))
+        Err(LinodeError::too_many(
+            bucket.until_full(now).as_secs().max(1),
+        ))
     }
 
     /// The create limit's headers, on the create's own answer.
@@ -272,7 +274,8 @@ pub fn valid_label(s: &str) -> bool {
     (3..=64).contains(&b.len())
         && b[0].is_ascii_alphabetic()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
         && !["--", "__", ".."].iter().any(|d| s.contains(d))
 }
 

@@ -12,12 +12,10 @@ use std::time::Duration;
 /// Linode's largest page (`page_size` 25 to 500): GC lists as few pages as possible,
 /// since paginated collections have the tightest general rate limit (200 a minute).
 pub const PAGE_SIZE: u32 = 500;
-/// A ceiling of 100 pages (50,000 Linodes): a list whose `pages` never ends must fail,
-/// not pin GC.
+/// At most 100 pages (50,000 Linodes): a list whose `pages` never ends must fail.
 const PAGES: Bounds = Bounds { what: "Linode instance list", max_pages: 100, max_items: 100 * PAGE_SIZE as usize };
 
-/// Per-request bounds, well inside the host's per-call deadline: a 5 s connect is a dead
-/// endpoint, and Linode answers reads in well under a second.
+/// Per-request bounds, well inside the host's per-call deadline.
 pub const TIMEOUTS: Timeouts = Timeouts {
     connect: Some(Duration::from_secs(5)),
     first_byte: Some(Duration::from_secs(20)),
@@ -29,14 +27,10 @@ pub const TIMEOUTS: Timeouts = Timeouts {
 #[serde(default)]
 pub struct Linode {
     pub id: u64,
-    #[serde(deserialize_with = "nullable")]
     pub label: String,
-    #[serde(deserialize_with = "nullable")]
     pub status: String,
-    #[serde(deserialize_with = "nullable")]
     pub region: String,
     /// UTC without an offset (`2018-01-01T00:01:01`): see [`created_rfc3339`].
-    #[serde(deserialize_with = "nullable")]
     pub created: String,
     #[serde(deserialize_with = "nullable")]
     pub ipv4: Vec<String>,
@@ -76,12 +70,10 @@ pub struct Paged {
     pub results: u64,
 }
 
-/// The one place that decides classes. Linode's errors are
-/// `{"errors": [{"reason": ..., "field": ...}]}`, with no code: the reason (a sentence)
-/// is the code here, the field the message. Reasons first where the status alone would
-/// mislead (the account limit is a 400), then the documented statuses. A 404 counts as
-/// gone only with Linode's envelope; a proxy's HTML 404 is "cannot tell". Anything else
-/// is transient.
+/// The one place that decides classes. Linode's errors are `{"errors": [{"reason",
+/// "field"}]}` with no code: the reason (a sentence) serves as the code, the field as the
+/// message. A 404 is gone only with Linode's envelope (a proxy's HTML 404 cannot tell);
+/// reasons come first where the status misleads (the account limit is a 400).
 #[rustfmt::skip]
 pub const LN: Classifier = Classifier {
     backend: "Linode",

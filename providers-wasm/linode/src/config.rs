@@ -4,11 +4,10 @@
 //! value; every call parses it again with the same function, so a config that loaded
 //! always parses later.
 
-use egress_guest_sdk::config::{choose, each, endpoint, invalid, nonempty, one_of, unique};
+use egress_guest_sdk::config::{each, endpoint, invalid, nonempty, one_of, unique};
 use egress_guest_sdk::json::nullable;
 use egress_guest_sdk::{Placement, PlacementField, ProviderError};
 use serde::Deserialize;
-use serde_json::Value;
 
 /// The public API, version 4. Another endpoint is for a proxy in front of it, or tests.
 pub const DEFAULT_ENDPOINT: &str = "https://api.linode.com/v4";
@@ -20,9 +19,7 @@ struct Raw {
     endpoint: Option<String>,
     regions: Vec<String>,
     types: Vec<String>,
-    /// A list of image IDs, or a map from catalogue key to image ID; read by hand so an
-    /// error can name the value.
-    images: Value,
+    images: Vec<String>,
     #[serde(default, deserialize_with = "nullable")]
     authorized_keys: Vec<String>,
     #[serde(default)]
@@ -36,8 +33,8 @@ pub struct Config {
     pub endpoint: String,
     pub regions: Vec<String>,
     pub types: Vec<String>,
-    /// Catalogue key (what `placement.image` names) and the Linode image ID.
-    pub images: Vec<(String, String)>,
+    /// Linode image IDs (`linode/debian12`), what `placement.image` names.
+    pub images: Vec<String>,
     pub authorized_keys: Vec<String>,
     pub firewall_id: Option<u64>,
 }
@@ -58,15 +55,19 @@ pub fn parse(json: &str) -> Result<Config, ProviderError> {
     let endpoint = endpoint("endpoint", raw.endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT), "/v4")?;
     let region = "want 1-32 lowercase letters, digits or '-' (a Linode region such as us-east)";
     let linode_type = "want 1-64 lowercase letters, digits, '.', '_' or '-' (a Linode type such as g6-nanode-1)";
-    let checks: [(&str, &Vec<String>, fn(&str) -> bool, &str); 2] =
-        [("regions", &raw.regions, is_region, region), ("types", &raw.types, is_type, linode_type)];
+    let image = "want a Linode image ID such as linode/debian12";
+    let checks: [(&str, &Vec<String>, fn(&str) -> bool, &str); 3] = [
+        ("regions", &raw.regions, is_region, region),
+        ("types", &raw.types, is_type, linode_type),
+        ("images", &raw.images, is_image, image),
+    ];
     for (field, items, valid, want) in checks {
         nonempty(field, items)?;
         unique(field, items)?;
         each(field, items, |i| valid(i), want)?;
     }
-    let images = images(&raw.images)?;
-    let key = |k: &String| k.len() <= 16 * 1024 && k.split_whitespace().count() >= 2 && !k.chars().any(char::is_control);
+    let key =
+        |k: &String| k.len() <= 16 * 1024 && k.split_whitespace().count() >= 2 && !k.chars().any(char::is_control);
     each("authorizedKeys", &raw.authorized_keys, key, "want an SSH public key line (`<type> <key> [comment]`)")?;
     if raw.firewall_id == Some(0) {
         return Err(invalid("firewallId", 0, "want a positive Cloud Firewall ID"));
@@ -75,38 +76,10 @@ pub fn parse(json: &str) -> Result<Config, ProviderError> {
         endpoint,
         regions: raw.regions,
         types: raw.types,
-        images,
+        images: raw.images,
         authorized_keys: raw.authorized_keys,
         firewall_id: raw.firewall_id,
     })
-}
-
-fn images(v: &Value) -> Result<Vec<(String, String)>, ProviderError> {
-    let want = "want a Linode image ID such as linode/debian12";
-    let image = |k: &str, v: &Value| match v {
-        Value::String(s) if is_image(s) => Ok((k.to_string(), s.clone())),
-        other => Err(invalid(&format!("images[{k:?}]"), other, want)),
-    };
-    let out: Vec<(String, String)> = match v {
-        Value::Array(items) => items
-            .iter()
-            .map(|i| match i {
-                Value::String(s) if is_image(s) => Ok((s.clone(), s.clone())),
-                other => Err(invalid("images entry", other, want)),
-            })
-            .collect::<Result<_, _>>()?,
-        Value::Object(map) => map
-            .iter()
-            .map(|(k, v)| match is_image(k) {
-                true => image(k, v),
-                false => Err(invalid("images key", k, "want 1-128 printable characters without spaces")),
-            })
-            .collect::<Result<_, _>>()?,
-        other => return Err(invalid("images", other, "want a list of image IDs or a map of key to image ID")),
-    };
-    nonempty("images", &out)?;
-    unique("images", &out.iter().map(|(k, _)| k).collect::<Vec<_>>())?;
-    Ok(out)
 }
 
 /// Region IDs end up in provider IDs (`<region>/<linode id>`), so never contain `/`.
@@ -130,7 +103,7 @@ impl Config {
     pub fn resolve<'a>(&'a self, p: &Placement) -> Result<Resolved<'a>, ProviderError> {
         let region = one_of(PlacementField::Region, &p.region, &self.regions, "regions")?;
         let linode_type = one_of(PlacementField::MachineType, &p.machine_type, &self.types, "types")?;
-        let image = choose(PlacementField::Image, &p.image, &self.images, |(k, _)| k, "images")?;
-        Ok(Resolved { region, linode_type, image: &image.1 })
+        let image = one_of(PlacementField::Image, &p.image, &self.images, "images")?;
+        Ok(Resolved { region, linode_type, image })
     }
 }

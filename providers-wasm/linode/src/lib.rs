@@ -44,8 +44,7 @@ const PROFILE: &str = "readiness=provisioning-window create-return=submit delete
     async-ops=backend-lock secondary-resources=none credentials=mounted-files client-kind=thin-client \
     timeouts=per-call logging=outcome-only child-spans=transport-wrapper backend-test=integration-tag";
 
-/// One line per operation outcome, never the request (cloud-init, root password) or the
-/// token: create and delete at info (a few per Proxy), the polled get and list at debug.
+/// One line per outcome, never the request (cloud-init, root password) or the token.
 const OUTCOMES: Outcomes = Outcomes { plugin: "linode", changes: Level::Info, reads: Level::Debug };
 
 fn cfg() -> Result<Config, ProviderError> {
@@ -94,21 +93,7 @@ fn user_data(cloud_init: &[u8]) -> Result<Option<String>, ProviderError> {
 /// proxy is configured by cloud-init, SSH by `authorizedKeys`), so it is never stored,
 /// logged or returned: it goes into the create request and nowhere else.
 fn root_pass() -> String {
-    BASE64URL_NOPAD.encode(&random_bytes(30))
-}
-
-#[cfg(target_arch = "wasm32")]
-fn random_bytes(n: u64) -> Vec<u8> {
-    wasip2::random::random::get_random_bytes(n)
-}
-
-/// Native unit tests: the OS's randomness.
-#[cfg(not(target_arch = "wasm32"))]
-fn random_bytes(n: u64) -> Vec<u8> {
-    use std::io::Read;
-    let mut buf = vec![0; n as usize];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).expect("/dev/urandom");
-    buf
+    BASE64URL_NOPAD.encode(&sdk::random::random_bytes(30))
 }
 
 /// The region for a Linode's ID: the one Linode reports, else the one asked for.
@@ -124,7 +109,8 @@ fn adopt(l: &Linode, req: &CreateRequest, region: &str) -> Result<String, Provid
         return Err(ProviderError::name_taken(&l.label, &format!("linode {}", l.id), uid, &req.uid));
     }
     if l.status == "deleting" {
-        let msg = format!("linode {:?} (id {}) is still being deleted; the label is free once it is gone", l.label, l.id);
+        let msg =
+            format!("linode {:?} (id {}) is still being deleted; the label is free once it is gone", l.label, l.id);
         return Err(ProviderError::transient(msg).with_code("NameBeingDeleted"));
     }
     Ok(ID.format(region_of(l, region), l.id))
@@ -169,14 +155,12 @@ fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
     }
 }
 
-fn get(id: &str) -> Result<(Instance, String), ProviderError> {
+fn get(id: &str) -> Result<Instance, ProviderError> {
     let (_, linode_id) = parse_id(id)?;
-    let Some(l) = fetch(&client(&cfg()?.endpoint)?, linode_id)? else {
-        return Err(ProviderError::not_found(format!("linode {linode_id} does not exist")).with_code("NotFound"));
-    };
-    let inst = to_instance(&l, id.to_string());
-    let what = format!("{:?}, {} (status {})", inst.state, if inst.ip.is_empty() { "no IP" } else { &inst.ip }, l.status);
-    Ok((inst, what))
+    match fetch(&client(&cfg()?.endpoint)?, linode_id)? {
+        Some(l) => Ok(to_instance(&l, id.to_string())),
+        None => Err(ProviderError::not_found(format!("linode {linode_id} does not exist")).with_code("NotFound")),
+    }
 }
 
 fn delete(id: &str) -> Result<((), String), ProviderError> {
@@ -199,7 +183,7 @@ fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderEr
         }
         if !config::is_region(&l.region) {
             // Leaving one out is safe: GC never deletes what it does not see.
-            sdk::warn!("linode list: skipping linode {} ({:?}): region {:?} cannot be in an ID", l.id, l.label, l.region);
+            sdk::warn!("linode list: skipping linode {}: region {:?} cannot be in an ID", l.id, l.region);
             return None;
         }
         Some(to_instance(&l, ID.format(&l.region, l.id)))

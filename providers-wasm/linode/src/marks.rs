@@ -73,8 +73,11 @@ pub fn gc_filter(installation: &str) -> String {
 
 /// `<region>/<linode id>`. Linode IDs are global; the region is there so an ID read in a
 /// Proxy's status says where it runs.
-pub const ID: IdFormat =
-    IdFormat { shape: "<region>/<linode id>, e.g. us-east/12345678", scope: crate::config::is_region, key: is_decimal_id };
+pub const ID: IdFormat = IdFormat {
+    shape: "<region>/<linode id>, e.g. us-east/12345678",
+    scope: crate::config::is_region,
+    key: is_decimal_id,
+};
 
 /// Parse a provider ID strictly: a malformed one is permanent, never a lookup of
 /// something else.

@@ -18,23 +18,28 @@ fn patched(patch: &str) -> String {
 }
 
 #[test]
-fn config_defaults_and_both_image_forms() {
+fn config_defaults_and_placement() {
     let c = config::parse(MIN).unwrap();
     assert_eq!(c.endpoint, config::DEFAULT_ENDPOINT);
-    assert_eq!(c.images, vec![("linode/debian12".to_string(), "linode/debian12".to_string())]);
+    assert_eq!(c.images, ["linode/debian12"]);
     let c = config::parse(&patched(
-        r#"{"endpoint":"http://127.0.0.1:9/v4/","images":{"debian":"linode/debian12"},"firewallId":7,
+        r#"{"endpoint":"http://127.0.0.1:9/v4/","images":["linode/debian12","linode/ubuntu24.04"],"firewallId":7,
             "authorizedKeys":["ssh-ed25519 AAAAC3Nza ops@example"]}"#,
     ))
     .unwrap();
     assert_eq!((c.endpoint.as_str(), c.firewall_id), ("http://127.0.0.1:9/v4", Some(7)));
-    let p = Placement { region: "us-east".into(), zone: "x".into(), machine_type: "g6-nanode-1".into(), image: "debian".into() };
+    let p = Placement {
+        region: "us-east".into(),
+        zone: "x".into(),
+        machine_type: "g6-nanode-1".into(),
+        image: "linode/debian12".into(),
+    };
     let r = c.resolve(&p).unwrap();
     assert_eq!((r.region, r.linode_type, r.image), ("us-east", "g6-nanode-1", "linode/debian12"));
     for (field, value, code) in [
         ("region", "mars-1", PlacementField::Region),
         ("machineType", "g6-huge", PlacementField::MachineType),
-        ("image", "linode/debian12", PlacementField::Image), // the map form takes keys
+        ("image", "linode/debian11", PlacementField::Image),
     ] {
         let mut bad = p.clone();
         match field {
@@ -62,9 +67,9 @@ fn config_errors_name_field_and_value() {
         (r#"{"types":[1]}"#, &["config.types[0]", "1"]),
         (r#"{"images":[]}"#, &["config.images", "empty"]),
         (r#"{"images":"linode/debian12"}"#, &["config.images", "linode/debian12"]),
-        (r#"{"images":[7]}"#, &["config.images entry", "7"]),
-        (r#"{"images":{"d":"has space"}}"#, &["config.images[\"d\"]", "has space"]),
-        (r#"{"images":{"a b":"x"}}"#, &["config.images key", "\"a b\""]),
+        (r#"{"images":[7]}"#, &["config.images[0]", "7"]),
+        (r#"{"images":["has space"]}"#, &["config.images entry", "\"has space\""]),
+        (r#"{"images":["linode/debian12","linode/debian12"]}"#, &["config.images", "twice"]),
         (r#"{"firewallId":0}"#, &["config.firewallId", "0"]),
         (r#"{"firewallId":-1}"#, &["config.firewallId", "-1"]),
         (r#"{"authorizedKeys":["nospace"]}"#, &["config.authorizedKeys", "\"nospace\""]),
@@ -183,7 +188,7 @@ fn linodes_read_everything_back() {
     assert_eq!(i.created_at.map(|t| t.seconds), Some(1_714_564_800));
     assert_eq!(api::created_rfc3339("2024-05-01T12:00:00Z"), "2024-05-01T12:00:00Z");
     assert_eq!(api::created_rfc3339("2024-05-01T12:00:00+02:00"), "2024-05-01T12:00:00+02:00");
-    let nulls: Linode = serde_json::from_str(r#"{"id":1,"label":null,"ipv4":null,"tags":null}"#).unwrap();
+    let nulls: Linode = serde_json::from_str(r#"{"id":1,"ipv4":null,"tags":null}"#).unwrap();
     assert_eq!((nulls.public_ipv4(), marks::uid_of(&nulls.tags)), ("", ""));
     let p: Paged = serde_json::from_str(r#"{"data":[],"page":1,"pages":0,"results":0}"#).unwrap();
     assert_eq!((p.page, p.pages, p.data.len()), (1, 0, 0));
