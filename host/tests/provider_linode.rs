@@ -41,8 +41,17 @@ async fn setup_with(cfg: LinodeConfig, extra: &str) -> Ln {
     let token = secrets.path().join("token");
     std::fs::write(&token, format!("{}\n", cfg.token)).unwrap();
     let emu = LinodeEmulator::start(cfg);
-    let p = support::provider(&support::runtime(), "linode.wasm", &entry(&emu.url(), &token, extra)).await;
-    Ln { emu, p, _secrets: secrets }
+    let p = support::provider(
+        &support::runtime(),
+        "linode.wasm",
+        &entry(&emu.url(), &token, extra),
+    )
+    .await;
+    Ln {
+        emu,
+        p,
+        _secrets: secrets,
+    }
 }
 
 async fn setup() -> Ln {
@@ -77,9 +86,19 @@ async fn linode_passes_the_suite() {
     let ln = setup().await;
     let control = Control::new(&ln.emu.url()).unwrap();
     let placement = request("suite", "us-east").placement;
-    let report = conformance::run(&Subject::wasm(&ln.p), &control, &Options::new(placement), |r| eprintln!("{r}")).await;
+    let report = conformance::run(
+        &Subject::wasm(&ln.p),
+        &control,
+        &Options::new(placement),
+        |r| eprintln!("{r}"),
+    )
+    .await;
     eprintln!("{}", report.total());
-    assert_eq!(report.results.len(), conformance::case_names().len(), "every case ran");
+    assert_eq!(
+        report.results.len(),
+        conformance::case_names().len(),
+        "every case ran"
+    );
     let failed: Vec<String> = report.failed().iter().map(|r| r.to_string()).collect();
     assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
     assert!(ln.emu.dump().instances.is_empty(), "the suite cleans up");
@@ -96,7 +115,12 @@ async fn lifecycle_boots_marks_with_tags_and_cleans_up() {
     let id = p.create(&req).await.unwrap();
     assert!(id.starts_with("eu-central/"), "{id}");
     let lid = backend_id(&id).to_string();
-    let statuses = |emu: &LinodeEmulator| emu.linode(&lid).unwrap()["status"].as_str().unwrap().to_string();
+    let statuses = |emu: &LinodeEmulator| {
+        emu.linode(&lid).unwrap()["status"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
     let mut seen = Vec::new();
     let running = loop {
         let before = statuses(&emu);
@@ -115,20 +139,50 @@ async fn lifecycle_boots_marks_with_tags_and_cleans_up() {
             ("running".to_string(), State::Running)
         ]
     );
-    assert!(!running.ip.is_empty() && running.uid == uid && running.created_at.is_some(), "{running:?}");
-    assert_eq!(p.create(&req).await.unwrap(), id, "create is idempotent by label");
+    assert!(
+        !running.ip.is_empty() && running.uid == uid && running.created_at.is_some(),
+        "{running:?}"
+    );
+    assert_eq!(
+        p.create(&req).await.unwrap(),
+        id,
+        "create is idempotent by label"
+    );
 
     let extra = emu.extra(&lid).unwrap();
-    assert_eq!(extra.tags, ["egress-managed".to_string(), format!("egress-uid:{uid}"), format!("egress-inst:{INST}")]);
+    assert_eq!(
+        extra.tags,
+        [
+            "egress-managed".to_string(),
+            format!("egress-uid:{uid}"),
+            format!("egress-inst:{INST}")
+        ]
+    );
     let dump = emu.dump().instances;
     assert_eq!(dump.len(), 1);
     assert_eq!(dump[0].user_data, req.cloud_init);
-    for (k, v) in [(MARK_MANAGED, "true"), (MARK_UID, uid), (MARK_INSTALLATION, INST)] {
-        assert!(dump[0].labels.contains(&(k.to_string(), v.to_string())), "{:?}", dump[0].labels);
+    for (k, v) in [
+        (MARK_MANAGED, "true"),
+        (MARK_UID, uid),
+        (MARK_INSTALLATION, INST),
+    ] {
+        assert!(
+            dump[0].labels.contains(&(k.to_string(), v.to_string())),
+            "{:?}",
+            dump[0].labels
+        );
     }
     let listed = p.list_by_tag(INST).await.unwrap();
-    assert_eq!(listed.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), [id.as_str()]);
-    assert!(p.list_by_tag("another-installation").await.unwrap().is_empty());
+    assert_eq!(
+        listed.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(),
+        [id.as_str()]
+    );
+    assert!(
+        p.list_by_tag("another-installation")
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     p.delete(&id).await.unwrap();
     p.delete(&id).await.unwrap();
@@ -146,7 +200,12 @@ async fn every_create_sends_its_own_strong_root_password() {
     let b = p.create(&request("uid-pw-2", "us-east")).await.unwrap();
     let pass = |id: &str| emu.extra(backend_id(id)).unwrap().root_pass;
     let (pa, pb) = (pass(&a), pass(&b));
-    assert!(pa.len() >= 32 && pb.len() >= 32, "{} {}", pa.len(), pb.len());
+    assert!(
+        pa.len() >= 32 && pb.len() >= 32,
+        "{} {}",
+        pa.len(),
+        pb.len()
+    );
     assert_ne!(pa, pb);
     // Not in the instance the operator sees, nor in the IDs.
     let i = p.get(&a).await.unwrap();
@@ -160,11 +219,26 @@ async fn a_just_created_linode_is_never_stopped() {
     let _dir = plugins_or_skip!();
     let Ln { emu, p, .. } = setup().await;
     let id = p.create(&request("uid-off", "us-east")).await.unwrap();
-    for status in ["offline", "booting", "rebooting", "busy", "migrating", "provisioning"] {
+    for status in [
+        "offline",
+        "booting",
+        "rebooting",
+        "busy",
+        "migrating",
+        "provisioning",
+    ] {
         emu.set_backend_state(backend_id(&id), status);
-        assert_eq!(p.get(&id).await.unwrap().state, State::Provisioning, "{status}");
+        assert_eq!(
+            p.get(&id).await.unwrap().state,
+            State::Provisioning,
+            "{status}"
+        );
     }
-    let hour_ago = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() - 3600;
+    let hour_ago = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 3600;
     let old = emu.plant(Plant {
         name: "proxy-old".into(),
         scope: "us-east".into(),
@@ -174,10 +248,18 @@ async fn a_just_created_linode_is_never_stopped() {
         created_at: Some(hour_ago),
     });
     let old_id = format!("us-east/{old}");
-    for (status, want) in [("offline", State::Stopped), ("shutting_down", State::Stopped), ("deleting", State::Terminated)] {
+    for (status, want) in [
+        ("offline", State::Stopped),
+        ("shutting_down", State::Stopped),
+        ("deleting", State::Terminated),
+    ] {
         emu.set_backend_state(&old, status);
         let i = p.get(&old_id).await.unwrap();
-        assert_eq!((i.state, i.created_at.map(|t| t.seconds)), (want, Some(hour_ago)), "{status}");
+        assert_eq!(
+            (i.state, i.created_at.map(|t| t.seconds)),
+            (want, Some(hour_ago)),
+            "{status}"
+        );
     }
 }
 
@@ -187,13 +269,20 @@ async fn a_just_created_linode_is_never_stopped() {
 async fn user_data_needs_a_metadata_region_and_fits_65535_bytes() {
     let _dir = plugins_or_skip!();
     let Ln { emu, p, .. } = setup().await;
-    let err = p.create(&request("uid-md", "us-southeast")).await.unwrap_err();
+    let err = p
+        .create(&request("uid-md", "us-southeast"))
+        .await
+        .unwrap_err();
     assert_eq!(err.class, Class::Permanent, "{err}");
     assert!(err.message.contains("metadata.user_data"), "{err}");
     let mut big = request("uid-big", "us-east");
     big.cloud_init = vec![b'#'; 65_536];
     let err = p.create(&big).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::Permanent, Some("UserDataTooLarge")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Permanent, Some("UserDataTooLarge")),
+        "{err}"
+    );
     assert!(emu.dump().instances.is_empty());
     // Without cloud-init a region without Metadata is fine.
     let mut plain = request("uid-plain", "us-southeast");
@@ -206,7 +295,11 @@ async fn user_data_needs_a_metadata_region_and_fits_65535_bytes() {
 async fn account_limit_busy_and_taken_labels() {
     let _dir = plugins_or_skip!();
     let Ln { emu, p, .. } = setup().await;
-    emu.inject(Fault { op: FaultOp::Create, kind: FaultKind::Quota, count: 1 });
+    emu.inject(Fault {
+        op: FaultOp::Create,
+        kind: FaultKind::Quota,
+        count: 1,
+    });
     let err = p.create(&request("uid-q", "us-east")).await.unwrap_err();
     assert_eq!(err.class, Class::QuotaExceeded, "{err}");
     assert!(err.message.contains("Account Limit reached"), "{err}");
@@ -214,7 +307,11 @@ async fn account_limit_busy_and_taken_labels() {
     let id = p.create(&request("uid-b", "us-east")).await.unwrap();
     emu.set_locked(backend_id(&id), true);
     let err = p.delete(&id).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::Transient, Some("Linode busy.")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Transient, Some("Linode busy.")),
+        "{err}"
+    );
     emu.set_locked(backend_id(&id), false);
     p.delete(&id).await.unwrap();
 
@@ -229,7 +326,11 @@ async fn account_limit_busy_and_taken_labels() {
         created_at: None,
     });
     let err = p.create(&req).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::Permanent, Some("NameTaken")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Permanent, Some("NameTaken")),
+        "{err}"
+    );
 }
 
 /// The dedicated limit of `POST /linode/instances` (20 per 15 s): the 21st create in a
@@ -237,12 +338,20 @@ async fn account_limit_busy_and_taken_labels() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_create_rate_limit_is_quota_exceeded() {
     let _dir = plugins_or_skip!();
-    let cfg = LinodeConfig { create_limit: true, ..LinodeConfig::new(TOKEN) };
+    let cfg = LinodeConfig {
+        create_limit: true,
+        ..LinodeConfig::new(TOKEN)
+    };
     let Ln { emu, p, .. } = setup_with(cfg, "").await;
     for n in 0..20 {
-        p.create(&request(&format!("uid-rl-{n}"), "us-east")).await.unwrap();
+        p.create(&request(&format!("uid-rl-{n}"), "us-east"))
+            .await
+            .unwrap();
     }
-    let err = p.create(&request("uid-rl-20", "us-east")).await.unwrap_err();
+    let err = p
+        .create(&request("uid-rl-20", "us-east"))
+        .await
+        .unwrap_err();
     assert_eq!(err.class, Class::QuotaExceeded, "{err}");
     assert!(err.message.contains("retry after"), "{err}");
     assert_eq!(emu.dump().instances.len(), 20);
@@ -254,13 +363,43 @@ async fn check_reports_each_region() {
     let Ln { emu, p, .. } = setup().await;
     p.create(&request("uid-c", "eu-central")).await.unwrap();
     let targets = p.check().await.unwrap();
-    let got: Vec<(&str, bool)> = targets.iter().map(|t| (t.target.as_str(), t.ready)).collect();
-    assert_eq!(got, [("us-east", true), ("eu-central", true), ("us-southeast", true)]);
-    let managed = |t: &str| targets.iter().find(|x| x.target == t).unwrap().details.clone();
-    assert!(managed("eu-central").contains(&("managedLinodes".into(), "1".into())), "{:?}", managed("eu-central"));
-    emu.inject(Fault { op: FaultOp::Any, kind: FaultKind::Auth, count: 3 });
+    let got: Vec<(&str, bool)> = targets
+        .iter()
+        .map(|t| (t.target.as_str(), t.ready))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("us-east", true),
+            ("eu-central", true),
+            ("us-southeast", true)
+        ]
+    );
+    let managed = |t: &str| {
+        targets
+            .iter()
+            .find(|x| x.target == t)
+            .unwrap()
+            .details
+            .clone()
+    };
+    assert!(
+        managed("eu-central").contains(&("managedLinodes".into(), "1".into())),
+        "{:?}",
+        managed("eu-central")
+    );
+    emu.inject(Fault {
+        op: FaultOp::Any,
+        kind: FaultKind::Auth,
+        count: 3,
+    });
     let targets = p.check().await.unwrap();
-    assert!(targets.iter().all(|t| !t.ready && t.reason == "Unauthorized"), "{targets:?}");
+    assert!(
+        targets
+            .iter()
+            .all(|t| !t.ready && t.reason == "Unauthorized"),
+        "{targets:?}"
+    );
 }
 
 /// Bad config is refused at load, with the field and the value in the message.
@@ -268,18 +407,47 @@ async fn check_reports_each_region() {
 async fn config_errors_name_the_field_and_value() {
     let _dir = plugins_or_skip!();
     let rt = support::runtime();
-    let base = "name: ln\nplugin: linode.wasm\nsecrets: {token: /nonexistent}\nconfig: ";
+    let secrets = tempfile::tempdir().unwrap();
+    let token = secrets.path().join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    let base = format!(
+        "name: ln\nplugin: linode.wasm\nsecrets: {{token: {}}}\nconfig: ",
+        token.display()
+    );
     let cases = [
-        ("{regions: [US-East], types: [g6-nanode-1], images: [linode/debian12]}", &["config.regions", "US-East"][..]),
-        ("{regions: [us-east], types: [g6-nanode-1], images: [linode/debian12], firewallId: 0}", &["config.firewallId", "0"]),
-        ("{regions: [us-east], types: [], images: [linode/debian12]}", &["config.types", "empty"]),
-        ("{endpoint: 'https://api.linode.com/v3', regions: [us-east], types: [g6-nanode-1], images: [x]}", &["config.endpoint", "https://api.linode.com/v3"]),
-        ("{regions: [us-east], types: [g6-nanode-1], images: [linode/debian12], rootPass: hunter2}", &["rootPass"]),
-        ("{regions: [us-east], types: [g6-nanode-1], images: ['has space']}", &["config.images", "has space"]),
+        (
+            "{regions: [US-East], types: [g6-nanode-1], images: [linode/debian12]}",
+            &["config.regions", "US-East"][..],
+        ),
+        (
+            "{regions: [us-east], types: [g6-nanode-1], images: [linode/debian12], firewallId: 0}",
+            &["config.firewallId", "0"],
+        ),
+        (
+            "{regions: [us-east], types: [], images: [linode/debian12]}",
+            &["config.types", "empty"],
+        ),
+        (
+            "{endpoint: 'https://api.linode.com/v3', regions: [us-east], types: [g6-nanode-1], images: [x]}",
+            &["config.endpoint", "https://api.linode.com/v3"],
+        ),
+        (
+            "{regions: [us-east], types: [g6-nanode-1], images: [linode/debian12], rootPass: hunter2}",
+            &["rootPass"],
+        ),
+        (
+            "{regions: [us-east], types: [g6-nanode-1], images: ['has space']}",
+            &["config.images", "has space"],
+        ),
     ];
     for (config, want) in cases {
         let plugin = support::load(&rt, "linode.wasm").await;
-        let err = rt.provider(plugin, &support::entry(&format!("{base}{config}"))).await.err().expect(config).to_string();
+        let err = rt
+            .provider(plugin, &support::entry(&format!("{base}{config}")))
+            .await
+            .err()
+            .expect(config)
+            .to_string();
         for w in want {
             assert!(err.contains(w), "{config}: {err:?} lacks {w:?}");
         }
@@ -307,7 +475,10 @@ async fn real_linode_lifecycle() {
         path.display()
     );
     let p = support::provider(&support::runtime(), "linode.wasm", &yaml).await;
-    let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
+    let stamp = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let uid = format!("it-{stamp}");
     let mut req = request(&uid, &region);
     req.placement.machine_type = linode_type;
@@ -323,10 +494,16 @@ async fn real_linode_lifecycle() {
             let i = p.get(&id).await?;
             assert_ne!(i.state, State::Stopped, "{i:?}");
             if i.state == State::Running {
-                assert!(!i.ip.is_empty() && i.uid == uid && i.created_at.is_some(), "{i:?}");
+                assert!(
+                    !i.ip.is_empty() && i.uid == uid && i.created_at.is_some(),
+                    "{i:?}"
+                );
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "not running after 10 minutes");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not running after 10 minutes"
+            );
             tokio::time::sleep(Duration::from_secs(5)).await;
         }
         let listed = p.list_by_tag("egress-integration-test").await?;

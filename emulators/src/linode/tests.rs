@@ -380,8 +380,6 @@ fn plants_carry_the_marks_as_tags() {
         installation_value("cluster/prod"),
         "sha256-2x5dphpyg63fkszwlmxq6ger"
     );
-    assert!(
-        tag_marks(&mark_tags(&[(crate::MARK_UID.into(), "u".into())]))
-            == [(crate::MARK_UID.into(), "u".into())]
-    );
+    let uid: (String, String) = (crate::MARK_UID.into(), "u".into());
+    assert_eq!(tag_marks(&mark_tags(std::slice::from_ref(&uid))), [uid]);
 }
