@@ -56,8 +56,8 @@ pub fn parse(json: &str) -> Result<Config, ProviderError> {
     let region = "want 1-32 lowercase letters, digits or '-' (a Linode region such as us-east)";
     let linode_type = "want 1-64 lowercase letters, digits, '.', '_' or '-' (a Linode type such as g6-nanode-1)";
     let image = "want a Linode image ID such as linode/debian12";
-    let checks: [(&str, &Vec<String>, fn(&str) -> bool, &str); 3] = [
-        ("regions", &raw.regions, is_region, region),
+    let checks = [
+        ("regions", &raw.regions, is_region as fn(&str) -> bool, region),
         ("types", &raw.types, is_type, linode_type),
         ("images", &raw.images, is_image, image),
     ];
