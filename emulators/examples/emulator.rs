@@ -13,6 +13,7 @@
 use egress_emulators::ec2::{EXAMPLE_ACCESS_KEY, EXAMPLE_SECRET_KEY, Ec2Config, Ec2Emulator};
 use egress_emulators::example::{EMULATOR_TOKEN as EXAMPLE_TOKEN, ExampleBackend};
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
+use egress_emulators::linode::{LinodeConfig, LinodeEmulator};
 
 const HETZNER_TOKEN: &str = "emulator-token";
 
@@ -29,6 +30,12 @@ fn main() {
         "hetzner" => {
             let e = HetznerEmulator::start(HetznerConfig::new(HETZNER_TOKEN));
             println!("Hetzner emulator at {} (API under /v1)", e.url());
+            println!("token: {HETZNER_TOKEN}");
+            Box::new(e)
+        }
+        "linode" => {
+            let e = LinodeEmulator::start(LinodeConfig::new(HETZNER_TOKEN));
+            println!("Linode emulator at {} (API under /v4)", e.url());
             println!("token: {HETZNER_TOKEN}");
             Box::new(e)
         }

@@ -18,6 +18,7 @@ pub mod ec2;
 pub mod echo;
 pub mod example;
 pub mod hetzner;
+pub mod linode;
 pub mod rate_limit;
 pub mod real_proxy;
 mod server;
