@@ -53,6 +53,10 @@ pub fn shipped_default(type_name: &str) -> Option<Spec> {
             per_hour: 72_000,
             burst: 100,
         }),
+        "linode" => Some(Spec {
+            per_hour: 12_000,
+            burst: 20,
+        }),
         _ => None,
     }
 }
@@ -384,6 +388,7 @@ mod tests {
     fn shipped_defaults() {
         assert_eq!(shipped_default("hetzner"), Some(spec(3600, 100)));
         assert_eq!(shipped_default("ec2"), Some(spec(72_000, 100)));
+        assert_eq!(shipped_default("linode"), Some(spec(12_000, 20)));
         assert_eq!(shipped_default("example"), None);
     }
 
