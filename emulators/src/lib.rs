@@ -20,4 +20,5 @@ pub mod example;
 pub mod hetzner;
 pub mod rate_limit;
 pub mod real_proxy;
+pub mod scaleway;
 mod server;
