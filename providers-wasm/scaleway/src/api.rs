@@ -88,8 +88,8 @@ struct ServerList {
 
 /// The classes, from the error types of the API reference and the SDK (`scw/errors.go`).
 /// Errors are `{"type": ..., "message": ...}`; the type is more precise than the status (a
-/// quota is a 403 like a permission), so types come first, then statuses. A 404 without the
-/// envelope (a proxy's page) is "cannot tell", never "gone".
+/// quota is a 403 like a permission), so types come first, then statuses; a 404 without the
+/// envelope (a proxy's page) is not in the table: transient, "cannot tell", never "gone".
 #[rustfmt::skip]
 pub const SCW: Classifier = Classifier {
     backend: "Scaleway",
@@ -110,7 +110,8 @@ pub const SCW: Classifier = Classifier {
         Rule::status(401, Kind::Auth),
         Rule::status(403, Kind::Forbidden),
         Rule::status(409, Kind::Conflict),
-        Rule::statuses(400, 422, Kind::Invalid),
+        Rule::status(400, Kind::Invalid),
+        Rule::statuses(405, 422, Kind::Invalid),
     ],
 };
 

@@ -1,14 +1,11 @@
 //! Scaleway provider: each egress proxy is a Scaleway Instance with a flexible IPv4.
 //!
-//! Config, placement and tags are in [`config`], the API and its one classification table
-//! in [`api`]. This file is the contract, operation by operation; docs/providers/scaleway.md
-//! is the user's guide and gives the reason for every choice of the behaviour profile.
-//!
-//! Two things make Scaleway different. The public IPv4 is a resource of its own: it is
-//! reserved before the server, attached in the create call, released before the server
-//! goes, and released again if the create fails. And a server is created stopped: create
-//! sets the user data and powers it on before it returns, so nobody is handed the ID of a
-//! server that was never started.
+//! Config, placement and tags are in [`config`], the API and its classification table in
+//! [`api`]; this file is the contract, operation by operation (docs/providers/scaleway.md
+//! gives the reason for every choice of the behaviour profile). Two things make Scaleway
+//! different. The public IPv4 is a resource of its own: reserved before the server, attached
+//! in the create call, released before the server goes and when the create fails. And a
+//! server is created stopped: create sets the user data and powers it on before returning.
 
 mod api;
 mod config;

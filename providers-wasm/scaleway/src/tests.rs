@@ -16,24 +16,90 @@ fn classify_table() {
     use ErrorClass::*;
     let cases = [
         // Captured (scaleway-sdk-go cassettes).
-        (answer(404, r#"{"type": "not_found", "message": "resource is not found", "resource": "instance_server", "resource_id": "4f70120c-36f1-49d4-90c2-8850e0896970"}"#), NotFound, "not_found"),
+        (
+            answer(
+                404,
+                r#"{"type": "not_found", "message": "resource is not found", "resource": "instance_server", "resource_id": "4f70120c-36f1-49d4-90c2-8850e0896970"}"#,
+            ),
+            NotFound,
+            "not_found",
+        ),
         (answer(404, r#"{"message": "\"x\" not found", "type": "unknown_resource"}"#), NotFound, "unknown_resource"),
         // Captured: DELETE of a running server.
-        (answer(400, r#"{"type": "invalid_request_error", "message": "instance should be powered off"}"#), Permanent, "invalid_request_error"),
+        (
+            answer(400, r#"{"type": "invalid_request_error", "message": "instance should be powered off"}"#),
+            Permanent,
+            "invalid_request_error",
+        ),
         // Captured: poweron of a server that is not stopped.
-        (answer(412, r#"{"message": "server should be stopped", "type": "precondition_failed"}"#), Transient, "precondition_failed"),
-        (answer(400, r#"{"type": "invalid_arguments", "message": "invalid argument(s)", "details": [{"argument_name": "commercial_type", "reason": "required"}]}"#), Permanent, "invalid_arguments"),
-        (answer(403, r#"{"type": "quotas_exceeded", "message": "quota(s) exceeded for this resource", "details": [{"resource": "compute_instances", "quota": 10, "current": 10}]}"#), QuotaExceeded, "quotas_exceeded"),
-        (answer(503, r#"{"type": "out_of_stock", "message": "out of stock", "resource": "DEV1-S"}"#), QuotaExceeded, "out_of_stock"),
-        (answer(401, r#"{"type": "denied_authentication", "message": "authentication is denied", "method": "api_key", "reason": "not_found"}"#), Permanent, "denied_authentication"),
-        (answer(403, r#"{"type": "permissions_denied", "message": "insufficient permissions", "details": [{"resource": "instance_server", "action": "create"}]}"#), Permanent, "permissions_denied"),
-        (answer(409, r#"{"type": "locked", "message": "resource is locked", "resource": "instance_server"}"#), Transient, "locked"),
-        (answer(409, r#"{"type": "transient_state", "message": "resource is in a transient state", "current_state": "starting"}"#), Transient, "transient_state"),
-        (answer(500, r#"{"type": "internal_error", "message": "an internal error occurred"}"#), Transient, "internal_error"),
+        (
+            answer(412, r#"{"message": "server should be stopped", "type": "precondition_failed"}"#),
+            Transient,
+            "precondition_failed",
+        ),
+        (
+            answer(
+                400,
+                r#"{"type": "invalid_arguments", "message": "invalid argument(s)", "details": [{"argument_name": "commercial_type", "reason": "required"}]}"#,
+            ),
+            Permanent,
+            "invalid_arguments",
+        ),
+        (
+            answer(
+                403,
+                r#"{"type": "quotas_exceeded", "message": "quota(s) exceeded for this resource", "details": [{"resource": "compute_instances", "quota": 10, "current": 10}]}"#,
+            ),
+            QuotaExceeded,
+            "quotas_exceeded",
+        ),
+        (
+            answer(503, r#"{"type": "out_of_stock", "message": "out of stock", "resource": "DEV1-S"}"#),
+            QuotaExceeded,
+            "out_of_stock",
+        ),
+        (
+            answer(
+                401,
+                r#"{"type": "denied_authentication", "message": "authentication is denied", "method": "api_key", "reason": "not_found"}"#,
+            ),
+            Permanent,
+            "denied_authentication",
+        ),
+        (
+            answer(
+                403,
+                r#"{"type": "permissions_denied", "message": "insufficient permissions", "details": [{"resource": "instance_server", "action": "create"}]}"#,
+            ),
+            Permanent,
+            "permissions_denied",
+        ),
+        (
+            answer(409, r#"{"type": "locked", "message": "resource is locked", "resource": "instance_server"}"#),
+            Transient,
+            "locked",
+        ),
+        (
+            answer(
+                409,
+                r#"{"type": "transient_state", "message": "resource is in a transient state", "current_state": "starting"}"#,
+            ),
+            Transient,
+            "transient_state",
+        ),
+        (
+            answer(500, r#"{"type": "internal_error", "message": "an internal error occurred"}"#),
+            Transient,
+            "internal_error",
+        ),
         (answer(429, ""), QuotaExceeded, "HTTP429"),
-        (answer(429, r#"{"type": "too_many_requests", "message": "rate limit exceeded"}"#), QuotaExceeded, "too_many_requests"),
+        (
+            answer(429, r#"{"type": "too_many_requests", "message": "rate limit exceeded"}"#),
+            QuotaExceeded,
+            "too_many_requests",
+        ),
         // Not the API's envelope: a 404 is "cannot tell", never "gone".
-        (answer(404, "<html>Not Found</html>"), Permanent, "HTTP404"),
+        (answer(404, "<html>Not Found</html>"), Transient, "HTTP404"),
         (answer(502, "<html>Bad Gateway</html>"), Transient, "HTTP502"),
         (answer(401, ""), Permanent, "HTTP401"),
         (HttpError::Transport(http::ErrorCode::ConnectionRefused), Transient, "ConnectionRefused"),
@@ -104,7 +170,8 @@ fn captured_server_json() {
     );
     assert_eq!(v6_and_dynamic.ipv4(), "51.15.0.9");
     assert_eq!(v6_and_dynamic.flexible_ips(), ["v6"], "a dynamic IP goes with the server");
-    let local: Server = serde_json::from_value(json!({"volumes": {"0": {"id": "v-1", "volume_type": "l_ssd"}}})).unwrap();
+    let local: Server =
+        serde_json::from_value(json!({"volumes": {"0": {"id": "v-1", "volume_type": "l_ssd"}}})).unwrap();
     assert_eq!(local.local_volumes(), ["v-1"]);
     let old_shape: Server = serde_json::from_value(json!({"public_ip": {"id": "ip", "address": "51.15.0.2"}})).unwrap();
     assert_eq!((old_shape.ipv4(), old_shape.flexible_ips()), ("51.15.0.2", vec!["ip".to_string()]));
@@ -124,7 +191,10 @@ fn config_defaults_and_placement() {
         machine_type: mt.into(),
         image: image.into(),
     };
-    assert_eq!(c.resolve(&p("", "nl-ams-1", "DEV1-S", "ubuntu_noble")).unwrap(), ("nl-ams-1", "DEV1-S", "ubuntu_noble"));
+    assert_eq!(
+        c.resolve(&p("", "nl-ams-1", "DEV1-S", "ubuntu_noble")).unwrap(),
+        ("nl-ams-1", "DEV1-S", "ubuntu_noble")
+    );
     assert!(c.resolve(&p("nl-ams", "nl-ams-1", "DEV1-S", "ubuntu_noble")).is_ok());
     let bad = [
         (p("", "fr-par-2", "DEV1-S", "ubuntu_noble"), "InvalidZone"),
@@ -139,7 +209,14 @@ fn config_defaults_and_placement() {
 
 #[test]
 fn zones_uuids_and_ids() {
-    for (z, ok) in [("fr-par-1", true), ("pl-waw-3", true), ("fr-par", false), ("FR-PAR-1", false), ("fr/par-1", false), ("fr-par-10", false)] {
+    for (z, ok) in [
+        ("fr-par-1", true),
+        ("pl-waw-3", true),
+        ("fr-par", false),
+        ("FR-PAR-1", false),
+        ("fr/par-1", false),
+        ("fr-par-10", false),
+    ] {
         assert_eq!(config::is_zone(z), ok, "{z}");
     }
     assert!(config::is_uuid("0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9"));
