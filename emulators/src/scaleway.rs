@@ -252,8 +252,15 @@ impl Adapter for Scaleway {
 
     fn fault(&self, kind: &FaultKind) -> ScwError {
         match kind {
-            FaultKind::Quota => ScwError::new(403, "quotas_exceeded", "quota(s) exceeded for this resource")
-                .with("details", json!([{"resource": "compute_instances", "quota": 10, "current": 10}])),
+            FaultKind::Quota => ScwError::new(
+                403,
+                "quotas_exceeded",
+                "quota(s) exceeded for this resource",
+            )
+            .with(
+                "details",
+                json!([{"resource": "compute_instances", "quota": 10, "current": 10}]),
+            ),
             FaultKind::RateLimit => ScwError::new(429, "too_many_requests", "rate limit exceeded"),
             FaultKind::Auth => self.unauthorized(),
             FaultKind::ServerError | FaultKind::Slow { .. } => ScwError::internal(),
@@ -263,7 +270,11 @@ impl Adapter for Scaleway {
     fn classify(&self, method: &Method, path: &str) -> (Option<FaultOp>, String) {
         let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         // instance / v1 / zones / {zone} / collection / {id} / ...
-        let rest = if parts.len() >= 5 { &parts[4..] } else { &[][..] };
+        let rest = if parts.len() >= 5 {
+            &parts[4..]
+        } else {
+            &[][..]
+        };
         let m = method.as_str();
         let (op, route) = match rest {
             ["servers"] if m == "POST" => (Some(FaultOp::Create), "/servers"),
@@ -271,7 +282,9 @@ impl Adapter for Scaleway {
             ["servers", _] if m == "DELETE" => (Some(FaultOp::Delete), "/servers/{id}"),
             ["servers", _] => (Some(FaultOp::Get), "/servers/{id}"),
             ["servers", _, "action"] => (None, "/servers/{id}/action"),
-            ["servers", _, "user_data", ..] => (Some(FaultOp::Create), "/servers/{id}/user_data/{key}"),
+            ["servers", _, "user_data", ..] => {
+                (Some(FaultOp::Create), "/servers/{id}/user_data/{key}")
+            }
             ["ips"] if m == "POST" => (Some(FaultOp::Create), "/ips"),
             ["ips"] => (Some(FaultOp::List), "/ips"),
             ["ips", _] if m == "DELETE" => (Some(FaultOp::Delete), "/ips/{id}"),
@@ -282,7 +295,8 @@ impl Adapter for Scaleway {
     }
 
     fn authorized(&self, headers: &HeaderMap) -> bool {
-        headers.get("x-auth-token").and_then(|v| v.to_str().ok()) == Some(self.config.secret_key.as_str())
+        headers.get("x-auth-token").and_then(|v| v.to_str().ok())
+            == Some(self.config.secret_key.as_str())
     }
 
     fn unauthorized(&self) -> ScwError {
@@ -325,7 +339,11 @@ pub type ScalewayEmulator = Served<Backend>;
 impl Served<Backend> {
     pub fn start(config: ScalewayConfig) -> ScalewayEmulator {
         let (listener, _) = crate::framework::bind(0).expect("bind 127.0.0.1:0");
-        let fleet = Fleet::new(Scaleway::STATES, config.schedule, config.real_proxies.clone());
+        let fleet = Fleet::new(
+            Scaleway::STATES,
+            config.schedule,
+            config.real_proxies.clone(),
+        );
         let adapter = Scaleway {
             config,
             ips: BTreeMap::new(),

@@ -36,7 +36,10 @@ mod tests {
         backend: "Test",
         code_at: "/code",
         message_at: "/message",
-        rules: &[Rule::status_code(404, "not_found", Kind::Gone), Rule::status(404, Kind::Invalid)],
+        rules: &[
+            Rule::status_code(404, "not_found", Kind::Gone),
+            Rule::status(404, Kind::Invalid),
+        ],
     };
 
     fn status(status: u16, body: &str) -> Result<u8, HttpError> {
@@ -50,9 +53,16 @@ mod tests {
     #[test]
     fn only_the_backends_not_found_is_absence() {
         assert_eq!(TABLE.found(Ok::<_, HttpError>(7)).unwrap(), Some(7));
-        assert_eq!(TABLE.found(status(404, r#"{"code":"not_found"}"#)).unwrap(), None);
+        assert_eq!(
+            TABLE.found(status(404, r#"{"code":"not_found"}"#)).unwrap(),
+            None
+        );
         assert!(TABLE.removed(Ok::<_, HttpError>(())).unwrap());
-        assert!(!TABLE.removed(status(404, r#"{"code":"not_found"}"#)).unwrap());
+        assert!(
+            !TABLE
+                .removed(status(404, r#"{"code":"not_found"}"#))
+                .unwrap()
+        );
         // A proxy's 404 page is not the backend's verdict.
         let e = TABLE.found(status(404, "<html>")).unwrap_err();
         assert_eq!(e.class, ErrorClass::Permanent);

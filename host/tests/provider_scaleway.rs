@@ -49,7 +49,11 @@ async fn setup_with(cfg: ScalewayConfig) -> Scw {
     let emu = ScalewayEmulator::start(cfg);
     let yaml = entry(&emu.url(), &key, &config(&emu.url()));
     let p = support::provider(&support::runtime(), "scaleway.wasm", &yaml).await;
-    Scw { emu, p, _secrets: secrets }
+    Scw {
+        emu,
+        p,
+        _secrets: secrets,
+    }
 }
 
 async fn setup() -> Scw {
@@ -75,13 +79,19 @@ fn request(uid: &str, zone: &str) -> CreateRequest {
 }
 
 fn tag<'a>(labels: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    labels.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    labels
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
 }
 
 /// IPs and volumes the emulator still holds.
 fn leftovers(emu: &ScalewayEmulator) -> Vec<String> {
     let dump = emu.dump();
-    dump.secondary.iter().map(|s| format!("{} {} ({:?})", s.kind, s.id, s.attached_to)).collect()
+    dump.secondary
+        .iter()
+        .map(|s| format!("{} {} ({:?})", s.kind, s.id, s.attached_to))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,13 +100,26 @@ async fn scaleway_passes_the_suite() {
     let s = setup().await;
     let control = Control::new(&s.emu.url()).unwrap();
     let placement = request("x", "fr-par-1").placement;
-    let report = conformance::run(&Subject::wasm(&s.p), &control, &Options::new(placement), |r| eprintln!("{r}")).await;
+    let report = conformance::run(
+        &Subject::wasm(&s.p),
+        &control,
+        &Options::new(placement),
+        |r| eprintln!("{r}"),
+    )
+    .await;
     eprintln!("{}", report.total());
-    assert_eq!(report.results.len(), conformance::case_names().len(), "every case ran");
+    assert_eq!(
+        report.results.len(),
+        conformance::case_names().len(),
+        "every case ran"
+    );
     let failed: Vec<String> = report.failed().iter().map(|r| r.to_string()).collect();
     assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
     let dump = s.emu.dump();
-    assert!(dump.instances.is_empty() && dump.secondary.is_empty(), "the suite cleans up: {dump:?}");
+    assert!(
+        dump.instances.is_empty() && dump.secondary.is_empty(),
+        "the suite cleans up: {dump:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,41 +133,80 @@ async fn lifecycle_starts_the_server_with_its_own_ip_and_leaves_nothing() {
     let dump = emu.dump();
     assert_eq!(dump.instances.len(), 1, "one server");
     let server = &dump.instances[0];
-    assert_eq!((server.name.as_str(), server.scope.as_str()), (req.name.as_str(), "nl-ams-1"));
-    assert_eq!(server.user_data, req.cloud_init, "user data byte for byte, before power-on");
+    assert_eq!(
+        (server.name.as_str(), server.scope.as_str()),
+        (req.name.as_str(), "nl-ams-1")
+    );
+    assert_eq!(
+        server.user_data, req.cloud_init,
+        "user data byte for byte, before power-on"
+    );
     assert_eq!(server.state, "starting", "create powered it on");
     assert_eq!(tag(&server.labels, MARK_MANAGED), Some("true"));
     assert_eq!(tag(&server.labels, MARK_UID), Some("uid-1"));
     assert_eq!(tag(&server.labels, MARK_INSTALLATION), Some(INST));
     let ips = emu.ips();
     assert_eq!(ips.len(), 1, "one flexible IP: {ips:?}");
-    assert_eq!(ips[0].server.as_deref(), Some(server.id.as_str()), "attached in the create call");
-    assert!(ips[0].tags.contains(&format!("{MARK_UID}=uid-1")), "the IP carries the marks too");
+    assert_eq!(
+        ips[0].server.as_deref(),
+        Some(server.id.as_str()),
+        "attached in the create call"
+    );
+    assert!(
+        ips[0].tags.contains(&format!("{MARK_UID}=uid-1")),
+        "the IP carries the marks too"
+    );
     let raw = emu.server(&server.id).unwrap();
-    assert_eq!((raw["commercial_type"].as_str(), raw["image"]["id"].as_str()), (Some("DEV1-S"), Some("ubuntu_noble")));
+    assert_eq!(
+        (raw["commercial_type"].as_str(), raw["image"]["id"].as_str()),
+        (Some("DEV1-S"), Some("ubuntu_noble"))
+    );
 
     let first = p.get(&id).await.unwrap();
     assert_eq!(first.state, State::Provisioning);
-    assert_eq!((first.uid.as_str(), first.ip.as_str()), ("uid-1", ips[0].address.as_str()));
+    assert_eq!(
+        (first.uid.as_str(), first.ip.as_str()),
+        ("uid-1", ips[0].address.as_str())
+    );
     assert!(first.created_at.is_some());
-    assert_eq!(p.create(&req).await.unwrap(), id, "create is idempotent by name");
+    assert_eq!(
+        p.create(&req).await.unwrap(),
+        id,
+        "create is idempotent by name"
+    );
     let running = p.get(&id).await.unwrap();
-    assert_eq!((running.state, running.ip.as_str()), (State::Running, ips[0].address.as_str()));
+    assert_eq!(
+        (running.state, running.ip.as_str()),
+        (State::Running, ips[0].address.as_str())
+    );
     assert_eq!(emu.dump().instances.len(), 1);
     assert_eq!(emu.ips().len(), 1, "no second IP for the repeated create");
 
     let listed = p.list_by_tag(INST).await.unwrap();
-    assert_eq!(listed.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), [id.as_str()]);
-    assert!(p.list_by_tag("inst-b").await.unwrap().is_empty(), "other installations are not listed");
+    assert_eq!(
+        listed.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(),
+        [id.as_str()]
+    );
+    assert!(
+        p.list_by_tag("inst-b").await.unwrap().is_empty(),
+        "other installations are not listed"
+    );
 
     p.delete(&id).await.unwrap();
     p.delete(&id).await.unwrap();
     let gone = p.get(&id).await.unwrap_err();
     assert_eq!(gone.class, Class::NotFound, "{gone}");
     assert!(emu.dump().instances.is_empty());
-    assert!(leftovers(emu).is_empty(), "no IP or volume left: {:?}", leftovers(emu));
+    assert!(
+        leftovers(emu).is_empty(),
+        "no IP or volume left: {:?}",
+        leftovers(emu)
+    );
     let calls = emu.requests().join("\n");
-    assert!(calls.contains("/action"), "running servers are terminated:\n{calls}");
+    assert!(
+        calls.contains("/action"),
+        "running servers are terminated:\n{calls}"
+    );
 }
 
 /// A create whose server call fails after the IP was reserved releases the IP; the next
@@ -158,15 +220,31 @@ async fn a_failed_create_releases_its_ip() {
     let err = p.create(&req).await.unwrap_err();
     assert_eq!(err.class, Class::Transient, "{err}");
     assert!(emu.dump().instances.is_empty());
-    assert!(emu.ips().is_empty(), "the IP of the failed create is released: {:?}", emu.ips());
-    assert!(emu.requests().iter().any(|r| r.starts_with("DELETE /instance/v1/zones/fr-par-1/ips/")));
+    assert!(
+        emu.ips().is_empty(),
+        "the IP of the failed create is released: {:?}",
+        emu.ips()
+    );
+    assert!(
+        emu.requests()
+            .iter()
+            .any(|r| r.starts_with("DELETE /instance/v1/zones/fr-par-1/ips/"))
+    );
 
     // A refusal the create cannot fix: permanent, and still no IP left.
     let mut bad = req.clone();
     bad.placement.image = "debian_bookworm".into();
-    emu.lock().backend.config.images.retain(|i| i != "debian_bookworm");
+    emu.lock()
+        .backend
+        .config
+        .images
+        .retain(|i| i != "debian_bookworm");
     let err = p.create(&bad).await.unwrap_err();
-    assert_eq!(err.class, Class::Permanent, "an image the API does not know: {err}");
+    assert_eq!(
+        err.class,
+        Class::Permanent,
+        "an image the API does not know: {err}"
+    );
     assert!(emu.ips().is_empty(), "{:?}", emu.ips());
 
     let id = p.create(&req).await.unwrap();
@@ -182,15 +260,37 @@ async fn an_ip_left_by_a_cut_off_create_is_reused() {
     let _dir = plugins_or_skip!();
     let Scw { emu, p, .. } = &setup().await;
     let req = request("uid-r", "fr-par-1");
-    let tags = vec![format!("{MARK_MANAGED}=true"), format!("{MARK_UID}=uid-r"), format!("{MARK_INSTALLATION}={INST}")];
-    let left = emu.lock().backend.new_ip("fr-par-1", EMULATOR_PROJECT, tags);
-    let other = emu.lock().backend.new_ip("fr-par-1", EMULATOR_PROJECT, vec![format!("{MARK_UID}=uid-other")]);
+    let tags = vec![
+        format!("{MARK_MANAGED}=true"),
+        format!("{MARK_UID}=uid-r"),
+        format!("{MARK_INSTALLATION}={INST}"),
+    ];
+    let left = emu
+        .lock()
+        .backend
+        .new_ip("fr-par-1", EMULATOR_PROJECT, tags);
+    let other = emu.lock().backend.new_ip(
+        "fr-par-1",
+        EMULATOR_PROJECT,
+        vec![format!("{MARK_UID}=uid-other")],
+    );
     p.create(&req).await.unwrap();
     let ips = emu.ips();
     assert_eq!(ips.len(), 2, "{ips:?}");
     let server = &emu.dump().instances[0].id;
-    assert_eq!(ips.iter().find(|i| i.id == left.id).unwrap().server.as_ref(), Some(server));
-    assert_eq!(ips.iter().find(|i| i.id == other.id).unwrap().server, None, "another Proxy's IP is left alone");
+    assert_eq!(
+        ips.iter()
+            .find(|i| i.id == left.id)
+            .unwrap()
+            .server
+            .as_ref(),
+        Some(server)
+    );
+    assert_eq!(
+        ips.iter().find(|i| i.id == other.id).unwrap().server,
+        None,
+        "another Proxy's IP is left alone"
+    );
 }
 
 /// Servers are created stopped. A power-on that fails leaves a stopped, marked server with
@@ -205,12 +305,19 @@ async fn a_created_server_is_started_and_never_reads_stopped_before() {
     let err = p.create(&req).await.unwrap_err();
     assert_eq!(err.class, Class::Transient, "{err}");
     let dump = emu.dump();
-    assert_eq!((dump.instances.len(), dump.instances[0].state.as_str()), (1, "stopped"));
+    assert_eq!(
+        (dump.instances.len(), dump.instances[0].state.as_str()),
+        (1, "stopped")
+    );
     assert_eq!(emu.ips().len(), 1, "the IP stays with its (marked) server");
 
     let id = p.create(&req).await.unwrap();
     let dump = emu.dump();
-    assert_eq!((dump.instances.len(), dump.instances[0].state.as_str()), (1, "starting"), "adopted and started");
+    assert_eq!(
+        (dump.instances.len(), dump.instances[0].state.as_str()),
+        (1, "starting"),
+        "adopted and started"
+    );
     assert_eq!(emu.ips().len(), 1);
 
     // Created, not started yet (or the power-on not shown yet): provisioning, never stopped.
@@ -230,7 +337,10 @@ async fn a_created_server_is_started_and_never_reads_stopped_before() {
     let r = p.get(&format!("fr-par-1/{old}")).await.unwrap();
     assert_eq!(r.state, State::Stopped, "{r:?}");
     assert!(emu.set_backend_state(&old, "stopped in place"));
-    assert_eq!(p.get(&format!("fr-par-1/{old}")).await.unwrap().state, State::Stopped);
+    assert_eq!(
+        p.get(&format!("fr-par-1/{old}")).await.unwrap().state,
+        State::Stopped
+    );
 }
 
 /// A stopped server cannot be terminated: it is deleted, then its local volume (which a
@@ -248,7 +358,11 @@ async fn a_stopped_server_is_deleted_with_its_ip_and_volume() {
     let calls = emu.requests();
     let deletes: Vec<&String> = calls.iter().filter(|c| c.starts_with("DELETE")).collect();
     assert_eq!(deletes.len(), 3, "IP, server, volume: {deletes:?}");
-    assert!(deletes[0].contains("/ips/") && deletes[1].contains("/servers/") && deletes[2].contains("/volumes/"));
+    assert!(
+        deletes[0].contains("/ips/")
+            && deletes[1].contains("/servers/")
+            && deletes[2].contains("/volumes/")
+    );
 }
 
 /// Scaleway does not keep names unique: two creates racing for one Proxy make two servers,
@@ -291,15 +405,30 @@ async fn list_pages_through_every_zone_and_names_of_others_are_refused() {
     }
     let listed = p.list_by_tag(INST).await.unwrap();
     assert_eq!(listed.len(), 133);
-    assert!(listed.iter().all(|i| i.uid.starts_with("uid-fr-par-1-") || i.uid.starts_with("uid-nl-ams-1-")));
-    let pages: Vec<String> = emu.requests().into_iter().filter(|r| r.contains("/fr-par-1/servers?")).collect();
+    assert!(
+        listed
+            .iter()
+            .all(|i| i.uid.starts_with("uid-fr-par-1-") || i.uid.starts_with("uid-nl-ams-1-"))
+    );
+    let pages: Vec<String> = emu
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("/fr-par-1/servers?"))
+        .collect();
     assert_eq!(pages.len(), 2, "{pages:?}");
-    assert!(pages[1].contains("page=2") && pages[1].contains("per_page=100"), "{pages:?}");
+    assert!(
+        pages[1].contains("page=2") && pages[1].contains("per_page=100"),
+        "{pages:?}"
+    );
 
     let mut req = request("uid-mine", "fr-par-1");
     req.name = "proxy-fr-par-1-7".into();
     let err = p.create(&req).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::Permanent, Some("NameTaken")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Permanent, Some("NameTaken")),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,17 +436,41 @@ async fn placement_is_checked_before_any_call() {
     let _dir = plugins_or_skip!();
     let Scw { emu, p, .. } = &setup().await;
     let cases: [(fn(&mut Placement), &str, &str); 5] = [
-        (|p| p.zone = "fr-par-2".into(), "InvalidZone", r#"placement.zone "fr-par-2""#),
-        (|p| p.zone = String::new(), "InvalidZone", r#"placement.zone """#),
-        (|p| p.region = "nl-ams".into(), "InvalidRegion", r#"placement.region "nl-ams""#),
-        (|p| p.machine_type = "GP1-XS".into(), "InvalidMachineType", r#"placement.machineType "GP1-XS""#),
-        (|p| p.image = "windows".into(), "InvalidImage", r#"placement.image "windows""#),
+        (
+            |p| p.zone = "fr-par-2".into(),
+            "InvalidZone",
+            r#"placement.zone "fr-par-2""#,
+        ),
+        (
+            |p| p.zone = String::new(),
+            "InvalidZone",
+            r#"placement.zone """#,
+        ),
+        (
+            |p| p.region = "nl-ams".into(),
+            "InvalidRegion",
+            r#"placement.region "nl-ams""#,
+        ),
+        (
+            |p| p.machine_type = "GP1-XS".into(),
+            "InvalidMachineType",
+            r#"placement.machineType "GP1-XS""#,
+        ),
+        (
+            |p| p.image = "windows".into(),
+            "InvalidImage",
+            r#"placement.image "windows""#,
+        ),
     ];
     for (edit, code, text) in cases {
         let mut req = request("uid-p", "fr-par-1");
         edit(&mut req.placement);
         let err = p.create(&req).await.unwrap_err();
-        assert_eq!((err.class, err.code.as_deref()), (Class::Permanent, Some(code)), "{err}");
+        assert_eq!(
+            (err.class, err.code.as_deref()),
+            (Class::Permanent, Some(code)),
+            "{err}"
+        );
         assert!(err.message.contains(text), "{err}");
     }
     let mut req = request("uid-p", "fr-par-1");
@@ -325,7 +478,11 @@ async fn placement_is_checked_before_any_call() {
     req.uid = "a,b".into();
     let err = p.create(&req).await.unwrap_err();
     assert_eq!(err.code.as_deref(), Some("InvalidUid"), "{err}");
-    assert!(emu.requests().is_empty(), "no backend call: {:?}", emu.requests());
+    assert!(
+        emu.requests().is_empty(),
+        "no backend call: {:?}",
+        emu.requests()
+    );
 }
 
 /// Every rejected config block names the field and the value at fault.
@@ -336,19 +493,51 @@ async fn config_errors_name_the_field_and_the_value() {
     let plugin = support::load(&rt, "scaleway.wasm").await;
     let good = "projectId: 11111111-2222-4333-8444-555555555555, zones: [fr-par-1], commercialTypes: [DEV1-S], images: [ubuntu_noble]";
     let cases = [
-        ("projectId: my-project, zones: [fr-par-1], commercialTypes: [DEV1-S], images: [x]", &["config.projectId", "\"my-project\""][..]),
-        (&format!("{good}, endpoint: 'ftp://api.scaleway.com'"), &["config.endpoint", "ftp://api.scaleway.com"]),
-        (&good.replace("[fr-par-1]", "[fr-par]"), &["config.zones", "\"fr-par\""]),
-        (&good.replace("[fr-par-1]", "['fr-par-1/x']"), &["config.zones", "fr-par-1/x"]),
-        (&good.replace("[fr-par-1]", "[]"), &["config.zones", "empty"]),
-        (&good.replace("[fr-par-1]", "[fr-par-1, fr-par-1]"), &["config.zones", "\"fr-par-1\" twice"]),
-        (&good.replace("[DEV1-S]", "['DEV1 S']"), &["config.commercialTypes", "\"DEV1 S\""]),
-        (&good.replace("[ubuntu_noble]", "[7]"), &["config.images[0]", "7"]),
-        (&format!("{good}, securityGroupId: default"), &["config.securityGroupId", "\"default\""]),
-        (&format!("{good}, region: fr-par"), &["unknown field `region`"]),
+        (
+            "projectId: my-project, zones: [fr-par-1], commercialTypes: [DEV1-S], images: [x]",
+            &["config.projectId", "\"my-project\""][..],
+        ),
+        (
+            &format!("{good}, endpoint: 'ftp://api.scaleway.com'"),
+            &["config.endpoint", "ftp://api.scaleway.com"],
+        ),
+        (
+            &good.replace("[fr-par-1]", "[fr-par]"),
+            &["config.zones", "\"fr-par\""],
+        ),
+        (
+            &good.replace("[fr-par-1]", "['fr-par-1/x']"),
+            &["config.zones", "fr-par-1/x"],
+        ),
+        (
+            &good.replace("[fr-par-1]", "[]"),
+            &["config.zones", "empty"],
+        ),
+        (
+            &good.replace("[fr-par-1]", "[fr-par-1, fr-par-1]"),
+            &["config.zones", "\"fr-par-1\" twice"],
+        ),
+        (
+            &good.replace("[DEV1-S]", "['DEV1 S']"),
+            &["config.commercialTypes", "\"DEV1 S\""],
+        ),
+        (
+            &good.replace("[ubuntu_noble]", "[7]"),
+            &["config.images[0]", "7"],
+        ),
+        (
+            &format!("{good}, securityGroupId: default"),
+            &["config.securityGroupId", "\"default\""],
+        ),
+        (
+            &format!("{good}, region: fr-par"),
+            &["unknown field `region`"],
+        ),
     ];
     for (block, want) in cases {
-        let yaml = format!("name: bad\nplugin: scaleway.wasm\nsecrets: {{secretKey: /nonexistent}}\nconfig: {{{block}}}");
+        let yaml = format!(
+            "name: bad\nplugin: scaleway.wasm\nsecrets: {{secretKey: /nonexistent}}\nconfig: {{{block}}}"
+        );
         let err = match rt.provider(plugin.clone(), &support::entry(&yaml)).await {
             Ok(_) => panic!("{block} was accepted"),
             Err(e) => e.to_string(),
@@ -357,7 +546,9 @@ async fn config_errors_name_the_field_and_the_value() {
             assert!(err.contains(w), "{block}: {err:?} lacks {w:?}");
         }
     }
-    let ok = format!("name: ok\nplugin: scaleway.wasm\nsecrets: {{secretKey: /nonexistent}}\nconfig: {{{good}}}");
+    let ok = format!(
+        "name: ok\nplugin: scaleway.wasm\nsecrets: {{secretKey: /nonexistent}}\nconfig: {{{good}}}"
+    );
     assert!(rt.provider(plugin, &support::entry(&ok)).await.is_ok());
 }
 
@@ -373,17 +564,28 @@ async fn errors_and_the_rate_limit_get_their_classes() {
         (FaultKind::Auth, Class::Permanent),
         (FaultKind::ServerError, Class::Transient),
     ] {
-        emu.inject(Fault { op: FaultOp::Get, kind: kind.clone(), count: 1 });
+        emu.inject(Fault {
+            op: FaultOp::Get,
+            kind: kind.clone(),
+            count: 1,
+        });
         let err = p.get(&id).await.unwrap_err();
         assert_eq!(err.class, class, "{kind:?}: {err}");
     }
     assert!(emu.set_locked(&id, true));
     let err = p.get(&id).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::Transient, Some("locked")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Transient, Some("locked")),
+        "{err}"
+    );
     assert_eq!(p.delete(&id).await.unwrap_err().class, Class::Transient);
     assert!(emu.set_locked(&id, false));
 
-    emu.set_rate_limit(Some(RateLimit { per_hour: 3600, burst: 1 }));
+    emu.set_rate_limit(Some(RateLimit {
+        per_hour: 3600,
+        burst: 1,
+    }));
     p.get(&id).await.unwrap();
     let err = p.get(&id).await.unwrap_err();
     assert_eq!(err.class, Class::QuotaExceeded, "{err}");
@@ -400,7 +602,10 @@ async fn errors_and_the_rate_limit_get_their_classes() {
 #[ignore = "needs SCW_SECRET_KEY and SCW_PROJECT_ID (a key that may create servers and IPs in the project); run with --ignored"]
 async fn real_scaleway_lifecycle() {
     let _dir = plugins_or_skip!();
-    let (Ok(key), Ok(project)) = (std::env::var("SCW_SECRET_KEY"), std::env::var("SCW_PROJECT_ID")) else {
+    let (Ok(key), Ok(project)) = (
+        std::env::var("SCW_SECRET_KEY"),
+        std::env::var("SCW_PROJECT_ID"),
+    ) else {
         eprintln!("SKIPPING real_scaleway_lifecycle: SCW_SECRET_KEY or SCW_PROJECT_ID is not set");
         return;
     };
@@ -415,7 +620,10 @@ async fn real_scaleway_lifecycle() {
         path.display()
     );
     let p = support::provider(&support::runtime(), "scaleway.wasm", &yaml).await;
-    let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
+    let stamp = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let uid = format!("it-{stamp}");
     let mut req = request(&uid, &zone);
     req.placement.machine_type = kind;
@@ -431,10 +639,16 @@ async fn real_scaleway_lifecycle() {
             let i = p.get(&id).await?;
             assert_ne!(i.state, State::Stopped, "{i:?}");
             if i.state == State::Running {
-                assert!(!i.ip.is_empty() && i.uid == uid && i.created_at.is_some(), "{i:?}");
+                assert!(
+                    !i.ip.is_empty() && i.uid == uid && i.created_at.is_some(),
+                    "{i:?}"
+                );
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "not running after 5 minutes");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not running after 5 minutes"
+            );
             tokio::time::sleep(Duration::from_secs(5)).await;
         }
         let listed = p.list_by_tag("egress-integration-test").await?;
@@ -451,7 +665,10 @@ async fn real_scaleway_lifecycle() {
             Ok(i) => assert_ne!(i.state, State::Running, "{i:?}"),
             Err(e) => panic!("{e}"),
         }
-        assert!(std::time::Instant::now() < deadline, "still there after 5 minutes");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still there after 5 minutes"
+        );
         tokio::time::sleep(Duration::from_secs(10)).await;
     }
     outcome.unwrap();

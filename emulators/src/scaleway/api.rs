@@ -1,5 +1,6 @@
 //! The routes of the emulated Instances API and the JSON they answer.
 
+use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
@@ -7,7 +8,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use axum::Json;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -34,7 +34,10 @@ pub fn router(state: &Shared<Backend>) -> Router<Shared<Backend>> {
 
 fn date(secs: u64) -> String {
     // Scaleway writes microseconds and an offset: 2026-02-24T11:29:06.723007+00:00.
-    format!("{}.000000+00:00", crate::time::rfc3339(secs).trim_end_matches('Z'))
+    format!(
+        "{}.000000+00:00",
+        crate::time::rfc3339(secs).trim_end_matches('Z')
+    )
 }
 
 fn tags(r: &Record<Server>) -> Vec<String> {
@@ -55,7 +58,9 @@ pub fn render(r: &Record<Server>) -> Value {
         })
         .collect();
     let volumes = match &r.extra.volume_id {
-        Some(v) => json!({"0": {"id": v, "volume_type": "l_ssd", "boot": false, "state": "available"}}),
+        Some(v) => {
+            json!({"0": {"id": v, "volume_type": "l_ssd", "boot": false, "state": "available"}})
+        }
         None => json!({}),
     };
     let allowed: &[&str] = match state {
@@ -77,7 +82,11 @@ pub fn render(r: &Record<Server>) -> Value {
 }
 
 fn render_ip(b: &Backend, ip: &super::FlexIp) -> Value {
-    let server = ip.server.as_ref().and_then(|s| b.fleet.get(s)).map(|r| json!({"id": r.id, "name": r.name}));
+    let server = ip
+        .server
+        .as_ref()
+        .and_then(|s| b.fleet.get(s))
+        .map(|r| json!({"id": r.id, "name": r.name}));
     json!({"id": ip.id, "address": ip.address, "zone": ip.zone, "project": ip.project,
            "organization": ip.project, "tags": ip.tags, "type": "routed_ipv4",
            "state": if server.is_some() { "attached" } else { "detached" }, "server": server})
@@ -86,7 +95,10 @@ fn render_ip(b: &Backend, ip: &super::FlexIp) -> Value {
 fn known_zone(b: &Backend, zone: &str) -> Result<(), ScwError> {
     match b.backend.config.zones.iter().any(|z| z == zone) {
         true => Ok(()),
-        false => Err(ScwError::invalid_argument("zone", &format!("unknown zone {zone:?}"))),
+        false => Err(ScwError::invalid_argument(
+            "zone",
+            &format!("unknown zone {zone:?}"),
+        )),
     }
 }
 
@@ -113,22 +125,37 @@ fn paging(q: &ListQuery) -> Result<(usize, usize), ScwError> {
         None => Ok(default),
         Some(s) => match s.parse::<usize>() {
             Ok(n) if (1..=max).contains(&n) => Ok(n),
-            _ => Err(ScwError::invalid_argument(name, &format!("must be between 1 and {max}"))),
+            _ => Err(ScwError::invalid_argument(
+                name,
+                &format!("must be between 1 and {max}"),
+            )),
         },
     };
-    Ok((num(&q.page, "page", 1, usize::MAX)?, num(&q.per_page, "per_page", 50, 100)?))
+    Ok((
+        num(&q.page, "page", 1, usize::MAX)?,
+        num(&q.per_page, "per_page", 50, 100)?,
+    ))
 }
 
 /// One page of `items` with `X-Total-Count` and a `Link` header, as the API pages.
 fn page_of(key: &str, items: Vec<Value>, page: usize, per_page: usize, path: &str) -> Response {
     let total = items.len();
-    let slice: Vec<Value> = items.into_iter().skip((page - 1) * per_page).take(per_page).collect();
+    let slice: Vec<Value> = items
+        .into_iter()
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .collect();
     let last = total.div_ceil(per_page).max(1);
     let mut links = Vec::new();
     if page < last {
-        links.push(format!("<{path}?page={}&per_page={per_page}>; rel=\"next\"", page + 1));
+        links.push(format!(
+            "<{path}?page={}&per_page={per_page}>; rel=\"next\"",
+            page + 1
+        ));
     }
-    links.push(format!("<{path}?page={last}&per_page={per_page}>; rel=\"last\""));
+    links.push(format!(
+        "<{path}?page={last}&per_page={per_page}>; rel=\"last\""
+    ));
     let mut resp = Json(json!({key: slice, "total_count": total})).into_response();
     let h = resp.headers_mut();
     h.insert("x-total-count", HeaderValue::from(total as u64));
@@ -140,16 +167,30 @@ fn page_of(key: &str, items: Vec<Value>, page: usize, per_page: usize, path: &st
 
 fn wanted_tags(q: &ListQuery) -> Vec<String> {
     let tags = q.tags.as_deref().unwrap_or_default();
-    tags.split(',').filter(|t| !t.is_empty()).map(str::to_string).collect()
+    tags.split(',')
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
-async fn list_servers(State(s): St, Path(zone): Path<String>, Query(q): Query<ListQuery>) -> Response {
+async fn list_servers(
+    State(s): St,
+    Path(zone): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Response {
     let b = s.lock();
     let answer = (|| {
         known_zone(&b, &zone)?;
         let (page, per_page) = paging(&q)?;
-        if b.fleet.failing_scope(std::iter::once(zone.as_str())).is_some() {
-            return Err(ScwError::new(503, "service_unavailable", "zone is unavailable"));
+        if b.fleet
+            .failing_scope(std::iter::once(zone.as_str()))
+            .is_some()
+        {
+            return Err(ScwError::new(
+                503,
+                "service_unavailable",
+                "zone is unavailable",
+            ));
         }
         let want = wanted_tags(&q);
         let items: Vec<Value> = b
@@ -183,18 +224,30 @@ struct CreateServer {
     dynamic_ip_required: Option<bool>,
 }
 
-async fn create_server(State(s): St, Path(zone): Path<String>, body: Result<Json<CreateServer>, JsonRejection>) -> Response {
+async fn create_server(
+    State(s): St,
+    Path(zone): Path<String>,
+    body: Result<Json<CreateServer>, JsonRejection>,
+) -> Response {
     let mut b = s.lock();
     let answer = (|| {
         known_zone(&b, &zone)?;
-        let Json(body) = body.map_err(|e| ScwError::new(400, "invalid_request_error", &e.body_text()))?;
+        let Json(body) =
+            body.map_err(|e| ScwError::new(400, "invalid_request_error", &e.body_text()))?;
         let cfg = &b.backend.config;
         if body.project.as_deref() != Some(cfg.project.as_str()) {
-            return Err(ScwError::new(403, "permissions_denied", "insufficient permissions")
-                .with("details", json!([{"resource": "instance_server", "action": "create"}])));
+            return Err(
+                ScwError::new(403, "permissions_denied", "insufficient permissions").with(
+                    "details",
+                    json!([{"resource": "instance_server", "action": "create"}]),
+                ),
+            );
         }
         if !cfg.commercial_types.contains(&body.commercial_type) {
-            return Err(ScwError::invalid_argument("commercial_type", "unknown commercial type"));
+            return Err(ScwError::invalid_argument(
+                "commercial_type",
+                "unknown commercial type",
+            ));
         }
         if !cfg.images.contains(&body.image) {
             return Err(ScwError::not_found("image", &body.image));
@@ -203,10 +256,21 @@ async fn create_server(State(s): St, Path(zone): Path<String>, body: Result<Json
             [] => None,
             [one] => match b.backend.ips.get(one) {
                 Some(ip) if ip.zone == zone && ip.server.is_none() => Some(one.clone()),
-                Some(_) => return Err(ScwError::new(400, "invalid_request_error", "ip is already attached or in another zone")),
+                Some(_) => {
+                    return Err(ScwError::new(
+                        400,
+                        "invalid_request_error",
+                        "ip is already attached or in another zone",
+                    ));
+                }
                 None => return Err(ScwError::not_found("instance_ip", one)),
             },
-            _ => return Err(ScwError::invalid_argument("public_ips", "at most one IPv4 in this emulator")),
+            _ => {
+                return Err(ScwError::invalid_argument(
+                    "public_ips",
+                    "at most one IPv4 in this emulator",
+                ));
+            }
         };
         if b.backend.fail_creates > 0 {
             b.backend.fail_creates -= 1;
@@ -241,7 +305,9 @@ async fn create_server(State(s): St, Path(zone): Path<String>, body: Result<Json
             None if dynamic => Some(b.next_address()),
             None => None,
         };
-        b.backend.volumes.insert(volume, (zone.clone(), Some(id.clone())));
+        b.backend
+            .volumes
+            .insert(volume, (zone.clone(), Some(id.clone())));
         if let Some(r) = b.fleet.get_mut(&id) {
             // Created, not started: powered off, its address already known.
             r.state = "stopped".into();
@@ -266,10 +332,21 @@ async fn get_server(State(s): St, Path((zone, id)): Path<(String, String)>) -> R
 /// Drops what goes with a server that is gone: its volume (a terminate deletes local
 /// volumes) or not (a plain delete keeps it, detached); its IP is always kept, detached.
 fn forget(b: &mut Backend, id: &str, keep_volume: bool) {
-    for ip in b.backend.ips.values_mut().filter(|ip| ip.server.as_deref() == Some(id)) {
+    for ip in b
+        .backend
+        .ips
+        .values_mut()
+        .filter(|ip| ip.server.as_deref() == Some(id))
+    {
         ip.server = None;
     }
-    let vols: Vec<String> = b.backend.volumes.iter().filter(|(_, (_, s))| s.as_deref() == Some(id)).map(|(v, _)| v.clone()).collect();
+    let vols: Vec<String> = b
+        .backend
+        .volumes
+        .iter()
+        .filter(|(_, (_, s))| s.as_deref() == Some(id))
+        .map(|(v, _)| v.clone())
+        .collect();
     for v in vols {
         match keep_volume {
             true => drop(b.backend.volumes.get_mut(&v).map(|e| e.1 = None)),
@@ -279,7 +356,9 @@ fn forget(b: &mut Backend, id: &str, keep_volume: bool) {
 }
 
 fn locked(id: &str) -> ScwError {
-    ScwError::new(409, "locked", "resource is locked").with("resource", json!("instance_server")).with("resource_id", json!(id))
+    ScwError::new(409, "locked", "resource is locked")
+        .with("resource", json!("instance_server"))
+        .with("resource_id", json!(id))
 }
 
 async fn delete_server(State(s): St, Path((zone, id)): Path<(String, String)>) -> Response {
@@ -290,7 +369,12 @@ async fn delete_server(State(s): St, Path((zone, id)): Path<(String, String)>) -
         Err(e) => return e.into_response(),
     };
     if state != "stopped" && state != "stopped in place" {
-        return ScwError::new(400, "invalid_request_error", "instance should be powered off").into_response();
+        return ScwError::new(
+            400,
+            "invalid_request_error",
+            "instance should be powered off",
+        )
+        .into_response();
     }
     match b.fleet.delete(&id) {
         Deletion::Done(_) => {
@@ -298,7 +382,9 @@ async fn delete_server(State(s): St, Path((zone, id)): Path<(String, String)>) -
             StatusCode::NO_CONTENT.into_response()
         }
         Deletion::Locked => locked(&id).into_response(),
-        Deletion::InProgress(_) | Deletion::NotFound => ScwError::not_found("instance_server", &id).into_response(),
+        Deletion::InProgress(_) | Deletion::NotFound => {
+            ScwError::not_found("instance_server", &id).into_response()
+        }
     }
 }
 
@@ -314,7 +400,11 @@ fn task(id: &str, description: &str) -> Response {
     (StatusCode::ACCEPTED, Json(body)).into_response()
 }
 
-async fn action(State(s): St, Path((zone, id)): Path<(String, String)>, body: Result<Json<ActionBody>, JsonRejection>) -> Response {
+async fn action(
+    State(s): St,
+    Path((zone, id)): Path<(String, String)>,
+    body: Result<Json<ActionBody>, JsonRejection>,
+) -> Response {
     let mut b = s.lock();
     let (state, is_locked) = match find(&b, &zone, &id) {
         Ok(r) => (r.state.clone(), r.locked),
@@ -347,21 +437,36 @@ async fn action(State(s): St, Path((zone, id)): Path<(String, String)>, body: Re
                 task(&id, "server_terminate")
             }
             Deletion::Locked => locked(&id).into_response(),
-            _ => ScwError::new(400, "invalid_request_error", "server is already being terminated").into_response(),
+            _ => ScwError::new(
+                400,
+                "invalid_request_error",
+                "server is already being terminated",
+            )
+            .into_response(),
         },
-        "terminate" => ScwError::new(400, "invalid_request_error", "server should be running").into_response(),
-        other => ScwError::invalid_argument("action", &format!("action {other:?} is not supported here")).into_response(),
+        "terminate" => {
+            ScwError::new(400, "invalid_request_error", "server should be running").into_response()
+        }
+        other => {
+            ScwError::invalid_argument("action", &format!("action {other:?} is not supported here"))
+                .into_response()
+        }
     }
 }
 
-async fn set_user_data(State(s): St, Path((zone, id, key)): Path<(String, String, String)>, body: Bytes) -> Response {
+async fn set_user_data(
+    State(s): St,
+    Path((zone, id, key)): Path<(String, String, String)>,
+    body: Bytes,
+) -> Response {
     let mut b = s.lock();
     if let Err(e) = find(&b, &zone, &id) {
         return e.into_response();
     }
     if key != "cloud-init" {
         // Other keys exist on Scaleway; this emulator keeps only the one cloud-init reads.
-        return ScwError::invalid_argument("key", "only cloud-init is kept by this emulator").into_response();
+        return ScwError::invalid_argument("key", "only cloud-init is kept by this emulator")
+            .into_response();
     }
     if let Some(r) = b.fleet.get_mut(&id) {
         r.user_data = body.to_vec();
@@ -369,7 +474,10 @@ async fn set_user_data(State(s): St, Path((zone, id, key)): Path<(String, String
     StatusCode::NO_CONTENT.into_response()
 }
 
-async fn get_user_data(State(s): St, Path((zone, id, key)): Path<(String, String, String)>) -> Response {
+async fn get_user_data(
+    State(s): St,
+    Path((zone, id, key)): Path<(String, String, String)>,
+) -> Response {
     let b = s.lock();
     match find(&b, &zone, &id) {
         Ok(r) if key == "cloud-init" && !r.user_data.is_empty() => {
@@ -389,16 +497,28 @@ struct CreateIp {
     kind: Option<String>,
 }
 
-async fn create_ip(State(s): St, Path(zone): Path<String>, body: Result<Json<CreateIp>, JsonRejection>) -> Response {
+async fn create_ip(
+    State(s): St,
+    Path(zone): Path<String>,
+    body: Result<Json<CreateIp>, JsonRejection>,
+) -> Response {
     let mut b = s.lock();
     let answer = (|| {
         known_zone(&b, &zone)?;
-        let Json(body) = body.map_err(|e| ScwError::new(400, "invalid_request_error", &e.body_text()))?;
+        let Json(body) =
+            body.map_err(|e| ScwError::new(400, "invalid_request_error", &e.body_text()))?;
         if body.project.as_deref() != Some(b.backend.config.project.as_str()) {
-            return Err(ScwError::new(403, "permissions_denied", "insufficient permissions"));
+            return Err(ScwError::new(
+                403,
+                "permissions_denied",
+                "insufficient permissions",
+            ));
         }
         if body.kind.as_deref().is_some_and(|k| k != "routed_ipv4") {
-            return Err(ScwError::invalid_argument("type", "only routed_ipv4 in this emulator"));
+            return Err(ScwError::invalid_argument(
+                "type",
+                "only routed_ipv4 in this emulator",
+            ));
         }
         let project = b.backend.config.project.clone();
         let ip = b.backend.new_ip(&zone, &project, body.tags);
@@ -450,7 +570,12 @@ async fn delete_volume(State(s): St, Path((zone, id)): Path<(String, String)>) -
         _ => return ScwError::not_found("instance_volume", &id).into_response(),
     };
     if attached.is_some() {
-        return ScwError::new(400, "invalid_request_error", "volume is attached to a server").into_response();
+        return ScwError::new(
+            400,
+            "invalid_request_error",
+            "volume is attached to a server",
+        )
+        .into_response();
     }
     b.backend.volumes.remove(&id);
     StatusCode::NO_CONTENT.into_response()
