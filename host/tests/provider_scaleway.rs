@@ -388,7 +388,7 @@ async fn list_pages_through_every_zone_and_names_of_others_are_refused() {
     let _dir = plugins_or_skip!();
     let Scw { emu, p, .. } = &setup().await;
     let plant = |n: usize, zone: &str, inst: &str| Plant {
-        name: format!("proxy-{zone}-{n}"),
+        name: format!("proxy-{zone}-{inst}-{n}"),
         scope: zone.into(),
         managed: true,
         uid: Some(format!("uid-{zone}-{n}")),
@@ -422,7 +422,7 @@ async fn list_pages_through_every_zone_and_names_of_others_are_refused() {
     );
 
     let mut req = request("uid-mine", "fr-par-1");
-    req.name = "proxy-fr-par-1-7".into();
+    req.name = format!("proxy-fr-par-1-{INST}-7");
     let err = p.create(&req).await.unwrap_err();
     assert_eq!(
         (err.class, err.code.as_deref()),
