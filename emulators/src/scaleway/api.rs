@@ -203,7 +203,7 @@ async fn list_servers(
                 let have = tags(r);
                 want.iter().all(|t| have.contains(t))
             })
-            .map(|r| render(r))
+            .map(render)
             .collect();
         Ok(page_of("servers", items, page, per_page, "/servers"))
     })();
