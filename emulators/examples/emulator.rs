@@ -14,6 +14,9 @@ use egress_emulators::ec2::{EXAMPLE_ACCESS_KEY, EXAMPLE_SECRET_KEY, Ec2Config, E
 use egress_emulators::example::{EMULATOR_TOKEN as EXAMPLE_TOKEN, ExampleBackend};
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
 use egress_emulators::linode::{LinodeConfig, LinodeEmulator};
+use egress_emulators::scaleway::{
+    EMULATOR_PROJECT, EMULATOR_SECRET_KEY, ScalewayConfig, ScalewayEmulator,
+};
 
 const HETZNER_TOKEN: &str = "emulator-token";
 
@@ -54,6 +57,15 @@ fn main() {
             });
             println!("example backend at {} (API under /v1)", e.url());
             println!("token: {EXAMPLE_TOKEN}");
+            Box::new(e)
+        }
+        "scaleway" => {
+            let e = ScalewayEmulator::start(ScalewayConfig::new(EMULATOR_SECRET_KEY));
+            println!(
+                "Scaleway emulator at {} (API under /instance/v1/zones/{{zone}})",
+                e.url()
+            );
+            println!("secret key: {EMULATOR_SECRET_KEY}\nproject id: {EMULATOR_PROJECT}");
             Box::new(e)
         }
         other => {

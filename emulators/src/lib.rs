@@ -21,4 +21,5 @@ pub mod hetzner;
 pub mod linode;
 pub mod rate_limit;
 pub mod real_proxy;
+pub mod scaleway;
 mod server;

@@ -46,6 +46,7 @@ mod log;
 pub mod outcome;
 pub mod paging;
 pub mod random;
+pub mod rest;
 pub mod time;
 
 pub use bindings::egress::provider::host::Level;

@@ -51,6 +51,8 @@ pub trait Adapter: Send + 'static {
     fn secondary(&self) -> Vec<DumpSecondary> {
         Vec::new()
     }
+    /// Forget what the adapter keeps beyond the fleet (secondary resources) on a reset.
+    fn reset(&mut self) {}
 }
 
 /// An emulator's state: instances, calls, and the backend's adapter.
@@ -161,6 +163,7 @@ impl<A: Adapter> Model for Cloud<A> {
     fn reset(&mut self) {
         self.fleet.reset();
         self.traffic.reset();
+        self.backend.reset();
     }
     fn set_rate_limit(&mut self, limit: Option<RateLimit>) {
         self.traffic.limits.set(limit);

@@ -1,0 +1,582 @@
+//! The routes of the emulated Instances API and the JSON they answer.
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{Backend, ScwError, Server};
+use crate::framework::{Deletion, Record, Shared};
+
+type St = State<Shared<Backend>>;
+
+pub fn router(state: &Shared<Backend>) -> Router<Shared<Backend>> {
+    let api = Router::new()
+        .route("/servers", get(list_servers).post(create_server))
+        .route("/servers/{id}", get(get_server).delete(delete_server))
+        .route("/servers/{id}/action", post(action))
+        .route(
+            "/servers/{id}/user_data/{key}",
+            get(get_user_data).patch(set_user_data).put(set_user_data),
+        )
+        .route("/ips", get(list_ips).post(create_ip))
+        .route("/ips/{id}", delete(delete_ip))
+        .route("/volumes/{id}", delete(delete_volume));
+    let api = crate::framework::gated(api, state);
+    Router::new().nest("/instance/v1/zones/{zone}", api)
+}
+
+fn date(secs: u64) -> String {
+    // Scaleway writes microseconds and an offset: 2026-02-24T11:29:06.723007+00:00.
+    format!(
+        "{}.000000+00:00",
+        crate::time::rfc3339(secs).trim_end_matches('Z')
+    )
+}
+
+fn tags(r: &Record<Server>) -> Vec<String> {
+    let marks = r.labels.iter().map(|(k, v)| format!("{k}={v}"));
+    marks.chain(r.extra.bare_tags.iter().cloned()).collect()
+}
+
+/// A server as the API shows it (the fields the SDK's `Server` has that matter here).
+pub fn render(r: &Record<Server>) -> Value {
+    let state = if r.locked { "locked" } else { r.state.as_str() };
+    let public_ips: Vec<Value> = r
+        .ip
+        .iter()
+        .map(|address| {
+            let id = r.extra.ip_id.clone().unwrap_or_else(|| format!("dyn-{}", r.id));
+            json!({"id": id, "address": address, "dynamic": r.extra.ip_id.is_none(), "family": "inet",
+                   "provisioning_mode": "dhcp", "state": "attached", "tags": []})
+        })
+        .collect();
+    let volumes = match &r.extra.volume_id {
+        Some(v) => {
+            json!({"0": {"id": v, "volume_type": "l_ssd", "boot": false, "state": "available"}})
+        }
+        None => json!({}),
+    };
+    let allowed: &[&str] = match state {
+        "running" => &["poweroff", "terminate", "reboot", "stop_in_place", "backup"],
+        "stopped" | "stopped in place" => &["poweron", "backup"],
+        _ => &[],
+    };
+    json!({
+        "id": r.id, "name": r.name, "project": r.extra.project, "organization": r.extra.project,
+        "commercial_type": r.extra.commercial_type, "tags": tags(r), "state": state,
+        "state_detail": if state == "running" { "booted" } else { "" },
+        "creation_date": date(r.created_at), "modification_date": date(r.created_at),
+        "image": {"id": r.extra.image, "name": r.extra.image},
+        "public_ip": public_ips.first(), "public_ips": public_ips, "dynamic_ip_required": false,
+        "routed_ip_enabled": true, "volumes": volumes, "allowed_actions": allowed,
+        "zone": r.scope, "protected": false, "hostname": r.name,
+        "dns": format!("{}.pub.instance.scw.eu", r.id),
+    })
+}
+
+fn render_ip(b: &Backend, ip: &super::FlexIp) -> Value {
+    let server = ip
+        .server
+        .as_ref()
+        .and_then(|s| b.fleet.get(s))
+        .map(|r| json!({"id": r.id, "name": r.name}));
+    json!({"id": ip.id, "address": ip.address, "zone": ip.zone, "project": ip.project,
+           "organization": ip.project, "tags": ip.tags, "type": "routed_ipv4",
+           "state": if server.is_some() { "attached" } else { "detached" }, "server": server})
+}
+
+fn known_zone(b: &Backend, zone: &str) -> Result<(), ScwError> {
+    match b.backend.config.zones.iter().any(|z| z == zone) {
+        true => Ok(()),
+        false => Err(ScwError::invalid_argument(
+            "zone",
+            &format!("unknown zone {zone:?}"),
+        )),
+    }
+}
+
+/// The server `id` in `zone`, or the API's 404.
+fn find<'a>(b: &'a Backend, zone: &str, id: &str) -> Result<&'a Record<Server>, ScwError> {
+    b.fleet
+        .get(id)
+        .filter(|r| r.scope == zone && r.id == id)
+        .ok_or_else(|| ScwError::not_found("instance_server", id))
+}
+
+#[derive(Deserialize, Default)]
+struct ListQuery {
+    page: Option<String>,
+    per_page: Option<String>,
+    name: Option<String>,
+    tags: Option<String>,
+    project: Option<String>,
+}
+
+/// `page` and `per_page` as the API checks them: page from 1, per_page 1 to 100.
+fn paging(q: &ListQuery) -> Result<(usize, usize), ScwError> {
+    let num = |v: &Option<String>, name: &str, default: usize, max: usize| match v {
+        None => Ok(default),
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(ScwError::invalid_argument(
+                name,
+                &format!("must be between 1 and {max}"),
+            )),
+        },
+    };
+    Ok((
+        num(&q.page, "page", 1, usize::MAX)?,
+        num(&q.per_page, "per_page", 50, 100)?,
+    ))
+}
+
+/// One page of `items` with `X-Total-Count` and a `Link` header, as the API pages.
+fn page_of(key: &str, items: Vec<Value>, page: usize, per_page: usize, path: &str) -> Response {
+    let total = items.len();
+    let slice: Vec<Value> = items
+        .into_iter()
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .collect();
+    let last = total.div_ceil(per_page).max(1);
+    let mut links = Vec::new();
+    if page < last {
+        links.push(format!(
+            "<{path}?page={}&per_page={per_page}>; rel=\"next\"",
+            page + 1
+        ));
+    }
+    links.push(format!(
+        "<{path}?page={last}&per_page={per_page}>; rel=\"last\""
+    ));
+    let mut resp = Json(json!({key: slice, "total_count": total})).into_response();
+    let h = resp.headers_mut();
+    h.insert("x-total-count", HeaderValue::from(total as u64));
+    if let Ok(v) = HeaderValue::from_str(&links.join(", ")) {
+        h.insert("link", v);
+    }
+    resp
+}
+
+fn wanted_tags(q: &ListQuery) -> Vec<String> {
+    let tags = q.tags.as_deref().unwrap_or_default();
+    tags.split(',')
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+async fn list_servers(
+    State(s): St,
+    Path(zone): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    let b = s.lock();
+    let answer = (|| {
+        known_zone(&b, &zone)?;
+        let (page, per_page) = paging(&q)?;
+        if b.fleet
+            .failing_scope(std::iter::once(zone.as_str()))
+            .is_some()
+        {
+            return Err(ScwError::new(
+                503,
+                "service_unavailable",
+                "zone is unavailable",
+            ));
+        }
+        let want = wanted_tags(&q);
+        let items: Vec<Value> = b
+            .fleet
+            .iter()
+            .filter(|r| r.scope == zone)
+            .filter(|r| q.name.as_ref().is_none_or(|n| r.name.contains(n.as_str())))
+            .filter(|r| q.project.as_ref().is_none_or(|p| &r.extra.project == p))
+            .filter(|r| {
+                let have = tags(r);
+                want.iter().all(|t| have.contains(t))
+            })
+            .map(render)
+            .collect();
+        Ok(page_of("servers", items, page, per_page, "/servers"))
+    })();
+    answer.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[derive(Deserialize)]
+struct CreateServer {
+    name: String,
+    commercial_type: String,
+    image: String,
+    project: Option<String>,
+    #[serde(default)]
+    tags: Vec<String>,
+    #[serde(default)]
+    public_ips: Vec<String>,
+    #[serde(default)]
+    dynamic_ip_required: Option<bool>,
+}
+
+async fn create_server(
+    State(s): St,
+    Path(zone): Path<String>,
+    body: Result<Json<CreateServer>, JsonRejection>,
+) -> Response {
+    let mut b = s.lock();
+    let answer = (|| {
+        known_zone(&b, &zone)?;
+        let Json(body) =
+            body.map_err(|e| ScwError::new(400, "invalid_request_error", &e.body_text()))?;
+        let cfg = &b.backend.config;
+        if body.project.as_deref() != Some(cfg.project.as_str()) {
+            return Err(
+                ScwError::new(403, "permissions_denied", "insufficient permissions").with(
+                    "details",
+                    json!([{"resource": "instance_server", "action": "create"}]),
+                ),
+            );
+        }
+        if !cfg.commercial_types.contains(&body.commercial_type) {
+            return Err(ScwError::invalid_argument(
+                "commercial_type",
+                "unknown commercial type",
+            ));
+        }
+        if !cfg.images.contains(&body.image) {
+            return Err(ScwError::not_found("image", &body.image));
+        }
+        let ip_id = match body.public_ips.as_slice() {
+            [] => None,
+            [one] => match b.backend.ips.get(one) {
+                Some(ip) if ip.zone == zone && ip.server.is_none() => Some(one.clone()),
+                Some(_) => {
+                    return Err(ScwError::new(
+                        400,
+                        "invalid_request_error",
+                        "ip is already attached or in another zone",
+                    ));
+                }
+                None => return Err(ScwError::not_found("instance_ip", one)),
+            },
+            _ => {
+                return Err(ScwError::invalid_argument(
+                    "public_ips",
+                    "at most one IPv4 in this emulator",
+                ));
+            }
+        };
+        if b.backend.fail_creates > 0 {
+            b.backend.fail_creates -= 1;
+            return Err(ScwError::internal());
+        }
+        let (mut labels, mut bare) = (std::collections::BTreeMap::new(), Vec::new());
+        for t in body.tags {
+            match t.split_once('=') {
+                Some((k, v)) => drop(labels.insert(k.to_string(), v.to_string())),
+                None => bare.push(t),
+            }
+        }
+        let volume = b.backend.new_id(2);
+        let extra = Server {
+            commercial_type: body.commercial_type,
+            image: body.image,
+            project: body.project.unwrap_or_default(),
+            bare_tags: bare,
+            ip_id: ip_id.clone(),
+            volume_id: Some(volume.clone()),
+        };
+        let id = b.new_id();
+        let mut record = Record::new(id.clone(), body.name, zone.clone(), extra);
+        record.labels = labels;
+        b.create(record);
+        let dynamic = body.dynamic_ip_required.unwrap_or(true) && ip_id.is_none();
+        let address = match &ip_id {
+            Some(ip) => b.backend.ips.get_mut(ip).map(|ip| {
+                ip.server = Some(id.clone());
+                ip.address.clone()
+            }),
+            None if dynamic => Some(b.next_address()),
+            None => None,
+        };
+        b.backend
+            .volumes
+            .insert(volume, (zone.clone(), Some(id.clone())));
+        if let Some(r) = b.fleet.get_mut(&id) {
+            // Created, not started: powered off, its address already known.
+            r.state = "stopped".into();
+            r.ip = address;
+        }
+        let r = b.fleet.get(&id).expect("just created");
+        Ok((StatusCode::CREATED, Json(json!({"server": render(r)}))).into_response())
+    })();
+    answer.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn get_server(State(s): St, Path((zone, id)): Path<(String, String)>) -> Response {
+    let mut b = s.lock();
+    let server = match find(&b, &zone, &id) {
+        Ok(r) => render(r),
+        Err(e) => return e.into_response(),
+    };
+    b.saw(&id);
+    Json(json!({"server": server})).into_response()
+}
+
+/// Drops what goes with a server that is gone: its volume (a terminate deletes local
+/// volumes) or not (a plain delete keeps it, detached); its IP is always kept, detached.
+fn forget(b: &mut Backend, id: &str, keep_volume: bool) {
+    for ip in b
+        .backend
+        .ips
+        .values_mut()
+        .filter(|ip| ip.server.as_deref() == Some(id))
+    {
+        ip.server = None;
+    }
+    let vols: Vec<String> = b
+        .backend
+        .volumes
+        .iter()
+        .filter(|(_, (_, s))| s.as_deref() == Some(id))
+        .map(|(v, _)| v.clone())
+        .collect();
+    for v in vols {
+        match keep_volume {
+            true => drop(b.backend.volumes.get_mut(&v).map(|e| e.1 = None)),
+            false => drop(b.backend.volumes.remove(&v)),
+        }
+    }
+}
+
+fn locked(id: &str) -> ScwError {
+    ScwError::new(409, "locked", "resource is locked")
+        .with("resource", json!("instance_server"))
+        .with("resource_id", json!(id))
+}
+
+async fn delete_server(State(s): St, Path((zone, id)): Path<(String, String)>) -> Response {
+    let mut b = s.lock();
+    let state = match find(&b, &zone, &id) {
+        Ok(r) if r.locked => return locked(&id).into_response(),
+        Ok(r) => r.state.clone(),
+        Err(e) => return e.into_response(),
+    };
+    if state != "stopped" && state != "stopped in place" {
+        return ScwError::new(
+            400,
+            "invalid_request_error",
+            "instance should be powered off",
+        )
+        .into_response();
+    }
+    match b.fleet.delete(&id) {
+        Deletion::Done(_) => {
+            forget(&mut b, &id, true);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Deletion::Locked => locked(&id).into_response(),
+        Deletion::InProgress(_) | Deletion::NotFound => {
+            ScwError::not_found("instance_server", &id).into_response()
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ActionBody {
+    #[serde(default)]
+    action: Option<String>,
+}
+
+fn task(id: &str, description: &str) -> Response {
+    let body = json!({"task": {"id": format!("task-{id}"), "description": description, "status": "pending",
+                               "href_from": format!("/servers/{id}/action"), "progress": 0}});
+    (StatusCode::ACCEPTED, Json(body)).into_response()
+}
+
+async fn action(
+    State(s): St,
+    Path((zone, id)): Path<(String, String)>,
+    body: Result<Json<ActionBody>, JsonRejection>,
+) -> Response {
+    let mut b = s.lock();
+    let (state, is_locked) = match find(&b, &zone, &id) {
+        Ok(r) => (r.state.clone(), r.locked),
+        Err(e) => return e.into_response(),
+    };
+    let Ok(Json(body)) = body else {
+        return ScwError::new(400, "invalid_request_error", "invalid JSON body").into_response();
+    };
+    if is_locked {
+        return locked(&id).into_response();
+    }
+    // The API's default action is poweron.
+    match body.action.as_deref().unwrap_or("poweron") {
+        "poweron" if state != "stopped" && state != "stopped in place" => {
+            ScwError::new(412, "precondition_failed", "server should be stopped").into_response()
+        }
+        "poweron" if b.backend.fail_poweron > 0 => {
+            b.backend.fail_poweron -= 1;
+            ScwError::internal().into_response()
+        }
+        "poweron" => {
+            if let Some(r) = b.fleet.get_mut(&id) {
+                r.state = "starting".into();
+            }
+            task(&id, "server_batch_poweron")
+        }
+        "terminate" if state == "running" || state == "starting" => match b.fleet.delete(&id) {
+            Deletion::Done(_) => {
+                forget(&mut b, &id, false);
+                task(&id, "server_terminate")
+            }
+            Deletion::Locked => locked(&id).into_response(),
+            _ => ScwError::new(
+                400,
+                "invalid_request_error",
+                "server is already being terminated",
+            )
+            .into_response(),
+        },
+        "terminate" => {
+            ScwError::new(400, "invalid_request_error", "server should be running").into_response()
+        }
+        other => {
+            ScwError::invalid_argument("action", &format!("action {other:?} is not supported here"))
+                .into_response()
+        }
+    }
+}
+
+async fn set_user_data(
+    State(s): St,
+    Path((zone, id, key)): Path<(String, String, String)>,
+    body: Bytes,
+) -> Response {
+    let mut b = s.lock();
+    if let Err(e) = find(&b, &zone, &id) {
+        return e.into_response();
+    }
+    if key != "cloud-init" {
+        // Other keys exist on Scaleway; this emulator keeps only the one cloud-init reads.
+        return ScwError::invalid_argument("key", "only cloud-init is kept by this emulator")
+            .into_response();
+    }
+    if let Some(r) = b.fleet.get_mut(&id) {
+        r.user_data = body.to_vec();
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn get_user_data(
+    State(s): St,
+    Path((zone, id, key)): Path<(String, String, String)>,
+) -> Response {
+    let b = s.lock();
+    match find(&b, &zone, &id) {
+        Ok(r) if key == "cloud-init" && !r.user_data.is_empty() => {
+            ([("content-type", "text/plain")], r.user_data.clone()).into_response()
+        }
+        Ok(_) => ScwError::not_found("instance_user_data", &key).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct CreateIp {
+    project: Option<String>,
+    #[serde(default)]
+    tags: Vec<String>,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+}
+
+async fn create_ip(
+    State(s): St,
+    Path(zone): Path<String>,
+    body: Result<Json<CreateIp>, JsonRejection>,
+) -> Response {
+    let mut b = s.lock();
+    let answer = (|| {
+        known_zone(&b, &zone)?;
+        let Json(body) =
+            body.map_err(|e| ScwError::new(400, "invalid_request_error", &e.body_text()))?;
+        if body.project.as_deref() != Some(b.backend.config.project.as_str()) {
+            return Err(ScwError::new(
+                403,
+                "permissions_denied",
+                "insufficient permissions",
+            ));
+        }
+        if body.kind.as_deref().is_some_and(|k| k != "routed_ipv4") {
+            return Err(ScwError::invalid_argument(
+                "type",
+                "only routed_ipv4 in this emulator",
+            ));
+        }
+        let project = b.backend.config.project.clone();
+        let ip = b.backend.new_ip(&zone, &project, body.tags);
+        Ok((StatusCode::CREATED, Json(json!({"ip": render_ip(&b, &ip)}))).into_response())
+    })();
+    answer.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn list_ips(State(s): St, Path(zone): Path<String>, Query(q): Query<ListQuery>) -> Response {
+    let b = s.lock();
+    let answer = (|| {
+        known_zone(&b, &zone)?;
+        let (page, per_page) = paging(&q)?;
+        let want = wanted_tags(&q);
+        let items: Vec<Value> = b
+            .backend
+            .ips
+            .values()
+            .filter(|ip| ip.zone == zone && q.project.as_ref().is_none_or(|p| &ip.project == p))
+            .filter(|ip| want.iter().all(|t| ip.tags.contains(t)))
+            .map(|ip| render_ip(&b, ip))
+            .collect();
+        Ok::<_, ScwError>(page_of("ips", items, page, per_page, "/ips"))
+    })();
+    answer.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Releases the IP, detaching it first if a server holds it.
+async fn delete_ip(State(s): St, Path((zone, id)): Path<(String, String)>) -> Response {
+    let mut b = s.lock();
+    match b.backend.ips.get(&id) {
+        Some(ip) if ip.zone == zone => {
+            let holder = ip.server.clone();
+            b.backend.ips.remove(&id);
+            if let Some(r) = holder.and_then(|h| b.fleet.get_mut(&h)) {
+                r.ip = None;
+                r.extra.ip_id = None;
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
+        _ => ScwError::not_found("instance_ip", &id).into_response(),
+    }
+}
+
+async fn delete_volume(State(s): St, Path((zone, id)): Path<(String, String)>) -> Response {
+    let mut b = s.lock();
+    let attached = match b.backend.volumes.get(&id) {
+        Some((z, server)) if *z == zone => server.clone().filter(|s| b.fleet.get(s).is_some()),
+        _ => return ScwError::not_found("instance_volume", &id).into_response(),
+    };
+    if attached.is_some() {
+        return ScwError::new(
+            400,
+            "invalid_request_error",
+            "volume is attached to a server",
+        )
+        .into_response();
+    }
+    b.backend.volumes.remove(&id);
+    StatusCode::NO_CONTENT.into_response()
+}
