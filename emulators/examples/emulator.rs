@@ -49,6 +49,15 @@ fn main() {
             println!("token: {EXAMPLE_TOKEN}");
             Box::new(e)
         }
+        "vultr" => {
+            use egress_emulators::vultr::{VultrConfig, VultrEmulator};
+            let e = VultrEmulator::start(VultrConfig::new("emulator-token"));
+            println!(
+                "Vultr emulator at {} (API under /v2)\ntoken: emulator-token",
+                e.url()
+            );
+            Box::new(e)
+        }
         other => {
             eprintln!("usage: emulator ec2|hetzner|example [PORT] (got {other:?})");
             std::process::exit(2);

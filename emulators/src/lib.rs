@@ -21,3 +21,4 @@ pub mod hetzner;
 pub mod rate_limit;
 pub mod real_proxy;
 mod server;
+pub mod vultr;
