@@ -265,12 +265,8 @@ impl Served<Backend> {
                 get(get_instance).delete(delete_instance),
             )
             .route("/v2/instances/{id}/user-data", get(get_user_data));
-        Ok(Served::serve(
-            "vultr-emulator",
-            listener,
-            state,
-            crate::framework::gated(api, &state),
-        ))
+        let app = crate::framework::gated(api, &state);
+        Ok(Served::serve("vultr-emulator", listener, state, app))
     }
 
     /// The instance as the API shows it (`None` when unknown).
@@ -301,10 +297,12 @@ fn vultr_time(secs: u64) -> String {
 /// An instance as the API renders it, every documented field present.
 pub fn render(r: &Record<Extra>) -> Value {
     let pending = r.state == Vultr::STATES.provisioning;
-    let server_status = match () {
-        _ if r.deleting || r.locked => "locked",
-        _ if pending => "none",
-        _ => "ok",
+    let server_status = if r.deleting || r.locked {
+        "locked"
+    } else if pending {
+        "none"
+    } else {
+        "ok"
     };
     let ip = r.ip.clone().unwrap_or_else(|| "0.0.0.0".into());
     let gateway = match ip.rsplit_once('.') {

@@ -92,7 +92,8 @@ fn age_key(w: &Wire) -> (Option<(u64, u32)>, String) {
 /// kept. An instance with the label and another UID is someone else's: permanent.
 fn settle(api: &Client, req: &CreateRequest, mine: Option<&str>) -> Result<Option<String>, ProviderError> {
     let filter = format!("label={}", encode_component(&req.name));
-    let named = api::list(api, &filter, |w| (w.label == req.name).then_some(w))?;
+    // Only IDs this plugin can write go on: an odd one never reaches a URL or an ID.
+    let named = api::list(api, &filter, |w| (w.label == req.name && config::is_vultr_id(&w.id)).then_some(w))?;
     let (ours, foreign): (Vec<Wire>, Vec<Wire>) = named.into_iter().partition(|w| w.mark(MARK_UID) == Some(&req.uid));
     let Some(keep) = ours.iter().min_by_key(|w| age_key(w)) else {
         return match foreign.first() {
@@ -113,7 +114,10 @@ fn settle(api: &Client, req: &CreateRequest, mine: Option<&str>) -> Result<Optio
             Err(e) if VULTR.is_gone(&e) => {}
             Err(e) => {
                 let err = classify(e);
-                let msg = format!("instance {twin} is a twin of {} for {:?} and could not be deleted yet: {}", keep.id, req.name, err.message);
+                let msg = format!(
+                    "instance {twin} is a twin of {} for {:?} and could not be deleted yet: {}",
+                    keep.id, req.name, err.message
+                );
                 return Err(ProviderError::transient(msg).with_code("TwinNotDeleted"));
             }
         }
@@ -157,10 +161,16 @@ fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
     if let Some(fw) = &cfg.firewall_group_id {
         body["firewall_group_id"] = json!(fw);
     }
-    let created = api.post("/instances").json(&body).send_json::<api::One>().map_err(|e| {
-        classify(e).not_found_is_permanent("check config.endpoint, sshKeyIds and firewallGroupId")
-    })?;
+    let created = api
+        .post("/instances")
+        .json(&body)
+        .send_json::<api::One>()
+        .map_err(|e| classify(e).not_found_is_permanent("check config.endpoint, sshKeyIds and firewallGroupId"))?;
     let mine = created.instance.id;
+    if !config::is_vultr_id(&mine) {
+        let msg = format!("Vultr accepted the instance but answered the id {mine:?}, which is not a UUID");
+        return Err(ProviderError::transient(msg).with_code("BadInstanceId"));
+    }
     // A concurrent create for the same name may have made a twin: agree on one.
     std::thread::sleep(SETTLE);
     let id = settle(&api, req, Some(&mine))?.unwrap_or_else(|| ID.format(place.region, &mine));
@@ -197,7 +207,10 @@ fn delete(id: &str) -> Result<((), String), ProviderError> {
         Err(e) if e.status() == Some(400) => match fetch(&api, key)? {
             None => Ok(((), "already gone".into())),
             Some(w) if w.server_status == "locked" => {
-                let msg = format!("instance {key} is locked by an operation; deleting it once that ends: {}", classify(e).message);
+                let msg = format!(
+                    "instance {key} is locked by an operation; deleting it once that ends: {}",
+                    classify(e).message
+                );
                 Err(ProviderError::transient(msg).with_code("Locked"))
             }
             Some(_) => Err(classify(e)),
@@ -217,7 +230,11 @@ fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderEr
         }
         if !config::is_region(&w.region) || !config::is_vultr_id(&w.id) {
             // Leaving one out is safe: GC never deletes what it does not see.
-            sdk::warn!("vultr list: skipping instance {:?} in region {:?}: not an ID this plugin can write", w.id, w.region);
+            sdk::warn!(
+                "vultr list: skipping instance {:?} in region {:?}: not an ID this plugin can write",
+                w.id,
+                w.region
+            );
             return None;
         }
         Some(to_instance(&w, ID.format(&w.region, &w.id)))

@@ -24,7 +24,10 @@ fn classify_table() {
         (bare(404, ""), Transient),
         (vultr(429, "Rate limit exceeded"), QuotaExceeded),
         (bare(429, ""), QuotaExceeded),
-        (vultr(400, "Server add failed: You have reached the maximum number of active instances for this account."), QuotaExceeded),
+        (
+            vultr(400, "Server add failed: You have reached the maximum number of active instances for this account."),
+            QuotaExceeded,
+        ),
         (vultr(400, "Invalid plan ID"), Permanent),
         (vultr(401, "Invalid API token."), Permanent),
         (vultr(403, "Unauthorized IP address"), Permanent),
@@ -146,8 +149,14 @@ fn config_validation_names_field_and_value() {
         (r#"{"regions":["ewr"],"plans":["p"],"images":{"d":0}}"#, "config.images.d 0 is invalid"),
         (r#"{"regions":["ewr"],"plans":["p"],"images":{"d/x":1}}"#, r#"config.images key "d/x" is invalid"#),
         (r#"{"regions":["ewr"],"plans":["p"],"images":{"d":"debian"}}"#, "config.images.d:"),
-        (r#"{"regions":["ewr"],"plans":["p"],"images":{"d":1},"sshKeyIds":["k!"]}"#, r#"config.sshKeyIds entry "k!" is invalid"#),
-        (r#"{"regions":["ewr"],"plans":["p"],"images":{"d":1},"firewallGroupId":"FW"}"#, r#"config.firewallGroupId "FW" is invalid"#),
+        (
+            r#"{"regions":["ewr"],"plans":["p"],"images":{"d":1},"sshKeyIds":["k!"]}"#,
+            r#"config.sshKeyIds entry "k!" is invalid"#,
+        ),
+        (
+            r#"{"regions":["ewr"],"plans":["p"],"images":{"d":1},"firewallGroupId":"FW"}"#,
+            r#"config.firewallGroupId "FW" is invalid"#,
+        ),
         (r#"{"regions":["ewr"],"plans":["p"],"images":{"d":1},"endpoint":"https://api.vultr.com"}"#, "config.endpoint"),
         (r#"{"regions":["ewr"],"plans":["p"],"images":{"d":1},"zones":[]}"#, "unknown field `zones`"),
     ];
@@ -161,7 +170,12 @@ fn config_validation_names_field_and_value() {
 #[test]
 fn placement_is_checked_against_the_catalogue() {
     let cfg = config::parse(GOOD).unwrap();
-    let p = |r: &str, m: &str, i: &str| Placement { region: r.into(), zone: "ignored".into(), machine_type: m.into(), image: i.into() };
+    let p = |r: &str, m: &str, i: &str| Placement {
+        region: r.into(),
+        zone: "ignored".into(),
+        machine_type: m.into(),
+        image: i.into(),
+    };
     let place = cfg.resolve(&p("fra", "vc2-1c-1gb", "debian")).unwrap();
     assert_eq!((place.region, place.plan, place.os_id), ("fra", "vc2-1c-1gb", 2136));
     let cases = [
