@@ -43,7 +43,7 @@ pub fn is_vultr_id(s: &str) -> bool {
     is_word(s, 64, b"-") && s.bytes().all(|b| b == b'-' || b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-fn is_catalogue_word(s: &String) -> bool {
+fn is_catalogue_word(s: &str) -> bool {
     is_word(s, 64, b"-_.")
 }
 
@@ -61,7 +61,7 @@ pub fn parse(json: &str) -> Result<Config, ProviderError> {
     config::each("regions", &cfg.regions, |r| is_region(r), "want 1-16 lowercase letters or digits, e.g. ewr")?;
     config::unique("regions", &cfg.regions)?;
     config::nonempty("plans", &cfg.plans)?;
-    config::each("plans", &cfg.plans, is_catalogue_word, "want a Vultr plan ID, e.g. vc2-1c-1gb")?;
+    config::each("plans", &cfg.plans, |p| is_catalogue_word(p), "want a Vultr plan ID, e.g. vc2-1c-1gb")?;
     config::unique("plans", &cfg.plans)?;
     if cfg.images.is_empty() {
         return Err(ProviderError::invalid_config("config.images is empty: no Proxy could be placed"));
