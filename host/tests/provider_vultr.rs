@@ -317,10 +317,8 @@ async fn twins_are_settled_and_foreign_names_refused() {
     let left: Vec<String> = emu.dump().instances.into_iter().map(|i| i.id).collect();
     assert_eq!(left, [key(&id).to_string()]);
 
-    let (a, b) = tokio::join!(
-        p.create(&request("uid-race")),
-        p.create(&request("uid-race"))
-    );
+    let race = request("uid-race");
+    let (a, b) = tokio::join!(p.create(&race), p.create(&race));
     assert_eq!(a.unwrap(), b.unwrap());
     assert_eq!(
         emu.dump()
