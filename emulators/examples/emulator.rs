@@ -66,6 +66,13 @@ fn main() {
                 e.url()
             );
             println!("secret key: {EMULATOR_SECRET_KEY}\nproject id: {EMULATOR_PROJECT}");
+        "vultr" => {
+            use egress_emulators::vultr::{VultrConfig, VultrEmulator};
+            let e = VultrEmulator::start(VultrConfig::new("emulator-token"));
+            println!(
+                "Vultr emulator at {} (API under /v2)\ntoken: emulator-token",
+                e.url()
+            );
             Box::new(e)
         }
         other => {

@@ -23,3 +23,4 @@ pub mod rate_limit;
 pub mod real_proxy;
 pub mod scaleway;
 mod server;
+pub mod vultr;

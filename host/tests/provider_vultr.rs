@@ -1,0 +1,700 @@
+//! The Vultr plugin through the host, against the Vultr emulator: the conformance suite,
+//! then Vultr's specifics (marks in tags, the `pending` instance at `0.0.0.0`, base64 user
+//! data, cursor paging, labels that are not unique, the 429 rate limit, Vultr's 400 for a
+//! locked instance and for the instance limit) and config errors naming field and value.
+//!
+//! The last test runs the lifecycle against the real API and is ignored unless asked for
+//! (see docs/providers/vultr.md, "Testing").
+
+mod support;
+
+use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, RateLimit};
+use egress_emulators::framework::Record;
+use egress_emulators::vultr::{Extra, INSTANCE_LIMIT, VultrConfig, VultrEmulator, VultrError};
+use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
+use proxy_operator::conformance::{self, Control, Options, Report, Subject};
+use proxy_operator::plugin::WasmProvider;
+use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+const TOKEN: &str = "vultr-test-token";
+const INST: &str = "inst-v";
+
+struct Vu {
+    emu: VultrEmulator,
+    p: WasmProvider,
+    _secrets: tempfile::TempDir,
+}
+
+const CONFIG: &str = "regions: [ewr, fra], plans: [vc2-1c-1gb], images: {debian: 2136}";
+
+fn entry(url: &str, token: &Path, config: &str) -> String {
+    format!(
+        "name: vu\nplugin: vultr.wasm\nadditionalHosts: ['{url}']\nallowPrivateAddresses: true\n\
+         limits: {{timeout: 3s}}\nsecrets: {{token: {}}}\nconfig: {{endpoint: '{url}/v2', {config}}}",
+        token.display()
+    )
+}
+
+async fn setup_with(cfg: VultrConfig) -> Vu {
+    let secrets = tempfile::tempdir().unwrap();
+    let token = secrets.path().join("token");
+    std::fs::write(&token, format!("{}\n", cfg.token)).unwrap();
+    let emu = VultrEmulator::start(cfg);
+    let p = support::provider(
+        &support::runtime(),
+        "vultr.wasm",
+        &entry(&emu.url(), &token, CONFIG),
+    )
+    .await;
+    Vu {
+        emu,
+        p,
+        _secrets: secrets,
+    }
+}
+
+async fn setup() -> Vu {
+    setup_with(VultrConfig::new(TOKEN)).await
+}
+
+fn placement(region: &str) -> Placement {
+    Placement {
+        region: region.into(),
+        zone: "ignored".into(),
+        machine_type: "vc2-1c-1gb".into(),
+        image: "debian".into(),
+    }
+}
+
+fn request(uid: &str) -> CreateRequest {
+    CreateRequest {
+        name: name_from_uid(uid),
+        uid: uid.into(),
+        namespace: "default".into(),
+        proxy_name: "p1".into(),
+        installation: INST.into(),
+        placement: placement("ewr"),
+        cloud_init: b"#cloud-config\nruncmd: [echo hello]\n".to_vec(),
+        port: 3128,
+    }
+}
+
+fn key(id: &str) -> &str {
+    id.rsplit('/').next().unwrap()
+}
+
+fn label<'a>(labels: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    labels
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vultr_passes_the_suite() {
+    let _dir = plugins_or_skip!();
+    let s = setup().await;
+    let control = Control::new(&s.emu.url()).unwrap();
+    let opts = Options::new(placement("ewr"));
+    let report: Report =
+        conformance::run(&Subject::wasm(&s.p), &control, &opts, |r| eprintln!("{r}")).await;
+    eprintln!("{}", report.total());
+    assert_eq!(
+        report.results.len(),
+        conformance::case_names().len(),
+        "every case ran"
+    );
+    let failed: Vec<String> = report.failed().iter().map(|r| r.to_string()).collect();
+    assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
+    assert!(s.emu.dump().instances.is_empty(), "the suite cleans up");
+}
+
+/// Marks in tags, the name as label and hostname, user data base64 on the wire and byte
+/// for byte in the guest, the pending window without an address, idempotent create and
+/// delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_marks_and_user_data() {
+    let _dir = plugins_or_skip!();
+    let vu = setup().await;
+    let (p, emu) = (&vu.p, &vu.emu);
+    let mut req = request("uid-1");
+    req.cloud_init = vec![0x1f, 0x8b, 0x00, 0xff, b'\n']; // not UTF-8: still byte for byte
+    let id = p.create(&req).await.unwrap();
+    assert!(id.starts_with("ewr/"), "{id}");
+
+    let raw = emu.instance(&id).unwrap();
+    assert_eq!(
+        (raw["status"].as_str(), raw["main_ip"].as_str()),
+        (Some("pending"), Some("0.0.0.0"))
+    );
+    assert_eq!(
+        (raw["label"].as_str(), raw["hostname"].as_str()),
+        (Some(req.name.as_str()), Some(req.name.as_str()))
+    );
+    let tags: Vec<&str> = raw["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let want = [
+        format!("{MARK_MANAGED}=true"),
+        format!("{MARK_UID}=uid-1"),
+        format!("{MARK_INSTALLATION}={INST}"),
+    ];
+    assert_eq!(tags, want.iter().map(String::as_str).collect::<Vec<_>>());
+    let dump = emu.dump();
+    assert_eq!(
+        dump.instances[0].user_data, req.cloud_init,
+        "user data byte for byte"
+    );
+    assert_eq!(label(&dump.instances[0].labels, MARK_UID), Some("uid-1"));
+
+    // Pending at 0.0.0.0: Provisioning, and the address is never reported.
+    let first = p.get(&id).await.unwrap();
+    assert_eq!(
+        (first.state, first.ip.as_str(), first.uid.as_str()),
+        (State::Provisioning, "", "uid-1")
+    );
+    assert!(first.created_at.is_some());
+    let running = p.get(&id).await.unwrap();
+    assert_eq!(running.state, State::Running);
+    assert!(running.ip.starts_with("203.0.113."), "{running:?}");
+    assert_eq!(
+        p.create(&req).await.unwrap(),
+        id,
+        "create is idempotent by label and uid"
+    );
+    assert_eq!(emu.dump().instances.len(), 1);
+
+    p.delete(&id).await.unwrap();
+    p.delete(&id).await.unwrap();
+    assert_eq!(p.get(&id).await.unwrap_err().class, Class::NotFound);
+    assert!(emu.dump().instances.is_empty());
+    let calls = emu.requests();
+    assert!(
+        calls.iter().any(|c| c.starts_with("POST /v2/instances")),
+        "{calls:?}"
+    );
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.starts_with("GET /v2/instances?label=proxy-")),
+        "{calls:?}"
+    );
+}
+
+/// An active instance whose address is `0.0.0.0`, private or missing is never Running
+/// with it; suspended and halted are Stopped; a lock keeps the last state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses_and_states_as_vultr_shows_them() {
+    let _dir = plugins_or_skip!();
+    let vu = setup().await;
+    let (p, emu) = (&vu.p, &vu.emu);
+    let id = p.create(&request("uid-ip")).await.unwrap();
+    p.get(&id).await.unwrap();
+    assert_eq!(p.get(&id).await.unwrap().state, State::Running);
+    for ip in [
+        Some("0.0.0.0"),
+        Some("10.8.0.4"),
+        Some("172.16.3.3"),
+        Some("192.168.1.1"),
+        Some("169.254.0.9"),
+        None,
+    ] {
+        emu.set_address(key(&id), ip);
+        let i = p.get(&id).await.unwrap();
+        assert_eq!(
+            (i.state, i.ip.as_str()),
+            (State::Provisioning, ""),
+            "{ip:?}"
+        );
+    }
+    emu.set_address(key(&id), Some("198.51.100.20"));
+    assert_eq!(p.get(&id).await.unwrap().ip, "198.51.100.20");
+    emu.set_locked(key(&id), true);
+    assert_eq!(
+        p.get(&id).await.unwrap().state,
+        State::Running,
+        "locked keeps its last state"
+    );
+    emu.set_locked(key(&id), false);
+    for (status, want) in [
+        ("suspended", State::Stopped),
+        ("resizing", State::Provisioning),
+        ("pending", State::Provisioning),
+    ] {
+        emu.set_backend_state(key(&id), status);
+        assert_eq!(p.get(&id).await.unwrap().state, want, "{status}");
+    }
+}
+
+/// GC's list follows `meta.links.next` over several pages of 500 and keeps exactly the
+/// managed instances of this installation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_follows_cursor_pages_and_checks_the_marks() {
+    let _dir = plugins_or_skip!();
+    let vu = setup().await;
+    let (p, emu) = (&vu.p, &vu.emu);
+    let plant = |n: usize, managed: bool, inst: &str| {
+        emu.plant(Plant {
+            name: format!("p-{n}"),
+            scope: if n % 2 == 0 {
+                "ewr".into()
+            } else {
+                "fra".into()
+            },
+            managed,
+            uid: Some(format!("u-{n}")),
+            installation: Some(inst.into()),
+            created_at: Some(1_700_000_000),
+        })
+    };
+    for n in 0..1100 {
+        plant(n, true, INST);
+    }
+    plant(5000, false, INST);
+    plant(5001, true, "someone-else");
+    let listed = p.list_by_tag(INST).await.unwrap();
+    assert_eq!(listed.len(), 1100);
+    assert!(
+        listed
+            .iter()
+            .all(|i| i.uid.starts_with("u-") && i.created_at.is_some())
+    );
+    assert!(
+        listed.iter().any(|i| i.id.starts_with("fra/"))
+            && listed.iter().any(|i| i.id.starts_with("ewr/"))
+    );
+    let lists: Vec<String> = emu
+        .requests()
+        .into_iter()
+        .filter(|c| c.starts_with("GET /v2/instances?tag="))
+        .collect();
+    assert_eq!(lists.len(), 3, "{lists:?}");
+    assert!(
+        lists[0].contains("per_page=500") && lists[1].contains("&cursor="),
+        "{lists:?}"
+    );
+    emu.fail_scope("fra", true);
+    assert_eq!(
+        p.list_by_tag(INST).await.unwrap_err().class,
+        Class::Transient,
+        "fail-whole"
+    );
+}
+
+/// Vultr labels are not unique: a twin left by a racing or crashed create is removed and
+/// the oldest kept; an instance with the label and another UID is never adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twins_are_settled_and_foreign_names_refused() {
+    let _dir = plugins_or_skip!();
+    let vu = setup().await;
+    let (p, emu) = (&vu.p, &vu.emu);
+    let req = request("uid-twin");
+    let id = p.create(&req).await.unwrap();
+    let tags = vec![
+        format!("{MARK_MANAGED}=true"),
+        format!("{MARK_UID}=uid-twin"),
+        format!("{MARK_INSTALLATION}={INST}"),
+    ];
+    let mut twin = Record::new(
+        "ffffffff-0000-4000-8000-00000000ffff".into(),
+        req.name.clone(),
+        "ewr".into(),
+        Extra {
+            tags,
+            ..Extra::default()
+        },
+    );
+    twin.state = "active".into();
+    twin.created_at += 60;
+    emu.insert(twin);
+    assert_eq!(emu.dump().instances.len(), 2);
+    assert_eq!(p.create(&req).await.unwrap(), id, "the older one is kept");
+    let left: Vec<String> = emu.dump().instances.into_iter().map(|i| i.id).collect();
+    assert_eq!(left, [key(&id).to_string()]);
+
+    let race = request("uid-race");
+    let (a, b) = tokio::join!(p.create(&race), p.create(&race));
+    assert_eq!(a.unwrap(), b.unwrap());
+    assert_eq!(
+        emu.dump()
+            .instances
+            .iter()
+            .filter(|i| i.name == name_from_uid("uid-race"))
+            .count(),
+        1
+    );
+
+    let mut other = request("uid-other");
+    other.name = req.name.clone();
+    let err = p.create(&other).await.unwrap_err();
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Permanent, Some("NameTaken")),
+        "{err}"
+    );
+}
+
+/// Faults as Vultr answers them: 429 and the instance limit wait (QuotaExceeded), a 400
+/// for a locked instance passes (Transient), 500 is Transient, 401 Permanent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vultr_errors_get_their_class() {
+    let _dir = plugins_or_skip!();
+    let vu = setup().await;
+    let (p, emu) = (&vu.p, &vu.emu);
+    let id = p.create(&request("uid-e")).await.unwrap();
+
+    // Vultr's documented limit answers 429: the operator waits (QuotaExceeded).
+    emu.set_rate_limit(Some(RateLimit {
+        per_hour: 1,
+        burst: 1,
+    }));
+    p.get(&id).await.unwrap();
+    let err = p.get(&id).await.unwrap_err();
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::QuotaExceeded, Some("HTTP429")),
+        "{err}"
+    );
+    emu.set_rate_limit(None);
+
+    let id = p.create(&request("uid-e2")).await.unwrap();
+    emu.inject_error(FaultOp::Create, VultrError::new(400, INSTANCE_LIMIT), 1);
+    let err = p.create(&request("uid-e3")).await.unwrap_err();
+    assert_eq!(err.class, Class::QuotaExceeded, "{err}");
+    assert!(
+        err.message.contains("maximum number of active instances"),
+        "{err}"
+    );
+    emu.inject_error(FaultOp::Create, VultrError::new(400, "Invalid plan"), 1);
+    assert_eq!(
+        p.create(&request("uid-e3")).await.unwrap_err().class,
+        Class::Permanent
+    );
+
+    emu.set_locked(key(&id), true);
+    let err = p.delete(&id).await.unwrap_err();
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Transient, Some("Locked")),
+        "{err}"
+    );
+    emu.set_locked(key(&id), false);
+    p.delete(&id).await.unwrap();
+
+    for (kind, want) in [
+        (FaultKind::ServerError, Class::Transient),
+        (FaultKind::Auth, Class::Permanent),
+    ] {
+        emu.inject(Fault {
+            op: FaultOp::Get,
+            kind: kind.clone(),
+            count: 1,
+        });
+        assert_eq!(p.get(&id).await.unwrap_err().class, want, "{kind:?}");
+    }
+    assert_eq!(
+        p.get("ewr/00000000-0000-4000-8000-0000000fffff")
+            .await
+            .unwrap_err()
+            .class,
+        Class::NotFound
+    );
+    p.delete("ewr/00000000-0000-4000-8000-0000000fffff")
+        .await
+        .unwrap();
+    for bad in ["", "ewr", "ewr/", "EWR/abc", "ewr/ABC", "ewr/a/b", "../x"] {
+        assert_eq!(
+            p.get(bad).await.unwrap_err().class,
+            Class::Permanent,
+            "{bad:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_is_refused_before_any_call() {
+    let _dir = plugins_or_skip!();
+    let vu = setup().await;
+    for (field, value, code) in [
+        ("region", "mars", "InvalidRegion"),
+        ("machineType", "vc9", "InvalidMachineType"),
+        ("image", "2136", "InvalidImage"),
+    ] {
+        let mut req = request("uid-p");
+        match field {
+            "region" => req.placement.region = value.into(),
+            "machineType" => req.placement.machine_type = value.into(),
+            _ => req.placement.image = value.into(),
+        }
+        let err = vu.p.create(&req).await.unwrap_err();
+        assert_eq!(
+            (err.class, err.code.as_deref()),
+            (Class::Permanent, Some(code))
+        );
+        assert!(
+            err.message
+                .contains(&format!("placement.{field} {value:?}")),
+            "{err}"
+        );
+    }
+    assert!(vu.emu.requests().is_empty(), "{:?}", vu.emu.requests());
+}
+
+/// A bad config stops the provider at load, with a message naming the field and value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_errors_name_the_field_and_value() {
+    let _dir = plugins_or_skip!();
+    let rt = support::runtime();
+    let plugin = support::load(&rt, "vultr.wasm").await;
+    let secrets = tempfile::tempdir().unwrap();
+    let token = secrets.path().join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    let cases = [
+        (
+            "regions: [EWR], plans: [p], images: {d: 1}",
+            "config.regions entry \"EWR\" is invalid",
+        ),
+        (
+            "regions: [], plans: [p], images: {d: 1}",
+            "config.regions is empty",
+        ),
+        (
+            "regions: [ewr], plans: [p], images: {d: 0}",
+            "config.images.d 0 is invalid",
+        ),
+        (
+            "regions: [ewr], plans: [p], images: {d: debian}",
+            "config.images.d",
+        ),
+        (
+            "regions: [ewr], plans: ['a b'], images: {d: 1}",
+            "config.plans entry \"a b\" is invalid",
+        ),
+        (
+            "regions: [ewr], plans: [p], images: {d: 1}, firewallGroupId: nope!",
+            "config.firewallGroupId \"nope!\" is invalid",
+        ),
+        (
+            "regions: [ewr], plans: [p], images: {d: 1}, size: 3",
+            "unknown field `size`",
+        ),
+    ];
+    for (config, want) in cases {
+        let yaml = format!(
+            "name: vu\nplugin: vultr.wasm\nsecrets: {{token: {}}}\nconfig: {{{config}}}",
+            token.display()
+        );
+        let err = rt
+            .provider(plugin.clone(), &support::entry(&yaml))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{config} loaded"));
+        assert!(format!("{err}").contains(want), "{config}: {err}");
+    }
+    let yaml = format!(
+        "name: vu\nplugin: vultr.wasm\nsecrets: {{token: {}}}\nconfig: {{endpoint: 'https://api.vultr.com', regions: [ewr], plans: [p], images: {{d: 1}}}}",
+        token.display()
+    );
+    let err = rt
+        .provider(plugin.clone(), &support::entry(&yaml))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        format!("{err}").contains("config.endpoint \"https://api.vultr.com\""),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_probes_each_region_in_config_order() {
+    let _dir = plugins_or_skip!();
+    let vu = setup().await;
+    let (p, emu) = (&vu.p, &vu.emu);
+    let mut req = request("uid-c");
+    req.placement.region = "fra".into();
+    p.create(&req).await.unwrap();
+    let targets = p.check().await.expect("vultr has a check");
+    let shown: Vec<(&str, bool, Option<&str>)> = targets
+        .iter()
+        .map(|t| {
+            (
+                t.target.as_str(),
+                t.ready,
+                t.details
+                    .iter()
+                    .find(|(k, _)| k == "managedInstances")
+                    .map(|(_, v)| v.as_str()),
+            )
+        })
+        .collect();
+    assert_eq!(shown, [("ewr", true, Some("0")), ("fra", true, Some("1"))]);
+    emu.fail_scope("fra", true);
+    let ready: Vec<bool> = p.check().await.unwrap().iter().map(|t| t.ready).collect();
+    assert_eq!(ready, [true, false]);
+    emu.inject(Fault {
+        op: FaultOp::List,
+        kind: FaultKind::Auth,
+        count: 2,
+    });
+    let targets = p.check().await.unwrap();
+    assert!(
+        targets
+            .iter()
+            .all(|t| !t.ready && t.reason == "Unauthorized"),
+        "{targets:?}"
+    );
+}
+
+/// Neither a cloud-init sentinel nor a token sentinel reaches an error, a log line or a
+/// span; and the host had nothing to redact.
+#[tokio::test]
+async fn sentinels_never_leave_the_plugin() {
+    let _dir = plugins_or_skip!();
+    const CI_SENTINEL: &str = "CLOUDINIT-SENTINEL-vu-7e21";
+    const TOKEN_SENTINEL: &str = "TOKEN-SENTINEL-vu-33aa";
+    let (_guard, captured) = proxy_operator::testing::capture();
+    let vu = setup_with(VultrConfig::new(TOKEN_SENTINEL)).await;
+    let p = proxy_operator::provider::Instrumented::new(vu.p, Default::default());
+    let emu = &vu.emu;
+    let mut req = request("uid-s");
+    req.cloud_init =
+        format!("#cloud-config\nwrite_files:\n  - content: {CI_SENTINEL}\n").into_bytes();
+    let mut seen = String::new();
+    let id = p.create(&req).await.unwrap();
+    seen.push_str(&format!(
+        "{:?}\n{:?}\n{:?}\n",
+        p.get(&id).await,
+        p.list_by_tag(INST).await,
+        p.check().await
+    ));
+    let mut bad = request("uid-s2");
+    bad.cloud_init = req.cloud_init.clone();
+    emu.inject_error(
+        FaultOp::Create,
+        VultrError::new(400, "Invalid user_data"),
+        1,
+    );
+    seen.push_str(&format!("{:?}\n", p.create(&bad).await));
+    emu.inject(Fault {
+        op: FaultOp::Any,
+        kind: FaultKind::Auth,
+        count: 10,
+    });
+    seen.push_str(&format!(
+        "{:?}\n{:?}\n{:?}\n",
+        p.create(&bad).await,
+        p.get(&id).await,
+        p.check().await
+    ));
+    emu.reset();
+    seen.push_str(&format!("{:?}\n", p.delete(&id).await));
+    seen.push_str(&captured.all_text());
+    for sentinel in [CI_SENTINEL, TOKEN_SENTINEL] {
+        assert!(!seen.contains(sentinel), "{sentinel} leaked:\n{seen}");
+    }
+    assert!(
+        !seen.contains("[REDACTED]"),
+        "the host had to redact something:\n{seen}"
+    );
+    assert!(
+        captured
+            .events()
+            .iter()
+            .any(|e| e.message().contains("vultr create")),
+        "{seen}"
+    );
+}
+
+/// The whole lifecycle against the real API (`backend-test=integration-tag`): one
+/// instance in `VULTR_REGION` (default ewr) with `VULTR_PLAN` (default vc2-1c-1gb) and
+/// `VULTR_OS_ID` (default 2136, Debian 12), for a few minutes (billed), deleted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs VULTR_API_KEY (an API key of an account to create an instance in); run with --ignored"]
+async fn real_vultr_lifecycle() {
+    let _dir = plugins_or_skip!();
+    let Ok(token) = std::env::var("VULTR_API_KEY") else {
+        eprintln!("SKIPPING real_vultr_lifecycle: VULTR_API_KEY is not set");
+        return;
+    };
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.into());
+    let (region, plan, os_id) = (
+        env("VULTR_REGION", "ewr"),
+        env("VULTR_PLAN", "vc2-1c-1gb"),
+        env("VULTR_OS_ID", "2136"),
+    );
+    let secrets = tempfile::tempdir().unwrap();
+    let path = secrets.path().join("token");
+    std::fs::write(&path, token).unwrap();
+    let yaml = format!(
+        "name: vu-real\nplugin: vultr.wasm\nsecrets: {{token: {}}}\n\
+         config: {{regions: [{region}], plans: [{plan}], images: {{os: {os_id}}}}}",
+        path.display()
+    );
+    let p = support::provider(&support::runtime(), "vultr.wasm", &yaml).await;
+    let stamp = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let uid = format!("it-{stamp}");
+    let req = CreateRequest {
+        placement: Placement {
+            region: region.clone(),
+            zone: String::new(),
+            machine_type: plan,
+            image: "os".into(),
+        },
+        installation: "egress-integration-test".into(),
+        ..request(&uid)
+    };
+    let targets = p.check().await.unwrap();
+    assert!(targets.iter().all(|t| t.ready), "{targets:?}");
+    let id = p.create(&req).await.unwrap();
+    let outcome = async {
+        assert_eq!(p.create(&req).await?, id);
+        let deadline = std::time::Instant::now() + Duration::from_secs(600);
+        loop {
+            let i = p.get(&id).await?;
+            assert_ne!(i.state, State::Stopped, "{i:?}");
+            assert_ne!(i.ip, "0.0.0.0");
+            if i.state == State::Running {
+                assert!(
+                    !i.ip.is_empty() && i.uid == uid && i.created_at.is_some(),
+                    "{i:?}"
+                );
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not running after 10 minutes"
+            );
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+        let listed = p.list_by_tag("egress-integration-test").await?;
+        assert!(listed.iter().any(|i| i.id == id), "{listed:?}");
+        Ok::<_, proxy_operator::provider::ProviderError>(())
+    }
+    .await;
+    // Delete whatever happened above, then check it is gone.
+    p.delete(&id).await.unwrap();
+    p.delete(&id).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        match p.get(&id).await {
+            Err(e) if e.class == Class::NotFound => break,
+            Ok(i) => assert_ne!(i.state, State::Running, "{i:?}"),
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still there after 5 minutes"
+        );
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    outcome.unwrap();
+}

@@ -1,0 +1,173 @@
+//! The Vultr API v2 as this plugin uses it: the instance as it reads it, the one place that
+//! classifies failures, marks in tags, and the paged list.
+
+use egress_guest_sdk::classify::{Classifier, Kind, Rule};
+use egress_guest_sdk::http::{Client, HttpError, Timeouts, encode_component};
+use egress_guest_sdk::json::nullable;
+use egress_guest_sdk::paging::{Bounds, Page};
+use egress_guest_sdk::{ErrorClass, ProviderError};
+use serde::Deserialize;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+/// Vultr's largest page (`per_page` max 500): GC lists as few pages as possible.
+pub const PER_PAGE: u32 = 500;
+const PAGES: Bounds = Bounds { what: "Vultr instance list", max_pages: 200, max_items: 200 * PER_PAGE as usize };
+
+/// Per-request bounds, well inside the host's per-call deadline and the 10 s poll.
+pub const TIMEOUTS: Timeouts = Timeouts {
+    connect: Some(Duration::from_secs(5)),
+    first_byte: Some(Duration::from_secs(20)),
+    between_bytes: Some(Duration::from_secs(10)),
+};
+
+/// An instance, as far as the plugin reads it. Every field may be absent or `null`.
+#[derive(Deserialize, Default, Debug, Clone)]
+#[serde(default)]
+pub struct Wire {
+    #[serde(deserialize_with = "nullable")]
+    pub id: String,
+    #[serde(deserialize_with = "nullable")]
+    pub label: String,
+    #[serde(deserialize_with = "nullable")]
+    pub region: String,
+    /// `0.0.0.0` while the instance is `pending`.
+    #[serde(deserialize_with = "nullable")]
+    pub main_ip: String,
+    /// `pending`, `active`, `suspended`, `resizing`.
+    #[serde(deserialize_with = "nullable")]
+    pub status: String,
+    /// `running`, `stopped`.
+    #[serde(deserialize_with = "nullable")]
+    pub power_status: String,
+    /// `none`, `locked`, `installingbooting`, `ok`.
+    #[serde(deserialize_with = "nullable")]
+    pub server_status: String,
+    #[serde(deserialize_with = "nullable")]
+    pub date_created: String,
+    #[serde(deserialize_with = "nullable")]
+    pub tags: Vec<String>,
+}
+
+#[derive(Deserialize)]
+pub struct One {
+    pub instance: Wire,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct List {
+    #[serde(deserialize_with = "nullable")]
+    pub instances: Vec<Wire>,
+    pub meta: Meta,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct Meta {
+    pub total: u64,
+    pub links: Links,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct Links {
+    #[serde(deserialize_with = "nullable")]
+    pub next: String,
+}
+
+impl Wire {
+    /// The value of mark `key` (tag `key=value`), if the instance carries it.
+    pub fn mark(&self, key: &str) -> Option<&str> {
+        self.tags.iter().find_map(|t| t.strip_prefix(key)?.strip_prefix('='))
+    }
+
+    /// The public IPv4 address, or `None` while there is none worth reporting: Vultr shows
+    /// `0.0.0.0` until the instance has its address, and an unspecified, private,
+    /// link-local, broadcast or multicast address is never a proxy's egress address.
+    /// (Loopback passes: no Vultr instance has it, and it is what an emulator's real-proxy
+    /// mode reports; the host's connect-time IP check still guards it.)
+    pub fn public_ip(&self) -> Option<String> {
+        let ip: Ipv4Addr = self.main_ip.trim().parse().ok()?;
+        let unusable = ip.is_unspecified() || ip.is_private() || ip.is_link_local() || ip.is_broadcast();
+        (!unusable && !ip.is_multicast()).then(|| ip.to_string())
+    }
+}
+
+/// Vultr's errors are `{"error": "<message>", "status": <code>}`: no error code, so the
+/// message stands in for one, and only an answer carrying it is Vultr's own verdict.
+pub const VULTR: Classifier = Classifier {
+    backend: "Vultr",
+    code_at: "/error",
+    message_at: "/message",
+    rules: &[
+        // Only Vultr's own 404 (with its envelope) says the instance is gone; a bare 404
+        // (a proxy, a wrong path) cannot tell.
+        Rule::status(404, Kind::Gone).from_backend(),
+        Rule::status(404, Kind::Retryable),
+        // The documented rate limit (30 requests a second per source IP) answers 429.
+        Rule::status(429, Kind::RateLimited),
+        Rule::status(401, Kind::Auth),
+        Rule::status(403, Kind::Forbidden),
+        Rule::status(408, Kind::Retryable),
+        Rule::status(409, Kind::Conflict),
+        Rule::status(423, Kind::Conflict),
+        Rule::statuses(400, 499, Kind::Invalid),
+    ],
+};
+
+/// Vultr refuses a create over the account's instance limit with a plain 400 whose
+/// message says so ("Server add failed: You have reached the maximum number of active
+/// instances for this account."): the message is the only quota signal it gives.
+pub fn is_quota_message(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    ["maximum number of", "quota"].iter().any(|w| m.contains(w))
+}
+
+/// The provider error for a failed request: [`VULTR`]'s class, QuotaExceeded for the
+/// quota message, and `HTTP<status>` as the code (Vultr has no codes; its message is in
+/// the text).
+pub fn classify(e: HttpError) -> ProviderError {
+    let status = e.status();
+    let quota = matches!(status, Some(400..=428 | 430..=499))
+        && VULTR.backend_error(&e).is_some_and(|b| is_quota_message(&b.code));
+    let mut err = VULTR.classify(e);
+    if quota {
+        err.class = ErrorClass::QuotaExceeded;
+    }
+    if let Some(s) = status {
+        err.code = Some(format!("HTTP{s}"));
+    }
+    err
+}
+
+/// A client for the configured endpoint with the token read now (a rotated Secret takes
+/// effect at the next call).
+pub fn client(endpoint: &str) -> Result<Client, ProviderError> {
+    let token = egress_guest_sdk::secret_string("token")?;
+    Ok(Client::new(endpoint).bearer_auth(token.trim()).timeouts(TIMEOUTS))
+}
+
+/// The instance `key`, or `None` when Vultr says it is gone.
+pub fn fetch(api: &Client, key: &str) -> Result<Option<Wire>, ProviderError> {
+    match api.get_json::<One>(&format!("/instances/{key}")) {
+        Ok(one) => Ok(Some(one.instance)),
+        Err(e) if VULTR.is_gone(&e) => Ok(None),
+        Err(e) => Err(classify(e)),
+    }
+}
+
+/// Every instance matching `filter` (`label=...`, `tag=...`, already encoded), all pages,
+/// each passed through `keep` as its page arrives. Any failed page fails the list.
+pub fn list<T>(api: &Client, filter: &str, keep: impl FnMut(Wire) -> Option<T>) -> Result<Vec<T>, ProviderError> {
+    let fetch = |cursor: &String| {
+        let mut path = format!("/instances?{filter}&per_page={PER_PAGE}");
+        if !cursor.is_empty() {
+            path.push_str(&format!("&cursor={}", encode_component(cursor)));
+        }
+        let page: List = api.get_json(&path).map_err(classify)?;
+        let next = Some(page.meta.links.next).filter(|n| !n.is_empty());
+        Ok(Page { items: page.instances, next })
+    };
+    PAGES.collect(String::new(), fetch, keep).map_err(|e| e.not_found_is_permanent("check config.endpoint"))
+}
