@@ -57,6 +57,14 @@ pub fn shipped_default(type_name: &str) -> Option<Spec> {
             per_hour: 12_000,
             burst: 20,
         }),
+        "scaleway" => Some(Spec {
+            per_hour: 3600,
+            burst: 100,
+        }),
+        "vultr" => Some(Spec {
+            per_hour: 108_000,
+            burst: 30,
+        }),
         _ => None,
     }
 }
@@ -389,6 +397,8 @@ mod tests {
         assert_eq!(shipped_default("hetzner"), Some(spec(3600, 100)));
         assert_eq!(shipped_default("ec2"), Some(spec(72_000, 100)));
         assert_eq!(shipped_default("linode"), Some(spec(12_000, 20)));
+        assert_eq!(shipped_default("scaleway"), Some(spec(3600, 100)));
+        assert_eq!(shipped_default("vultr"), Some(spec(108_000, 30)));
         assert_eq!(shipped_default("example"), None);
     }
 
