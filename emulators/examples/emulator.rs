@@ -49,6 +49,15 @@ fn main() {
             println!("token: {EXAMPLE_TOKEN}");
             Box::new(e)
         }
+        "digitalocean" => {
+            use egress_emulators::digitalocean::{
+                DigitalOceanConfig, DigitalOceanEmulator, EMULATOR_TOKEN,
+            };
+            let e = DigitalOceanEmulator::start(DigitalOceanConfig::new(EMULATOR_TOKEN));
+            println!("DigitalOcean emulator at {} (API under /v2)", e.url());
+            println!("token: {EMULATOR_TOKEN}");
+            Box::new(e)
+        }
         other => {
             eprintln!("usage: emulator ec2|hetzner|example [PORT] (got {other:?})");
             std::process::exit(2);
