@@ -45,6 +45,7 @@ pub mod json;
 mod log;
 pub mod outcome;
 pub mod paging;
+pub mod tags;
 pub mod time;
 
 pub use bindings::egress::provider::host::Level;

@@ -1,80 +1,45 @@
-//! The DigitalOcean API v2 as this plugin uses it: the JSON it reads, the one function
-//! that turns failures into error classes, and the requests the operations share.
+//! The DigitalOcean API v2 as this plugin uses it: the JSON it reads, its one classify function, the shared requests.
 
 use egress_guest_sdk::ProviderError;
 use egress_guest_sdk::classify::{Classifier, Kind, Rule};
-use egress_guest_sdk::http::{Client, HttpError, Request, Response, Timeouts, encode_component};
+use egress_guest_sdk::http::{Client, HttpError, Request, Response, encode_component};
 use egress_guest_sdk::json::nullable;
 use egress_guest_sdk::paging::{Bounds, Page};
 use serde::Deserialize;
-use std::time::Duration;
+use serde_json::Value;
 
-/// DigitalOcean's largest page (`per_page` maximum 200): GC lists as few pages as possible.
+/// DigitalOcean's largest page (`per_page` maximum 200), so GC lists as few pages as possible; at most 250 pages
+/// (50,000 Droplets), so a `next` link that never ends fails the list instead of pinning GC.
 pub const PER_PAGE: u32 = 200;
-/// A ceiling on pages per list (50,000 Droplets, ten times DigitalOcean's largest account
-/// limits): a `next` link that never ends must fail the list, not pin GC.
 const PAGES: Bounds = Bounds { what: "DigitalOcean droplet list", max_pages: 250, max_items: 250 * PER_PAGE as usize };
 
-/// Per-request bounds well inside the host's per-call deadline and the 10 s poll.
-const TIMEOUTS: Timeouts = Timeouts {
-    connect: Some(Duration::from_secs(5)),
-    first_byte: Some(Duration::from_secs(20)),
-    between_bytes: Some(Duration::from_secs(10)),
-};
-
+/// A Droplet as far as the plugin reads it: `status` is `new`, `active`, `off` or `archive`; `networks.v4` holds
+/// `{ip_address, type: public|private}`; `region.slug` names the region.
 #[derive(Deserialize, Default, Debug, Clone)]
 #[serde(default)]
 pub struct Droplet {
     pub id: u64,
-    #[serde(deserialize_with = "nullable")]
     pub name: String,
-    /// `new`, `active`, `off` or `archive`.
-    #[serde(deserialize_with = "nullable")]
     pub status: String,
     pub locked: bool,
-    #[serde(deserialize_with = "nullable")]
     pub created_at: String,
-    #[serde(deserialize_with = "nullable")]
-    pub networks: Networks,
-    pub region: Option<Region>,
+    pub networks: Value,
+    pub region: Value,
     #[serde(deserialize_with = "nullable")]
     pub tags: Vec<String>,
 }
 
-#[derive(Deserialize, Default, Debug, Clone)]
-#[serde(default)]
-pub struct Networks {
-    #[serde(deserialize_with = "nullable")]
-    pub v4: Vec<NetworkV4>,
-}
-
-#[derive(Deserialize, Default, Debug, Clone)]
-#[serde(default)]
-pub struct NetworkV4 {
-    #[serde(deserialize_with = "nullable")]
-    pub ip_address: String,
-    /// `public` or `private`.
-    #[serde(rename = "type", deserialize_with = "nullable")]
-    pub kind: String,
-}
-
-#[derive(Deserialize, Default, Debug, Clone)]
-#[serde(default)]
-pub struct Region {
-    #[serde(deserialize_with = "nullable")]
-    pub slug: String,
-}
-
 impl Droplet {
-    /// The public IPv4 address, `""` until `networks.v4` has a `public` entry. Never a
-    /// private (VPC) address: neither the operator nor the clients could reach it.
+    /// The public IPv4 address, `""` until `networks.v4` has a `public` entry. Never a private (VPC) address: neither
+    /// the operator nor the clients could reach it.
     pub fn public_ipv4(&self) -> &str {
-        let public = self.networks.v4.iter().find(|n| n.kind == "public" && !n.ip_address.is_empty());
-        public.map_or("", |n| n.ip_address.as_str())
+        let v4 = self.networks.get("v4").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+        let public = v4.iter().find(|n| n["type"] == "public").and_then(|n| n["ip_address"].as_str());
+        public.unwrap_or_default()
     }
 
     pub fn region(&self) -> Option<&str> {
-        self.region.as_ref().map(|r| r.slug.as_str()).filter(|s| crate::config::is_region(s))
+        self.region["slug"].as_str().filter(|s| crate::config::is_region(s))
     }
 }
 
@@ -83,55 +48,39 @@ pub struct DropletEnvelope {
     pub droplet: Droplet,
 }
 
+/// A list page: `droplets`, `links.pages.next` and `meta.total`.
 #[derive(Deserialize, Default)]
 #[serde(default)]
 pub struct DropletList {
     #[serde(deserialize_with = "nullable")]
     pub droplets: Vec<Droplet>,
-    pub links: Option<Links>,
-    pub meta: Option<Meta>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub struct Links {
-    pub pages: Option<Pages>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub struct Pages {
-    pub next: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub struct Meta {
-    pub total: Option<u64>,
+    pub links: Value,
+    pub meta: Value,
 }
 
 impl DropletList {
-    /// The page number of `links.pages.next`, `None` on the last page. A `next` link
-    /// without a readable `page` fails the list: guessing could skip a page.
+    /// The page number of `links.pages.next`, `None` on the last page. A `next` link without a readable `page` fails
+    /// the list: guessing could skip a page.
     fn next_page(&self) -> Result<Option<u64>, ProviderError> {
-        let Some(next) = self.links.as_ref().and_then(|l| l.pages.as_ref()).and_then(|p| p.next.as_deref()) else {
+        let Some(next) = self.links.pointer("/pages/next").and_then(Value::as_str) else {
             return Ok(None);
         };
         let query = next.split_once('?').map_or("", |(_, q)| q);
-        let page = query.split('&').find_map(|kv| kv.strip_prefix("page=")).and_then(|p| p.parse().ok());
-        match page {
+        match query.split('&').find_map(|kv| kv.strip_prefix("page=")).and_then(|p| p.parse().ok()) {
             Some(p) => Ok(Some(p)),
-            None => Err(ProviderError::transient(format!("DigitalOcean droplet list: unreadable next link {next:?}"))
-                .with_code("BadPagination")),
+            None => Err(bad_pagination(format!("unreadable next link {next:?}"))),
         }
     }
 }
 
-/// The one place that decides classes, from the API reference: errors are
-/// `{"id", "message", "request_id"}`, where `id` names the status (`not_found`,
-/// `too_many_requests`, `unprocessable_entity`). A 404 counts as gone only with the API's
-/// envelope; anything unknown is transient. [`classify`] refines `422`, which DigitalOcean
-/// uses for quota and locks as well as for bad input, by its message.
+fn bad_pagination(why: String) -> ProviderError {
+    ProviderError::transient(format!("DigitalOcean droplet list: {why}")).with_code("BadPagination")
+}
+
+/// The one place that decides classes, from the API reference: errors are `{"id", "message", "request_id"}`, where
+/// `id` names the status (`not_found`, `too_many_requests`, `unprocessable_entity`). A 404 counts as gone only with
+/// the API's envelope; anything unknown is transient. [`classify`] refines `422`, which DigitalOcean uses for quota
+/// and locks as well as for bad input, by its message.
 #[rustfmt::skip]
 pub const DO: Classifier = Classifier {
     backend: "DigitalOcean",
@@ -154,9 +103,9 @@ pub const DO: Classifier = Classifier {
     ],
 };
 
-/// Messages of `422 unprocessable_entity` that are not about the request itself: the
-/// account's Droplet limit and a size or region out of stock wait for capacity; a Droplet
-/// with an action running ("pending event") passes by itself. Matched in lowercase.
+/// Messages of `422 unprocessable_entity` that are not about the request itself: the account's Droplet limit and a
+/// size or region out of stock wait for capacity; a Droplet with an action running ("pending event") passes by
+/// itself. Matched in lowercase.
 const MESSAGES: &[(&str, Kind)] = &[
     ("droplet limit", Kind::Quota),
     ("is not available in this region", Kind::Quota),
@@ -166,32 +115,28 @@ const MESSAGES: &[(&str, Kind)] = &[
 
 /// Turn any failed request into a provider error: [`DO`], refined by [`MESSAGES`].
 pub fn classify(e: HttpError) -> ProviderError {
-    let refined = DO.backend_error(&e).and_then(|b| {
-        let m = b.message.to_ascii_lowercase();
-        MESSAGES.iter().find(|(text, _)| m.contains(text)).map(|(_, kind)| *kind)
-    });
+    let message = DO.backend_error(&e).map(|b| b.message.to_ascii_lowercase()).unwrap_or_default();
+    let refined = MESSAGES.iter().find(|(text, _)| message.contains(text));
     let mut err = DO.classify(e);
-    if let Some(kind) = refined {
-        err.class = kind.class();
-    }
+    err.class = refined.map_or(err.class, |(_, kind)| kind.class());
     err
 }
 
-/// For requests where "not found" cannot mean "the Droplet is gone" (lists, create).
+/// For requests where "not found" cannot mean "the Droplet is gone" (lists, create): permanent, with `hint`.
 pub fn not_gone(e: HttpError, hint: &str) -> ProviderError {
     classify(e).not_found_is_permanent(hint)
 }
 
-/// A client for the configured endpoint; the token is read on every call, so a rotated
-/// Secret takes effect at the next call.
+/// A client for the configured endpoint, with the SDK's per-request timeouts (connect 5 s, first byte and between
+/// bytes 30 s). The token is read on every call, so a rotated Secret takes effect at the next call.
 pub fn client(endpoint: &str) -> Result<Client, ProviderError> {
     let token = egress_guest_sdk::secret_string("token")?;
-    Ok(Client::new(endpoint).bearer_auth(&token).timeouts(TIMEOUTS).header("accept", "application/json"))
+    Ok(Client::new(endpoint).bearer_auth(&token).header("accept", "application/json"))
 }
 
-/// Send, accepting only 2xx. DigitalOcean's 429 has no `Retry-After`; its `ratelimit-reset`
-/// (Unix time when the oldest counted request expires) says when to try again, so it is
-/// carried as the error's retry-after and ends up in the message.
+/// Send, accepting only 2xx. DigitalOcean's 429 has no `Retry-After`; its `ratelimit-reset` (Unix time when the
+/// oldest counted request expires) says when to try again, so it is carried as the error's retry-after and ends up in
+/// the message.
 pub fn send(req: Request) -> Result<Response, HttpError> {
     let r = req.send()?;
     let reset = r.header("ratelimit-reset").and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
@@ -217,38 +162,25 @@ pub fn fetch(api: &Client, id: u64) -> Result<Option<Droplet>, ProviderError> {
     }
 }
 
-/// Every Droplet matching `filter` (`name=...` or `tag_name=...`), page by page through
-/// `links.pages.next`, converted by `keep` as each page arrives. Fails whole, and also when
-/// the pages do not add up to `meta.total`: a list with a page missing vouches for nothing.
-pub fn list<T>(
-    api: &Client,
-    filter: &str,
-    mut keep: impl FnMut(Droplet) -> Option<T>,
-) -> Result<Vec<T>, ProviderError> {
-    let (mut seen, mut total) = (0u64, None);
+/// Every Droplet matching `filter` (`name=...` or `tag_name=...`), page by page through `links.pages.next`, converted
+/// by `keep` as each page arrives. Fails whole, also when the pages do not add up to `meta.total`: a list with a page
+/// missing vouches for nothing.
+pub fn list<T>(api: &Client, filter: &str, keep: impl FnMut(Droplet) -> Option<T>) -> Result<Vec<T>, ProviderError> {
     let fetch = |page: &u64| {
         let path = format!("/droplets?{filter}&per_page={PER_PAGE}&page={page}");
         let list: DropletList = json(api.get(&path)).map_err(|e| not_gone(e, "check config.endpoint"))?;
-        total = list.meta.as_ref().and_then(|m| m.total);
         let next = list.next_page()?;
+        let held = (page - 1) * u64::from(PER_PAGE) + list.droplets.len() as u64;
+        if let (None, Some(total)) = (next, list.meta["total"].as_u64().filter(|t| *t != held)) {
+            return Err(bad_pagination(format!("meta.total says {total} droplets, the pages held {held}")));
+        }
         Ok(Page { items: list.droplets, next })
     };
-    let out = PAGES.collect(1, fetch, |d| {
-        seen += 1;
-        keep(d)
-    })?;
-    match total {
-        Some(t) if t != seen => Err(ProviderError::transient(format!(
-            "DigitalOcean droplet list: meta.total says {t} droplets, the pages held {seen}"
-        ))
-        .with_code("BadPagination")),
-        _ => Ok(out),
-    }
+    PAGES.collect(1, fetch, keep)
 }
 
-/// Every Droplet called `name` (names are not unique on DigitalOcean). Filtered again
-/// here: the API matches names without regard to case, and a proxy that dropped the
-/// parameter must not make create adopt the first Droplet of the account.
+/// Every Droplet called `name` (not unique on DigitalOcean), filtered again here: the API ignores case, and a proxy
+/// that dropped the parameter must not make create adopt the first Droplet of the account.
 pub fn by_name(api: &Client, name: &str) -> Result<Vec<Droplet>, ProviderError> {
     list(api, &format!("name={}", encode_component(name)), |d| (d.name == name).then_some(d))
 }

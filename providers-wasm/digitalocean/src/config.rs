@@ -1,8 +1,5 @@
-//! The provider's config block and the placement check that depends on it.
-//!
-//! Checked at load (`validate-config`, no I/O) with messages that name the field and the
-//! value; every call parses it again with the same function, so a config that loaded
-//! always parses later.
+//! The provider's config block and the placement check that depends on it. Checked at load (`validate-config`, no I/O) with messages that name the field and the value; every call parses it
+//! again with the same function, so a config that loaded always parses later.
 
 use crate::marks::is_tag;
 use egress_guest_sdk::config::{choose, each, endpoint, invalid, nonempty, one_of, unique};
@@ -14,93 +11,46 @@ use serde_json::Value;
 /// The public API. Anything else is a proxy in front of it or an emulator.
 pub const DEFAULT_ENDPOINT: &str = "https://api.digitalocean.com/v2";
 
-#[derive(Deserialize)]
+/// A config block, validated by [`parse`].
+#[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Raw {
-    #[serde(default)]
-    endpoint: Option<String>,
-    regions: Vec<String>,
-    sizes: Vec<String>,
-    /// A list of image slugs, or a map from catalogue key to slug or numeric image ID.
-    images: Value,
-    #[serde(default, deserialize_with = "nullable")]
-    ssh_keys: Vec<String>,
-    #[serde(default, deserialize_with = "nullable")]
-    tags: Vec<String>,
-}
-
-/// A validated config block.
-#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// The API base including `/v2`, without a trailing slash.
+    /// The API base including `/v2`, without a trailing slash once parsed; absent is the public API.
+    #[serde(default)]
     pub endpoint: String,
     pub regions: Vec<String>,
     pub sizes: Vec<String>,
-    /// Catalogue key and what the create call sends as `image` (a slug, or an ID).
-    pub images: Vec<(String, Value)>,
+    /// A list of image slugs, or a map from catalogue key to slug or numeric image ID.
+    images: Value,
+    #[serde(default, deserialize_with = "nullable")]
     pub ssh_keys: Vec<String>,
     /// Extra tags for every Droplet (e.g. the one a Cloud Firewall targets).
+    #[serde(default, deserialize_with = "nullable")]
     pub tags: Vec<String>,
 }
 
-/// What a placement resolved to.
-#[derive(Debug, PartialEq)]
-pub struct Resolved<'a> {
-    pub region: &'a str,
-    pub size: &'a str,
-    pub image: &'a Value,
-}
-
-/// Parse and validate a config block. The endpoint must end in `/v2`: the plugin appends
-/// `/droplets`, and a base without the version would make every lookup a 404.
+/// Parse and validate a config block. The endpoint must end in `/v2`: the plugin appends `/droplets`, and a base
+/// without the version would make every lookup a 404.
 pub fn parse(json: &str) -> Result<Config, ProviderError> {
-    let raw: Raw = egress_guest_sdk::config::parse(json)?;
-    let endpoint = endpoint("endpoint", raw.endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT), "/v2")?;
+    let mut c: Config = egress_guest_sdk::config::parse(json)?;
+    let base = if c.endpoint.is_empty() { DEFAULT_ENDPOINT } else { &c.endpoint };
+    c.endpoint = endpoint("endpoint", base, "/v2")?;
     let region = "want 1-32 lowercase letters or digits (a region slug such as nyc3)";
     let size = "want 1-64 lowercase letters, digits or '-' (a size slug such as s-1vcpu-1gb)";
-    for (field, items, valid, want) in [
-        ("regions", &raw.regions, is_region as fn(&str) -> bool, region),
-        ("sizes", &raw.sizes, is_slug as fn(&str) -> bool, size),
-    ] {
+    for (field, items, valid, want) in
+        [("regions", &c.regions, is_region as fn(&str) -> bool, region), ("sizes", &c.sizes, is_slug, size)]
+    {
         nonempty(field, items)?;
         unique(field, items)?;
         each(field, items, |i| valid(i), want)?;
     }
-    let images = images(&raw.images)?;
+    nonempty("images", &c.images()?)?;
     let key = |k: &String| !k.trim().is_empty() && k.len() <= 128 && !k.chars().any(char::is_control);
-    each("sshKeys", &raw.ssh_keys, key, "want an SSH key ID or fingerprint")?;
+    each("sshKeys", &c.ssh_keys, key, "want an SSH key ID or fingerprint")?;
     let tag = |t: &String| is_tag(t) && !t.to_ascii_lowercase().starts_with("egress:");
     let want = "want 1-255 letters, digits, ':', '-' or '_', not starting with \"egress:\" (the operator's own tags)";
-    each("tags", &raw.tags, tag, want)?;
-    Ok(Config { endpoint, regions: raw.regions, sizes: raw.sizes, images, ssh_keys: raw.ssh_keys, tags: raw.tags })
-}
-
-fn images(v: &Value) -> Result<Vec<(String, Value)>, ProviderError> {
-    let out: Vec<(String, Value)> = match v {
-        Value::Array(items) => items
-            .iter()
-            .map(|i| match i {
-                Value::String(s) if is_slug(s) => Ok((s.clone(), i.clone())),
-                other => Err(bad("images entry", other, "want an image slug such as debian-12-x64")),
-            })
-            .collect::<Result<_, _>>()?,
-        Value::Object(map) => map
-            .iter()
-            .map(|(k, v)| {
-                if !is_slug(k) {
-                    return Err(invalid("images key", k, "want 1-64 lowercase letters, digits or '-'"));
-                }
-                match v {
-                    Value::String(s) if is_slug(s) => Ok((k.clone(), v.clone())),
-                    Value::Number(n) if n.as_u64().is_some_and(|n| n > 0) => Ok((k.clone(), v.clone())),
-                    other => Err(bad(&format!("images[{k:?}]"), other, "want an image slug or a positive image ID")),
-                }
-            })
-            .collect::<Result<_, _>>()?,
-        other => return Err(bad("images", other, "want a list of image slugs or a map of key to slug or ID")),
-    };
-    nonempty("images", &out)?;
-    Ok(out)
+    each("tags", &c.tags, tag, want)?;
+    Ok(c)
 }
 
 /// [`invalid`] with the value as the admin wrote it (JSON), not as Rust debugs it.
@@ -119,13 +69,37 @@ fn is_slug(s: &str) -> bool {
 }
 
 impl Config {
-    /// Check a placement against the catalogue before any call. `zone` is ignored: a
-    /// region slug is already one datacenter.
-    pub fn resolve<'a>(&'a self, p: &Placement) -> Result<Resolved<'a>, ProviderError> {
+    /// The image catalogue: key, and what the create call sends as `image`.
+    pub fn images(&self) -> Result<Vec<(String, Value)>, ProviderError> {
+        let known = |v: &Value| v.as_str().is_some_and(is_slug) || v.as_u64().is_some_and(|n| n > 0);
+        match &self.images {
+            Value::Array(items) => items
+                .iter()
+                .map(|i| match i.as_str() {
+                    Some(s) if is_slug(s) => Ok((s.to_string(), i.clone())),
+                    _ => Err(bad("images entry", i, "want an image slug such as debian-12-x64")),
+                })
+                .collect(),
+            Value::Object(map) => map
+                .iter()
+                .map(|(k, v)| match (is_slug(k), known(v)) {
+                    (false, _) => Err(invalid("images key", k, "want 1-64 lowercase letters, digits or '-'")),
+                    (_, false) => Err(bad(&format!("images[{k:?}]"), v, "want an image slug or a positive image ID")),
+                    _ => Ok((k.clone(), v.clone())),
+                })
+                .collect(),
+            other => Err(bad("images", other, "want a list of image slugs or a map of key to slug or ID")),
+        }
+    }
+
+    /// The region, size and image a placement names, checked against the catalogue before any call. `zone` is
+    /// ignored: a region slug is already one datacenter.
+    pub fn resolve(&self, p: &Placement) -> Result<(String, String, Value), ProviderError> {
         let region = one_of(PlacementField::Region, &p.region, &self.regions, "regions")?;
         let size = one_of(PlacementField::MachineType, &p.machine_type, &self.sizes, "sizes")?;
-        let image = choose(PlacementField::Image, &p.image, &self.images, |(k, _)| k, "images")?;
-        Ok(Resolved { region, size, image: &image.1 })
+        let images = self.images()?;
+        let image = choose(PlacementField::Image, &p.image, &images, |(k, _)| k, "images")?;
+        Ok((region.clone(), size.clone(), image.1.clone()))
     }
 }
 
@@ -147,10 +121,10 @@ mod tests {
     fn defaults_and_both_image_forms() {
         let c = parse(MIN).unwrap();
         assert_eq!(c.endpoint, DEFAULT_ENDPOINT);
-        assert_eq!(c.images, vec![("debian-12-x64".to_string(), Value::from("debian-12-x64"))]);
+        assert_eq!(c.images().unwrap(), vec![("debian-12-x64".to_string(), Value::from("debian-12-x64"))]);
         let c = parse(&with(r#"{"endpoint":"http://127.0.0.1:9/v2/","images":{"debian":"debian-12-x64","mine":123},"tags":["fw:proxies"]}"#)).unwrap();
         assert_eq!(c.endpoint, "http://127.0.0.1:9/v2");
-        assert_eq!(c.images[1], ("mine".to_string(), Value::from(123)));
+        assert_eq!(c.images().unwrap()[1], ("mine".to_string(), Value::from(123)));
         assert_eq!(c.tags, ["fw:proxies"]);
     }
 
@@ -199,7 +173,7 @@ mod tests {
             image: image.into(),
         };
         let r = c.resolve(&p("ams3", "s-1vcpu-1gb", "debian")).unwrap();
-        assert_eq!((r.region, r.size, r.image), ("ams3", "s-1vcpu-1gb", &Value::from("debian-12-x64")));
+        assert_eq!(r, ("ams3".into(), "s-1vcpu-1gb".into(), Value::from("debian-12-x64")));
         for (pl, code) in [
             (p("mars1", "s-1vcpu-1gb", "debian"), "InvalidRegion"),
             (p("nyc3", "huge", "debian"), "InvalidMachineType"),

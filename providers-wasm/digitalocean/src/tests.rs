@@ -14,9 +14,9 @@ fn droplet(status: &str, v4: serde_json::Value, tags: &[&str]) -> Droplet {
 
 #[test]
 fn user_data_is_plain_text_up_to_64_kib() {
-    assert_eq!(user_data(b"").unwrap(), None);
+    assert_eq!(user_data(b"").unwrap(), "");
     let text = "#cloud-config\nruncmd: [echo ünïcødé]\n";
-    assert_eq!(user_data(text.as_bytes()).unwrap(), Some(text));
+    assert_eq!(user_data(text.as_bytes()).unwrap(), text);
     assert!(user_data(&vec![b'a'; USER_DATA_MAX]).is_ok());
     let e = user_data(&vec![b'a'; USER_DATA_MAX + 1]).unwrap_err();
     assert_eq!((e.class, e.code.as_deref()), (sdk::ErrorClass::Permanent, Some("UserDataTooLarge")));
@@ -54,7 +54,7 @@ fn instances_read_uid_and_created_at_back() {
     assert_eq!((i.id.as_str(), i.uid.as_str()), ("ams3/3164444", "u-1/x"));
     assert_eq!(i.created_at.map(|t| t.seconds), Some(1_595_356_664));
     let mut d = droplet("active", json!([]), &[]);
-    d.region = None;
+    d.region = serde_json::Value::Null;
     d.created_at = "yesterday".into();
     let i = to_instance(&d, id_of(&d, "nyc3"));
     assert_eq!((i.id.as_str(), i.uid.as_str(), i.created_at.is_none()), ("nyc3/3164444", "", true));
