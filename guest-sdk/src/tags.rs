@@ -76,7 +76,10 @@ impl TagScheme {
     pub fn decode(&self, tag: &str) -> Option<(String, String)> {
         let t = tag.to_ascii_lowercase();
         let (name, value) = t.strip_prefix(self.prefix)?.split_once(':')?;
-        Some((format!("{MARK_PREFIX}{}", unescape(name)?), unescape(value)?))
+        Some((
+            format!("{MARK_PREFIX}{}", unescape(name)?),
+            unescape(value)?,
+        ))
     }
 
     /// The value of mark `key` among `tags`, if one carries it.
@@ -99,7 +102,12 @@ impl TagScheme {
         self.encode(key, value).unwrap_or_else(|| {
             let digest = Sha256::digest(value.as_bytes());
             let hash = data_encoding::BASE32_NOPAD.encode(&digest[..20]);
-            format!("{}{}:__{}", self.prefix, escape(name), hash.to_ascii_lowercase())
+            format!(
+                "{}{}:__{}",
+                self.prefix,
+                escape(name),
+                hash.to_ascii_lowercase()
+            )
         })
     }
 }
