@@ -246,7 +246,7 @@ async fn marks_survive_the_tag_charset() {
     let (p, emu) = (&d.p, &d.emu);
     let long = format!("cluster/{}", "X".repeat(300));
     for (uid, installation) in [
-        ("UID/Upper:Case 1", "cluster/Prod:eu west"),
+        ("UID/Upper:Case_1.x", "cluster/Prod:eu west"),
         ("uid-long", long.as_str()),
     ] {
         let mut req = request(uid, "nyc3");
