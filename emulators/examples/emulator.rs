@@ -73,6 +73,13 @@ fn main() {
                 "Vultr emulator at {} (API under /v2)\ntoken: emulator-token",
                 e.url()
             );
+        "digitalocean" => {
+            use egress_emulators::digitalocean::{
+                DigitalOceanConfig, DigitalOceanEmulator, EMULATOR_TOKEN,
+            };
+            let e = DigitalOceanEmulator::start(DigitalOceanConfig::new(EMULATOR_TOKEN));
+            println!("DigitalOcean emulator at {} (API under /v2)", e.url());
+            println!("token: {EMULATOR_TOKEN}");
             Box::new(e)
         }
         other => {

@@ -14,6 +14,7 @@ pub const MARK_MANAGED: &str = "egress.proxy-operator.dev/managed";
 pub const MARK_MANAGED_YES: &str = "true";
 pub const MARK_UID: &str = "egress.proxy-operator.dev/uid";
 pub const MARK_INSTALLATION: &str = "egress.proxy-operator.dev/installation";
+pub mod digitalocean;
 pub mod ec2;
 pub mod echo;
 pub mod example;

@@ -47,6 +47,7 @@ pub mod outcome;
 pub mod paging;
 pub mod random;
 pub mod rest;
+pub mod tags;
 pub mod time;
 
 pub use bindings::egress::provider::host::Level;

@@ -53,6 +53,10 @@ pub fn shipped_default(type_name: &str) -> Option<Spec> {
             per_hour: 72_000,
             burst: 100,
         }),
+        "digitalocean" => Some(Spec {
+            per_hour: 5000,
+            burst: 100,
+        }),
         "linode" => Some(Spec {
             per_hour: 12_000,
             burst: 20,
@@ -396,6 +400,7 @@ mod tests {
     fn shipped_defaults() {
         assert_eq!(shipped_default("hetzner"), Some(spec(3600, 100)));
         assert_eq!(shipped_default("ec2"), Some(spec(72_000, 100)));
+        assert_eq!(shipped_default("digitalocean"), Some(spec(5000, 100)));
         assert_eq!(shipped_default("linode"), Some(spec(12_000, 20)));
         assert_eq!(shipped_default("scaleway"), Some(spec(3600, 100)));
         assert_eq!(shipped_default("vultr"), Some(spec(108_000, 30)));
