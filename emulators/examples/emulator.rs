@@ -2,7 +2,7 @@
 //! `proxy-operator conformance` by hand:
 //!
 //! ```sh
-//! cargo run -p egress-emulators --example emulator -- hetzner   # or: ec2
+//! cargo run -p egress-emulators --example emulator -- hetzner   # or: ec2, digitalocean, vultr, linode, scaleway
 //! cargo run -p egress-emulators --example emulator -- example 8080
 //! ```
 //!
@@ -66,6 +66,8 @@ fn main() {
                 e.url()
             );
             println!("secret key: {EMULATOR_SECRET_KEY}\nproject id: {EMULATOR_PROJECT}");
+            Box::new(e)
+        }
         "vultr" => {
             use egress_emulators::vultr::{VultrConfig, VultrEmulator};
             let e = VultrEmulator::start(VultrConfig::new("emulator-token"));
@@ -73,6 +75,8 @@ fn main() {
                 "Vultr emulator at {} (API under /v2)\ntoken: emulator-token",
                 e.url()
             );
+            Box::new(e)
+        }
         "digitalocean" => {
             use egress_emulators::digitalocean::{
                 DigitalOceanConfig, DigitalOceanEmulator, EMULATOR_TOKEN,
@@ -83,7 +87,9 @@ fn main() {
             Box::new(e)
         }
         other => {
-            eprintln!("usage: emulator ec2|hetzner|example [PORT] (got {other:?})");
+            eprintln!(
+                "usage: emulator ec2|hetzner|example|digitalocean|vultr|linode|scaleway [PORT] (got {other:?})"
+            );
             std::process::exit(2);
         }
     };

@@ -435,7 +435,9 @@ async fn list_pages_through_every_zone_and_names_of_others_are_refused() {
 async fn placement_is_checked_before_any_call() {
     let _dir = plugins_or_skip!();
     let Scw { emu, p, .. } = &setup().await;
-    let cases: [(fn(&mut Placement), &str, &str); 5] = [
+    /// A change to a valid placement, the error code it must get, and what the message names.
+    type Case = (fn(&mut Placement), &'static str, &'static str);
+    let cases: [Case; 5] = [
         (
             |p| p.zone = "fr-par-2".into(),
             "InvalidZone",

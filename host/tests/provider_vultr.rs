@@ -241,7 +241,7 @@ async fn list_follows_cursor_pages_and_checks_the_marks() {
     let plant = |n: usize, managed: bool, inst: &str| {
         emu.plant(Plant {
             name: format!("p-{n}"),
-            scope: if n % 2 == 0 {
+            scope: if n.is_multiple_of(2) {
                 "ewr".into()
             } else {
                 "fra".into()
