@@ -83,6 +83,7 @@ async fn every_command_in_operations_md_runs() {
     let config = dir.path().join("config");
     copy_dir(&root().join("config"), &config);
     let _ = std::fs::remove_file(config.join("release/plugins.yaml"));
+    let _ = std::fs::remove_file(config.join("release/plugins-volume.yaml"));
 
     let mut sample_applied = false;
     for cmd in &cmds {
@@ -107,19 +108,75 @@ async fn every_command_in_operations_md_runs() {
     }
     assert!(sample_applied, "no `kubectl describe proxy` command found");
 
-    // What the install did: the plugins ConfigMap holds the built plugins, byte for byte.
-    let cm = fake
-        .object(
+    // What the install did: one ConfigMap per built plugin, holding it byte for byte, all
+    // projected into the plugin directory, and no empty placeholder beside them.
+    let plugin_dir = std::env::var_os("EGRESS_PLUGIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root().join("target"))
+                .join("plugins")
+        });
+    let mut deployed = Vec::new();
+    for cm in fake.objects("configmaps") {
+        if cm["metadata"]["labels"]["app.kubernetes.io/component"] != "plugin" {
+            continue;
+        }
+        assert_eq!(cm["metadata"]["namespace"], "egress-system", "{cm}");
+        let data = cm["binaryData"].as_object().cloned().unwrap_or_default();
+        assert_eq!(data.len(), 1, "one plugin per ConfigMap: {:?}", data.keys());
+        let (file, b64) = data.iter().next().unwrap();
+        let bytes = data_encoding::BASE64
+            .decode(b64.as_str().unwrap().as_bytes())
+            .unwrap();
+        let built = std::fs::read(plugin_dir.join(file)).unwrap();
+        assert!(
+            bytes == built,
+            "{file} in its ConfigMap is not the built plugin"
+        );
+        deployed.push(cm["metadata"]["name"].as_str().unwrap().to_string());
+    }
+    deployed.sort();
+    for plugin in ["hetzner", "ec2"] {
+        let name = format!("proxy-operator-plugin-{plugin}");
+        assert!(deployed.contains(&name), "{name} not applied: {deployed:?}");
+    }
+    assert!(
+        fake.object(
             "configmaps",
             Some("egress-system"),
-            "proxy-operator-plugins",
+            "proxy-operator-plugins"
         )
-        .expect("the plugins ConfigMap was applied");
-    let plugins = cm["binaryData"].as_object().cloned().unwrap_or_default();
-    assert!(
-        plugins.contains_key("hetzner.wasm") && plugins.contains_key("ec2.wasm"),
-        "plugins in the ConfigMap: {:?}",
-        plugins.keys().collect::<Vec<_>>()
+        .is_none(),
+        "the empty placeholder was applied beside the plugins"
+    );
+    let deployment = fake
+        .object("deployments", Some("egress-system"), "proxy-operator")
+        .expect("the Deployment was applied");
+    let volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let plugins = volumes
+        .iter()
+        .find(|v| v["name"] == "plugins")
+        .expect("the plugins volume");
+    let mut projected: Vec<String> = plugins["projected"]["sources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            s["configMap"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    projected.sort();
+    assert_eq!(
+        projected, deployed,
+        "the volume projects every plugin ConfigMap"
     );
     for kind in ["deployments", "services", "clusterroles", "serviceaccounts"] {
         assert!(!fake.objects(kind).is_empty(), "no {kind} applied");
