@@ -4,7 +4,8 @@
 //! - an in-memory Kubernetes API (`fake-kube`) served over HTTP, with the CRDs installed —
 //!   a **local demo control plane, not for production**;
 //! - the Hetzner and EC2 emulators in real-proxy mode: every running instance is a real
-//!   forward proxy on 127.0.0.1 (tinyproxy when installed, else a built-in CONNECT proxy);
+//!   forward proxy on 127.0.0.1 (tinyproxy when installed, else a built-in CONNECT proxy),
+//!   and with `--clouds` those of DigitalOcean, Vultr, Linode and Scaleway, one Proxy each;
 //! - an echo server answering with the caller's IP: the health probe's egress check and
 //!   the target of the demo's own request through a proxy;
 //! - the real operator binary (`proxy-operator run`) with the real plugins, pointed at all
@@ -16,6 +17,7 @@
 //! orphan and watch GC remove it. Every step has a timeout; a failed step ends the demo
 //! with a non-zero exit after stopping everything. Ctrl-C at any point stops everything.
 
+mod clouds;
 mod http;
 mod scale;
 mod stack;
@@ -37,7 +39,7 @@ pub struct Args {
     /// The operator binary (`proxy-operator`). Default: next to this binary.
     #[arg(long)]
     pub operator_bin: Option<PathBuf>,
-    /// Directory holding the built plugins (ec2.wasm, hetzner.wasm).
+    /// Directory holding the built plugins (ec2.wasm, hetzner.wasm, and those of `--clouds`).
     #[arg(long)]
     pub plugin_dir: PathBuf,
     /// The demo's samples: proxies.yaml and proxy-edit.yaml.
@@ -52,6 +54,10 @@ pub struct Args {
     /// Stay up after the story until Ctrl-C, for exploring with kubectl and curl.
     #[arg(long)]
     pub keep_running: bool,
+    /// Also run one Proxy on each of these clouds' emulators: a comma-separated list of
+    /// digitalocean, vultr, linode, scaleway, or `all`. Hetzner and EC2 always run.
+    #[arg(long, default_value = "", value_parser = clouds::parse)]
+    pub clouds: clouds::Clouds,
     /// Run the built-in CONNECT proxy on every instance even when tinyproxy is installed.
     #[arg(long)]
     pub builtin_proxy: bool,

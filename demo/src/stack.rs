@@ -1,6 +1,7 @@
 //! Everything the demo starts, and stopping it again.
 
 use crate::Args;
+use crate::clouds::Cloud;
 use anyhow::{Context, Result, ensure};
 use egress_emulators::ec2::{Ec2Config, Ec2Emulator, Transition};
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator, RunSchedule};
@@ -34,6 +35,8 @@ pub struct Stack {
     pub ec2: Ec2Emulator,
     pub hetzner_proxies: Arc<RealProxies>,
     pub ec2_proxies: Arc<RealProxies>,
+    /// The clouds of `--clouds`, one Proxy each (in `sample_docs`).
+    pub clouds: Vec<Cloud>,
     pub proxy_kind: &'static str,
     pub echo_port: u16,
     pub discovery: SocketAddr,
@@ -101,7 +104,7 @@ pub fn free_port(wanted: u16) -> Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
-fn write_private(path: &Path, content: &str) -> Result<()> {
+pub(crate) fn write_private(path: &Path, content: &str) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let _ = std::fs::remove_file(path);
@@ -255,9 +258,13 @@ pub fn binaries(args: &Args) -> Result<(PathBuf, PathBuf)> {
         operator_bin.display()
     );
     let plugin_dir = absolute(&args.plugin_dir)?;
-    for p in ["hetzner.wasm", "ec2.wasm"] {
+    let clouds = args.clouds.iter().map(|c| format!("{c}.wasm"));
+    for p in ["hetzner.wasm".to_string(), "ec2.wasm".to_string()]
+        .into_iter()
+        .chain(clouds)
+    {
         ensure!(
-            plugin_dir.join(p).is_file(),
+            plugin_dir.join(&p).is_file(),
             "plugin {} is missing (cargo xtask build-plugins builds it)",
             plugin_dir.join(p).display()
         );
@@ -270,6 +277,7 @@ impl Stack {
         let samples = absolute(&args.samples)?;
         let sample_docs = load_docs(&samples.join("proxies.yaml"))?;
         let edit_docs = load_docs(&samples.join("proxy-edit.yaml"))?;
+        let mut sample_docs = sample_docs;
         let mut ports = proxy_ports(&sample_docs)?;
         ports.extend(proxy_ports(&edit_docs)?);
         ensure!(
@@ -310,13 +318,8 @@ impl Stack {
         );
 
         // Emulators whose instances are real proxies.
-        let kind = if args.builtin_proxy {
-            ProxyKind::Builtin
-        } else {
-            ProxyKind::Auto
-        };
-        let hetzner_proxies = RealProxies::new(kind.clone());
-        let ec2_proxies = RealProxies::new(kind);
+        let hetzner_proxies = RealProxies::new(kind_of(args));
+        let ec2_proxies = RealProxies::new(kind_of(args));
         let proxy_kind = hetzner_proxies.kind_name();
         let hetzner = HetznerEmulator::start(HetznerConfig {
             run_schedule: RunSchedule::After(Duration::from_secs(2)),
@@ -333,6 +336,26 @@ impl Stack {
             hetzner.url(),
             ec2.url()
         );
+        let mut clouds = Vec::new();
+        if !args.clouds.is_empty() {
+            let at = sample_docs
+                .iter()
+                .position(|d| d["kind"] == "Proxy")
+                .context("no sample Proxy to make the --clouds Proxies from")?;
+            let template = sample_docs[at].clone();
+            for (i, name) in args.clouds.iter().enumerate() {
+                let cloud = Cloud::start(name, kind_of(args), &workdir.join("secrets"))?;
+                // Ports next to the samples' when free, so the printed lines look alike.
+                let port = free_port(31291 + i as u16).or_else(|_| free_port(0))?;
+                // After the template, so the story still edits and deletes the samples'.
+                sample_docs.insert(at + 1 + i, cloud.proxy(&template, port)?);
+                println!(
+                    "                  {name} {}  (one Proxy: {name}-demo, port {port})",
+                    cloud.emulator.url()
+                );
+                clouds.push(cloud);
+            }
+        }
         let echo_port = echo_server(args.echo_port).await?;
         println!(
             "  echo server     http://127.0.0.1:{echo_port}/  (answers with the caller's IP: the health probe's egress check)"
@@ -347,6 +370,12 @@ impl Stack {
             &ec2.url(),
             &BTreeMap::new(),
         )?;
+        if !clouds.is_empty() {
+            let mut text = std::fs::read_to_string(&providers_file)?;
+            text.extend(clouds.iter().map(|c| c.entry.as_str()));
+            std::fs::write(&providers_file, text)
+                .with_context(|| format!("writing {}", providers_file.display()))?;
+        }
         let discovery = SocketAddr::from(([127, 0, 0, 1], free_port(args.discovery_port)?));
         let mut operator_args = operator_args(&plugin_dir, &providers_file, &workdir, discovery);
         operator_args.extend(
@@ -385,8 +414,13 @@ impl Stack {
             operator.log.display()
         );
         println!(
-            "                  providers file {} (hetzner and ec2 plugins -> the emulators)",
-            providers_file.display()
+            "                  providers file {} ({} plugins -> the emulators)",
+            providers_file.display(),
+            ["hetzner", "ec2"]
+                .into_iter()
+                .chain(clouds.iter().map(|c| c.name))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         let stack = Stack {
             api_addr,
@@ -395,6 +429,7 @@ impl Stack {
             ec2,
             hetzner_proxies,
             ec2_proxies,
+            clouds,
             proxy_kind,
             echo_port,
             discovery,
@@ -446,10 +481,14 @@ impl Stack {
     /// Every running instance's proxy: backend ID and port.
     pub fn listening(&self) -> Vec<(String, u16)> {
         let mut out = Vec::new();
+        let clouds = self.clouds.iter().map(|c| (c.name, &c.proxies));
         for (emu, proxies) in [
             ("hetzner", &self.hetzner_proxies),
             ("ec2", &self.ec2_proxies),
-        ] {
+        ]
+        .into_iter()
+        .chain(clouds)
+        {
             out.extend(
                 proxies
                     .listening()
@@ -469,12 +508,28 @@ impl Stack {
             ec2,
             hetzner_proxies,
             ec2_proxies,
+            clouds,
             ..
         } = self;
         drop((hetzner, ec2));
         hetzner_proxies.stop_all();
         ec2_proxies.stop_all();
+        for Cloud {
+            emulator, proxies, ..
+        } in clouds
+        {
+            drop(emulator);
+            proxies.stop_all();
+        }
         format!("emulators stopped with their {proxies} running proxies")
+    }
+}
+
+fn kind_of(args: &Args) -> ProxyKind {
+    if args.builtin_proxy {
+        ProxyKind::Builtin
+    } else {
+        ProxyKind::Auto
     }
 }
 

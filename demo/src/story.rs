@@ -63,7 +63,12 @@ fn emulator<'a>(stack: &'a Stack, provider: &str) -> Result<&'a dyn Emulator> {
     match provider {
         "hetzner" => Ok(&stack.hetzner),
         "ec2" => Ok(&stack.ec2),
-        other => bail!("spec.provider {other:?}: the demo runs only hetzner and ec2"),
+        other => match stack.clouds.iter().find(|c| c.name == other) {
+            Some(c) => Ok(c.emulator.as_ref()),
+            None => bail!(
+                "spec.provider {other:?}: the demo runs hetzner, ec2 and the clouds of --clouds"
+            ),
+        },
     }
 }
 

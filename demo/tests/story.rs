@@ -1,5 +1,6 @@
-//! The whole demo, as `cargo xtask demo --keep-running` runs it, then Ctrl-C: the story
-//! must complete, and SIGINT must stop the operator and every proxy and exit 0.
+//! The whole demo, as `cargo xtask demo --keep-running --clouds all` runs it, then Ctrl-C:
+//! the story must complete with a Proxy Ready on each of the six shipped providers, and
+//! SIGINT must stop the operator and every proxy and exit 0.
 //!
 //! Needs the plugins (`EGRESS_PLUGIN_DIR`, set by `cargo xtask test`) and the operator
 //! binary next to the demo's (built by the same `cargo test --workspace`); skipped with a
@@ -10,6 +11,17 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod support;
+
+/// The Proxies Ready when the story ends: one on each of the six providers (the samples'
+/// second Hetzner Proxy is the one the story deletes).
+const READY_AT_THE_END: [&str; 6] = [
+    "ec2-eu-west-1",
+    "hetzner-fsn1",
+    "digitalocean-demo",
+    "vultr-demo",
+    "linode-demo",
+    "scaleway-demo",
+];
 
 use support::skip;
 
@@ -30,6 +42,7 @@ fn the_story_completes_and_ctrl_c_stops_everything() {
     };
     let mut child = demo
         .arg("--keep-running")
+        .args(["--clouds", "all"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -83,6 +96,17 @@ fn the_story_completes_and_ctrl_c_stops_everything() {
         assert!(all.contains(phase), "no {phase} line in:\n{all}");
     }
     assert!(all.contains("GC deleted the orphan"), "{all}");
+    // The closing line names every Proxy left Ready: one on each cloud of `--clouds all`.
+    let ready = all
+        .lines()
+        .find(|l| l.starts_with("the whole story took"))
+        .unwrap_or_else(|| panic!("no closing line in:\n{all}"));
+    for name in READY_AT_THE_END {
+        assert!(
+            ready.contains(&format!("demo/{name} at 127.0.0.1:")),
+            "{name} is not Ready at the end: {ready}"
+        );
+    }
     assert!(
         port_open(31282) && port_open(31284),
         "the Ready proxies listen"
@@ -101,7 +125,7 @@ fn the_story_completes_and_ctrl_c_stops_everything() {
                 "kubectl: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            for name in ["ec2-eu-west-1", "hetzner-fsn1"] {
+            for name in READY_AT_THE_END {
                 let row = table
                     .lines()
                     .find(|l| l.split_whitespace().nth(1) == Some(name))
