@@ -61,20 +61,14 @@ fn main() {
         }
         "scaleway" => {
             let e = ScalewayEmulator::start(ScalewayConfig::new(EMULATOR_SECRET_KEY));
-            println!(
-                "Scaleway emulator at {} (API under /instance/v1/zones/{{zone}})",
-                e.url()
-            );
+            println!("Scaleway emulator at {} (API under /instance/v1/zones/{{zone}})", e.url());
             println!("secret key: {EMULATOR_SECRET_KEY}\nproject id: {EMULATOR_PROJECT}");
             Box::new(e)
         }
         "vultr" => {
             use egress_emulators::vultr::{VultrConfig, VultrEmulator};
             let e = VultrEmulator::start(VultrConfig::new("emulator-token"));
-            println!(
-                "Vultr emulator at {} (API under /v2)\ntoken: emulator-token",
-                e.url()
-            );
+            println!("Vultr emulator at {} (API under /v2)\ntoken: emulator-token", e.url());
             Box::new(e)
         }
         "digitalocean" => {

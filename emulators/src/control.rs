@@ -69,6 +69,33 @@ pub struct Refusal {
     pub body: serde_json::Value,
 }
 
+impl Refusal {
+    /// A backend's error answer: `status` and its JSON body.
+    pub fn new(status: u16, body: serde_json::Value) -> Self {
+        Refusal { status, body }
+    }
+
+    /// One more field of the body (`resource`, `details`, ...).
+    pub fn with(mut self, key: &str, value: serde_json::Value) -> Self {
+        self.body[key] = value;
+        self
+    }
+}
+
+/// A refusal is also an API answer: its status and body, and `Retry-After: 1` on a 429 so
+/// that a client has something to wait by.
+impl axum::response::IntoResponse for Refusal {
+    fn into_response(self) -> axum::response::Response {
+        use axum::http::{HeaderValue, StatusCode};
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (status, axum::Json(self.body)).into_response();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            resp.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
 /// Faults waiting for the calls they hit, oldest first: each hits the next `count` calls
 /// of its operation (or of any, for [`FaultOp::Any`]), then goes. `E` is what a hit does
 /// in a given emulator (answer an error, wait).
@@ -101,10 +128,7 @@ impl<E: Clone> FaultQueue<E> {
     /// [`FaultQueue::take`], with how many calls the fault hit before this one (EC2
     /// alternates its server errors by it).
     pub fn take_counted(&mut self, op: Option<FaultOp>) -> Option<(E, u32)> {
-        let idx = self
-            .queued
-            .iter()
-            .position(|(o, ..)| *o == FaultOp::Any || Some(*o) == op)?;
+        let idx = self.queued.iter().position(|(o, ..)| *o == FaultOp::Any || Some(*o) == op)?;
         let (_, effect, remaining, hit) = &mut self.queued[idx];
         *remaining -= 1;
         let result = (effect.clone(), *hit);

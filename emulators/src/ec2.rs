@@ -241,18 +241,13 @@ impl Served<State> {
     /// When the config has no region or a region has no zone: every call needs both.
     pub fn start(config: Ec2Config) -> Ec2Emulator {
         assert!(!config.regions.is_empty(), "Ec2Config needs a region");
-        assert!(
-            config.regions.iter().all(|r| !r.zones.is_empty()),
-            "every region needs a zone"
-        );
+        assert!(config.regions.iter().all(|r| !r.zones.is_empty()), "every region needs a zone");
         let (listener, _) = crate::framework::bind(0).expect("bind 127.0.0.1:0");
         let state = Shared::new(State::new(Arc::new(config)));
-        let app = Router::new()
-            .route("/", get(api_call).post(api_call))
-            .route(
-                "/_emulator/requests",
-                get(|AxState(s): AxState<Shared<State>>| async move { Json(s.lock().requests()) }),
-            );
+        let app = Router::new().route("/", get(api_call).post(api_call)).route(
+            "/_emulator/requests",
+            get(|AxState(s): AxState<Shared<State>>| async move { Json(s.lock().requests()) }),
+        );
         Served::serve("ec2-emulator", listener, state, app)
     }
 }
@@ -303,12 +298,8 @@ impl Model for State {
 
     fn finish_deletes(&mut self) {
         let now = Instant::now();
-        let slow: Vec<String> = self
-            .instances
-            .values()
-            .filter(|i| i.slow_delete)
-            .map(|i| i.id.clone())
-            .collect();
+        let slow: Vec<String> =
+            self.instances.values().filter(|i| i.slow_delete).map(|i| i.id.clone()).collect();
         for id in slow {
             self.enter_terminated(&id, now);
         }
@@ -329,10 +320,7 @@ impl Model for State {
     /// termination.
     fn plant(&mut self, plant: &Plant) -> Result<String, Refusal> {
         let cfg = self.cfg.clone();
-        let catalog = cfg
-            .region(&plant.scope)
-            .unwrap_or_else(|| &cfg.regions[0])
-            .clone();
+        let catalog = cfg.region(&plant.scope).unwrap_or_else(|| &cfg.regions[0]).clone();
         let mut tags = vec![("Name".to_string(), plant.name.clone())];
         tags.extend(crate::framework::marks(plant));
         let reservation = self.launch(
@@ -405,10 +393,7 @@ impl Model for State {
                 attached_to: v.attachment.as_ref().map(|a| a.instance_id.clone()),
             })
             .collect();
-        Dump {
-            instances,
-            secondary,
-        }
+        Dump { instances, secondary }
     }
 
     /// Forget everything but the configuration; the rate limit is configuration too, and
@@ -450,10 +435,7 @@ fn error_response(err: &ApiError, request_id: &str) -> Response {
 fn xml_response(status: StatusCode, body: String, request_id: &str) -> Response {
     let mut resp = (status, body).into_response();
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/xml;charset=UTF-8"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/xml;charset=UTF-8"));
     h.insert(header::SERVER, HeaderValue::from_static("AmazonEC2"));
     if let Ok(v) = HeaderValue::from_str(request_id) {
         h.insert("x-amzn-requestid", v);
@@ -483,12 +465,7 @@ async fn api_call(AxState(shared): AxState<Shared<State>>, req: Request) -> Resp
     let headers: Vec<(String, String)> = parts
         .headers
         .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_string(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
+        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
         .collect();
 
     let (request_id, verified, fault) = {
@@ -562,11 +539,9 @@ async fn api_call(AxState(shared): AxState<Shared<State>>, req: Request) -> Resp
         tokio::time::sleep(delay).await;
         let err = match fail {
             None | Some(FaultKind::Slow { .. }) => None,
-            Some(FaultKind::ServerError) if index % 2 == 0 => Some(ApiError::new(
-                500,
-                "InternalError",
-                "An internal error has occurred",
-            )),
+            Some(FaultKind::ServerError) if index % 2 == 0 => {
+                Some(ApiError::new(500, "InternalError", "An internal error has occurred"))
+            }
             Some(FaultKind::ServerError) => Some(ApiError::new(
                 503,
                 "Unavailable",
@@ -575,17 +550,11 @@ async fn api_call(AxState(shared): AxState<Shared<State>>, req: Request) -> Resp
             Some(FaultKind::Quota) => Some(api::instance_limit_exceeded(1, 0)),
             Some(FaultKind::RateLimit) => {
                 shared.lock().traffic.stats.rate_limited += 1;
-                Some(ApiError::new(
-                    503,
-                    "RequestLimitExceeded",
-                    "Request limit exceeded.",
-                ))
+                Some(ApiError::new(503, "RequestLimitExceeded", "Request limit exceeded."))
             }
-            Some(FaultKind::Auth) => Some(ApiError::new(
-                401,
-                "AuthFailure",
-                sigv4::AUTH_FAILURE_MESSAGE,
-            )),
+            Some(FaultKind::Auth) => {
+                Some(ApiError::new(401, "AuthFailure", sigv4::AUTH_FAILURE_MESSAGE))
+            }
         };
         if let Some(err) = err {
             return error_response(&err, &request_id);
@@ -595,14 +564,7 @@ async fn api_call(AxState(shared): AxState<Shared<State>>, req: Request) -> Resp
     let mut st = shared.lock();
     let now = Instant::now();
     st.advance(now);
-    match api::dispatch(
-        &mut st,
-        &action,
-        &params,
-        &verified.region,
-        &request_id,
-        now,
-    ) {
+    match api::dispatch(&mut st, &action, &params, &verified.region, &request_id, now) {
         Ok(body) => xml_response(StatusCode::OK, body, &request_id),
         Err(err) => error_response(&err, &request_id),
     }

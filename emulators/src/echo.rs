@@ -47,12 +47,8 @@ mod tests {
     #[tokio::test]
     async fn answers_with_the_callers_ip() {
         let (port, task) = super::start(0).await.unwrap();
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .unwrap();
-        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
         let mut answer = String::new();
         s.read_to_string(&mut answer).await.unwrap();
         assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");

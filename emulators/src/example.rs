@@ -127,12 +127,7 @@ impl Instance {
             image: self.image.clone(),
             port: self.port,
         };
-        let mut r = Record::new(
-            self.id.clone(),
-            self.name.clone(),
-            self.region.clone(),
-            extra,
-        );
+        let mut r = Record::new(self.id.clone(), self.name.clone(), self.region.clone(), extra);
         r.user_data = self.user_data_bytes();
         r.ip = (!self.ip.is_empty()).then_some(self.ip);
         r.state = self.status;
@@ -161,11 +156,7 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-        }
+        ApiError { status, code, message: message.into() }
     }
 
     fn not_found() -> Self {
@@ -211,10 +202,7 @@ impl IntoResponse for ApiError {
 
 impl From<ApiError> for Refusal {
     fn from(e: ApiError) -> Refusal {
-        Refusal {
-            status: e.status.as_u16(),
-            body: e.body(),
-        }
+        Refusal { status: e.status.as_u16(), body: e.body() }
     }
 }
 
@@ -227,11 +215,8 @@ pub struct Example {
 impl Adapter for Example {
     type Extra = Placement;
     type Error = ApiError;
-    const STATES: States = States {
-        provisioning: "starting",
-        running: "running",
-        deleting: "deleting",
-    };
+    const STATES: States =
+        States { provisioning: "starting", running: "running", deleting: "deleting" };
 
     fn id(&self, n: u64) -> String {
         format!("i-{n:08x}")
@@ -253,11 +238,7 @@ impl Adapter for Example {
     }
 
     fn name_taken(&self) -> ApiError {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "conflict",
-            "an instance with this name exists",
-        )
+        ApiError::new(StatusCode::CONFLICT, "conflict", "an instance with this name exists")
     }
 
     fn fault(&self, kind: &FaultKind) -> ApiError {
@@ -280,11 +261,7 @@ impl Adapter for Example {
             ("DELETE", Some(false)) => Some(FaultOp::Delete),
             _ => None,
         };
-        let route = if path.starts_with("/v1/instances/") {
-            "/v1/instances/{id}"
-        } else {
-            path
-        };
+        let route = if path.starts_with("/v1/instances/") { "/v1/instances/{id}" } else { path };
         (op, format!("{method} {route}"))
     }
 
@@ -323,16 +300,11 @@ impl Served<Backend> {
     pub fn start_on_port(token: impl Into<String>, port: u16) -> std::io::Result<ExampleBackend> {
         let (listener, _) = crate::framework::bind(port)?;
         let fleet = Fleet::new(Example::STATES, Schedule::AfterReads(1), None);
-        let adapter = Example {
-            token: token.into(),
-        };
+        let adapter = Example { token: token.into() };
         let state = Shared::new(Cloud::new(adapter, fleet, None));
         let api = Router::new()
             .route("/v1/instances", get(list_instances).post(create_instance))
-            .route(
-                "/v1/instances/{id}",
-                get(get_instance).delete(delete_instance),
-            );
+            .route("/v1/instances/{id}", get(get_instance).delete(delete_instance));
         let app = crate::framework::gated(api, &state)
             .route("/_emulator/state", get(dump_state))
             .route("/_emulator/fault", post(set_fault))
@@ -394,11 +366,7 @@ fn replace_fault(b: &mut Backend, effect: Effect<ApiError>, count: u32) {
 }
 
 fn set_auto_run(b: &mut Backend, enabled: bool) {
-    b.fleet.schedule = if enabled {
-        Schedule::AfterReads(1)
-    } else {
-        Schedule::Manual
-    };
+    b.fleet.schedule = if enabled { Schedule::AfterReads(1) } else { Schedule::Manual };
 }
 
 fn set_status(b: &mut Backend, id: &str, status: &str, ip: Option<String>) -> bool {
@@ -488,10 +456,7 @@ async fn list_instances(
         .filter(|i| region.as_ref().is_none_or(|r| &i.scope == r))
         .filter(|i| labels.iter().all(|(k, v)| i.labels.get(k) == Some(v)))
         .collect();
-    if let Some(down) = b
-        .fleet
-        .failing_scope(matched.iter().map(|i| i.scope.as_str()))
-    {
+    if let Some(down) = b.fleet.failing_scope(matched.iter().map(|i| i.scope.as_str())) {
         let msg = format!("region {down:?} is unavailable");
         return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg).into_response();
     }
@@ -564,9 +529,7 @@ async fn control_status(
     Path(id): Path<String>,
     Json(body): Json<StatusBody>,
 ) -> Response {
-    let ip = body
-        .ip
-        .or_else(|| (body.status == "running").then(|| RUNNING_IP.to_string()));
+    let ip = body.ip.or_else(|| (body.status == "running").then(|| RUNNING_IP.to_string()));
     if set_status(&mut state.lock(), &id, &body.status, ip) {
         StatusCode::NO_CONTENT.into_response()
     } else {
@@ -606,9 +569,7 @@ mod tests {
     ) -> (u16, serde_json::Value) {
         let mut s = TcpStream::connect(be.addr()).unwrap();
         let body = body.unwrap_or("");
-        let auth = token
-            .map(|t| format!("Authorization: Bearer {t}\r\n"))
-            .unwrap_or_default();
+        let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
         write!(
             s,
             "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}\
@@ -620,10 +581,7 @@ mod tests {
         s.read_to_string(&mut raw).unwrap();
         let status: u16 = raw[9..12].parse().unwrap();
         let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
-        let text = if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
+        let text = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
             dechunk(rest)
         } else {
             rest.to_string()
@@ -654,13 +612,7 @@ mod tests {
             "name": name, "labels": labels, "user_data": BASE64.encode(b"#cloud-config\n"),
             "region": "r1", "zone": "z", "machine_type": "small", "image": "img", "port": 3128,
         });
-        call(
-            be,
-            "POST",
-            "/v1/instances",
-            Some(TOKEN),
-            Some(&body.to_string()),
-        )
+        call(be, "POST", "/v1/instances", Some(TOKEN), Some(&body.to_string()))
     }
 
     #[test]
@@ -676,48 +628,18 @@ mod tests {
         let (st, _) = create(&be, "proxy-a", json!({}));
         assert_eq!(st, 409);
 
-        let (st, first) = call(
-            &be,
-            "GET",
-            &format!("/v1/instances/{id}"),
-            Some(TOKEN),
-            None,
-        );
+        let (st, first) = call(&be, "GET", &format!("/v1/instances/{id}"), Some(TOKEN), None);
         assert_eq!((st, first["status"].as_str()), (200, Some("starting")));
-        let (_, second) = call(
-            &be,
-            "GET",
-            &format!("/v1/instances/{id}"),
-            Some(TOKEN),
-            None,
-        );
+        let (_, second) = call(&be, "GET", &format!("/v1/instances/{id}"), Some(TOKEN), None);
         assert_eq!(second["status"], "running");
         assert_eq!(second["ip"], "127.0.0.1");
         assert_eq!(be.instances()[0].user_data_bytes(), b"#cloud-config\n");
 
-        let (st, _) = call(
-            &be,
-            "DELETE",
-            &format!("/v1/instances/{id}"),
-            Some(TOKEN),
-            None,
-        );
+        let (st, _) = call(&be, "DELETE", &format!("/v1/instances/{id}"), Some(TOKEN), None);
         assert_eq!(st, 204);
-        let (st, _) = call(
-            &be,
-            "DELETE",
-            &format!("/v1/instances/{id}"),
-            Some(TOKEN),
-            None,
-        );
+        let (st, _) = call(&be, "DELETE", &format!("/v1/instances/{id}"), Some(TOKEN), None);
         assert_eq!(st, 404);
-        let (st, _) = call(
-            &be,
-            "GET",
-            &format!("/v1/instances/{id}"),
-            Some(TOKEN),
-            None,
-        );
+        let (st, _) = call(&be, "GET", &format!("/v1/instances/{id}"), Some(TOKEN), None);
         assert_eq!(st, 404);
         assert!(be.instances().is_empty());
     }
@@ -734,14 +656,8 @@ mod tests {
     fn bad_bodies_are_rejected() {
         let be = ExampleBackend::start(TOKEN);
         let bad = json!({"name": "x", "user_data": "not base64!"}).to_string();
-        assert_eq!(
-            call(&be, "POST", "/v1/instances", Some(TOKEN), Some(&bad)).0,
-            400
-        );
-        assert_eq!(
-            call(&be, "POST", "/v1/instances", Some(TOKEN), Some("{")).0,
-            400
-        );
+        assert_eq!(call(&be, "POST", "/v1/instances", Some(TOKEN), Some(&bad)).0, 400);
+        assert_eq!(call(&be, "POST", "/v1/instances", Some(TOKEN), Some("{")).0, 400);
         assert!(be.instances().is_empty());
     }
 
@@ -768,10 +684,7 @@ mod tests {
         assert_eq!(names("?label=m=true&label=inst=one"), ["a"]);
         assert_eq!(names("?label=inst=one&region=r1"), ["a", "c"]);
         assert!(names("?region=r2").is_empty());
-        assert_eq!(
-            call(&be, "GET", "/v1/instances?label=nokv", Some(TOKEN), None).0,
-            400
-        );
+        assert_eq!(call(&be, "GET", "/v1/instances?label=nokv", Some(TOKEN), None).0, 400);
     }
 
     #[test]
@@ -807,13 +720,7 @@ mod tests {
         let (_, inst) = create(&be, "a", json!({}));
         let id = inst["id"].as_str().unwrap();
         for _ in 0..2 {
-            let (_, i) = call(
-                &be,
-                "GET",
-                &format!("/v1/instances/{id}"),
-                Some(TOKEN),
-                None,
-            );
+            let (_, i) = call(&be, "GET", &format!("/v1/instances/{id}"), Some(TOKEN), None);
             assert_eq!(i["status"], "starting");
         }
         let body = json!({"status": "stopping"}).to_string();
@@ -862,80 +769,40 @@ mod tests {
         assert_eq!(control(&be, "hold", json!({"id": id, "hold": true})), 204);
         for _ in 0..3 {
             let (_, i) = get_status(&be, &id);
-            assert_eq!(
-                (i["status"].as_str(), i["ip"].as_str()),
-                (Some("starting"), Some(""))
-            );
+            assert_eq!((i["status"].as_str(), i["ip"].as_str()), (Some("starting"), Some("")));
         }
-        assert_eq!(
-            control(
-                &be,
-                "hold",
-                json!({"id": format!("r1/{id}"), "hold": false})
-            ),
-            204
-        );
+        assert_eq!(control(&be, "hold", json!({"id": format!("r1/{id}"), "hold": false})), 204);
         get_status(&be, &id);
         assert_eq!(get_status(&be, &id).1["status"], "running");
 
         // Raw state and address, independently of each other.
-        assert_eq!(
-            control(&be, "state", json!({"id": id, "state": "weird"})),
-            204
-        );
+        assert_eq!(control(&be, "state", json!({"id": id, "state": "weird"})), 204);
         assert_eq!(get_status(&be, &id).1["status"], "weird");
-        assert_eq!(
-            control(&be, "state", json!({"id": id, "state": "running"})),
-            204
-        );
+        assert_eq!(control(&be, "state", json!({"id": id, "state": "running"})), 204);
         assert_eq!(control(&be, "address", json!({"id": id, "ip": null})), 204);
         let (_, i) = get_status(&be, &id);
-        assert_eq!(
-            (i["status"].as_str(), i["ip"].as_str()),
-            (Some("running"), Some(""))
-        );
-        assert_eq!(
-            control(&be, "address", json!({"id": "i-nope", "ip": null})),
-            404
-        );
+        assert_eq!((i["status"].as_str(), i["ip"].as_str()), (Some("running"), Some("")));
+        assert_eq!(control(&be, "address", json!({"id": "i-nope", "ip": null})), 404);
 
         // Locked: reads work, DELETE answers 409 `locked`.
         assert_eq!(control(&be, "lock", json!({"id": id, "locked": true})), 204);
         assert_eq!(get_status(&be, &id).0, 200);
-        let (st, err) = call(
-            &be,
-            "DELETE",
-            &format!("/v1/instances/{id}"),
-            Some(TOKEN),
-            None,
-        );
+        let (st, err) = call(&be, "DELETE", &format!("/v1/instances/{id}"), Some(TOKEN), None);
         assert_eq!((st, err["code"].as_str()), (409, Some("locked")));
-        assert_eq!(
-            control(&be, "lock", json!({"id": id, "locked": false})),
-            204
-        );
+        assert_eq!(control(&be, "lock", json!({"id": id, "locked": false})), 204);
 
         // A delete in progress: still readable as `deleting`, the name stays taken, a
         // repeat DELETE is accepted; finish-deletes ends it.
         assert_eq!(control(&be, "deleting", json!({"id": id})), 204);
         assert_eq!(get_status(&be, &id).1["status"], "deleting");
         assert_eq!(create(&be, "a", json!({})).0, 409);
-        let (st, _) = call(
-            &be,
-            "DELETE",
-            &format!("/v1/instances/{id}"),
-            Some(TOKEN),
-            None,
-        );
+        let (st, _) = call(&be, "DELETE", &format!("/v1/instances/{id}"), Some(TOKEN), None);
         assert_eq!(st, 202);
         let (_, dump) = call(&be, "GET", "/_emulator/dump", None, None);
         assert_eq!(dump["instances"][0]["state"], "deleting");
         assert_eq!(dump["instances"][0]["scope"], "r1");
         assert_eq!(dump["secondary"], json!([]));
-        assert_eq!(
-            call(&be, "POST", "/_emulator/finish-deletes", None, None).0,
-            204
-        );
+        assert_eq!(call(&be, "POST", "/_emulator/finish-deletes", None, None).0, 204);
         let (st, err) = get_status(&be, &id);
         assert_eq!((st, err["code"].as_str()), (404, Some("not_found")));
         assert!(be.dump().instances.is_empty());
@@ -946,30 +813,15 @@ mod tests {
         let be = ExampleBackend::start(TOKEN);
         let plant = json!({"name": "old", "scope": "r2", "managed": true, "uid": "",
                            "installation": "inst", "created_at": 1_600_000_000});
-        let (st, planted) = call(
-            &be,
-            "POST",
-            "/_emulator/plant",
-            None,
-            Some(&plant.to_string()),
-        );
+        let (st, planted) = call(&be, "POST", "/_emulator/plant", None, Some(&plant.to_string()));
         assert_eq!(st, 200);
         let id = planted["id"].as_str().unwrap().to_string();
         let i = be.instance(&id).unwrap();
         assert_eq!((i.region.as_str(), i.status.as_str()), ("r2", "running"));
         assert_eq!(i.created_at, "2020-09-13T12:26:40Z");
         assert_eq!(i.labels.get(crate::MARK_UID).map(String::as_str), Some(""));
-        assert_eq!(
-            i.labels.get(crate::MARK_MANAGED).map(String::as_str),
-            Some("true")
-        );
-        let dup = call(
-            &be,
-            "POST",
-            "/_emulator/plant",
-            None,
-            Some(&plant.to_string()),
-        );
+        assert_eq!(i.labels.get(crate::MARK_MANAGED).map(String::as_str), Some("true"));
+        let dup = call(&be, "POST", "/_emulator/plant", None, Some(&plant.to_string()));
         assert_eq!(dup.0, 409);
 
         // Faults hit their operation only, with this backend's statuses and codes.
@@ -994,20 +846,11 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(200));
 
         // A region down: lists touching it fail whole, others answer.
-        assert_eq!(
-            control(&be, "scope", json!({"scope": "r2", "fail": true})),
-            204
-        );
+        assert_eq!(control(&be, "scope", json!({"scope": "r2", "fail": true})), 204);
         let (st, err) = call(&be, "GET", "/v1/instances", Some(TOKEN), None);
         assert_eq!((st, err["code"].as_str()), (503, Some("unavailable")));
-        assert_eq!(
-            call(&be, "GET", "/v1/instances?region=r1", Some(TOKEN), None).0,
-            200
-        );
-        assert_eq!(
-            control(&be, "scope", json!({"scope": "r2", "fail": false})),
-            204
-        );
+        assert_eq!(call(&be, "GET", "/v1/instances?region=r1", Some(TOKEN), None).0, 200);
+        assert_eq!(control(&be, "scope", json!({"scope": "r2", "fail": false})), 204);
         assert_eq!(call(&be, "GET", "/v1/instances", Some(TOKEN), None).0, 200);
 
         // Reset forgets everything, and IDs are never reused afterwards.
@@ -1015,10 +858,7 @@ mod tests {
         assert_eq!(call(&be, "POST", "/_emulator/reset", None, None).0, 204);
         assert!(be.instances().is_empty());
         let (_, inst) = create(&be, "again", json!({}));
-        assert!(
-            !before.contains(&inst["id"].as_str().unwrap().to_string()),
-            "{inst} reuses an id"
-        );
+        assert!(!before.contains(&inst["id"].as_str().unwrap().to_string()), "{inst} reuses an id");
     }
 
     #[test]

@@ -290,10 +290,7 @@ pub struct HetznerConfig {
 
 impl HetznerConfig {
     pub fn new(token: impl Into<String>) -> Self {
-        HetznerConfig {
-            token: token.into(),
-            ..HetznerConfig::default()
-        }
+        HetznerConfig { token: token.into(), ..HetznerConfig::default() }
     }
 }
 
@@ -456,8 +453,6 @@ impl Served<Backend> {
     /// An unassigned Primary IP (`auto_delete: false`) in `location`, for a create with
     /// `public_net.ipv4` / `ipv6` set. Returns its ID; `None` for an unknown location.
     pub fn plant_primary_ip(&self, location: &str, ipv6: bool) -> Option<String> {
-        self.lock()
-            .plant_primary_ip(location, ipv6)
-            .map(|id| id.to_string())
+        self.lock().plant_primary_ip(location, ipv6).map(|id| id.to_string())
     }
 }

@@ -14,11 +14,7 @@ pub struct Limiter {
 impl Limiter {
     /// A full bucket.
     pub fn new(spec: RateLimit, now: Instant) -> Self {
-        Limiter {
-            spec,
-            tokens: f64::from(spec.burst),
-            last: now,
-        }
+        Limiter { spec, tokens: f64::from(spec.burst), last: now }
     }
 
     pub fn spec(&self) -> RateLimit {
@@ -71,13 +67,7 @@ mod tests {
     fn burst_then_refill() {
         let t0 = Instant::now();
         // 7200/h: two tokens a second.
-        let mut l = Limiter::new(
-            RateLimit {
-                per_hour: 7200,
-                burst: 3,
-            },
-            t0,
-        );
+        let mut l = Limiter::new(RateLimit { per_hour: 7200, burst: 3 }, t0);
         assert_eq!(l.remaining(t0), 3);
         assert_eq!(l.until_full(t0), Duration::ZERO);
         assert!(l.take(t0) && l.take(t0) && l.take(t0));

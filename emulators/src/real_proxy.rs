@@ -76,10 +76,9 @@ impl fmt::Display for PortError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PortError::Missing => write!(f, "the user data has no `Port N` line"),
-            PortError::Invalid(v) => write!(
-                f,
-                "the user data's `Port` line has value {v:?}, not a port in 1..=65535"
-            ),
+            PortError::Invalid(v) => {
+                write!(f, "the user data's `Port` line has value {v:?}, not a port in 1..=65535")
+            }
         }
     }
 }
@@ -116,11 +115,7 @@ enum Resolved {
 }
 
 enum Running {
-    Tinyproxy {
-        child: Child,
-        conf: PathBuf,
-        port: u16,
-    },
+    Tinyproxy { child: Child, conf: PathBuf, port: u16 },
     Builtin(BuiltinProxy),
 }
 
@@ -134,9 +129,7 @@ impl Running {
 
     fn stop(self) {
         match self {
-            Running::Tinyproxy {
-                mut child, conf, ..
-            } => {
+            Running::Tinyproxy { mut child, conf, .. } => {
                 // By PID: the Child is not reaped until `wait`, so the PID cannot have been
                 // reused by another process.
                 let _ = child.kill();
@@ -181,11 +174,7 @@ impl RealProxies {
             std::process::id(),
             NEXT_DIR.fetch_add(1, Ordering::Relaxed)
         ));
-        Arc::new(RealProxies {
-            kind,
-            dir,
-            running: Mutex::new(BTreeMap::new()),
-        })
+        Arc::new(RealProxies { kind, dir, running: Mutex::new(BTreeMap::new()) })
     }
 
     /// `"tinyproxy"` or `"built-in"`.
@@ -261,10 +250,7 @@ impl RealProxies {
 
     /// Every running proxy: instance ID and port.
     pub fn listening(&self) -> Vec<(String, u16)> {
-        self.lock()
-            .iter()
-            .map(|(id, r)| (id.clone(), r.port()))
-            .collect()
+        self.lock().iter().map(|(id, r)| (id.clone(), r.port())).collect()
     }
 
     fn spawn(&self, id: &str, port: u16) -> Result<Running, String> {
@@ -284,10 +270,8 @@ impl RealProxies {
     fn spawn_tinyproxy(&self, bin: &Path, id: &str, port: u16) -> Result<Running, String> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| format!("creating {}: {e}", self.dir.display()))?;
-        let safe: String = id
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-            .collect();
+        let safe: String =
+            id.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
         let conf = self.dir.join(format!("tinyproxy-{safe}-{port}.conf"));
         std::fs::write(
             &conf,
@@ -345,18 +329,13 @@ const MAX_HEAD: usize = 16 * 1024;
 
 impl BuiltinProxy {
     fn start(listener: TcpListener, id: &str) -> Result<BuiltinProxy, String> {
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| format!("non-blocking listener: {e}"))?;
+        listener.set_nonblocking(true).map_err(|e| format!("non-blocking listener: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name(format!("proxy-{id}"))
             .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(rt) => rt,
                     Err(e) => {
                         tracing::warn!("built-in proxy runtime: {e}");
@@ -386,11 +365,7 @@ impl BuiltinProxy {
                 // Dropping the runtime closes every open tunnel.
             })
             .map_err(|e| format!("spawning the proxy thread: {e}"))?;
-        Ok(BuiltinProxy {
-            addr,
-            shutdown: Some(tx),
-            thread: Some(thread),
-        })
+        Ok(BuiltinProxy { addr, shutdown: Some(tx), thread: Some(thread) })
     }
 }
 
@@ -442,11 +417,7 @@ async fn serve(mut client: tokio::net::TcpStream) {
         let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await else {
             return reply(&mut client, "502 Bad Gateway").await;
         };
-        if client
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .await
-            .is_err()
-        {
+        if client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err() {
             return;
         }
         if !rest.is_empty() && upstream.write_all(&rest).await.is_err() {
@@ -463,22 +434,15 @@ async fn serve(mut client: tokio::net::TcpStream) {
         Some(i) => (&after_scheme[..i], &after_scheme[i..]),
         None => (after_scheme, "/"),
     };
-    let upstream_addr = if authority.contains(':') {
-        authority.to_string()
-    } else {
-        format!("{authority}:80")
-    };
+    let upstream_addr =
+        if authority.contains(':') { authority.to_string() } else { format!("{authority}:80") };
     let Ok(mut upstream) = tokio::net::TcpStream::connect(&upstream_addr).await else {
         return reply(&mut client, "502 Bad Gateway").await;
     };
     let mut out = format!("{method} {path} {version}\r\n");
     let mut has_host = false;
     for line in lines.filter(|l| !l.is_empty()) {
-        let name = line
-            .split(':')
-            .next()
-            .unwrap_or_default()
-            .to_ascii_lowercase();
+        let name = line.split(':').next().unwrap_or_default().to_ascii_lowercase();
         if name.starts_with("proxy-") || name == "connection" || name == "keep-alive" {
             continue;
         }

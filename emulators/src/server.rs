@@ -40,11 +40,7 @@ impl ServerThread {
                 // graceful shutdown would wait for.
             })
             .expect("spawn emulator thread");
-        ServerThread {
-            addr,
-            shutdown: Some(tx),
-            thread: Some(thread),
-        }
+        ServerThread { addr, shutdown: Some(tx), thread: Some(thread) }
     }
 
     pub(crate) fn addr(&self) -> SocketAddr {

@@ -7,10 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Unix seconds now.
 pub fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
 }
 
 /// `2026-11-29T10:00:00Z` for Unix seconds.
@@ -29,14 +26,8 @@ mod tests {
     #[test]
     fn round_trip() {
         assert_eq!(super::rfc3339(1_764_410_400), "2025-11-29T10:00:00Z");
-        assert_eq!(
-            super::parse_rfc3339("2025-11-29T10:00:00Z"),
-            Some(1_764_410_400)
-        );
-        assert_eq!(
-            super::parse_rfc3339("2025-11-29T10:00:00.250Z"),
-            Some(1_764_410_400)
-        );
+        assert_eq!(super::parse_rfc3339("2025-11-29T10:00:00Z"), Some(1_764_410_400));
+        assert_eq!(super::parse_rfc3339("2025-11-29T10:00:00.250Z"), Some(1_764_410_400));
         assert_eq!(super::parse_rfc3339("nope"), None);
     }
 }

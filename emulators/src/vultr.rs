@@ -100,10 +100,7 @@ pub struct VultrError {
 
 impl VultrError {
     pub fn new(status: u16, message: impl Into<String>) -> Self {
-        VultrError {
-            status,
-            message: message.into(),
-        }
+        VultrError { status, message: message.into() }
     }
 
     fn body(&self) -> Value {
@@ -120,10 +117,7 @@ impl IntoResponse for VultrError {
 
 impl From<VultrError> for Refusal {
     fn from(e: VultrError) -> Refusal {
-        Refusal {
-            status: e.status,
-            body: e.body(),
-        }
+        Refusal { status: e.status, body: e.body() }
     }
 }
 
@@ -145,11 +139,8 @@ pub struct Vultr {
 impl Adapter for Vultr {
     type Extra = Extra;
     type Error = VultrError;
-    const STATES: States = States {
-        provisioning: "pending",
-        running: "active",
-        deleting: "active",
-    };
+    const STATES: States =
+        States { provisioning: "pending", running: "active", deleting: "active" };
 
     /// UUID-shaped, like Vultr's, counting up so a test can predict them.
     fn id(&self, n: u64) -> String {
@@ -161,20 +152,14 @@ impl Adapter for Vultr {
     }
 
     fn default_scope(&self) -> String {
-        self.regions
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "ewr".into())
+        self.regions.first().cloned().unwrap_or_else(|| "ewr".into())
     }
 
     fn plant(&self, plant: &Plant, scope: &str) -> Result<Extra, VultrError> {
         if !self.regions.iter().any(|r| r == scope) {
             return Err(bad_request(format!("Invalid region: {scope}")));
         }
-        let tags = marks(plant)
-            .into_iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
+        let tags = marks(plant).into_iter().map(|(k, v)| format!("{k}={v}")).collect();
         Ok(Extra {
             plan: "vc2-1c-1gb".into(),
             os_id: 2136,
@@ -203,9 +188,8 @@ impl Adapter for Vultr {
 
     fn classify(&self, method: &Method, path: &str) -> (Option<FaultOp>, String) {
         let rest = path.strip_prefix("/v2/instances");
-        let one = rest
-            .and_then(|r| r.strip_prefix('/'))
-            .filter(|r| !r.is_empty() && !r.contains('/'));
+        let one =
+            rest.and_then(|r| r.strip_prefix('/')).filter(|r| !r.is_empty() && !r.contains('/'));
         let op = match (method.as_str(), rest, one) {
             ("POST", Some(""), _) => Some(FaultOp::Create),
             ("GET", Some(""), _) => Some(FaultOp::List),
@@ -252,18 +236,12 @@ impl Served<Backend> {
     pub fn start_on_port(cfg: VultrConfig, port: u16) -> std::io::Result<VultrEmulator> {
         let (listener, _) = crate::framework::bind(port)?;
         let fleet = Fleet::new(Vultr::STATES, cfg.schedule, cfg.real_proxies);
-        let adapter = Vultr {
-            token: cfg.token,
-            regions: cfg.regions,
-            instance_limit: cfg.instance_limit,
-        };
+        let adapter =
+            Vultr { token: cfg.token, regions: cfg.regions, instance_limit: cfg.instance_limit };
         let state = Shared::new(Cloud::new(adapter, fleet, cfg.rate_limit));
         let api = Router::new()
             .route("/v2/instances", get(list_instances).post(create_instance))
-            .route(
-                "/v2/instances/{id}",
-                get(get_instance).delete(delete_instance),
-            )
+            .route("/v2/instances/{id}", get(get_instance).delete(delete_instance))
             .route("/v2/instances/{id}/user-data", get(get_user_data));
         let app = crate::framework::gated(api, &state);
         Ok(Served::serve("vultr-emulator", listener, state, app))
@@ -276,16 +254,7 @@ impl Served<Backend> {
 
     /// The next `count` calls of `op` answer `error`.
     pub fn inject_error(&self, op: FaultOp, error: VultrError, count: u32) {
-        self.lock()
-            .traffic
-            .faults
-            .push(op, crate::framework::Effect::fail(error), count);
-    }
-
-    /// Put an instance in as it is (e.g. a twin made by a create that raced), keeping its
-    /// id; allocation skips ids in use.
-    pub fn insert(&self, record: Record<Extra>) {
-        self.lock().fleet.insert(record);
+        self.lock().traffic.faults.push(op, crate::framework::Effect::fail(error), count);
     }
 }
 
@@ -354,32 +323,17 @@ async fn create_instance(
     if body.plan.is_empty() {
         return bad_request("Invalid plan").into_response();
     }
-    let sources = [
-        body.os_id.is_some(),
-        body.iso_id.is_some(),
-        body.snapshot_id.is_some(),
-    ];
-    if !sources
-        .into_iter()
-        .chain([body.app_id.is_some(), body.image_id.is_some()])
-        .any(|s| s)
-    {
+    let sources = [body.os_id.is_some(), body.iso_id.is_some(), body.snapshot_id.is_some()];
+    if !sources.into_iter().chain([body.app_id.is_some(), body.image_id.is_some()]).any(|s| s) {
         return bad_request("You must choose an os_id, iso_id, snapshot_id, app_id or image_id")
             .into_response();
     }
-    let user_data = match body
-        .user_data
-        .as_deref()
-        .map(|u| BASE64.decode(u.as_bytes()))
-    {
+    let user_data = match body.user_data.as_deref().map(|u| BASE64.decode(u.as_bytes())) {
         None => Vec::new(),
         Some(Ok(bytes)) => bytes,
         Some(Err(_)) => return bad_request("Invalid user_data: not base64").into_response(),
     };
-    if b.backend
-        .instance_limit
-        .is_some_and(|max| b.fleet.iter().count() >= max)
-    {
+    if b.backend.instance_limit.is_some_and(|max| b.fleet.iter().count() >= max) {
         return bad_request(INSTANCE_LIMIT).into_response();
     }
     let extra = Extra {
@@ -400,11 +354,7 @@ async fn create_instance(
         .collect();
     record.user_data = user_data;
     let record = b.create(record);
-    (
-        StatusCode::ACCEPTED,
-        Json(json!({"instance": render(&record)})),
-    )
-        .into_response()
+    (StatusCode::ACCEPTED, Json(json!({"instance": render(&record)}))).into_response()
 }
 
 /// A page cursor: the id the next page starts at, opaque to the client as Vultr's are.
@@ -414,10 +364,7 @@ fn cursor_of(id: &str) -> String {
 
 fn id_of(cursor: &str) -> Option<String> {
     let raw = BASE64URL_NOPAD.decode(cursor.as_bytes()).ok()?;
-    String::from_utf8(raw)
-        .ok()?
-        .strip_prefix("next__")
-        .map(str::to_string)
+    String::from_utf8(raw).ok()?.strip_prefix("next__").map(str::to_string)
 }
 
 async fn list_instances(
@@ -453,20 +400,13 @@ async fn list_instances(
         })
     };
     let matched: Vec<&Record<Extra>> = b.fleet.iter().filter(|r| matches(r)).collect();
-    if b.fleet
-        .failing_scope(matched.iter().map(|r| r.scope.as_str()))
-        .is_some()
-    {
+    if b.fleet.failing_scope(matched.iter().map(|r| r.scope.as_str())).is_some() {
         return VultrError::new(500, "Internal server error").into_response();
     }
     let total = matched.len();
-    let from = start.map_or(0, |s| {
-        matched.iter().position(|r| r.id >= s).unwrap_or(total)
-    });
+    let from = start.map_or(0, |s| matched.iter().position(|r| r.id >= s).unwrap_or(total));
     let page = &matched[from..(from + per_page).min(total)];
-    let next = matched
-        .get(from + per_page)
-        .map_or(String::new(), |r| cursor_of(&r.id));
+    let next = matched.get(from + per_page).map_or(String::new(), |r| cursor_of(&r.id));
     let prev = if from == 0 {
         String::new()
     } else {

@@ -216,7 +216,7 @@ async fn a_failed_create_releases_its_ip() {
     let _dir = plugins_or_skip!();
     let Scw { emu, p, .. } = &setup().await;
     let req = request("uid-f", "fr-par-1");
-    emu.fail_creates(1);
+    emu.fail_calls("POST /instance/v1/zones/{zone}/servers", 1);
     let err = p.create(&req).await.unwrap_err();
     assert_eq!(err.class, Class::Transient, "{err}");
     assert!(emu.dump().instances.is_empty());
@@ -301,7 +301,7 @@ async fn a_created_server_is_started_and_never_reads_stopped_before() {
     let _dir = plugins_or_skip!();
     let Scw { emu, p, .. } = &setup().await;
     let req = request("uid-s", "fr-par-1");
-    emu.fail_poweron(1);
+    emu.fail_calls("POST /instance/v1/zones/{zone}/servers/{id}/action", 1);
     let err = p.create(&req).await.unwrap_err();
     assert_eq!(err.class, Class::Transient, "{err}");
     let dump = emu.dump();

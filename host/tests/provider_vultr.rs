@@ -311,7 +311,7 @@ async fn twins_are_settled_and_foreign_names_refused() {
     );
     twin.state = "active".into();
     twin.created_at += 60;
-    emu.insert(twin);
+    emu.insert_record(twin);
     assert_eq!(emu.dump().instances.len(), 2);
     assert_eq!(p.create(&req).await.unwrap(), id, "the older one is kept");
     let left: Vec<String> = emu.dump().instances.into_iter().map(|i| i.id).collect();

@@ -93,10 +93,7 @@ const PENDING_EVENT: &str = "Droplet already has a pending event.";
 
 /// DigitalOcean's documented limit as the emulator's token bucket.
 pub fn documented_rate_limit() -> RateLimit {
-    RateLimit {
-        per_hour: REQUESTS_PER_HOUR,
-        burst: REQUESTS_PER_MINUTE,
-    }
+    RateLimit { per_hour: REQUESTS_PER_HOUR, burst: REQUESTS_PER_MINUTE }
 }
 
 /// Everything configurable; `DigitalOceanConfig::new(token)` gives the defaults.
@@ -145,11 +142,7 @@ pub struct DoError {
 impl DoError {
     pub fn new(status: u16, id: &str, message: impl Into<String>) -> Self {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        DoError {
-            status,
-            id: id.into(),
-            message: message.into(),
-        }
+        DoError { status, id: id.into(), message: message.into() }
     }
 
     fn body(&self) -> Value {
@@ -157,11 +150,7 @@ impl DoError {
     }
 
     fn not_found() -> Self {
-        DoError::new(
-            404,
-            "not_found",
-            "The resource you requested could not be found.",
-        )
+        DoError::new(404, "not_found", "The resource you requested could not be found.")
     }
 
     fn unprocessable(message: impl Into<String>) -> Self {
@@ -181,10 +170,7 @@ impl IntoResponse for DoError {
 
 impl From<DoError> for Refusal {
     fn from(e: DoError) -> Refusal {
-        Refusal {
-            status: e.status.as_u16(),
-            body: e.body(),
-        }
+        Refusal { status: e.status.as_u16(), body: e.body() }
     }
 }
 
@@ -209,12 +195,7 @@ impl Do {
     fn extra(&mut self, size: String, image: (u64, String), tags: Vec<String>) -> Extra {
         self.private += 1;
         let n = self.private;
-        Extra {
-            size,
-            image,
-            tags,
-            private_ip: format!("10.110.{}.{}", n / 250 % 250, n % 250 + 2),
-        }
+        Extra { size, image, tags, private_ip: format!("10.110.{}.{}", n / 250 % 250, n % 250 + 2) }
     }
 
     fn image(&self, v: &Value) -> Option<(u64, String)> {
@@ -229,11 +210,7 @@ impl Do {
 impl Adapter for Do {
     type Extra = Extra;
     type Error = DoError;
-    const STATES: States = States {
-        provisioning: "new",
-        running: "active",
-        deleting: "archive",
-    };
+    const STATES: States = States { provisioning: "new", running: "active", deleting: "archive" };
 
     fn id(&self, n: u64) -> String {
         (300_000_000 + n).to_string()
@@ -256,18 +233,11 @@ impl Adapter for Do {
         if !is_name(&plant.name) {
             return Err(DoError::unprocessable(NAME_RULE));
         }
-        let tags = crate::framework::marks(plant)
-            .iter()
-            .filter_map(|(k, v)| tags::encode(k, v))
-            .collect();
+        let tags =
+            crate::framework::marks(plant).iter().filter_map(|(k, v)| tags::encode(k, v)).collect();
         let private_ip = format!("10.111.0.{}", plant.name.len() % 250 + 2);
         let image = self.config.images[0].clone();
-        Ok(Extra {
-            size: self.config.sizes[0].clone(),
-            image,
-            tags,
-            private_ip,
-        })
+        Ok(Extra { size: self.config.sizes[0].clone(), image, tags, private_ip })
     }
 
     fn name_taken(&self) -> DoError {
@@ -293,11 +263,7 @@ impl Adapter for Do {
             ("DELETE", Some(r)) if r.starts_with('/') => Some(FaultOp::Delete),
             _ => None,
         };
-        let route = if path.starts_with("/v2/droplets/") {
-            "/v2/droplets/{id}"
-        } else {
-            path
-        };
+        let route = if path.starts_with("/v2/droplets/") { "/v2/droplets/{id}" } else { path };
         (op, format!("{method} {route}"))
     }
 
@@ -317,24 +283,16 @@ impl Adapter for Do {
     fn decorate(&self, resp: &mut Response, bucket: Option<&mut Limiter>) {
         let now = Instant::now();
         let (limit, left, full_in) = match bucket {
-            Some(l) => (
-                u64::from(l.spec().per_hour),
-                l.remaining(now),
-                l.until_full(now).as_secs(),
-            ),
-            None => (
-                u64::from(REQUESTS_PER_HOUR),
-                u64::from(REQUESTS_PER_HOUR),
-                0,
-            ),
+            Some(l) => {
+                (u64::from(l.spec().per_hour), l.remaining(now), l.until_full(now).as_secs())
+            }
+            None => (u64::from(REQUESTS_PER_HOUR), u64::from(REQUESTS_PER_HOUR), 0),
         };
         let reset = crate::time::now_secs() + full_in;
         let h = resp.headers_mut();
-        for (name, value) in [
-            ("ratelimit-limit", limit),
-            ("ratelimit-remaining", left),
-            ("ratelimit-reset", reset),
-        ] {
+        for (name, value) in
+            [("ratelimit-limit", limit), ("ratelimit-remaining", left), ("ratelimit-reset", reset)]
+        {
             h.insert(name, HeaderValue::from(value));
         }
     }
@@ -359,15 +317,13 @@ fn is_name(s: &str) -> bool {
     let b = s.as_bytes();
     (1..=255).contains(&b.len())
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-'))
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-'))
 }
 
 /// The specification's tag pattern `^[a-zA-Z0-9_\-\:]+$`, at most 255.
 fn is_tag(s: &str) -> bool {
     (1..=255).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b':'))
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b':'))
 }
 
 /// The contract's marks as the digitalocean plugin writes them (docs/providers/digitalocean.md):
@@ -409,10 +365,7 @@ pub mod tags {
     pub fn decode(tag: &str) -> Option<(String, String)> {
         let t = tag.to_ascii_lowercase();
         let (name, value) = t.strip_prefix("egress:")?.split_once(':')?;
-        Some((
-            format!("{MARK_PREFIX}{}", unescape(name)?),
-            unescape(value)?,
-        ))
+        Some((format!("{MARK_PREFIX}{}", unescape(name)?), unescape(value)?))
     }
 }
 
@@ -436,15 +389,7 @@ impl Served<Backend> {
         let (listener, url) = crate::framework::bind(port)?;
         let fleet = Fleet::new(Do::STATES, config.schedule, config.real_proxies.clone());
         let limit = config.rate_limit;
-        let state = Shared::new(Cloud::new(
-            Do {
-                config,
-                url,
-                private: 0,
-            },
-            fleet,
-            limit,
-        ));
+        let state = Shared::new(Cloud::new(Do { config, url, private: 0 }, fleet, limit));
         let api = Router::new()
             .route("/v2/droplets", get(list_droplets).post(create_droplet))
             .route("/v2/droplets/{id}", get(get_droplet).delete(delete_droplet))
@@ -462,10 +407,7 @@ impl Served<Backend> {
     /// The next `count` calls of `op` answer `error`, for answers the shared fault kinds do
     /// not cover (a size out of stock, a 403).
     pub fn inject_error(&self, op: FaultOp, error: DoError, count: u32) {
-        self.lock()
-            .traffic
-            .faults
-            .push(op, Effect::fail(error), count);
+        self.lock().traffic.faults.push(op, Effect::fail(error), count);
     }
 }
 
@@ -527,10 +469,7 @@ async fn create_droplet(
     let n = b.fleet.iter().count();
     let href = format!("{}/v2/actions/{}", b.backend.url, record.id);
     let links = json!({"actions": [{"id": n, "rel": "create", "href": href}]});
-    (
-        StatusCode::ACCEPTED,
-        Json(json!({"droplet": render(&b.backend, &record), "links": links})),
-    )
+    (StatusCode::ACCEPTED, Json(json!({"droplet": render(&b.backend, &record), "links": links})))
         .into_response()
 }
 
@@ -541,10 +480,7 @@ fn check_create(b: &mut Backend, body: CreateBody) -> Result<Record<Extra>, DoEr
             "the emulator creates one Droplet per request: send name",
         ));
     }
-    let name = body
-        .name
-        .filter(|n| is_name(n))
-        .ok_or_else(|| DoError::unprocessable(NAME_RULE))?;
+    let name = body.name.filter(|n| is_name(n)).ok_or_else(|| DoError::unprocessable(NAME_RULE))?;
     let c = &b.backend.config;
     let region = body.region.unwrap_or_else(|| c.regions[0].clone());
     if !c.regions.contains(&region) {
@@ -570,9 +506,7 @@ fn check_create(b: &mut Backend, body: CreateBody) -> Result<Record<Extra>, DoEr
             "tag name {bad:?} is invalid: only letters, numbers, colons, dashes and underscores, at most 255"
         )));
     }
-    if c.droplet_limit
-        .is_some_and(|max| b.fleet.iter().count() >= max)
-    {
+    if c.droplet_limit.is_some_and(|max| b.fleet.iter().count() >= max) {
         return Err(DoError::unprocessable(DROPLET_LIMIT));
     }
     let labels = tags.iter().filter_map(|t| tags::decode(t)).collect();
@@ -618,30 +552,21 @@ fn list(b: &Backend, q: ListQuery) -> Result<Value, DoError> {
     let page = positive(q.page.as_deref(), 1, "page")?;
     let per_page = positive(q.per_page.as_deref(), 20, "per_page")?.min(200);
     if q.tag_name.is_some() && (q.name.is_some() || q.kind.is_some()) {
-        return Err(DoError::bad_request(
-            "tag_name cannot be combined with name or type",
-        ));
+        return Err(DoError::bad_request("tag_name cannot be combined with name or type"));
     }
     let gpus = q.kind.as_deref() == Some("gpus");
     let matched: Vec<&Record<Extra>> = b
         .fleet
         .iter()
         .filter(|_| !gpus)
-        .filter(|r| {
-            q.name
-                .as_ref()
-                .is_none_or(|n| r.name.eq_ignore_ascii_case(n))
-        })
+        .filter(|r| q.name.as_ref().is_none_or(|n| r.name.eq_ignore_ascii_case(n)))
         .filter(|r| {
             q.tag_name
                 .as_ref()
                 .is_none_or(|t| r.extra.tags.iter().any(|x| x.eq_ignore_ascii_case(t)))
         })
         .collect();
-    if let Some(down) = b
-        .fleet
-        .failing_scope(matched.iter().map(|r| r.scope.as_str()))
-    {
+    if let Some(down) = b.fleet.failing_scope(matched.iter().map(|r| r.scope.as_str())) {
         let mut e = server_error();
         e.message = format!("Unexpected server-side error (region {down} unavailable)");
         return Err(e);
@@ -649,21 +574,13 @@ fn list(b: &Backend, q: ListQuery) -> Result<Value, DoError> {
     let total = matched.len() as u64;
     let last = total.div_ceil(per_page).max(1);
     let mut filters = String::new();
-    for (k, v) in [
-        ("tag_name", &q.tag_name),
-        ("name", &q.name),
-        ("type", &q.kind),
-    ] {
+    for (k, v) in [("tag_name", &q.tag_name), ("name", &q.name), ("type", &q.kind)] {
         if let Some(v) = v {
             filters.push_str(&format!("&{k}={}", encode(v)));
         }
     }
-    let link = |n: u64| {
-        format!(
-            "{}/v2/droplets?page={n}&per_page={per_page}{filters}",
-            b.backend.url
-        )
-    };
+    let link =
+        |n: u64| format!("{}/v2/droplets?page={n}&per_page={per_page}{filters}", b.backend.url);
     let mut pages = serde_json::Map::new();
     if page > 1 {
         pages.insert("first".into(), link(1).into());
@@ -674,12 +591,8 @@ fn list(b: &Backend, q: ListQuery) -> Result<Value, DoError> {
         pages.insert("last".into(), link(last).into());
     }
     let start = ((page - 1) * per_page) as usize;
-    let droplets: Vec<Value> = matched
-        .iter()
-        .skip(start)
-        .take(per_page as usize)
-        .map(|r| render(&b.backend, r))
-        .collect();
+    let droplets: Vec<Value> =
+        matched.iter().skip(start).take(per_page as usize).map(|r| render(&b.backend, r)).collect();
     Ok(json!({"droplets": droplets, "links": {"pages": pages}, "meta": {"total": total}}))
 }
 
@@ -719,10 +632,9 @@ async fn delete_droplet(State(state): State<Shared<Backend>>, Path(id): Path<Str
         Deletion::Locked | Deletion::InProgress(_) => {
             DoError::unprocessable(PENDING_EVENT).into_response()
         }
-        Deletion::Done(_) => (
-            StatusCode::NO_CONTENT,
-            [("content-type", "application/json; charset=utf-8")],
-        )
-            .into_response(),
+        Deletion::Done(_) => {
+            (StatusCode::NO_CONTENT, [("content-type", "application/json; charset=utf-8")])
+                .into_response()
+        }
     }
 }

@@ -25,9 +25,7 @@ fn call(
 ) -> Answer {
     let mut s = TcpStream::connect(e.addr()).unwrap();
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -38,11 +36,8 @@ fn call(
     s.read_to_string(&mut raw).unwrap();
     let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
     let head = head.to_ascii_lowercase();
-    let text = if head.contains("transfer-encoding: chunked") {
-        dechunk(rest)
-    } else {
-        rest.to_string()
-    };
+    let text =
+        if head.contains("transfer-encoding: chunked") { dechunk(rest) } else { rest.to_string() };
     Answer {
         status: raw[9..12].parse().unwrap(),
         headers: head,
@@ -80,57 +75,27 @@ fn create(e: &DigitalOceanEmulator, name: &str, tags: &[&str]) -> Answer {
 #[test]
 fn create_get_delete_as_the_reference_says() {
     let e = start();
-    let a = create(
-        &e,
-        "proxy-a",
-        &["egress:managed:true", "egress:uid:u-1_2fx"],
-    );
+    let a = create(&e, "proxy-a", &["egress:managed:true", "egress:uid:u-1_2fx"]);
     assert_eq!(a.status, 202, "{}", a.json);
     let d = &a.json["droplet"];
-    assert_eq!(
-        (d["status"].as_str(), d["region"]["slug"].as_str()),
-        (Some("new"), Some("ams3"))
-    );
-    assert!(
-        a.json["links"]["actions"][0]["href"]
-            .as_str()
-            .unwrap()
-            .contains("/v2/actions/")
-    );
+    assert_eq!((d["status"].as_str(), d["region"]["slug"].as_str()), (Some("new"), Some("ams3")));
+    assert!(a.json["links"]["actions"][0]["href"].as_str().unwrap().contains("/v2/actions/"));
     let v4 = d["networks"]["v4"].as_array().unwrap();
-    assert_eq!(
-        (v4.len(), v4[0]["type"].as_str()),
-        (1, Some("private")),
-        "no public address yet"
-    );
+    assert_eq!((v4.len(), v4[0]["type"].as_str()), (1, Some("private")), "no public address yet");
     let id = d["id"].as_u64().unwrap();
 
     let first = api(&e, "GET", &format!("/v2/droplets/{id}"), None);
-    assert_eq!(
-        (first.status, first.json["droplet"]["status"].as_str()),
-        (200, Some("new"))
-    );
+    assert_eq!((first.status, first.json["droplet"]["status"].as_str()), (200, Some("new")));
     let second = api(&e, "GET", &format!("/v2/droplets/{id}"), None);
     let d = &second.json["droplet"];
     assert_eq!(d["status"], "active");
     assert_eq!(d["networks"]["v4"][1]["type"], "public");
-    assert!(
-        d["networks"]["v4"][1]["ip_address"]
-            .as_str()
-            .unwrap()
-            .starts_with("203.0.113.")
-    );
-    assert_eq!(
-        d["tags"],
-        json!(["egress:managed:true", "egress:uid:u-1_2fx"])
-    );
+    assert!(d["networks"]["v4"][1]["ip_address"].as_str().unwrap().starts_with("203.0.113."));
+    assert_eq!(d["tags"], json!(["egress:managed:true", "egress:uid:u-1_2fx"]));
 
     let dump = e.dump();
-    let labels: Vec<(&str, &str)> = dump.instances[0]
-        .labels
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
+    let labels: Vec<(&str, &str)> =
+        dump.instances[0].labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     assert_eq!(
         labels,
         [(crate::MARK_MANAGED, "true"), (crate::MARK_UID, "u-1/x")],
@@ -146,11 +111,7 @@ fn create_get_delete_as_the_reference_says() {
         ("GET", "/v2/droplets/x1".into()),
     ] {
         let a = api(&e, method, &path, None);
-        assert_eq!(
-            (a.status, a.json["id"].as_str()),
-            (404, Some("not_found")),
-            "{method} {path}"
-        );
+        assert_eq!((a.status, a.json["id"].as_str()), (404, Some("not_found")), "{method} {path}");
     }
 }
 
@@ -160,33 +121,17 @@ fn creates_are_checked_and_names_are_not_unique() {
     cfg.droplet_limit = Some(2);
     let e = DigitalOceanEmulator::start(cfg);
     assert_eq!(create(&e, "dup", &[]).status, 202);
-    assert_eq!(
-        create(&e, "dup", &[]).status,
-        202,
-        "DigitalOcean names are not unique"
-    );
+    assert_eq!(create(&e, "dup", &[]).status, 202, "DigitalOcean names are not unique");
     let full = create(&e, "third", &[]);
-    assert_eq!(
-        (full.status, full.json["message"].as_str()),
-        (422, Some(DROPLET_LIMIT))
-    );
+    assert_eq!((full.status, full.json["message"].as_str()), (422, Some(DROPLET_LIMIT)));
     let cases = [
-        (
-            json!({"name": "-bad-", "size": "s-1vcpu-1gb", "image": "debian-12-x64"}),
-            "hostname",
-        ),
+        (json!({"name": "-bad-", "size": "s-1vcpu-1gb", "image": "debian-12-x64"}), "hostname"),
         (
             json!({"name": "a", "region": "mars1", "size": "s-1vcpu-1gb", "image": "debian-12-x64"}),
             "invalid region",
         ),
-        (
-            json!({"name": "a", "size": "huge", "image": "debian-12-x64"}),
-            "invalid size",
-        ),
-        (
-            json!({"name": "a", "size": "s-1vcpu-1gb", "image": 1}),
-            "invalid image",
-        ),
+        (json!({"name": "a", "size": "huge", "image": "debian-12-x64"}), "invalid size"),
+        (json!({"name": "a", "size": "s-1vcpu-1gb", "image": 1}), "invalid image"),
         (
             json!({"name": "a", "size": "s-1vcpu-1gb", "image": "debian-12-x64", "tags": ["a b"]}),
             "tag name",
@@ -204,17 +149,10 @@ fn creates_are_checked_and_names_are_not_unique() {
             (422, Some("unprocessable_entity")),
             "{body}"
         );
-        assert!(
-            a.json["message"].as_str().unwrap().contains(text),
-            "{body}: {}",
-            a.json
-        );
+        assert!(a.json["message"].as_str().unwrap().contains(text), "{body}: {}", a.json);
     }
     let bad = call(&e, "POST", "/v2/droplets", Some(TOKEN), None);
-    assert_eq!(
-        (bad.status, bad.json["id"].as_str()),
-        (400, Some("bad_request"))
-    );
+    assert_eq!((bad.status, bad.json["id"].as_str()), (400, Some("bad_request")));
     assert!(e.dump().instances.is_empty());
 }
 
@@ -222,20 +160,13 @@ fn creates_are_checked_and_names_are_not_unique() {
 fn lists_page_with_links_and_total_and_filter() {
     let e = start();
     for n in 0..5 {
-        let tags: &[&str] = if n % 2 == 0 {
-            &["egress:installation:a"]
-        } else {
-            &["web"]
-        };
+        let tags: &[&str] = if n % 2 == 0 { &["egress:installation:a"] } else { &["web"] };
         create(&e, &format!("d{n}"), tags);
     }
     let page = |q: &str| api(&e, "GET", &format!("/v2/droplets?{q}"), None);
     let p1 = page("per_page=2");
     assert_eq!(
-        (
-            p1.json["droplets"].as_array().unwrap().len(),
-            p1.json["meta"]["total"].as_u64()
-        ),
+        (p1.json["droplets"].as_array().unwrap().len(), p1.json["meta"]["total"].as_u64()),
         (2, Some(5))
     );
     let next = p1.json["links"]["pages"]["next"].as_str().unwrap();
@@ -243,12 +174,7 @@ fn lists_page_with_links_and_total_and_filter() {
         next.starts_with(&e.url()) && next.ends_with("/v2/droplets?page=2&per_page=2"),
         "{next}"
     );
-    assert!(
-        p1.json["links"]["pages"]["last"]
-            .as_str()
-            .unwrap()
-            .contains("page=3")
-    );
+    assert!(p1.json["links"]["pages"]["last"].as_str().unwrap().contains("page=3"));
     assert!(p1.json["links"]["pages"].get("prev").is_none());
     let p3 = page("per_page=2&page=3");
     assert_eq!(p3.json["droplets"].as_array().unwrap().len(), 1);
@@ -264,20 +190,9 @@ fn lists_page_with_links_and_total_and_filter() {
         .iter()
         .map(|d| d["name"].as_str().unwrap())
         .collect();
-    assert_eq!(
-        names,
-        ["d0", "d2", "d4"],
-        "tags compare without regard to case"
-    );
+    assert_eq!(names, ["d0", "d2", "d4"], "tags compare without regard to case");
     assert_eq!(page("name=D3").json["meta"]["total"], 1);
-    assert_eq!(
-        page("per_page=500").json["droplets"]
-            .as_array()
-            .unwrap()
-            .len(),
-        5,
-        "capped at 200"
-    );
+    assert_eq!(page("per_page=500").json["droplets"].as_array().unwrap().len(), 5, "capped at 200");
     assert_eq!(page("type=gpus").json["meta"]["total"], 0);
     for bad in ["tag_name=a&name=b", "page=0", "per_page=x"] {
         assert_eq!(page(bad).status, 400, "{bad}");
@@ -285,10 +200,7 @@ fn lists_page_with_links_and_total_and_filter() {
 
     e.fail_scope("ams3", true);
     let down = page("per_page=200");
-    assert_eq!(
-        (down.status, down.json["id"].as_str()),
-        (500, Some("server_error"))
-    );
+    assert_eq!((down.status, down.json["id"].as_str()), (500, Some("server_error")));
     assert_eq!(
         page("tag_name=nothing").status,
         200,
@@ -300,10 +212,7 @@ fn lists_page_with_links_and_total_and_filter() {
 fn auth_rate_limit_and_headers() {
     let e = start();
     let a = call(&e, "GET", "/v2/droplets", Some("wrong"), None);
-    assert_eq!(
-        (a.status, a.json["id"].as_str()),
-        (401, Some("unauthorized"))
-    );
+    assert_eq!((a.status, a.json["id"].as_str()), (401, Some("unauthorized")));
     assert!(
         a.headers.contains("ratelimit-limit: 5000")
             && a.headers.contains("ratelimit-remaining: 5000"),
@@ -312,38 +221,15 @@ fn auth_rate_limit_and_headers() {
     );
     assert!(a.headers.contains("ratelimit-reset: "));
 
-    e.set_rate_limit(Some(RateLimit {
-        per_hour: 5000,
-        burst: 2,
-    }));
-    assert!(
-        api(&e, "GET", "/v2/droplets", None)
-            .headers
-            .contains("ratelimit-remaining: 1")
-    );
+    e.set_rate_limit(Some(RateLimit { per_hour: 5000, burst: 2 }));
+    assert!(api(&e, "GET", "/v2/droplets", None).headers.contains("ratelimit-remaining: 1"));
     api(&e, "GET", "/v2/droplets", None);
     let limited = api(&e, "GET", "/v2/droplets", None);
-    assert_eq!(
-        (limited.status, limited.json["id"].as_str()),
-        (429, Some("too_many_requests"))
-    );
-    assert!(
-        limited.headers.contains("ratelimit-remaining: 0"),
-        "{}",
-        limited.headers
-    );
-    assert!(
-        !limited.headers.contains("retry-after"),
-        "DigitalOcean sends none"
-    );
+    assert_eq!((limited.status, limited.json["id"].as_str()), (429, Some("too_many_requests")));
+    assert!(limited.headers.contains("ratelimit-remaining: 0"), "{}", limited.headers);
+    assert!(!limited.headers.contains("retry-after"), "DigitalOcean sends none");
     assert_eq!(e.stats().rate_limited, 1);
-    assert_eq!(
-        documented_rate_limit(),
-        RateLimit {
-            per_hour: 5000,
-            burst: 250
-        }
-    );
+    assert_eq!(documented_rate_limit(), RateLimit { per_hour: 5000, burst: 250 });
 }
 
 #[test]
@@ -360,50 +246,26 @@ fn control_surface_on_the_wire() {
     let d = e.droplet(&id).unwrap();
     assert_eq!(
         d["tags"],
-        json!([
-            "egress:managed:true",
-            "egress:uid:_55_2f1",
-            "egress:installation:inst"
-        ])
+        json!(["egress:managed:true", "egress:uid:_55_2f1", "egress:installation:inst"])
     );
     assert_eq!(
         (d["status"].as_str(), d["created_at"].as_str()),
         (Some("active"), Some("2023-11-14T22:13:20Z"))
     );
     assert!(
-        e.try_plant(Plant {
-            name: "x".into(),
-            scope: "mars1".into(),
-            ..Plant::default()
-        })
-        .is_err()
+        e.try_plant(Plant { name: "x".into(), scope: "mars1".into(), ..Plant::default() }).is_err()
     );
 
     e.set_address(&id, None);
-    assert_eq!(
-        e.droplet(&id).unwrap()["networks"]["v4"]
-            .as_array()
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(e.droplet(&id).unwrap()["networks"]["v4"].as_array().unwrap().len(), 1);
     e.set_locked(&id, true);
     let locked = api(&e, "DELETE", &format!("/v2/droplets/{id}"), None);
-    assert_eq!(
-        (locked.status, locked.json["message"].as_str()),
-        (422, Some(PENDING_EVENT))
-    );
-    assert_eq!(
-        api(&e, "GET", &format!("/v2/droplets/{id}"), None).json["droplet"]["locked"],
-        true
-    );
+    assert_eq!((locked.status, locked.json["message"].as_str()), (422, Some(PENDING_EVENT)));
+    assert_eq!(api(&e, "GET", &format!("/v2/droplets/{id}"), None).json["droplet"]["locked"], true);
     e.set_locked(&id, false);
     e.start_slow_delete(&id);
     assert_eq!(e.droplet(&id).unwrap()["status"], "archive");
-    assert_eq!(
-        api(&e, "DELETE", &format!("/v2/droplets/{id}"), None).status,
-        422
-    );
+    assert_eq!(api(&e, "DELETE", &format!("/v2/droplets/{id}"), None).status, 422);
     e.finish_deletes();
     assert!(e.droplet(&id).is_none());
 
@@ -413,21 +275,13 @@ fn control_surface_on_the_wire() {
         (FaultKind::Auth, 401, "unauthorized"),
         (FaultKind::ServerError, 500, "server_error"),
     ] {
-        e.inject(Fault {
-            op: FaultOp::Create,
-            kind,
-            count: 1,
-        });
+        e.inject(Fault { op: FaultOp::Create, kind, count: 1 });
         let a = create(&e, "f", &[]);
         assert_eq!((a.status, a.json["id"].as_str()), (status, Some(code)));
     }
     e.inject_error(
         FaultOp::List,
-        DoError::new(
-            403,
-            "forbidden",
-            "You do not have permission to perform this action.",
-        ),
+        DoError::new(403, "forbidden", "You do not have permission to perform this action."),
         1,
     );
     assert_eq!(api(&e, "GET", "/v2/droplets", None).status, 403);

@@ -22,11 +22,7 @@ pub(crate) struct ApiError {
 
 impl ApiError {
     pub(crate) fn new(status: u16, code: &str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            code: code.to_string(),
-            message: message.into(),
-        }
+        ApiError { status, code: code.to_string(), message: message.into() }
     }
 
     fn bad(code: &str, message: impl Into<String>) -> Self {
@@ -38,10 +34,7 @@ impl ApiError {
     }
 
     fn missing(param: &str) -> Self {
-        ApiError::bad(
-            "MissingParameter",
-            format!("The request must contain the parameter {param}"),
-        )
+        ApiError::bad("MissingParameter", format!("The request must contain the parameter {param}"))
     }
 }
 
@@ -108,11 +101,7 @@ impl Params {
             let Ok(n) = n.parse() else {
                 continue;
             };
-            groups
-                .entry(n)
-                .or_default()
-                .map
-                .insert(sub.to_string(), v.clone());
+            groups.entry(n).or_default().map.insert(sub.to_string(), v.clone());
         }
         groups.into_iter().collect()
     }
@@ -215,13 +204,9 @@ fn run_instances(
     }
 
     let cfg = st.cfg.clone();
-    let catalog = cfg
-        .region(region)
-        .expect("verified regions are in the catalogue");
+    let catalog = cfg.region(region).expect("verified regions are in the catalogue");
 
-    let image = p
-        .get("ImageId")
-        .ok_or_else(|| ApiError::missing("ImageId"))?;
+    let image = p.get("ImageId").ok_or_else(|| ApiError::missing("ImageId"))?;
     if !valid_id(image, "ami") {
         return Err(ApiError::bad(
             "InvalidAMIID.Malformed",
@@ -251,9 +236,7 @@ fn run_instances(
     }
     let zone = match p.get("Placement.AvailabilityZone") {
         Some(z) if !catalog.zones.iter().any(|k| k == z) => {
-            return Err(ApiError::invalid_value(format!(
-                "Invalid availability zone: [{z}]"
-            )));
+            return Err(ApiError::invalid_value(format!("Invalid availability zone: [{z}]")));
         }
         Some(z) => z.to_string(),
         None => catalog.zones[0].clone(),
@@ -276,17 +259,11 @@ fn run_instances(
     if let Some(s) = &subnet_id
         && !valid_id(s, "subnet")
     {
-        return Err(ApiError::bad(
-            "InvalidSubnetID.Malformed",
-            format!("Invalid id: \"{s}\""),
-        ));
+        return Err(ApiError::bad("InvalidSubnetID.Malformed", format!("Invalid id: \"{s}\"")));
     }
     let security_groups = p.list("SecurityGroupId");
     if let Some(bad) = security_groups.iter().find(|g| !valid_id(g, "sg")) {
-        return Err(ApiError::bad(
-            "InvalidGroupId.Malformed",
-            format!("Invalid id: \"{bad}\""),
-        ));
+        return Err(ApiError::bad("InvalidGroupId.Malformed", format!("Invalid id: \"{bad}\"")));
     }
     let (instance_tags, volume_tags) = tag_specifications(p)?;
     let disks = block_devices(p, &cfg.root_device_name)?;
@@ -325,10 +302,7 @@ fn run_instances(
     if !token.is_empty() {
         st.tokens.insert(
             (region.to_string(), token),
-            TokenRecord {
-                fingerprint: fingerprint(p),
-                reservation_id: reservation_id.clone(),
-            },
+            TokenRecord { fingerprint: fingerprint(p), reservation_id: reservation_id.clone() },
         );
     }
     Ok(render_run(st, &reservation_id, request_id))
@@ -460,8 +434,7 @@ fn block_devices(p: &Params, root_device: &str) -> Result<Vec<DiskSpec>, ApiErro
 fn render_run(st: &State, reservation_id: &str, request_id: &str) -> String {
     let r = &st.reservations[reservation_id];
     let mut x = Xml::response("RunInstances", request_id);
-    x.leaf("reservationId", &r.id)
-        .leaf("ownerId", &st.cfg.owner_id);
+    x.leaf("reservationId", &r.id).leaf("ownerId", &st.cfg.owner_id);
     group_set(&mut x, &r.groups);
     x.open("instancesSet");
     for id in &r.instance_ids {
@@ -477,10 +450,7 @@ fn render_run(st: &State, reservation_id: &str, request_id: &str) -> String {
 fn instance_ids(p: &Params) -> Result<Vec<String>, ApiError> {
     let ids = p.list("InstanceId");
     if let Some(bad) = ids.iter().find(|id| !valid_id(id, "i")) {
-        return Err(ApiError::bad(
-            "InvalidInstanceID.Malformed",
-            format!("Invalid id: \"{bad}\""),
-        ));
+        return Err(ApiError::bad("InvalidInstanceID.Malformed", format!("Invalid id: \"{bad}\"")));
     }
     Ok(ids)
 }
@@ -489,11 +459,7 @@ fn instance_ids(p: &Params) -> Result<Vec<String>, ApiError> {
 fn require_visible(st: &State, ids: &[String], region: &str, now: Instant) -> Result<(), ApiError> {
     let missing: Vec<&str> = ids
         .iter()
-        .filter(|id| {
-            !st.instances
-                .get(id.as_str())
-                .is_some_and(|i| i.visible(region, now))
-        })
+        .filter(|id| !st.instances.get(id.as_str()).is_some_and(|i| i.visible(region, now)))
         .map(String::as_str)
         .collect();
     match missing.len() {
@@ -535,11 +501,7 @@ fn describe_instances(
         .values()
         .filter(|i| i.visible(region, now))
         .filter(|i| wanted.is_empty() || wanted.contains(i.id.as_str()))
-        .filter(|i| {
-            filters
-                .iter()
-                .all(|f| f.matches(&instance_field(i, &f.name)))
-        })
+        .filter(|i| filters.iter().all(|f| f.matches(&instance_field(i, &f.name))))
         .filter(|i| after.is_none_or(|a| i.seq > a))
         .collect();
     matching.sort_by_key(|i| i.seq);
@@ -562,9 +524,7 @@ fn describe_instances(
     x.open("reservationSet");
     for rid in order {
         let r = &st.reservations[rid];
-        x.open("item")
-            .leaf("reservationId", rid)
-            .leaf("ownerId", &st.cfg.owner_id);
+        x.open("item").leaf("reservationId", rid).leaf("ownerId", &st.cfg.owner_id);
         group_set(&mut x, &r.groups);
         x.open("instancesSet");
         for i in &by_reservation[rid] {
@@ -625,17 +585,10 @@ fn describe_instance_attribute(
     request_id: &str,
     now: Instant,
 ) -> ApiResult {
-    let id = p
-        .get("InstanceId")
-        .ok_or_else(|| ApiError::missing("InstanceId"))?;
-    let attribute = p
-        .get("Attribute")
-        .ok_or_else(|| ApiError::missing("Attribute"))?;
+    let id = p.get("InstanceId").ok_or_else(|| ApiError::missing("InstanceId"))?;
+    let attribute = p.get("Attribute").ok_or_else(|| ApiError::missing("Attribute"))?;
     if !valid_id(id, "i") {
-        return Err(ApiError::bad(
-            "InvalidInstanceID.Malformed",
-            format!("Invalid id: \"{id}\""),
-        ));
+        return Err(ApiError::bad("InvalidInstanceID.Malformed", format!("Invalid id: \"{id}\"")));
     }
     require_visible(st, &[id.to_string()], region, now)?;
     p.dry_run()?;
@@ -668,10 +621,7 @@ fn describe_instance_attribute(
 }
 
 fn instance_state(x: &mut Xml, tag: &str, state: &str) {
-    x.open(tag)
-        .leaf("code", &state_code(state).to_string())
-        .leaf("name", state)
-        .close(tag);
+    x.open(tag).leaf("code", &state_code(state).to_string()).leaf("name", state).close(tag);
 }
 
 fn group_set(x: &mut Xml, groups: &[String]) {
@@ -695,9 +645,7 @@ fn tag_set(x: &mut Xml, tags: &[(String, String)]) {
 
 fn render_instance(x: &mut Xml, st: &State, i: &Instance) {
     let shutting = matches!(i.state.as_str(), "shutting-down" | "terminated");
-    x.open("item")
-        .leaf("instanceId", &i.id)
-        .leaf("imageId", &i.image_id);
+    x.open("item").leaf("instanceId", &i.id).leaf("imageId", &i.image_id);
     instance_state(x, "instanceState", &i.state);
     let private_dns = i
         .private_ip
@@ -710,10 +658,7 @@ fn render_instance(x: &mut Xml, st: &State, i: &Instance) {
         .map(|ip| format!("ec2-{}.compute-1.amazonaws.com", ip.replace('.', "-")))
         .unwrap_or_default();
     let reason = match (shutting, i.terminate_requested_at) {
-        (true, Some(t)) => format!(
-            "User initiated ({} GMT)",
-            iso_time(t)[..19].replace('T', " ")
-        ),
+        (true, Some(t)) => format!("User initiated ({} GMT)", iso_time(t)[..19].replace('T', " ")),
         _ => String::new(),
     };
     x.leaf("privateDnsName", &private_dns)
@@ -728,12 +673,9 @@ fn render_instance(x: &mut Xml, st: &State, i: &Instance) {
         .empty("groupName")
         .leaf("tenancy", "default")
         .close("placement");
-    x.open("monitoring")
-        .leaf("state", "disabled")
-        .close("monitoring");
+    x.open("monitoring").leaf("state", "disabled").close("monitoring");
     if let Some(subnet) = &i.subnet_id {
-        x.leaf("subnetId", subnet)
-            .leaf("vpcId", &format!("vpc-{}", &subnet["subnet-".len()..]));
+        x.leaf("subnetId", subnet).leaf("vpcId", &format!("vpc-{}", &subnet["subnet-".len()..]));
     }
     if let Some(ip) = &i.private_ip {
         x.leaf("privateIpAddress", ip);
@@ -746,10 +688,7 @@ fn render_instance(x: &mut Xml, st: &State, i: &Instance) {
     if shutting {
         x.open("stateReason")
             .leaf("code", "Client.UserInitiatedShutdown")
-            .leaf(
-                "message",
-                "Client.UserInitiatedShutdown: User initiated shutdown",
-            )
+            .leaf("message", "Client.UserInitiatedShutdown: User initiated shutdown")
             .close("stateReason");
     }
     x.leaf("architecture", "x86_64")
@@ -776,12 +715,9 @@ fn render_instance(x: &mut Xml, st: &State, i: &Instance) {
         x.close("ebs").close("item");
     }
     x.close("blockDeviceMapping");
-    x.leaf("virtualizationType", "hvm")
-        .leaf("clientToken", &i.client_token);
+    x.leaf("virtualizationType", "hvm").leaf("clientToken", &i.client_token);
     tag_set(x, &i.tags);
-    x.leaf("hypervisor", "xen")
-        .empty("networkInterfaceSet")
-        .leaf("ebsOptimized", "false");
+    x.leaf("hypervisor", "xen").empty("networkInterfaceSet").leaf("ebsOptimized", "false");
     x.close("item");
 }
 
@@ -812,11 +748,7 @@ fn describe_volumes(st: &mut State, p: &Params, region: &str, request_id: &str) 
     let after = cursor(p, region)?;
     let missing: Vec<&str> = ids
         .iter()
-        .filter(|id| {
-            st.volumes
-                .get(id.as_str())
-                .is_none_or(|v| v.region != region)
-        })
+        .filter(|id| st.volumes.get(id.as_str()).is_none_or(|v| v.region != region))
         .map(String::as_str)
         .collect();
     if !missing.is_empty() {
@@ -839,10 +771,8 @@ fn describe_volumes(st: &mut State, p: &Params, region: &str, request_id: &str) 
         .filter(|v| filters.iter().all(|f| f.matches(&volume_field(v, &f.name))))
         .collect();
     matching.sort_by_key(|v| v.seq);
-    let mut matching: Vec<&Volume> = matching
-        .into_iter()
-        .filter(|v| after.is_none_or(|a| v.seq > a))
-        .collect();
+    let mut matching: Vec<&Volume> =
+        matching.into_iter().filter(|v| after.is_none_or(|a| v.seq > a)).collect();
     let more = page_size.is_some_and(|n| matching.len() > n);
     if let Some(n) = page_size {
         matching.truncate(n);
@@ -875,9 +805,7 @@ fn describe_volumes(st: &mut State, p: &Params, region: &str, request_id: &str) 
         if v.volume_type == "gp3" {
             x.leaf("iops", "3000").leaf("throughput", "125");
         }
-        x.leaf("encrypted", "false")
-            .leaf("multiAttachEnabled", "false")
-            .close("item");
+        x.leaf("encrypted", "false").leaf("multiAttachEnabled", "false").close("item");
     }
     x.close("volumeSet");
     if let Some(t) = &next {
@@ -907,14 +835,10 @@ fn zone_id(region: &str, index: usize) -> String {
 
 fn describe_zones(st: &mut State, p: &Params, region: &str, request_id: &str) -> ApiResult {
     let cfg = st.cfg.clone();
-    let catalog = cfg
-        .region(region)
-        .expect("verified regions are in the catalogue");
+    let catalog = cfg.region(region).expect("verified regions are in the catalogue");
     let names = p.list("ZoneName");
     if let Some(bad) = names.iter().find(|n| !catalog.zones.contains(n)) {
-        return Err(ApiError::invalid_value(format!(
-            "Invalid availability zone: [{bad}]"
-        )));
+        return Err(ApiError::invalid_value(format!("Invalid availability zone: [{bad}]")));
     }
     let filters = filters(p, ZONE_FILTERS)?;
     p.dry_run()?;
@@ -955,10 +879,7 @@ fn describe_zones(st: &mut State, p: &Params, region: &str, request_id: &str) ->
 fn describe_regions(st: &mut State, p: &Params, request_id: &str) -> ApiResult {
     let names = p.list("RegionName");
     let cfg = st.cfg.clone();
-    if let Some(bad) = names
-        .iter()
-        .find(|n| !cfg.regions.iter().any(|r| &r.name == *n))
-    {
+    if let Some(bad) = names.iter().find(|n| !cfg.regions.iter().any(|r| &r.name == *n)) {
         return Err(ApiError::invalid_value(format!("Invalid region: {bad}")));
     }
     let filters = filters(p, REGION_FILTERS)?;
@@ -1033,29 +954,20 @@ impl Filter {
     /// Any value matches any of the resource's values for this filter (EC2 ORs the values
     /// of one filter and ANDs the filters).
     fn matches(&self, actual: &[String]) -> bool {
-        self.values
-            .iter()
-            .any(|pattern| actual.iter().any(|a| glob(pattern, a)))
+        self.values.iter().any(|pattern| actual.iter().any(|a| glob(pattern, a)))
     }
 }
 
 fn filters(p: &Params, known: &[&str]) -> Result<Vec<Filter>, ApiError> {
     let mut out = Vec::new();
     for (_, f) in p.groups("Filter") {
-        let name = f
-            .get("Name")
-            .ok_or_else(|| ApiError::missing("Filter.N.Name"))?;
+        let name = f.get("Name").ok_or_else(|| ApiError::missing("Filter.N.Name"))?;
         let tag_filter =
             name.strip_prefix("tag:").is_some_and(|k| !k.is_empty()) && known.contains(&"tag-key");
         if !tag_filter && !known.contains(&name) {
-            return Err(ApiError::invalid_value(format!(
-                "The filter '{name}' is invalid"
-            )));
+            return Err(ApiError::invalid_value(format!("The filter '{name}' is invalid")));
         }
-        out.push(Filter {
-            name: name.to_string(),
-            values: f.list("Value"),
-        });
+        out.push(Filter { name: name.to_string(), values: f.list("Value") });
     }
     Ok(out)
 }
@@ -1086,12 +998,7 @@ fn glob(pattern: &str, text: &str) -> bool {
 
 fn tag_values(tags: &[(String, String)], name: &str) -> Option<Vec<String>> {
     if let Some(key) = name.strip_prefix("tag:") {
-        return Some(
-            tags.iter()
-                .filter(|(k, _)| k == key)
-                .map(|(_, v)| v.clone())
-                .collect(),
-        );
+        return Some(tags.iter().filter(|(k, _)| k == key).map(|(_, v)| v.clone()).collect());
     }
     match name {
         "tag-key" => Some(tags.iter().map(|(k, _)| k.clone()).collect()),
@@ -1127,10 +1034,9 @@ fn volume_field(v: &Volume, name: &str) -> Vec<String> {
     }
     let a = v.attachment.as_ref();
     match name {
-        "attachment.delete-on-termination" => a
-            .map(|a| bool_str(a.delete_on_termination).to_string())
-            .into_iter()
-            .collect(),
+        "attachment.delete-on-termination" => {
+            a.map(|a| bool_str(a.delete_on_termination).to_string()).into_iter().collect()
+        }
         "attachment.device" => a.map(|a| a.device.clone()).into_iter().collect(),
         "attachment.instance-id" => a.map(|a| a.instance_id.clone()).into_iter().collect(),
         "attachment.status" => a.map(|_| "attached".to_string()).into_iter().collect(),
@@ -1174,9 +1080,7 @@ fn cursor(p: &Params, region: &str) -> Result<Option<u64>, ApiError> {
             format!("The pagination token '{token}' is invalid."),
         )
     };
-    let raw = data_encoding::BASE64URL_NOPAD
-        .decode(token.as_bytes())
-        .map_err(|_| invalid())?;
+    let raw = data_encoding::BASE64URL_NOPAD.decode(token.as_bytes()).map_err(|_| invalid())?;
     let text = String::from_utf8(raw).map_err(|_| invalid())?;
     let mut parts = text.split('|');
     match (parts.next(), parts.next(), parts.next(), parts.next()) {
@@ -1226,10 +1130,7 @@ mod tests {
         let t = make_token("us-east-1", 42);
         let p = Params::parse(&format!("NextToken={t}"), None);
         assert_eq!(cursor(&p, "us-east-1"), Ok(Some(42)));
-        assert_eq!(
-            cursor(&p, "eu-west-1").unwrap_err().code,
-            "InvalidPaginationToken"
-        );
+        assert_eq!(cursor(&p, "eu-west-1").unwrap_err().code, "InvalidPaginationToken");
         let p = Params::parse("NextToken=garbage!", None);
         assert!(cursor(&p, "us-east-1").is_err());
     }

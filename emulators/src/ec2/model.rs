@@ -70,10 +70,7 @@ pub(crate) struct Instance {
 
 impl Instance {
     pub(crate) fn tag(&self, key: &str) -> Option<&str> {
-        self.tags
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+        self.tags.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
     pub(crate) fn visible(&self, region: &str, now: Instant) -> bool {
@@ -103,11 +100,7 @@ pub(crate) struct Volume {
 
 impl Volume {
     pub(crate) fn status(&self) -> &'static str {
-        if self.attachment.is_some() {
-            "in-use"
-        } else {
-            "available"
-        }
+        if self.attachment.is_some() { "in-use" } else { "available" }
     }
 }
 
@@ -168,10 +161,7 @@ pub struct State {
 }
 
 pub(crate) fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs()
 }
 
 impl State {
@@ -233,11 +223,7 @@ impl State {
     pub(crate) fn launch(&mut self, spec: LaunchSpec, now: Instant) -> String {
         let reservation_id = self.new_id("r");
         let mut ids = Vec::new();
-        let visible_from = if spec.planted {
-            now
-        } else {
-            now + self.cfg.eventual_consistency
-        };
+        let visible_from = if spec.planted { now } else { now + self.cfg.eventual_consistency };
         for index in 0..spec.count {
             let id = self.new_id("i");
             self.seq += 1;
@@ -454,10 +440,8 @@ impl State {
             .map(|v| v.id.clone())
             .collect();
         for vol_id in attached {
-            let delete = self.volumes[&vol_id]
-                .attachment
-                .as_ref()
-                .is_some_and(|a| a.delete_on_termination);
+            let delete =
+                self.volumes[&vol_id].attachment.as_ref().is_some_and(|a| a.delete_on_termination);
             if delete {
                 self.volumes.remove(&vol_id);
             } else if let Some(v) = self.volumes.get_mut(&vol_id) {
@@ -552,9 +536,7 @@ pub(crate) fn valid_id(id: &str, prefix: &str) -> bool {
         return false;
     };
     matches!(rest.len(), 8 | 17)
-        && rest
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && rest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// EC2's timestamp format: RFC 3339 with milliseconds.

@@ -52,19 +52,11 @@ pub(crate) const AUTH_FAILURE_MESSAGE: &str =
 
 impl AuthError {
     pub(crate) fn auth_failure() -> Self {
-        AuthError {
-            status: 401,
-            code: "AuthFailure",
-            message: AUTH_FAILURE_MESSAGE.into(),
-        }
+        AuthError { status: 401, code: "AuthFailure", message: AUTH_FAILURE_MESSAGE.into() }
     }
 
     fn incomplete(message: String) -> Self {
-        AuthError {
-            status: 400,
-            code: "IncompleteSignature",
-            message,
-        }
+        AuthError { status: 400, code: "IncompleteSignature", message }
     }
 
     fn mismatch(kind: SignatureMismatch) -> Self {
@@ -162,12 +154,9 @@ pub(crate) fn verify(req: &SignedRequest<'_>, policy: &Policy<'_>) -> Result<Ver
         missing.push(format!("Authorization={auth}"));
         return Err(AuthError::incomplete(missing.join(" ")));
     }
-    let (Some(credential), Some(signature), Some(signed_headers), Some(amz_date)) = (
-        parsed.credential,
-        parsed.signature,
-        parsed.signed_headers,
-        amz_date,
-    ) else {
+    let (Some(credential), Some(signature), Some(signed_headers), Some(amz_date)) =
+        (parsed.credential, parsed.signature, parsed.signed_headers, amz_date)
+    else {
         unreachable!("checked above");
     };
 
@@ -187,10 +176,8 @@ pub(crate) fn verify(req: &SignedRequest<'_>, policy: &Policy<'_>) -> Result<Ver
              http://en.wikipedia.org/wiki/ISO_8601"
         )));
     };
-    let signed: Vec<String> = signed_headers
-        .split(';')
-        .map(|h| h.trim().to_ascii_lowercase())
-        .collect();
+    let signed: Vec<String> =
+        signed_headers.split(';').map(|h| h.trim().to_ascii_lowercase()).collect();
     if !signed.iter().any(|h| h == "host") {
         return Err(AuthError::incomplete(
             "'Host' or ':authority' must be a 'SignedHeader' in the AWS Authorization.".into(),
@@ -202,11 +189,7 @@ pub(crate) fn verify(req: &SignedRequest<'_>, policy: &Policy<'_>) -> Result<Ver
         ));
     }
 
-    let Some(cred) = policy
-        .credentials
-        .iter()
-        .find(|c| c.access_key == access_key)
-    else {
+    let Some(cred) = policy.credentials.iter().find(|c| c.access_key == access_key) else {
         return Err(AuthError::auth_failure());
     };
     // A key scoped to another service or a region this endpoint does not serve is refused
@@ -241,10 +224,7 @@ pub(crate) fn verify(req: &SignedRequest<'_>, policy: &Policy<'_>) -> Result<Ver
     if mac.verify_slice(&provided).is_err() {
         return Err(AuthError::mismatch(policy.mismatch));
     }
-    Ok(Verified {
-        access_key: access_key.to_string(),
-        region: region.to_string(),
-    })
+    Ok(Verified { access_key: access_key.to_string(), region: region.to_string() })
 }
 
 struct ParsedAuthorization<'a> {
@@ -254,20 +234,13 @@ struct ParsedAuthorization<'a> {
 }
 
 fn parse_authorization(auth: &str) -> Result<ParsedAuthorization<'_>, AuthError> {
-    let Some(rest) = auth
-        .strip_prefix(ALGORITHM)
-        .filter(|r| r.starts_with(' ') || r.is_empty())
+    let Some(rest) = auth.strip_prefix(ALGORITHM).filter(|r| r.starts_with(' ') || r.is_empty())
     else {
         let algorithm = auth.split_whitespace().next().unwrap_or("");
-        return Err(AuthError::incomplete(format!(
-            "Unsupported AWS 'algorithm': '{algorithm}'"
-        )));
+        return Err(AuthError::incomplete(format!("Unsupported AWS 'algorithm': '{algorithm}'")));
     };
-    let mut parsed = ParsedAuthorization {
-        credential: None,
-        signed_headers: None,
-        signature: None,
-    };
+    let mut parsed =
+        ParsedAuthorization { credential: None, signed_headers: None, signature: None };
     for part in rest.split(',') {
         let Some((k, v)) = part.trim().split_once('=') else {
             continue;
@@ -316,11 +289,8 @@ pub(crate) fn canonical_request(req: &SignedRequest<'_>, signed: &[String]) -> S
     sorted.dedup();
     let mut headers = String::new();
     for name in &sorted {
-        let values: Vec<String> = req
-            .header_values(name)
-            .into_iter()
-            .map(normalize_header_value)
-            .collect();
+        let values: Vec<String> =
+            req.header_values(name).into_iter().map(normalize_header_value).collect();
         headers.push_str(name);
         headers.push(':');
         headers.push_str(&values.join(","));
@@ -350,18 +320,11 @@ pub(crate) fn canonical_query(query: &str) -> String {
         .filter(|p| !p.is_empty())
         .map(|p| {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (
-                uri_encode(&percent_decode(k, false)),
-                uri_encode(&percent_decode(v, false)),
-            )
+            (uri_encode(&percent_decode(k, false)), uri_encode(&percent_decode(v, false)))
         })
         .collect();
     pairs.sort();
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join("&")
+    pairs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&")
 }
 
 /// RFC 3986 encoding of everything but the unreserved characters, as SigV4 requires.
@@ -442,10 +405,7 @@ pub(crate) fn signature(
 ) -> String {
     let canonical = canonical_request(req, signed);
     let sts = string_to_sign(amz_date, &amz_date[..8], region, service, &canonical);
-    hex::encode(hmac(
-        &signing_key(secret, &amz_date[..8], region, service),
-        sts.as_bytes(),
-    ))
+    hex::encode(hmac(&signing_key(secret, &amz_date[..8], region, service), sts.as_bytes()))
 }
 
 #[cfg(test)]
@@ -466,10 +426,7 @@ mod tests {
             method,
             path,
             query,
-            headers: headers
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             body,
         }
     }
@@ -482,33 +439,16 @@ mod tests {
     /// (service `service`, region us-east-1, 2015-08-30T12:36:00Z).
     #[test]
     fn aws_test_suite_vectors() {
-        let headers = [
-            ("Host", "example.amazonaws.com"),
-            ("X-Amz-Date", "20150830T123600Z"),
-        ];
+        let headers = [("Host", "example.amazonaws.com"), ("X-Amz-Date", "20150830T123600Z")];
         let signed = names(&["host", "x-amz-date"]);
         let r = req("GET", "/", "", &headers, b"");
         assert_eq!(
-            signature(
-                &r,
-                &signed,
-                SECRET,
-                "20150830T123600Z",
-                "us-east-1",
-                "service"
-            ),
+            signature(&r, &signed, SECRET, "20150830T123600Z", "us-east-1", "service"),
             "5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31"
         );
         let r = req("GET", "/", "Param2=value2&Param1=value1", &headers, b"");
         assert_eq!(
-            signature(
-                &r,
-                &signed,
-                SECRET,
-                "20150830T123600Z",
-                "us-east-1",
-                "service"
-            ),
+            signature(&r, &signed, SECRET, "20150830T123600Z", "us-east-1", "service"),
             "b97d918cfa904a5beff61c982a1b6f458b799221646efd99d3219ec94cdf2500"
         );
     }
@@ -523,20 +463,11 @@ mod tests {
             "c4afb1cc5771d871763a393e44b703571b55cc28424d1a5e86da6ed3c154a4b9"
         );
         let headers = [
-            (
-                "Content-Type",
-                "application/x-www-form-urlencoded; charset=utf-8",
-            ),
+            ("Content-Type", "application/x-www-form-urlencoded; charset=utf-8"),
             ("Host", "iam.amazonaws.com"),
             ("X-Amz-Date", "20150830T123600Z"),
         ];
-        let r = req(
-            "GET",
-            "/",
-            "Action=ListUsers&Version=2010-05-08",
-            &headers,
-            b"",
-        );
+        let r = req("GET", "/", "Action=ListUsers&Version=2010-05-08", &headers, b"");
         let signed = names(&["content-type", "host", "x-amz-date"]);
         assert_eq!(
             hex::encode(Sha256::digest(canonical_request(&r, &signed).as_bytes())),
@@ -580,15 +511,9 @@ mod tests {
         let t = parse_amz_date("20150830T123600Z").unwrap();
         assert_eq!(
             verify(&r, &policy(&creds, t + 60)),
-            Ok(Verified {
-                access_key: AKID.into(),
-                region: "us-east-1".into()
-            })
+            Ok(Verified { access_key: AKID.into(), region: "us-east-1".into() })
         );
-        assert_eq!(
-            verify(&r, &policy(&creds, t + 86_400)).unwrap_err().code,
-            "RequestExpired"
-        );
+        assert_eq!(verify(&r, &policy(&creds, t + 86_400)).unwrap_err().code, "RequestExpired");
     }
 
     #[test]

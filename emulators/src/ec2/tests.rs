@@ -79,10 +79,7 @@ impl Answer {
         let doc = self.doc();
         let root = doc.root_element();
         assert_eq!(root.tag_name().name(), "Response", "{}", self.body);
-        assert!(
-            root.children()
-                .any(|n| n.has_tag_name("RequestID") && n.text().is_some())
-        );
+        assert!(root.children().any(|n| n.has_tag_name("RequestID") && n.text().is_some()));
         self.first("Code").unwrap_or_default()
     }
 
@@ -104,18 +101,13 @@ async fn call(emu: &Ec2Emulator, signer: &Signer, params: &[(&str, &str)]) -> An
         .map(|(k, v)| format!("{}={}", uri_encode(k), uri_encode(v)))
         .collect::<Vec<_>>()
         .join("&");
-    let (method, query, body) = if signer.get {
-        ("GET", encoded, String::new())
-    } else {
-        ("POST", String::new(), encoded)
-    };
+    let (method, query, body) =
+        if signer.get { ("GET", encoded, String::new()) } else { ("POST", String::new(), encoded) };
     let host = emu.addr().to_string();
     let now = unix_now() as i64 + signer.skew;
     let amz_date = format_amz_date(now as u64);
-    let mut headers: Vec<(String, String)> = vec![
-        ("host".into(), host.clone()),
-        ("x-amz-date".into(), amz_date.clone()),
-    ];
+    let mut headers: Vec<(String, String)> =
+        vec![("host".into(), host.clone()), ("x-amz-date".into(), amz_date.clone())];
     if !signer.get {
         headers.push((
             "content-type".into(),
@@ -155,16 +147,9 @@ async fn call(emu: &Ec2Emulator, signer: &Signer, params: &[(&str, &str)]) -> An
     if !signer.unsigned {
         headers.push(("authorization".into(), auth));
     }
-    let body = if signer.tamper {
-        body.replace("Version=2016-11-15", "Version=2016-11-16")
-    } else {
-        body
-    };
-    let uri = if query.is_empty() {
-        "/".to_string()
-    } else {
-        format!("/?{query}")
-    };
+    let body =
+        if signer.tamper { body.replace("Version=2016-11-15", "Version=2016-11-16") } else { body };
+    let uri = if query.is_empty() { "/".to_string() } else { format!("/?{query}") };
     send(emu.addr(), method, &uri, &headers, body).await
 }
 
@@ -176,33 +161,22 @@ async fn send(
     body: String,
 ) -> Answer {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
     tokio::spawn(conn);
     let mut req = hyper::Request::builder().method(method).uri(uri);
     for (k, v) in headers {
         req = req.header(k.as_str(), v.as_str());
     }
-    let resp = sender
-        .send_request(req.body(Full::new(Bytes::from(body))).unwrap())
-        .await
-        .unwrap();
+    let resp = sender.send_request(req.body(Full::new(Bytes::from(body))).unwrap()).await.unwrap();
     let status = resp.status().as_u16();
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    Answer {
-        status,
-        body: String::from_utf8_lossy(&bytes).into_owned(),
-    }
+    Answer { status, body: String::from_utf8_lossy(&bytes).into_owned() }
 }
 
 async fn control(emu: &Ec2Emulator, method: &str, path: &str, body: serde_json::Value) -> Answer {
     let headers = vec![("content-type".to_string(), "application/json".to_string())];
-    let body = if body.is_null() {
-        String::new()
-    } else {
-        body.to_string()
-    };
+    let body = if body.is_null() { String::new() } else { body.to_string() };
     send(emu.addr(), method, path, &headers, body).await
 }
 
@@ -226,12 +200,7 @@ async fn run(emu: &Ec2Emulator, signer: &Signer, extra: &[(&str, &str)]) -> Stri
 }
 
 async fn describe(emu: &Ec2Emulator, id: &str) -> Answer {
-    call(
-        emu,
-        &us(),
-        &[("Action", "DescribeInstances"), ("InstanceId.1", id)],
-    )
-    .await
+    call(emu, &us(), &[("Action", "DescribeInstances"), ("InstanceId.1", id)]).await
 }
 
 async fn state_of(emu: &Ec2Emulator, id: &str) -> String {
@@ -256,116 +225,53 @@ async fn sigv4_accepts_and_rejects_like_ec2() {
     };
     let table: Vec<(&str, Signer, u16, &str)> = vec![
         ("valid", us(), 200, ""),
-        (
-            "valid, GET query string",
-            Signer { get: true, ..us() },
-            200,
-            "",
-        ),
+        ("valid, GET query string", Signer { get: true, ..us() }, 200, ""),
         ("valid, other region", Signer::new("eu-west-1"), 200, ""),
-        (
-            "wrong secret",
-            Signer {
-                secret: "not-the-secret".into(),
-                ..us()
-            },
-            401,
-            "AuthFailure",
-        ),
+        ("wrong secret", Signer { secret: "not-the-secret".into(), ..us() }, 401, "AuthFailure"),
         (
             "unknown access key",
-            Signer {
-                access_key: "AKIAUNKNOWN".into(),
-                ..us()
-            },
+            Signer { access_key: "AKIAUNKNOWN".into(), ..us() },
             401,
             "AuthFailure",
         ),
-        (
-            "date 20 minutes behind",
-            Signer {
-                skew: -20 * 60,
-                ..us()
-            },
-            400,
-            "RequestExpired",
-        ),
-        (
-            "date 20 minutes ahead",
-            Signer {
-                skew: 20 * 60,
-                ..us()
-            },
-            400,
-            "RequestExpired",
-        ),
-        (
-            "date 10 minutes off is within EC2's 15",
-            Signer {
-                skew: -10 * 60,
-                ..us()
-            },
-            200,
-            "",
-        ),
+        ("date 20 minutes behind", Signer { skew: -20 * 60, ..us() }, 400, "RequestExpired"),
+        ("date 20 minutes ahead", Signer { skew: 20 * 60, ..us() }, 400, "RequestExpired"),
+        ("date 10 minutes off is within EC2's 15", Signer { skew: -10 * 60, ..us() }, 200, ""),
         (
             "no Authorization header",
-            Signer {
-                unsigned: true,
-                ..us()
-            },
+            Signer { unsigned: true, ..us() },
             403,
             "MissingAuthenticationToken",
         ),
         (
             "Authorization without Signature",
-            Signer {
-                drop_signature: true,
-                ..us()
-            },
+            Signer { drop_signature: true, ..us() },
             400,
             "IncompleteSignature",
         ),
         (
             "body changed after signing (payload hash)",
-            Signer {
-                tamper: true,
-                ..us()
-            },
+            Signer { tamper: true, ..us() },
             401,
             "AuthFailure",
         ),
-        (
-            "region the endpoint does not serve",
-            Signer::new("ap-south-9"),
-            401,
-            "AuthFailure",
-        ),
+        ("region the endpoint does not serve", Signer::new("ap-south-9"), 401, "AuthFailure"),
         ("session credentials with token", session.clone(), 200, ""),
         (
             "session credentials without token",
-            Signer {
-                token: None,
-                ..session.clone()
-            },
+            Signer { token: None, ..session.clone() },
             401,
             "AuthFailure",
         ),
         (
             "session credentials with wrong token",
-            Signer {
-                token: Some("other".into()),
-                ..session.clone()
-            },
+            Signer { token: Some("other".into()), ..session.clone() },
             401,
             "AuthFailure",
         ),
         (
             "long-term key with a token",
-            Signer {
-                token: Some("the-session-token".into()),
-                ..us()
-            },
+            Signer { token: Some("the-session-token".into()), ..us() },
             401,
             "AuthFailure",
         ),
@@ -389,14 +295,7 @@ async fn sigv4_accepts_and_rejects_like_ec2() {
              SignedHeaders=host, Signature=00"
         ),
     )];
-    let a = send(
-        emu.addr(),
-        "GET",
-        "/?Action=DescribeRegions",
-        &headers,
-        String::new(),
-    )
-    .await;
+    let a = send(emu.addr(), "GET", "/?Action=DescribeRegions", &headers, String::new()).await;
     assert_eq!((a.status, a.code().as_str()), (400, "IncompleteSignature"));
     assert!(emu.requests().iter().all(|r| r == "DescribeRegions"));
 
@@ -405,19 +304,8 @@ async fn sigv4_accepts_and_rejects_like_ec2() {
         signature_mismatch: SignatureMismatch::SignatureDoesNotMatch,
         ..Ec2Config::default()
     });
-    let a = call(
-        &legacy,
-        &Signer {
-            secret: "wrong".into(),
-            ..us()
-        },
-        &regions,
-    )
-    .await;
-    assert_eq!(
-        (a.status, a.code().as_str()),
-        (403, "SignatureDoesNotMatch")
-    );
+    let a = call(&legacy, &Signer { secret: "wrong".into(), ..us() }, &regions).await;
+    assert_eq!((a.status, a.code().as_str()), (403, "SignatureDoesNotMatch"));
 }
 
 #[tokio::test]
@@ -441,10 +329,7 @@ async fn run_describe_terminate_lifecycle() {
             ("TagSpecification.1.ResourceType", "instance"),
             ("TagSpecification.1.Tag.1.Key", "Name"),
             ("TagSpecification.1.Tag.1.Value", "proxy-abc"),
-            (
-                "TagSpecification.1.Tag.2.Key",
-                "egress.proxy-operator.dev/uid",
-            ),
+            ("TagSpecification.1.Tag.2.Key", "egress.proxy-operator.dev/uid"),
             ("TagSpecification.1.Tag.2.Value", "uid-1"),
             ("TagSpecification.2.ResourceType", "volume"),
             ("TagSpecification.2.Tag.1.Key", "Name"),
@@ -457,10 +342,7 @@ async fn run_describe_terminate_lifecycle() {
     .await;
     a.ok();
     let root = a.doc();
-    assert_eq!(
-        root.root_element().tag_name().name(),
-        "RunInstancesResponse"
-    );
+    assert_eq!(root.root_element().tag_name().name(), "RunInstancesResponse");
     assert!(a.first("reservationId").unwrap().starts_with("r-"));
     assert_eq!(a.first("ownerId").unwrap(), "123456789012");
     let id = a.first("instanceId").unwrap();
@@ -496,11 +378,7 @@ async fn run_describe_terminate_lifecycle() {
     let attr = call(
         &emu,
         &us(),
-        &[
-            ("Action", "DescribeInstanceAttribute"),
-            ("InstanceId", &id),
-            ("Attribute", "userData"),
-        ],
+        &[("Action", "DescribeInstanceAttribute"), ("InstanceId", &id), ("Attribute", "userData")],
     )
     .await;
     attr.ok();
@@ -525,43 +403,25 @@ async fn run_describe_terminate_lifecycle() {
     assert_eq!(dump.secondary.len(), 1);
     assert_eq!(dump.secondary[0].attached_to.as_deref(), Some(id.as_str()));
 
-    let term = call(
-        &emu,
-        &us(),
-        &[("Action", "TerminateInstances"), ("InstanceId.1", &id)],
-    )
-    .await;
+    let term = call(&emu, &us(), &[("Action", "TerminateInstances"), ("InstanceId.1", &id)]).await;
     term.ok();
     assert_eq!(term.all("instanceId"), [id.as_str()]);
     assert_eq!(term.all("name"), ["shutting-down", "running"]);
     assert_eq!(term.all("code"), ["32", "16"]);
 
     // Still listed while shutting down, then terminated; the root volume goes with it.
-    assert_eq!(
-        emu.dump().instances.len(),
-        1,
-        "shutting-down is still dumped"
-    );
+    assert_eq!(emu.dump().instances.len(), 1, "shutting-down is still dumped");
     assert_eq!(emu.dump().instances[0].state, "shutting-down");
     assert_eq!(state_of(&emu, &id).await, "shutting-down");
     assert_eq!(state_of(&emu, &id).await, "terminated");
     let d = describe(&emu, &id).await;
     assert_eq!(d.first("ipAddress"), None);
-    assert!(
-        d.first("reason")
-            .unwrap_or_default()
-            .starts_with("User initiated (")
-    );
+    assert!(d.first("reason").unwrap_or_default().starts_with("User initiated ("));
     assert!(emu.dump().instances.is_empty(), "terminated is not dumped");
     assert!(emu.dump().secondary.is_empty());
 
     // Terminating again is idempotent.
-    let again = call(
-        &emu,
-        &us(),
-        &[("Action", "TerminateInstances"), ("InstanceId.1", &id)],
-    )
-    .await;
+    let again = call(&emu, &us(), &[("Action", "TerminateInstances"), ("InstanceId.1", &id)]).await;
     again.ok();
     assert_eq!(again.all("name"), ["terminated", "terminated"]);
     assert_eq!(
@@ -588,25 +448,13 @@ async fn terminated_instances_disappear_after_a_while() {
         ..Ec2Config::default()
     });
     let id = run(&emu, &us(), &[]).await;
-    call(
-        &emu,
-        &us(),
-        &[("Action", "TerminateInstances"), ("InstanceId.1", &id)],
-    )
-    .await
-    .ok();
+    call(&emu, &us(), &[("Action", "TerminateInstances"), ("InstanceId.1", &id)]).await.ok();
     assert_eq!(state_of(&emu, &id).await, "shutting-down");
     assert_eq!(state_of(&emu, &id).await, "terminated");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let d = describe(&emu, &id).await;
-    assert_eq!(
-        (d.status, d.code().as_str()),
-        (400, "InvalidInstanceID.NotFound")
-    );
-    assert_eq!(
-        d.first("Message").unwrap(),
-        format!("The instance ID '{id}' does not exist")
-    );
+    assert_eq!((d.status, d.code().as_str()), (400, "InvalidInstanceID.NotFound"));
+    assert_eq!(d.first("Message").unwrap(), format!("The instance ID '{id}' does not exist"));
 }
 
 #[tokio::test]
@@ -652,10 +500,7 @@ async fn client_token_idempotency() {
     let az = run(
         &emu,
         &us(),
-        &[
-            ("ClientToken", "proxy-abcdefghijklmnop"),
-            ("Placement.AvailabilityZone", "us-east-1c"),
-        ],
+        &[("ClientToken", "proxy-abcdefghijklmnop"), ("Placement.AvailabilityZone", "us-east-1c")],
     )
     .await;
     assert_eq!(az, first);
@@ -672,10 +517,7 @@ async fn client_token_idempotency() {
         ],
     )
     .await;
-    assert_eq!(
-        (a.status, a.code().as_str()),
-        (400, "IdempotentParameterMismatch")
-    );
+    assert_eq!((a.status, a.code().as_str()), (400, "IdempotentParameterMismatch"));
 
     // Tokens are per region: the same call in another region launches there.
     let eu = call(
@@ -695,13 +537,7 @@ async fn client_token_idempotency() {
     assert_ne!(eu.first("instanceId").unwrap(), first);
 
     // After termination the token still answers with the original launch.
-    call(
-        &emu,
-        &us(),
-        &[("Action", "TerminateInstances"), ("InstanceId.1", &first)],
-    )
-    .await
-    .ok();
+    call(&emu, &us(), &[("Action", "TerminateInstances"), ("InstanceId.1", &first)]).await.ok();
     let a = call(
         &emu,
         &us(),
@@ -726,11 +562,7 @@ async fn filters_and_pagination() {
     let emu = Ec2Emulator::start(Ec2Config::default());
     let mut managed = Vec::new();
     for n in 0..6 {
-        let zone = if n % 2 == 0 {
-            "us-east-1a"
-        } else {
-            "us-east-1b"
-        };
+        let zone = if n % 2 == 0 { "us-east-1a" } else { "us-east-1b" };
         let name = format!("proxy-{n}");
         let id = run(
             &emu,
@@ -738,10 +570,7 @@ async fn filters_and_pagination() {
             &[
                 ("Placement.AvailabilityZone", zone),
                 ("TagSpecification.1.ResourceType", "instance"),
-                (
-                    "TagSpecification.1.Tag.1.Key",
-                    "egress.proxy-operator.dev/managed",
-                ),
+                ("TagSpecification.1.Tag.1.Key", "egress.proxy-operator.dev/managed"),
                 ("TagSpecification.1.Tag.1.Value", "true"),
                 ("TagSpecification.1.Tag.2.Key", "Name"),
                 ("TagSpecification.1.Tag.2.Value", &name),
@@ -771,10 +600,7 @@ async fn filters_and_pagination() {
             ("MinCount", "1"),
             ("MaxCount", "1"),
             ("TagSpecification.1.ResourceType", "instance"),
-            (
-                "TagSpecification.1.Tag.1.Key",
-                "egress.proxy-operator.dev/managed",
-            ),
+            ("TagSpecification.1.Tag.1.Key", "egress.proxy-operator.dev/managed"),
             ("TagSpecification.1.Tag.1.Value", "true"),
         ],
     )
@@ -802,21 +628,14 @@ async fn filters_and_pagination() {
     assert_eq!(list(vec![]).await, sorted(all));
     assert_eq!(
         list(vec![
-            (
-                "Filter.1.Name",
-                "tag:egress.proxy-operator.dev/managed".into()
-            ),
+            ("Filter.1.Name", "tag:egress.proxy-operator.dev/managed".into()),
             ("Filter.1.Value.1", "true".into()),
         ])
         .await,
         sorted(managed.clone())
     );
     assert_eq!(
-        list(vec![
-            ("Filter.1.Name", "tag-key".into()),
-            ("Filter.1.Value.1", "team".into()),
-        ])
-        .await,
+        list(vec![("Filter.1.Name", "tag-key".into()), ("Filter.1.Value.1", "team".into()),]).await,
         [other.as_str()]
     );
     assert_eq!(
@@ -836,11 +655,7 @@ async fn filters_and_pagination() {
             ("Filter.2.Value.1", "us-east-1b".into()),
         ])
         .await,
-        sorted(vec![
-            managed[1].clone(),
-            managed[3].clone(),
-            managed[5].clone()
-        ])
+        sorted(vec![managed[1].clone(), managed[3].clone(), managed[5].clone()])
     );
     // Everything is pending until described once; describe-all moved them all to running.
     assert_eq!(
@@ -851,13 +666,7 @@ async fn filters_and_pagination() {
         .await,
         Vec::<String>::new()
     );
-    call(
-        &emu,
-        &us(),
-        &[("Action", "TerminateInstances"), ("InstanceId.1", &other)],
-    )
-    .await
-    .ok();
+    call(&emu, &us(), &[("Action", "TerminateInstances"), ("InstanceId.1", &other)]).await.ok();
     assert_eq!(
         list(vec![
             ("Filter.1.Name", "instance-state-name".into()),
@@ -868,12 +677,7 @@ async fn filters_and_pagination() {
     );
 
     // Pagination: 7 instances in pages of 5.
-    let page = call(
-        &emu,
-        &us(),
-        &[("Action", "DescribeInstances"), ("MaxResults", "5")],
-    )
-    .await;
+    let page = call(&emu, &us(), &[("Action", "DescribeInstances"), ("MaxResults", "5")]).await;
     page.ok();
     let mut seen = page.all("instanceId");
     assert_eq!(seen.len(), 5);
@@ -881,11 +685,7 @@ async fn filters_and_pagination() {
     let page2 = call(
         &emu,
         &us(),
-        &[
-            ("Action", "DescribeInstances"),
-            ("MaxResults", "5"),
-            ("NextToken", &token),
-        ],
+        &[("Action", "DescribeInstances"), ("MaxResults", "5"), ("NextToken", &token)],
     )
     .await;
     page2.ok();
@@ -904,10 +704,7 @@ async fn filters_and_pagination() {
         ),
         (vec![("NextToken", "bm9wZQ")], 400, "InvalidPaginationToken"),
         (
-            vec![
-                ("Filter.1.Name", "no-such-filter"),
-                ("Filter.1.Value.1", "x"),
-            ],
+            vec![("Filter.1.Name", "no-such-filter"), ("Filter.1.Value.1", "x")],
             400,
             "InvalidParameterValue",
         ),
@@ -939,22 +736,14 @@ async fn filters_and_pagination() {
     .await;
     vols.ok();
     assert_eq!(vols.first("instanceId").unwrap(), managed[0]);
-    let vols = call(
-        &emu,
-        &us(),
-        &[("Action", "DescribeVolumes"), ("MaxResults", "5")],
-    )
-    .await;
+    let vols = call(&emu, &us(), &[("Action", "DescribeVolumes"), ("MaxResults", "5")]).await;
     vols.ok();
     assert!(vols.first("nextToken").is_some());
 }
 
 #[tokio::test]
 async fn error_codes() {
-    let emu = Ec2Emulator::start(Ec2Config {
-        instance_limit: Some(2),
-        ..Ec2Config::default()
-    });
+    let emu = Ec2Emulator::start(Ec2Config { instance_limit: Some(2), ..Ec2Config::default() });
     let launch =
         |image: &'static str, itype: &'static str, extra: Vec<(&'static str, &'static str)>| {
             let emu = &emu;
@@ -996,12 +785,7 @@ async fn error_codes() {
             "Invalid value 't3.gigantic' for InstanceType.",
         ),
         (
-            launch(
-                AMI,
-                "t3.micro",
-                vec![("Placement.AvailabilityZone", "us-east-1z")],
-            )
-            .await,
+            launch(AMI, "t3.micro", vec![("Placement.AvailabilityZone", "us-east-1z")]).await,
             400,
             "InvalidParameterValue",
             "Invalid availability zone: [us-east-1z]",
@@ -1049,10 +833,7 @@ async fn error_codes() {
             call(
                 &emu,
                 &us(),
-                &[
-                    ("Action", "TerminateInstances"),
-                    ("InstanceId.1", "i-0123456789abcdef0"),
-                ],
+                &[("Action", "TerminateInstances"), ("InstanceId.1", "i-0123456789abcdef0")],
             )
             .await,
             400,
@@ -1072,12 +853,7 @@ async fn error_codes() {
             "The request must contain the parameter Action",
         ),
         (
-            call(
-                &emu,
-                &us(),
-                &[("Action", "RunInstances"), ("MinCount", "1")],
-            )
-            .await,
+            call(&emu, &us(), &[("Action", "RunInstances"), ("MinCount", "1")]).await,
             400,
             "MissingParameter",
             "The request must contain the parameter ImageId",
@@ -1108,10 +884,7 @@ async fn error_codes() {
     b.ok();
     assert_eq!(b.all("instanceId").len(), 1);
     let c = launch(AMI, "t3.micro", vec![]).await;
-    assert_eq!(
-        (c.status, c.code().as_str()),
-        (400, "InstanceLimitExceeded")
-    );
+    assert_eq!((c.status, c.code().as_str()), (400, "InstanceLimitExceeded"));
     assert!(emu.dump().instances.len() == 2);
 }
 
@@ -1121,11 +894,7 @@ async fn every_fault_kind() {
     let id = run(&emu, &us(), &[]).await;
     let list = [("Action", "DescribeInstances")];
 
-    emu.inject(Fault {
-        op: FaultOp::Any,
-        kind: FaultKind::ServerError,
-        count: 2,
-    });
+    emu.inject(Fault { op: FaultOp::Any, kind: FaultKind::ServerError, count: 2 });
     let a = call(&emu, &us(), &list).await;
     assert_eq!((a.status, a.code().as_str()), (500, "InternalError"));
     let a = call(&emu, &us(), &list).await;
@@ -1133,11 +902,7 @@ async fn every_fault_kind() {
     call(&emu, &us(), &list).await.ok();
 
     // Aimed at create only: reads still answer.
-    emu.inject(Fault {
-        op: FaultOp::Create,
-        kind: FaultKind::Quota,
-        count: 1,
-    });
+    emu.inject(Fault { op: FaultOp::Create, kind: FaultKind::Quota, count: 1 });
     describe(&emu, &id).await.ok();
     let a = call(
         &emu,
@@ -1151,40 +916,20 @@ async fn every_fault_kind() {
         ],
     )
     .await;
-    assert_eq!(
-        (a.status, a.code().as_str()),
-        (400, "InstanceLimitExceeded")
-    );
+    assert_eq!((a.status, a.code().as_str()), (400, "InstanceLimitExceeded"));
     assert_eq!(emu.dump().instances.len(), 1);
 
-    emu.inject(Fault {
-        op: FaultOp::List,
-        kind: FaultKind::RateLimit,
-        count: 1,
-    });
+    emu.inject(Fault { op: FaultOp::List, kind: FaultKind::RateLimit, count: 1 });
     describe(&emu, &id).await.ok();
     let a = call(&emu, &us(), &list).await;
     assert_eq!((a.status, a.code().as_str()), (503, "RequestLimitExceeded"));
 
-    emu.inject(Fault {
-        op: FaultOp::Get,
-        kind: FaultKind::Auth,
-        count: 1,
-    });
+    emu.inject(Fault { op: FaultOp::Get, kind: FaultKind::Auth, count: 1 });
     let a = describe(&emu, &id).await;
     assert_eq!((a.status, a.code().as_str()), (401, "AuthFailure"));
 
-    emu.inject(Fault {
-        op: FaultOp::Delete,
-        kind: FaultKind::ServerError,
-        count: 1,
-    });
-    let a = call(
-        &emu,
-        &us(),
-        &[("Action", "TerminateInstances"), ("InstanceId.1", &id)],
-    )
-    .await;
+    emu.inject(Fault { op: FaultOp::Delete, kind: FaultKind::ServerError, count: 1 });
+    let a = call(&emu, &us(), &[("Action", "TerminateInstances"), ("InstanceId.1", &id)]).await;
     assert_eq!(a.status, 500);
     assert_eq!(state_of(&emu, &id).await, "running", "the fault stopped it");
 
@@ -1233,13 +978,7 @@ async fn delete_on_termination_default_leaks_the_root_volume() {
     let d = describe(&emu, &leaky).await;
     assert_eq!(d.first("deleteOnTermination").unwrap(), "false");
     for id in [&leaky, &tidy] {
-        call(
-            &emu,
-            &us(),
-            &[("Action", "TerminateInstances"), ("InstanceId.1", id)],
-        )
-        .await
-        .ok();
+        call(&emu, &us(), &[("Action", "TerminateInstances"), ("InstanceId.1", id)]).await.ok();
         // AfterDescribes(0): terminated from the next call on.
         assert_eq!(state_of(&emu, id).await, "terminated");
     }
@@ -1273,19 +1012,11 @@ async fn eventual_consistency_hides_new_instances() {
     });
     let id = run(&emu, &us(), &[]).await;
     let a = describe(&emu, &id).await;
-    assert_eq!(
-        (a.status, a.code().as_str()),
-        (400, "InvalidInstanceID.NotFound")
-    );
+    assert_eq!((a.status, a.code().as_str()), (400, "InvalidInstanceID.NotFound"));
     let all = call(&emu, &us(), &[("Action", "DescribeInstances")]).await;
     all.ok();
     assert!(all.all("instanceId").is_empty());
-    let t = call(
-        &emu,
-        &us(),
-        &[("Action", "TerminateInstances"), ("InstanceId.1", &id)],
-    )
-    .await;
+    let t = call(&emu, &us(), &[("Action", "TerminateInstances"), ("InstanceId.1", &id)]).await;
     assert_eq!(t.code(), "InvalidInstanceID.NotFound");
     assert_eq!(emu.dump().instances.len(), 1, "it exists all the same");
     tokio::time::sleep(Duration::from_millis(350)).await;
@@ -1303,18 +1034,10 @@ async fn fail_scope_fails_one_region() {
     emu.fail_scope("us-east-1", false);
     call(&emu, &us(), &list).await.ok();
 
-    let r = control(
-        &emu,
-        "POST",
-        "/_emulator/scope",
-        json!({"scope": "eu-west-1", "fail": true}),
-    )
-    .await;
+    let r = control(&emu, "POST", "/_emulator/scope", json!({"scope": "eu-west-1", "fail": true}))
+        .await;
     assert_eq!(r.status, 204);
-    assert_eq!(
-        call(&emu, &Signer::new("eu-west-1"), &list).await.status,
-        503
-    );
+    assert_eq!(call(&emu, &Signer::new("eu-west-1"), &list).await.status, 503);
     call(&emu, &us(), &list).await.ok();
 }
 
@@ -1341,23 +1064,12 @@ async fn control_surface_states_locks_and_slow_deletes() {
     assert_eq!(state_of(&emu, &id).await, "stopped");
     assert_eq!(state_of(&emu, &id).await, "stopped");
     emu.set_backend_state(&id, "running");
-    assert_eq!(
-        describe(&emu, &id).await.first("ipAddress").unwrap(),
-        "127.0.0.1"
-    );
+    assert_eq!(describe(&emu, &id).await.first("ipAddress").unwrap(), "127.0.0.1");
 
     // Locked: the state is frozen and TerminateInstances is refused.
     emu.set_locked(&id, true);
-    let t = call(
-        &emu,
-        &us(),
-        &[("Action", "TerminateInstances"), ("InstanceId.1", &id)],
-    )
-    .await;
-    assert_eq!(
-        (t.status, t.code().as_str()),
-        (400, "IncorrectInstanceState")
-    );
+    let t = call(&emu, &us(), &[("Action", "TerminateInstances"), ("InstanceId.1", &id)]).await;
+    assert_eq!((t.status, t.code().as_str()), (400, "IncorrectInstanceState"));
     assert_eq!(state_of(&emu, &id).await, "running");
     emu.set_locked(&id, false);
 
@@ -1366,12 +1078,7 @@ async fn control_surface_states_locks_and_slow_deletes() {
     for _ in 0..3 {
         assert_eq!(state_of(&emu, &id).await, "shutting-down");
     }
-    let t = call(
-        &emu,
-        &us(),
-        &[("Action", "TerminateInstances"), ("InstanceId.1", &id)],
-    )
-    .await;
+    let t = call(&emu, &us(), &[("Action", "TerminateInstances"), ("InstanceId.1", &id)]).await;
     assert_eq!(t.all("name"), ["shutting-down", "shutting-down"]);
     assert_eq!(emu.dump().instances[0].state, "shutting-down");
     emu.finish_deletes();
@@ -1390,10 +1097,7 @@ async fn plant_dump_and_reset() {
         installation: Some("install-a".into()),
         created_at: Some(1_600_000_000),
     });
-    let unmarked = emu.plant(Plant {
-        name: "someone-else".into(),
-        ..Plant::default()
-    });
+    let unmarked = emu.plant(Plant { name: "someone-else".into(), ..Plant::default() });
     let listed = call(
         &emu,
         &Signer::new("eu-west-1"),
@@ -1401,20 +1105,14 @@ async fn plant_dump_and_reset() {
             ("Action", "DescribeInstances"),
             ("Filter.1.Name", "tag:egress.proxy-operator.dev/managed"),
             ("Filter.1.Value.1", "true"),
-            (
-                "Filter.2.Name",
-                "tag:egress.proxy-operator.dev/installation",
-            ),
+            ("Filter.2.Name", "tag:egress.proxy-operator.dev/installation"),
             ("Filter.2.Value.1", "install-a"),
         ],
     )
     .await;
     listed.ok();
     assert_eq!(listed.all("instanceId"), [orphan.as_str()]);
-    assert_eq!(
-        listed.first("launchTime").unwrap(),
-        "2020-09-13T12:26:40.000Z"
-    );
+    assert_eq!(listed.first("launchTime").unwrap(), "2020-09-13T12:26:40.000Z");
     assert_eq!(listed.first("name").unwrap(), "running");
     assert_eq!(listed.first("ipAddress").unwrap(), "127.0.0.1");
     let uid = listed
@@ -1461,38 +1159,15 @@ async fn plant_dump_and_reset() {
         ("/_emulator/state", json!({"id": pid, "state": "stopping"})),
         ("/_emulator/deleting", json!({"id": pid})),
     ] {
-        assert_eq!(
-            control(&emu, "POST", path, body).await.status,
-            204,
-            "{path}"
-        );
+        assert_eq!(control(&emu, "POST", path, body).await.status, 204, "{path}");
     }
     assert_eq!(
-        control(
-            &emu,
-            "POST",
-            "/_emulator/lock",
-            json!({"id": "i-0", "locked": true})
-        )
-        .await
-        .status,
+        control(&emu, "POST", "/_emulator/lock", json!({"id": "i-0", "locked": true})).await.status,
         404
     );
+    assert_eq!(control(&emu, "POST", "/_emulator/hold", json!({"nope": 1})).await.status, 400);
     assert_eq!(
-        control(&emu, "POST", "/_emulator/hold", json!({"nope": 1}))
-            .await
-            .status,
-        400
-    );
-    assert_eq!(
-        control(
-            &emu,
-            "POST",
-            "/_emulator/finish-deletes",
-            serde_json::Value::Null
-        )
-        .await
-        .status,
+        control(&emu, "POST", "/_emulator/finish-deletes", serde_json::Value::Null).await.status,
         204
     );
     assert_eq!(emu.dump().instances.len(), 2);
@@ -1500,9 +1175,7 @@ async fn plant_dump_and_reset() {
     assert_eq!(r.body, "[\"DescribeInstances\"]");
 
     assert_eq!(
-        control(&emu, "POST", "/_emulator/reset", serde_json::Value::Null)
-            .await
-            .status,
+        control(&emu, "POST", "/_emulator/reset", serde_json::Value::Null).await.status,
         204
     );
     assert_eq!(emu.dump(), Dump::default());
@@ -1517,19 +1190,13 @@ async fn zones_regions_and_attributes() {
     let emu = Ec2Emulator::start(Ec2Config::default());
     let z = call(&emu, &us(), &[("Action", "DescribeAvailabilityZones")]).await;
     z.ok();
-    assert_eq!(
-        z.all("zoneName"),
-        ["us-east-1a", "us-east-1b", "us-east-1c"]
-    );
+    assert_eq!(z.all("zoneName"), ["us-east-1a", "us-east-1b", "us-east-1c"]);
     assert_eq!(z.first("zoneId").unwrap(), "use1-az1");
     assert_eq!(z.first("zoneState").unwrap(), "available");
     let z = call(
         &emu,
         &Signer::new("eu-west-1"),
-        &[
-            ("Action", "DescribeAvailabilityZones"),
-            ("ZoneName.1", "eu-west-1b"),
-        ],
+        &[("Action", "DescribeAvailabilityZones"), ("ZoneName.1", "eu-west-1b")],
     )
     .await;
     assert_eq!(z.all("zoneName"), ["eu-west-1b"]);
@@ -1545,20 +1212,13 @@ async fn zones_regions_and_attributes() {
     .await;
     r.ok();
     assert_eq!(r.all("regionName"), ["eu-west-1"]);
-    assert_eq!(
-        r.first("regionEndpoint").unwrap(),
-        "ec2.eu-west-1.amazonaws.com"
-    );
+    assert_eq!(r.first("regionEndpoint").unwrap(), "ec2.eu-west-1.amazonaws.com");
 
     let id = run(&emu, &us(), &[]).await;
     let a = call(
         &emu,
         &us(),
-        &[
-            ("Action", "DescribeInstanceAttribute"),
-            ("InstanceId", &id),
-            ("Attribute", "userData"),
-        ],
+        &[("Action", "DescribeInstanceAttribute"), ("InstanceId", &id), ("Attribute", "userData")],
     )
     .await;
     a.ok();
@@ -1578,11 +1238,7 @@ async fn zones_regions_and_attributes() {
     let a = call(
         &emu,
         &us(),
-        &[
-            ("Action", "DescribeInstanceAttribute"),
-            ("InstanceId", &id),
-            ("Attribute", "colour"),
-        ],
+        &[("Action", "DescribeInstanceAttribute"), ("InstanceId", &id), ("Attribute", "colour")],
     )
     .await;
     assert_eq!(a.code(), "InvalidParameterValue");
@@ -1624,25 +1280,14 @@ async fn real_proxy_mode_runs_a_proxy_per_running_instance() {
     assert_eq!(state_of(&emu, &i1).await, "pending");
     assert_eq!(state_of(&emu, &i1).await, "running");
     let a = describe(&emu, &i1).await;
-    assert_eq!(
-        a.first("ipAddress").as_deref(),
-        Some("127.0.0.1"),
-        "{}",
-        a.body
-    );
+    assert_eq!(a.first("ipAddress").as_deref(), Some("127.0.0.1"), "{}", a.body);
     let body = get_through_tunnel(p1, echo).await;
     assert!(body.starts_with("hello from 127.0.0.1"), "{body}");
     assert_eq!(state_of(&emu, &i2).await, "pending");
     assert_eq!(state_of(&emu, &i2).await, "running");
     assert_eq!(proxies.port_of(&i2), Some(p2));
 
-    call(
-        &emu,
-        &us(),
-        &[("Action", "TerminateInstances"), ("InstanceId.1", &i1)],
-    )
-    .await
-    .ok();
+    call(&emu, &us(), &[("Action", "TerminateInstances"), ("InstanceId.1", &i1)]).await.ok();
     assert!(closed(p1), "TerminateInstances stops the proxy");
     assert!(!closed(p2), "the other instance keeps its proxy");
     drop(emu);
@@ -1659,22 +1304,14 @@ async fn rate_limit_answers_like_ec2() {
     for _ in 0..10 {
         call(&emu, &us(), &list).await.ok();
     }
-    let a = control(
-        &emu,
-        "POST",
-        "/_emulator/rate-limit",
-        json!({"per_hour": 3600, "burst": 2}),
-    )
-    .await;
+    let a =
+        control(&emu, "POST", "/_emulator/rate-limit", json!({"per_hour": 3600, "burst": 2})).await;
     assert_eq!(a.status, 204);
     call(&emu, &us(), &list).await.ok();
     call(&emu, &us(), &list).await.ok();
     let a = call(&emu, &us(), &list).await;
     assert_eq!((a.status, a.code().as_str()), (503, "RequestLimitExceeded"));
-    assert_eq!(
-        a.first("Message").as_deref(),
-        Some("Request limit exceeded.")
-    );
+    assert_eq!(a.first("Message").as_deref(), Some("Request limit exceeded."));
     // Another action, another region: their own buckets.
     let id = run(&emu, &us(), &[]).await;
     call(&emu, &Signer::new("eu-west-1"), &list).await.ok();

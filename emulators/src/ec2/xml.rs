@@ -14,11 +14,8 @@ pub(crate) struct Xml {
 impl Xml {
     /// A response document `<{action}Response xmlns=...>` with its `requestId`.
     pub(crate) fn response(action: &str, request_id: &str) -> Xml {
-        let mut x = Xml {
-            out: String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"),
-        };
-        x.out
-            .push_str(&format!("<{action}Response xmlns=\"{NAMESPACE}\">"));
+        let mut x = Xml { out: String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n") };
+        x.out.push_str(&format!("<{action}Response xmlns=\"{NAMESPACE}\">"));
         x.leaf("requestId", request_id);
         x
     }
@@ -93,10 +90,7 @@ mod tests {
     #[test]
     fn escapes_and_nests() {
         let mut x = Xml::response("DescribeRegions", "r-1");
-        x.open("regionInfo")
-            .leaf("k", "a<b & 'c'")
-            .leaf("e", "")
-            .close("regionInfo");
+        x.open("regionInfo").leaf("k", "a<b & 'c'").leaf("e", "").close("regionInfo");
         let doc = x.finish("DescribeRegions");
         assert!(doc.ends_with(
             "<requestId>r-1</requestId><regionInfo><k>a&lt;b &amp; &apos;c&apos;</k><e/>\

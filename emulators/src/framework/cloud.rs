@@ -65,12 +65,7 @@ pub struct Cloud<A: Adapter> {
 
 impl<A: Adapter> Cloud<A> {
     pub fn new(backend: A, fleet: Fleet<A::Extra>, limit: Option<RateLimit>) -> Self {
-        Cloud {
-            fleet,
-            traffic: Traffic::new(limit),
-            backend,
-            addresses: 0,
-        }
+        Cloud { fleet, traffic: Traffic::new(limit), backend, addresses: 0 }
     }
 
     /// A fresh id in the backend's format.
@@ -95,6 +90,13 @@ impl<A: Adapter> Cloud<A> {
     }
 
     /// A read returned instance `id`: advance a read-counted schedule.
+    /// The next `count` calls named `call` (as [`Adapter::classify`] names them) answer the
+    /// backend's server error, changing nothing.
+    pub fn fail_calls(&mut self, call: &str, count: u32) {
+        let effect = Effect::fail(self.backend.fault(&FaultKind::ServerError));
+        self.traffic.call_faults.push((call.to_string(), count, effect));
+    }
+
     pub fn saw(&mut self, id: &str) {
         let (backend, n) = (&self.backend, &mut self.addresses);
         self.fleet.saw(id, || {
@@ -155,10 +157,7 @@ impl<A: Adapter> Model for Cloud<A> {
     }
     fn dump(&mut self) -> Dump {
         self.tick();
-        Dump {
-            instances: self.fleet.dump(),
-            secondary: self.backend.secondary(),
-        }
+        Dump { instances: self.fleet.dump(), secondary: self.backend.secondary() }
     }
     fn reset(&mut self) {
         self.fleet.reset();
@@ -203,5 +202,18 @@ impl<A: Adapter> Api for Cloud<A> {
     fn decorate(&mut self, resp: &mut Response) {
         let bucket = self.traffic.limits.bucket("", Instant::now());
         self.backend.decorate(resp, bucket);
+    }
+}
+
+impl<A: Adapter> super::Served<Cloud<A>> {
+    /// See [`Cloud::fail_calls`]: the calls are named as in the request stats, e.g.
+    /// `POST /instance/v1/zones/{zone}/servers/{id}/action`.
+    pub fn fail_calls(&self, call: &str, count: u32) {
+        self.lock().fail_calls(call, count);
+    }
+
+    /// Puts a raw record in (e.g. an instance of an older shape), keeping its id.
+    pub fn insert_record(&self, record: Record<A::Extra>) {
+        self.lock().fleet.insert(record);
     }
 }

@@ -318,11 +318,7 @@ impl<X: Clone> Fleet<X> {
     }
 
     pub fn finish_deletes(&mut self) {
-        let ids: Vec<String> = self
-            .iter()
-            .filter(|r| r.deleting)
-            .map(|r| r.id.clone())
-            .collect();
+        let ids: Vec<String> = self.iter().filter(|r| r.deleting).map(|r| r.id.clone()).collect();
         for id in ids {
             self.remove(&id);
         }
@@ -419,18 +415,12 @@ impl<X> Drop for Fleet<X> {
 mod tests {
     use super::*;
 
-    const STATES: States = States {
-        provisioning: "new",
-        running: "active",
-        deleting: "archive",
-    };
+    const STATES: States = States { provisioning: "new", running: "active", deleting: "archive" };
 
     fn fleet(schedule: Schedule) -> (Fleet<()>, String) {
         let mut f = Fleet::new(STATES, schedule, None);
         let id = f.allocate(|n| format!("{n:09}"));
-        f.create(Record::new(id.clone(), "a".into(), "r1".into(), ()), || {
-            "203.0.113.1".into()
-        });
+        f.create(Record::new(id.clone(), "a".into(), "r1".into(), ()), || "203.0.113.1".into());
         (f, id)
     }
 
@@ -443,18 +433,8 @@ mod tests {
             (Schedule::AfterReads(1), 1, Duration::ZERO, "active"),
             (Schedule::AfterReads(3), 2, Duration::ZERO, "new"),
             (Schedule::Manual, 5, Duration::from_millis(30), "new"),
-            (
-                Schedule::After(Duration::from_millis(20)),
-                0,
-                Duration::ZERO,
-                "new",
-            ),
-            (
-                Schedule::After(Duration::from_millis(20)),
-                0,
-                Duration::from_millis(30),
-                "active",
-            ),
+            (Schedule::After(Duration::from_millis(20)), 0, Duration::ZERO, "new"),
+            (Schedule::After(Duration::from_millis(20)), 0, Duration::from_millis(30), "active"),
         ];
         for (schedule, reads, wait, want) in cases {
             let (mut f, id) = fleet(schedule);

@@ -61,11 +61,7 @@ async fn gate<S: Api>(State(state): State<Shared<S>>, req: Request, next: Next) 
         t.record(line, op, &call);
         let limited = t.limits.take("", std::time::Instant::now());
         // A limited call never reaches what stands behind the limiter: its faults wait.
-        let fault = if limited.is_none() {
-            t.faults.take(op)
-        } else {
-            None
-        };
+        let fault = if limited.is_none() { t.take_fault(op, &call) } else { None };
         (limited, fault, s.authorized(req.headers()))
     };
     let mut resp = match (limited, fault) {

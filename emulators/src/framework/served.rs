@@ -63,10 +63,7 @@ pub struct Handle<S> {
 
 impl<S> Clone for Handle<S> {
     fn clone(&self) -> Self {
-        Handle {
-            url: self.url.clone(),
-            state: self.state.clone(),
-        }
+        Handle { url: self.url.clone(), state: self.state.clone() }
     }
 }
 
@@ -153,13 +150,8 @@ impl<S: Model> Served<S> {
         app: Router<Shared<S>>,
     ) -> Served<S> {
         let addr = listener.local_addr().expect("local addr");
-        let handle = Handle {
-            url: format!("http://{addr}"),
-            state: state.clone(),
-        };
-        let app = app
-            .with_state(state)
-            .merge(super::surface::router(handle.clone()));
+        let handle = Handle { url: format!("http://{addr}"), state: state.clone() };
+        let app = app.with_state(state).merge(super::surface::router(handle.clone()));
         let server = ServerThread::spawn(name, listener, app);
         Served { server, handle }
     }

@@ -20,14 +20,8 @@ use crate::control::{Emulator, Fault, Plant, RateLimit, Refusal, ScopeFailure};
 /// `/_emulator/*` over `emu`: the table of `egress-emulator-protocol`.
 pub fn router<E: Emulator + Clone + 'static>(emu: E) -> Router {
     Router::new()
-        .route(
-            "/_emulator/dump",
-            get(|State(e): State<E>| async move { Json(e.dump()) }),
-        )
-        .route(
-            "/_emulator/stats",
-            get(|State(e): State<E>| async move { Json(e.stats()) }),
-        )
+        .route("/_emulator/dump", get(|State(e): State<E>| async move { Json(e.dump()) }))
+        .route("/_emulator/stats", get(|State(e): State<E>| async move { Json(e.stats()) }))
         .route("/_emulator/hold", post(hold::<E>))
         .route("/_emulator/state", post(state::<E>))
         .route("/_emulator/address", post(address::<E>))
@@ -60,11 +54,7 @@ type Body<T> = Result<Json<T>, JsonRejection>;
 fn with<T: DeserializeOwned>(body: Body<T>, f: impl FnOnce(T) -> Response) -> Response {
     match body {
         Ok(Json(b)) => f(b),
-        Err(e) => (
-            StatusCode::BAD_REQUEST,
-            Json(json!({"error": e.body_text()})),
-        )
-            .into_response(),
+        Err(e) => (StatusCode::BAD_REQUEST, Json(json!({"error": e.body_text()}))).into_response(),
     }
 }
 
@@ -136,11 +126,10 @@ async fn lock<E: Emulator>(State(e): State<E>, b: Body<LockBody>) -> Response {
 async fn plant<E: Emulator>(State(e): State<E>, b: Body<Plant>) -> Response {
     with(b, |p| match e.try_plant(p) {
         Ok(id) => Json(json!({ "id": id })).into_response(),
-        Err(Refusal { status, body }) => (
-            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
-            Json(body),
-        )
-            .into_response(),
+        Err(Refusal { status, body }) => {
+            (StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST), Json(body))
+                .into_response()
+        }
     })
 }
 

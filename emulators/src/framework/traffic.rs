@@ -17,10 +17,7 @@ pub struct Effect<E> {
 
 impl<E> Effect<E> {
     pub fn fail(error: E) -> Self {
-        Effect {
-            delay: Duration::ZERO,
-            fail: Some(error),
-        }
+        Effect { delay: Duration::ZERO, fail: Some(error) }
     }
 
     pub fn delay(delay: Duration) -> Self {
@@ -38,10 +35,7 @@ pub struct RateLimits {
 
 impl RateLimits {
     pub fn new(spec: Option<RateLimit>) -> Self {
-        RateLimits {
-            spec,
-            buckets: HashMap::new(),
-        }
+        RateLimits { spec, buckets: HashMap::new() }
     }
 
     pub fn spec(&self) -> Option<RateLimit> {
@@ -56,11 +50,7 @@ impl RateLimits {
     /// The bucket of `key`, full when first used; `None` while no limit is set.
     pub fn bucket(&mut self, key: &str, now: Instant) -> Option<&mut Limiter> {
         let spec = self.spec?;
-        Some(
-            self.buckets
-                .entry(key.to_string())
-                .or_insert_with(|| Limiter::new(spec, now)),
-        )
+        Some(self.buckets.entry(key.to_string()).or_insert_with(|| Limiter::new(spec, now)))
     }
 
     /// Takes a token of `key`'s bucket: `Some(limit)` when the call is over it.
@@ -78,6 +68,10 @@ pub struct Traffic<E> {
     pub requests: Vec<String>,
     pub stats: RequestStats,
     pub faults: FaultQueue<Effect<E>>,
+    /// Faults for one call by its name ([`Api::classify`](super::gate::Api::classify)'s),
+    /// each with the number of calls it still hits: a test's way to fail one step of a
+    /// multi-call operation (the power-on after a create) that no shared operation names.
+    pub call_faults: Vec<(String, u32, Effect<E>)>,
     pub limits: RateLimits,
 }
 
@@ -87,6 +81,7 @@ impl<E: Clone> Traffic<E> {
             requests: Vec::new(),
             stats: RequestStats::default(),
             faults: FaultQueue::default(),
+            call_faults: Vec::new(),
             limits: RateLimits::new(limit),
         }
     }
@@ -95,6 +90,22 @@ impl<E: Clone> Traffic<E> {
     pub fn record(&mut self, line: String, op: Option<FaultOp>, call: &str) {
         self.requests.push(line);
         self.stats.record(op, call);
+    }
+
+    /// The fault that hits a call of `op` named `call`, if any: an injected fault of the
+    /// operation first, then one for the call by name.
+    pub fn take_fault(&mut self, op: Option<FaultOp>, call: &str) -> Option<Effect<E>> {
+        if let Some(effect) = self.faults.take(op) {
+            return Some(effect);
+        }
+        let i = self.call_faults.iter().position(|(c, n, _)| c == call && *n > 0)?;
+        let (_, left, effect) = &mut self.call_faults[i];
+        *left -= 1;
+        let effect = effect.clone();
+        if *left == 0 {
+            self.call_faults.remove(i);
+        }
+        Some(effect)
     }
 
     /// Forgets calls and faults. The rate limit is configuration: it stays, with full
@@ -111,10 +122,7 @@ mod tests {
     #[test]
     fn buckets_are_per_key_and_reset_keeps_the_limit() {
         let now = Instant::now();
-        let mut t: Traffic<&str> = Traffic::new(Some(RateLimit {
-            per_hour: 3600,
-            burst: 1,
-        }));
+        let mut t: Traffic<&str> = Traffic::new(Some(RateLimit { per_hour: 3600, burst: 1 }));
         assert_eq!(t.limits.take("a", now), None);
         assert!(t.limits.take("a", now).is_some());
         assert_eq!(t.limits.take("b", now), None);

@@ -29,10 +29,7 @@ pub(crate) fn router() -> Router<Shared_> {
         .route("/servers/{id}/actions/{action_id}", get(get_server_action))
         .route("/actions/{id}", get(get_action))
         .route("/primary_ips", get(list_primary_ips))
-        .route(
-            "/primary_ips/{id}",
-            get(get_primary_ip).delete(delete_primary_ip),
-        )
+        .route("/primary_ips/{id}", get(get_primary_ip).delete(delete_primary_ip))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
 }
@@ -95,37 +92,27 @@ impl Api for Backend {
     fn decorate(&mut self, resp: &mut Response) {
         let now = std::time::Instant::now();
         let (limit, remaining, full_in) = match self.traffic.limits.bucket("", now) {
-            Some(l) => (
-                u64::from(l.spec().per_hour),
-                l.remaining(now),
-                l.until_full(now).as_secs(),
-            ),
+            Some(l) => {
+                (u64::from(l.spec().per_hour), l.remaining(now), l.until_full(now).as_secs())
+            }
             None => (RATE_LIMIT, RATE_LIMIT, 0),
         };
         let headers = resp.headers_mut();
-        headers
-            .entry("ratelimit-limit")
-            .or_insert(HeaderValue::from(limit));
-        headers
-            .entry("ratelimit-remaining")
-            .or_insert(HeaderValue::from(remaining));
-        headers
-            .entry("ratelimit-reset")
-            .or_insert(HeaderValue::from(now_secs() + full_in));
+        headers.entry("ratelimit-limit").or_insert(HeaderValue::from(limit));
+        headers.entry("ratelimit-remaining").or_insert(HeaderValue::from(remaining));
+        headers.entry("ratelimit-reset").or_insert(HeaderValue::from(now_secs() + full_in));
     }
 }
 
 /// The Hetzner-only control routes: `POST /_emulator/errors` (any Hetzner error for the
 /// next calls of an operation) and `GET /_emulator/requests`.
 pub(crate) fn control_extras() -> Router<Shared_> {
-    Router::new()
-        .route("/_emulator/errors", post(errors))
-        .route(
-            "/_emulator/requests",
-            get(|State(s): State<Shared_>| async move {
-                Json(json!({ "requests": s.lock().traffic.requests }))
-            }),
-        )
+    Router::new().route("/_emulator/errors", post(errors)).route(
+        "/_emulator/requests",
+        get(|State(s): State<Shared_>| async move {
+            Json(json!({ "requests": s.lock().traffic.requests }))
+        }),
+    )
 }
 
 /// Any Hetzner error for the next calls of an operation, for codes the shared fault
@@ -198,10 +185,7 @@ async fn get_server_action(
     State(state): State<Shared_>,
     Path((id, action_id)): Path<(String, String)>,
 ) -> Response {
-    reply(
-        state.lock().get_server_action(&id, &action_id),
-        StatusCode::OK,
-    )
+    reply(state.lock().get_server_action(&id, &action_id), StatusCode::OK)
 }
 
 async fn list_primary_ips(

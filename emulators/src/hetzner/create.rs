@@ -75,11 +75,8 @@ impl CreateRequest {
         let image = id_or_name(obj, "image", true, &mut errs).unwrap_or_default();
         let location = id_or_name(obj, "location", false, &mut errs);
         let datacenter = id_or_name(obj, "datacenter", false, &mut errs);
-        let start_after_create = flag(
-            obj.get("start_after_create"),
-            "start_after_create",
-            &mut errs,
-        );
+        let start_after_create =
+            flag(obj.get("start_after_create"), "start_after_create", &mut errs);
         let user_data = match obj.get("user_data") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.len() > USER_DATA_MAX => {
@@ -132,14 +129,8 @@ impl CreateRequest {
         }
         if location.is_some() && datacenter.is_some() {
             // Mutually exclusive fields are reported together, as in a captured answer.
-            errs.push((
-                "location".into(),
-                "mutually exclusive with datacenter".into(),
-            ));
-            errs.push((
-                "datacenter".into(),
-                "mutually exclusive with location".into(),
-            ));
+            errs.push(("location".into(), "mutually exclusive with datacenter".into()));
+            errs.push(("datacenter".into(), "mutually exclusive with location".into()));
         }
         if !name.is_empty() {
             check_hostname(&name, &mut errs);

@@ -26,12 +26,7 @@ pub struct HetznerError {
 
 impl HetznerError {
     pub fn new(status: u16, code: impl Into<String>, message: impl Into<String>) -> Self {
-        HetznerError {
-            status,
-            code: code.into(),
-            message: message.into(),
-            details: json!({}),
-        }
+        HetznerError { status, code: code.into(), message: message.into(), details: json!({}) }
     }
 
     pub fn with_details(mut self, details: Value) -> Self {
@@ -50,11 +45,7 @@ impl HetznerError {
     }
 
     pub(crate) fn json_error(reason: &str) -> Self {
-        Self::new(
-            400,
-            "json_error",
-            format!("invalid JSON in request body: {reason}"),
-        )
+        Self::new(400, "json_error", format!("invalid JSON in request body: {reason}"))
     }
 
     pub(crate) fn not_found(kind: &str, id: &str) -> Self {
@@ -77,10 +68,8 @@ impl HetznerError {
                 format!("invalid input in fields {}", names.join(", "))
             }
         };
-        let details: Vec<Value> = fields
-            .iter()
-            .map(|(name, msg)| json!({"name": name, "messages": [msg]}))
-            .collect();
+        let details: Vec<Value> =
+            fields.iter().map(|(name, msg)| json!({"name": name, "messages": [msg]})).collect();
         Self::new(422, "invalid_input", message).with_details(json!({ "fields": details }))
     }
 
@@ -123,11 +112,7 @@ impl HetznerError {
     }
 
     pub(crate) fn method_not_allowed() -> Self {
-        Self::new(
-            405,
-            "method_not_allowed",
-            "The request method is not allowed",
-        )
+        Self::new(405, "method_not_allowed", "The request method is not allowed")
     }
 }
 
@@ -139,8 +124,7 @@ impl IntoResponse for HetznerError {
         if rate_limited {
             // The gate fills the rate-limit headers on every other answer; a 429 must say
             // that nothing is left.
-            resp.headers_mut()
-                .insert("ratelimit-remaining", HeaderValue::from_static("0"));
+            resp.headers_mut().insert("ratelimit-remaining", HeaderValue::from_static("0"));
         }
         resp
     }
@@ -148,9 +132,6 @@ impl IntoResponse for HetznerError {
 
 impl From<HetznerError> for crate::control::Refusal {
     fn from(e: HetznerError) -> Self {
-        crate::control::Refusal {
-            status: e.status,
-            body: e.body(),
-        }
+        crate::control::Refusal { status: e.status, body: e.body() }
     }
 }

@@ -17,9 +17,7 @@ pub(crate) fn validate_key(key: &str) -> Result<(), String> {
             return Err(format!("label key '{key}' has an invalid prefix"));
         }
         if prefix == "hetzner.cloud" {
-            return Err(format!(
-                "label key '{key}' uses the reserved prefix hetzner.cloud/"
-            ));
+            return Err(format!("label key '{key}' uses the reserved prefix hetzner.cloud/"));
         }
     }
     if name.is_empty() || !is_name_segment(name) {
@@ -43,8 +41,7 @@ fn is_name_segment(s: &str) -> bool {
     b.len() <= 63
         && b.first().is_some_and(u8::is_ascii_alphanumeric)
         && b.last().is_some_and(u8::is_ascii_alphanumeric)
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// An RFC 1123 DNS label: lowercase alphanumerics and `-`, not at either end.
@@ -52,8 +49,7 @@ fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
@@ -137,9 +133,8 @@ fn parse_requirement(term: &str) -> Result<Requirement, String> {
         validate_key(key)?;
         return Ok(Requirement::NotExists(key.to_string()));
     }
-    let key_end = term
-        .find(|c: char| c == '=' || c == '!' || c.is_whitespace())
-        .unwrap_or(term.len());
+    let key_end =
+        term.find(|c: char| c == '=' || c == '!' || c.is_whitespace()).unwrap_or(term.len());
     let key = &term[..key_end];
     validate_key(key)?;
     let key = key.to_string();
@@ -222,9 +217,8 @@ mod tests {
 
     #[test]
     fn selector_parse_errors() {
-        for bad in [
-            "a=b,", ",a", "a in (b", "a in b", "a)", "a ~ b", "a=b c", "!", "-k=v", "k=-v",
-        ] {
+        for bad in ["a=b,", ",a", "a in (b", "a in b", "a)", "a ~ b", "a=b c", "!", "-k=v", "k=-v"]
+        {
             assert!(Selector::parse(bad).is_err(), "{bad:?}");
         }
         assert_eq!(Selector::parse("  "), Ok(Selector::default()));

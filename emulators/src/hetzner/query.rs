@@ -82,11 +82,7 @@ impl ListQuery {
 
     /// Order by the `sort` keys in turn, then by ID so pages never overlap.
     pub(super) fn compare<'a>(&self, key: impl Fn(&str) -> SortKey<'a>) -> std::cmp::Ordering {
-        for (field, desc) in self
-            .sort
-            .iter()
-            .map(|(f, d)| (f.as_str(), *d))
-            .chain([("id", false)])
+        for (field, desc) in self.sort.iter().map(|(f, d)| (f.as_str(), *d)).chain([("id", false)])
         {
             let ord = match key(field) {
                 SortKey::Num(a, b) => a.cmp(&b),

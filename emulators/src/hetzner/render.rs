@@ -107,11 +107,8 @@ impl Backend {
         let Some(a) = self.actions.get(&id) else {
             return Value::Null;
         };
-        let resources: Vec<Value> = a
-            .resources
-            .iter()
-            .map(|(id, kind)| json!({"id": id, "type": kind}))
-            .collect();
+        let resources: Vec<Value> =
+            a.resources.iter().map(|(id, kind)| json!({"id": id, "type": kind})).collect();
         json!({
             "id": a.id,
             "command": a.command,

@@ -280,11 +280,7 @@ impl Backend {
         let Some(s) = self.servers.get_mut(&id) else {
             return;
         };
-        let status = if s.start_after_create {
-            "running"
-        } else {
-            "off"
-        };
+        let status = if s.start_after_create { "running" } else { "off" };
         s.status = status.to_string();
         s.reads = 0;
         let pending = std::mem::take(&mut s.pending);
@@ -391,12 +387,7 @@ impl Backend {
         self.stop_proxy(id);
         let s = self.servers.get_mut(&id)?;
         s.status = "deleting".into();
-        s.deleting = Some(Deleting {
-            action,
-            held,
-            reads: 0,
-            since: Instant::now(),
-        });
+        s.deleting = Some(Deleting { action, held, reads: 0, since: Instant::now() });
         Some(action)
     }
 
@@ -417,8 +408,7 @@ impl Backend {
     }
 
     fn release_ips(&mut self, server: u64) {
-        self.ips
-            .retain(|_, ip| ip.assignee != Some(server) || !ip.auto_delete);
+        self.ips.retain(|_, ip| ip.assignee != Some(server) || !ip.auto_delete);
         for ip in self.ips.values_mut() {
             if ip.assignee == Some(server) {
                 ip.assignee = None;
@@ -517,12 +507,8 @@ impl Backend {
     }
 
     fn finish_all_deletes(&mut self) {
-        let ids: Vec<u64> = self
-            .servers
-            .values()
-            .filter(|s| s.deleting.is_some())
-            .map(|s| s.id)
-            .collect();
+        let ids: Vec<u64> =
+            self.servers.values().filter(|s| s.deleting.is_some()).map(|s| s.id).collect();
         for id in ids {
             self.finish_delete(id);
         }
@@ -556,11 +542,8 @@ impl Backend {
     }
 
     fn plant_server(&mut self, p: &Plant) -> Result<u64, HetznerError> {
-        let location = if p.scope.is_empty() {
-            self.cfg.default_location.clone()
-        } else {
-            p.scope.clone()
-        };
+        let location =
+            if p.scope.is_empty() { self.cfg.default_location.clone() } else { p.scope.clone() };
         let location = self
             .find_location(&location)
             .ok_or_else(|| HetznerError::invalid_input("location not found"))?;
@@ -638,11 +621,7 @@ impl Backend {
                 scope: s.location.name.clone(),
                 state: s.status.clone(),
                 ip: self.ipv4_of(s).unwrap_or_default(),
-                labels: s
-                    .labels
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
+                labels: s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
                 user_data: s.user_data.clone().unwrap_or_default().into_bytes(),
             })
             .collect();
@@ -655,10 +634,7 @@ impl Backend {
                 attached_to: ip.assignee.map(|a| a.to_string()),
             })
             .collect();
-        Dump {
-            instances,
-            secondary,
-        }
+        Dump { instances, secondary }
     }
 
     // ---- the API ------------------------------------------------------------------------
@@ -704,27 +680,17 @@ impl Backend {
         };
         if !server_type.available_in(&location.name) {
             // Message captured from the real API.
-            return Err(HetznerError::invalid_input(
-                "unsupported location for server type",
-            ));
+            return Err(HetznerError::invalid_input("unsupported location for server type"));
         }
         if self.servers.values().any(|s| s.name == req.name) {
             return Err(HetznerError::name_taken());
         }
-        if self
-            .cfg
-            .server_limit
-            .is_some_and(|max| self.servers.len() >= max)
-        {
+        if self.cfg.server_limit.is_some_and(|max| self.servers.len() >= max) {
             return Err(HetznerError::server_limit());
         }
         if !location.available {
             // Status, code and message captured from the real API.
-            return Err(HetznerError::new(
-                412,
-                "resource_unavailable",
-                "server location disabled",
-            ));
+            return Err(HetznerError::new(412, "resource_unavailable", "server location disabled"));
         }
         for (want, kind) in [(req.ipv4, IpKind::V4), (req.ipv6, IpKind::V6)] {
             let Some(ip_id) = want else { continue };
@@ -811,10 +777,7 @@ impl Backend {
 
     pub(crate) fn get_server(&mut self, id: &str) -> Result<Value, HetznerError> {
         let sid = parse_path_id(id, "server")?;
-        let s = self
-            .servers
-            .get(&sid)
-            .ok_or_else(|| HetznerError::not_found("server", id))?;
+        let s = self.servers.get(&sid).ok_or_else(|| HetznerError::not_found("server", id))?;
         let body = json!({ "server": self.server_json(s) });
         self.saw(sid);
         Ok(body)
@@ -854,33 +817,23 @@ impl Backend {
         });
         let (page, range, meta) = q.page(matched.len());
         let shown: Vec<u64> = matched[range].iter().map(|s| s.id).collect();
-        let servers: Vec<Value> = shown
-            .iter()
-            .map(|id| self.server_json(&self.servers[id]))
-            .collect();
+        let servers: Vec<Value> =
+            shown.iter().map(|id| self.server_json(&self.servers[id])).collect();
         let link = q.link(&self.base_url, "/v1/servers", query, page, &meta);
         for id in shown {
             self.saw(id);
         }
-        Ok(Listing {
-            body: json!({ "servers": servers, "meta": { "pagination": meta } }),
-            link,
-        })
+        Ok(Listing { body: json!({ "servers": servers, "meta": { "pagination": meta } }), link })
     }
 
     pub(crate) fn delete_server(&mut self, id: &str) -> Result<Value, HetznerError> {
         let sid = parse_path_id(id, "server")?;
-        let s = self
-            .servers
-            .get(&sid)
-            .ok_or_else(|| HetznerError::not_found("server", id))?;
+        let s = self.servers.get(&sid).ok_or_else(|| HetznerError::not_found("server", id))?;
         if s.locked || s.deleting.is_some() {
             // A server being deleted has a running action, which locks it.
             return Err(HetznerError::locked("server"));
         }
-        let action = self
-            .start_delete(sid, false)
-            .ok_or_else(|| HetznerError::locked("server"))?;
+        let action = self.start_delete(sid, false).ok_or_else(|| HetznerError::locked("server"))?;
         let body = json!({ "action": self.action_json(action) });
         if matches!(
             self.cfg.delete_schedule,
@@ -906,10 +859,8 @@ impl Backend {
     ) -> Result<Value, HetznerError> {
         let sid = parse_path_id(server, "server")?;
         let aid = parse_path_id(action, "action")?;
-        let belongs = self
-            .actions
-            .get(&aid)
-            .is_some_and(|a| a.resources.contains(&(sid, "server")));
+        let belongs =
+            self.actions.get(&aid).is_some_and(|a| a.resources.contains(&(sid, "server")));
         if !belongs {
             return Err(HetznerError::not_found("action", action));
         }
@@ -921,10 +872,7 @@ impl Backend {
         query: &[(String, String)],
     ) -> Result<Listing, HetznerError> {
         let q = ListQuery::parse(query, &["id", "created"])?;
-        let ip_filter = query
-            .iter()
-            .find(|(k, _)| k == "ip")
-            .map(|(_, v)| v.clone());
+        let ip_filter = query.iter().find(|(k, _)| k == "ip").map(|(_, v)| v.clone());
         let mut matched: Vec<&PrimaryIp> = self
             .ips
             .values()
@@ -949,19 +897,13 @@ impl Backend {
 
     pub(crate) fn get_primary_ip(&mut self, id: &str) -> Result<Value, HetznerError> {
         let iid = parse_path_id(id, "primary_ip")?;
-        let ip = self
-            .ips
-            .get(&iid)
-            .ok_or_else(|| HetznerError::not_found("primary_ip", id))?;
+        let ip = self.ips.get(&iid).ok_or_else(|| HetznerError::not_found("primary_ip", id))?;
         Ok(json!({ "primary_ip": self.ip_json(ip) }))
     }
 
     pub(crate) fn delete_primary_ip(&mut self, id: &str) -> Result<(), HetznerError> {
         let iid = parse_path_id(id, "primary_ip")?;
-        let ip = self
-            .ips
-            .get(&iid)
-            .ok_or_else(|| HetznerError::not_found("primary_ip", id))?;
+        let ip = self.ips.get(&iid).ok_or_else(|| HetznerError::not_found("primary_ip", id))?;
         if let Some(server) = ip.assignee.and_then(|s| self.servers.get(&s)) {
             // The reference: an assigned IP is unassigned by the delete, and the server
             // must be powered off for that.
@@ -988,11 +930,7 @@ impl Backend {
     // ---- helpers ------------------------------------------------------------------------
 
     fn find_location(&self, name: &str) -> Option<LocationSpec> {
-        self.cfg
-            .locations
-            .iter()
-            .find(|l| l.name == name || l.id.to_string() == name)
-            .cloned()
+        self.cfg.locations.iter().find(|l| l.name == name || l.id.to_string() == name).cloned()
     }
 
     /// A failed scope makes any list touching it fail whole; see `Emulator::fail_scope`
@@ -1049,9 +987,7 @@ impl Backend {
     }
 
     fn ipv4_of(&self, s: &Server) -> Option<String> {
-        s.ipv4
-            .and_then(|i| self.ips.get(&i))
-            .map(|ip| ip.ip.clone())
+        s.ipv4.and_then(|i| self.ips.get(&i)).map(|ip| ip.ip.clone())
     }
 }
 

@@ -33,9 +33,8 @@ async fn raw(
     body: &str,
 ) -> Resp {
     let stream = tokio::net::TcpStream::connect(emu.addr()).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
     tokio::spawn(conn);
     let mut req = hyper::Request::builder()
         .method(method)
@@ -51,11 +50,7 @@ async fn raw(
     let headers = resp.headers().clone();
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Resp {
-        status,
-        headers,
-        body,
-    }
+    Resp { status, headers, body }
 }
 
 async fn api(emu: &HetznerEmulator, method: &str, path: &str, body: Option<Value>) -> Resp {
@@ -127,10 +122,7 @@ async fn bearer_token_is_required() {
     assert!(r.headers.contains_key("ratelimit-remaining"));
     assert!(r.headers.contains_key("ratelimit-reset"));
     // The control surface needs no token.
-    assert_eq!(
-        raw(&emu, "GET", "/_emulator/dump", None, "").await.status,
-        200
-    );
+    assert_eq!(raw(&emu, "GET", "/_emulator/dump", None, "").await.status, 200);
 }
 
 #[tokio::test]
@@ -163,18 +155,10 @@ async fn create_get_list_delete_lifecycle() {
     assert!(created.ends_with("+00:00"), "{created}");
     assert!(crate::time::parse_rfc3339(created).is_some());
     // The address is there before the server runs, as on Hetzner.
-    let ip = server["public_net"]["ipv4"]["ip"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let ip = server["public_net"]["ipv4"]["ip"].as_str().unwrap().to_string();
     let ipv4_id = server["public_net"]["ipv4"]["id"].as_u64().unwrap();
     assert!(ip.parse::<std::net::Ipv4Addr>().is_ok());
-    assert!(
-        server["public_net"]["ipv6"]["ip"]
-            .as_str()
-            .unwrap()
-            .ends_with("::/64")
-    );
+    assert!(server["public_net"]["ipv6"]["ip"].as_str().unwrap().ends_with("::/64"));
     let action = &r.body["action"];
     assert_eq!(
         (action["command"].as_str(), action["status"].as_str()),
@@ -209,10 +193,7 @@ async fn create_get_list_delete_lifecycle() {
 
     // First read sees initializing, the next one running.
     let path = format!("/v1/servers/{id}");
-    assert_eq!(
-        get(&emu, &path).await.body["server"]["status"],
-        "initializing"
-    );
+    assert_eq!(get(&emu, &path).await.body["server"]["status"], "initializing");
     let r = get(&emu, &path).await;
     assert_eq!(r.body["server"]["status"], "running");
     assert_eq!(r.body["server"]["public_net"]["ipv4"]["ip"], ip.as_str());
@@ -224,12 +205,7 @@ async fn create_get_list_delete_lifecycle() {
     assert_eq!(a.body["action"]["status"], "success");
     // An action of another resource is not found under this server.
     assert_eq!(
-        get(
-            &emu,
-            &format!("/v1/servers/{}/actions/{start_action}", id + 1)
-        )
-        .await
-        .status,
+        get(&emu, &format!("/v1/servers/{}/actions/{start_action}", id + 1)).await.status,
         404
     );
     assert_eq!(get(&emu, "/v1/actions/1").await.code(), "not_found");
@@ -246,17 +222,10 @@ async fn create_get_list_delete_lifecycle() {
     let r = get(&emu, &path).await;
     assert_eq!((r.status, r.code()), (404, "not_found"));
     assert_eq!(
-        get(&emu, &format!("/v1/actions/{delete_action}"))
-            .await
-            .body["action"]["status"],
+        get(&emu, &format!("/v1/actions/{delete_action}")).await.body["action"]["status"],
         "success"
     );
-    assert!(
-        get(&emu, "/v1/primary_ips").await.body["primary_ips"]
-            .as_array()
-            .unwrap()
-            .is_empty()
-    );
+    assert!(get(&emu, "/v1/primary_ips").await.body["primary_ips"].as_array().unwrap().is_empty());
     assert_eq!(api(&emu, "DELETE", &path, None).await.code(), "not_found");
     assert_eq!(emu.dump(), Dump::default());
 }
@@ -270,10 +239,7 @@ async fn duplicate_names_are_a_uniqueness_error_even_while_deleting() {
     assert_eq!(r.body["error"]["message"], "server name is already used");
     assert_eq!(r.body["error"]["details"]["fields"][0]["name"], "name");
     emu.start_slow_delete(&id);
-    assert_eq!(
-        create(&emu, "proxy-a", json!({})).await.code(),
-        "uniqueness_error"
-    );
+    assert_eq!(create(&emu, "proxy-a", json!({})).await.code(), "uniqueness_error");
     emu.finish_deletes();
     assert_eq!(create(&emu, "proxy-a", json!({})).await.status, 201);
 }
@@ -308,36 +274,16 @@ async fn create_validation_answers_as_hetzner_does() {
         b
     };
     let cases: Vec<(Value, u16, &str, &str)> = vec![
-        (
-            with("server_type", json!("cx99")),
-            422,
-            "invalid_input",
-            "server type not found",
-        ),
-        (
-            with("image", json!("templeos")),
-            422,
-            "invalid_input",
-            "image not found",
-        ),
-        (
-            with("location", json!("mars1")),
-            422,
-            "invalid_input",
-            "location not found",
-        ),
+        (with("server_type", json!("cx99")), 422, "invalid_input", "server type not found"),
+        (with("image", json!("templeos")), 422, "invalid_input", "image not found"),
+        (with("location", json!("mars1")), 422, "invalid_input", "location not found"),
         (
             json!({"name": "proxy-v", "server_type": "cx23", "image": "ubuntu-24.04", "location": "ash"}),
             422,
             "invalid_input",
             "unsupported location for server type",
         ),
-        (
-            with("location", json!("sin")),
-            412,
-            "resource_unavailable",
-            "server location disabled",
-        ),
+        (with("location", json!("sin")), 412, "resource_unavailable", "server location disabled"),
         (
             with("name", json!("not a hostname")),
             422,
@@ -350,12 +296,7 @@ async fn create_validation_answers_as_hetzner_does() {
             "invalid_input",
             "invalid input in field 'name': is not a valid hostname",
         ),
-        (
-            with("labels", json!({"hetzner.cloud/x": "y"})),
-            422,
-            "invalid_input",
-            "",
-        ),
+        (with("labels", json!({"hetzner.cloud/x": "y"})), 422, "invalid_input", ""),
         (with("labels", json!({"k": "-v"})), 422, "invalid_input", ""),
         (with("labels", json!({"k": 1})), 422, "invalid_input", ""),
         (
@@ -364,12 +305,7 @@ async fn create_validation_answers_as_hetzner_does() {
             "invalid_input",
             "invalid input in field 'user_data': is too long",
         ),
-        (
-            with("start_after_create", json!("yes")),
-            422,
-            "invalid_input",
-            "",
-        ),
+        (with("start_after_create", json!("yes")), 422, "invalid_input", ""),
         (
             with("datacenter", json!("fsn1-dc14")),
             422,
@@ -392,10 +328,7 @@ async fn create_validation_answers_as_hetzner_does() {
     assert_eq!(r.body["server"]["datacenter"]["location"]["name"], "fsn1");
     let r = post(with("name", json!("proxy-two"))).await;
     assert_eq!((r.status, r.code()), (403, "resource_limit_exceeded"));
-    assert_eq!(
-        r.body["error"]["details"]["limits"][0]["name"],
-        "server_limit"
-    );
+    assert_eq!(r.body["error"]["details"]["limits"][0]["name"], "server_limit");
 }
 
 #[tokio::test]
@@ -447,16 +380,9 @@ async fn label_selectors() {
         assert_eq!(names(&r), want, "{selector}");
     }
     for bad in ["env in (a", "env ~ x", "a=b,", "hetzner.cloud/x"] {
-        let r = get(
-            &emu,
-            &format!("/v1/servers?label_selector={}", encode_query(bad)),
-        )
-        .await;
+        let r = get(&emu, &format!("/v1/servers?label_selector={}", encode_query(bad))).await;
         assert_eq!((r.status, r.code()), (422, "invalid_input"), "{bad}");
-        assert_eq!(
-            r.body["error"]["details"]["fields"][0]["name"],
-            "label_selector"
-        );
+        assert_eq!(r.body["error"]["details"]["fields"][0]["name"], "label_selector");
     }
 }
 
@@ -541,46 +467,27 @@ async fn each_fault_kind_answers_like_hetzner() {
     let id = create_id(&emu, "proxy-f", json!({})).await;
     let server = format!("/v1/servers/{id}");
 
-    emu.inject(Fault {
-        op: FaultOp::Create,
-        kind: FaultKind::ServerError,
-        count: 1,
-    });
+    emu.inject(Fault { op: FaultOp::Create, kind: FaultKind::ServerError, count: 1 });
     let r = create(&emu, "proxy-g", json!({})).await;
     assert_eq!((r.status, r.code()), (500, "server_error"));
     assert_eq!(create(&emu, "proxy-g", json!({})).await.status, 201);
 
-    emu.inject(Fault {
-        op: FaultOp::Create,
-        kind: FaultKind::Quota,
-        count: 1,
-    });
+    emu.inject(Fault { op: FaultOp::Create, kind: FaultKind::Quota, count: 1 });
     let r = create(&emu, "proxy-h", json!({})).await;
     assert_eq!((r.status, r.code()), (403, "resource_limit_exceeded"));
 
-    emu.inject(Fault {
-        op: FaultOp::List,
-        kind: FaultKind::RateLimit,
-        count: 2,
-    });
+    emu.inject(Fault { op: FaultOp::List, kind: FaultKind::RateLimit, count: 2 });
     // A fault for one operation leaves the others alone.
     assert_eq!(get(&emu, &server).await.status, 200);
     for _ in 0..2 {
         let r = get(&emu, "/v1/servers").await;
         assert_eq!((r.status, r.code()), (429, "rate_limit_exceeded"));
-        assert_eq!(
-            r.body["error"]["message"],
-            "limit of 3600 requests per hour reached"
-        );
+        assert_eq!(r.body["error"]["message"], "limit of 3600 requests per hour reached");
         assert_eq!(r.headers["ratelimit-remaining"], "0");
     }
     assert_eq!(get(&emu, "/v1/servers").await.status, 200);
 
-    emu.inject(Fault {
-        op: FaultOp::Get,
-        kind: FaultKind::Auth,
-        count: 1,
-    });
+    emu.inject(Fault { op: FaultOp::Get, kind: FaultKind::Auth, count: 1 });
     let r = get(&emu, &server).await;
     assert_eq!((r.status, r.code()), (401, "unauthorized"));
 
@@ -590,11 +497,7 @@ async fn each_fault_kind_answers_like_hetzner() {
     assert_eq!(r.status, 200);
     assert!(t.elapsed() >= Duration::from_millis(200));
 
-    emu.inject(Fault {
-        op: FaultOp::Any,
-        kind: FaultKind::ServerError,
-        count: 2,
-    });
+    emu.inject(Fault { op: FaultOp::Any, kind: FaultKind::ServerError, count: 2 });
     assert_eq!(get(&emu, "/v1/primary_ips").await.status, 500);
     assert_eq!(get(&emu, "/v1/actions/1").await.status, 500);
     assert_eq!(get(&emu, "/v1/actions/1").await.status, 404);
@@ -620,25 +523,12 @@ async fn each_fault_kind_answers_like_hetzner() {
 
     // Over HTTP, in the shared control types' JSON.
     let f = json!({"op": "list", "kind": "server-error", "count": 1}).to_string();
-    assert_eq!(
-        raw(&emu, "POST", "/_emulator/faults", None, &f)
-            .await
-            .status,
-        204
-    );
+    assert_eq!(raw(&emu, "POST", "/_emulator/faults", None, &f).await.status, 204);
     assert_eq!(get(&emu, "/v1/servers").await.status, 500);
     let e = json!({"op": "get", "status": 503, "code": "unavailable", "message": "m", "count": 1})
         .to_string();
-    assert_eq!(
-        raw(&emu, "POST", "/_emulator/errors", None, &e)
-            .await
-            .status,
-        204
-    );
-    assert_eq!(
-        get(&emu, &format!("/v1/servers/{other}")).await.code(),
-        "unavailable"
-    );
+    assert_eq!(raw(&emu, "POST", "/_emulator/errors", None, &e).await.status, 204);
+    assert_eq!(get(&emu, &format!("/v1/servers/{other}")).await.code(), "unavailable");
 }
 
 #[tokio::test]
@@ -669,9 +559,7 @@ async fn delete_schedules() {
     let emu = HetznerEmulator::start(cfg);
     let id = create_id(&emu, "proxy-r", json!({})).await;
     let path = format!("/v1/servers/{id}");
-    let action = api(&emu, "DELETE", &path, None).await.body["action"]["id"]
-        .as_u64()
-        .unwrap();
+    let action = api(&emu, "DELETE", &path, None).await.body["action"]["id"].as_u64().unwrap();
     assert_eq!(get(&emu, &path).await.body["server"]["status"], "deleting");
     assert_eq!(
         get(&emu, &format!("/v1/actions/{action}")).await.body["action"]["status"],
@@ -723,12 +611,8 @@ async fn a_locked_server_refuses_deletes_but_reads() {
 #[tokio::test]
 async fn planted_servers_carry_exactly_the_marks_asked_for() {
     let emu = start();
-    let unmarked = emu.plant(Plant {
-        name: "stranger".into(),
-        managed: false,
-        uid: None,
-        ..Plant::default()
-    });
+    let unmarked =
+        emu.plant(Plant { name: "stranger".into(), managed: false, uid: None, ..Plant::default() });
     let empty_uid = emu.plant(Plant {
         name: "orphan".into(),
         scope: "hel1".into(),
@@ -741,17 +625,11 @@ async fn planted_servers_carry_exactly_the_marks_asked_for() {
     assert_eq!(r.body["server"]["labels"], json!({}));
     assert_eq!(r.body["server"]["status"], "running");
     let r = get(&emu, &format!("/v1/servers/{empty_uid}")).await;
-    assert_eq!(
-        r.body["server"]["labels"],
-        json!({MANAGED: "true", UID: ""})
-    );
+    assert_eq!(r.body["server"]["labels"], json!({MANAGED: "true", UID: ""}));
     assert_eq!(r.body["server"]["created"], "2020-09-13T12:26:40+00:00");
     assert_eq!(r.body["server"]["datacenter"]["location"]["name"], "hel1");
     let q = encode_query(&format!("{MANAGED}=true"));
-    assert_eq!(
-        names(&get(&emu, &format!("/v1/servers?label_selector={q}")).await),
-        ["orphan"]
-    );
+    assert_eq!(names(&get(&emu, &format!("/v1/servers?label_selector={q}")).await), ["orphan"]);
 }
 
 #[tokio::test]
@@ -772,15 +650,9 @@ async fn a_failed_scope_fails_every_list_that_touches_it() {
     assert_eq!((r.status, r.code()), (503, "unavailable"));
     assert_eq!(get(&emu, "/v1/primary_ips").await.status, 503);
     // Lists that never touch the location, and reads by ID, still answer.
-    assert_eq!(
-        names(&get(&emu, "/v1/servers?name=in-fsn").await),
-        ["in-fsn"]
-    );
+    assert_eq!(names(&get(&emu, "/v1/servers?name=in-fsn").await), ["in-fsn"]);
     let q = encode_query(&format!("{UID}=uid-in-fsn"));
-    assert_eq!(
-        names(&get(&emu, &format!("/v1/servers?label_selector={q}")).await),
-        ["in-fsn"]
-    );
+    assert_eq!(names(&get(&emu, &format!("/v1/servers?label_selector={q}")).await), ["in-fsn"]);
     assert_eq!(get(&emu, &format!("/v1/servers/{fsn}")).await.status, 200);
     // Not even a later page escapes: the total needs every location.
     assert_eq!(get(&emu, "/v1/servers?page=2&per_page=1").await.status, 503);
@@ -802,10 +674,7 @@ async fn dump_shows_servers_being_deleted_and_primary_ips() {
         (a.as_str(), "proxy-d1", "fsn1")
     );
     assert_eq!(first.state, "initializing");
-    assert_eq!(
-        first.labels,
-        vec![(MANAGED.to_string(), "true".to_string())]
-    );
+    assert_eq!(first.labels, vec![(MANAGED.to_string(), "true".to_string())]);
     assert_eq!(first.user_data, b"#cloud-config\nruncmd: [echo hi]\n");
     assert!(!first.ip.is_empty());
     assert_eq!(d.instances[1].state, "deleting");
@@ -813,10 +682,7 @@ async fn dump_shows_servers_being_deleted_and_primary_ips() {
     assert_eq!(d.secondary.len(), 4);
     assert!(d.secondary.iter().all(|s| s.kind == "primary_ip"));
     assert_eq!(
-        d.secondary
-            .iter()
-            .filter(|s| s.attached_to.as_deref() == Some(a.as_str()))
-            .count(),
+        d.secondary.iter().filter(|s| s.attached_to.as_deref() == Some(a.as_str())).count(),
         2
     );
 }
@@ -833,10 +699,7 @@ async fn hold_and_raw_states() {
         assert!(r.body["server"]["public_net"]["ipv4"]["ip"].is_string());
     }
     emu.hold_provisioning(&id, false);
-    assert_eq!(
-        get(&emu, &path).await.body["server"]["status"],
-        "initializing"
-    );
+    assert_eq!(get(&emu, &path).await.body["server"]["status"], "initializing");
     assert_eq!(get(&emu, &path).await.body["server"]["status"], "running");
     emu.set_backend_state(&id, "exploded");
     assert_eq!(get(&emu, &path).await.body["server"]["status"], "exploded");
@@ -880,10 +743,7 @@ async fn run_schedules_power_and_ipv4_options() {
     let emu = HetznerEmulator::start(cfg);
     let id = create_id(&emu, "proxy-y", json!({})).await;
     let path = format!("/v1/servers/{id}");
-    assert_eq!(
-        get(&emu, &path).await.body["server"]["status"],
-        "initializing"
-    );
+    assert_eq!(get(&emu, &path).await.body["server"]["status"], "initializing");
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(get(&emu, &path).await.body["server"]["status"], "running");
 
@@ -902,10 +762,7 @@ async fn run_schedules_power_and_ipv4_options() {
     emu.set_backend_state(&id, "running");
     let s = get(&emu, &path).await;
     assert_eq!(
-        (
-            s.body["server"]["status"].as_str(),
-            &s.body["server"]["public_net"]["ipv4"]
-        ),
+        (s.body["server"]["status"].as_str(), &s.body["server"]["public_net"]["ipv4"]),
         (Some("running"), &Value::Null)
     );
 }
@@ -916,28 +773,17 @@ async fn the_running_hook_can_replace_the_address() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     cfg.on_running = Some(Arc::new(move |s: &RunningServer| {
-        log.lock()
-            .unwrap()
-            .push((s.name.clone(), s.user_data.clone()));
+        log.lock().unwrap().push((s.name.clone(), s.user_data.clone()));
         Some(Ipv4Addr::LOCALHOST)
     }));
     let emu = HetznerEmulator::start(cfg);
     let id = create_id(&emu, "proxy-k", json!({})).await;
     let path = format!("/v1/servers/{id}");
-    assert_ne!(
-        get(&emu, &path).await.body["server"]["public_net"]["ipv4"]["ip"],
-        "127.0.0.1"
-    );
-    assert_eq!(
-        get(&emu, &path).await.body["server"]["public_net"]["ipv4"]["ip"],
-        "127.0.0.1"
-    );
+    assert_ne!(get(&emu, &path).await.body["server"]["public_net"]["ipv4"]["ip"], "127.0.0.1");
+    assert_eq!(get(&emu, &path).await.body["server"]["public_net"]["ipv4"]["ip"], "127.0.0.1");
     assert_eq!(
         *seen.lock().unwrap(),
-        vec![(
-            "proxy-k".to_string(),
-            Some("#cloud-config\nruncmd: [echo hi]\n".to_string())
-        )]
+        vec![("proxy-k".to_string(), Some("#cloud-config\nruncmd: [echo hi]\n".to_string()))]
     );
     assert_eq!(emu.dump().instances[0].ip, "127.0.0.1");
 }
@@ -967,25 +813,13 @@ async fn primary_ips_outlive_their_server_unless_auto_delete() {
         b["public_net"] = json!({"ipv4": ip.parse::<u64>().unwrap()});
         b
     };
-    let r = api(
-        &emu,
-        "POST",
-        "/v1/servers",
-        Some(with_ip("proxy-n", &other_loc)),
-    )
-    .await;
-    assert_eq!(
-        (r.status, r.code()),
-        (422, "primary_ip_datacenter_mismatch")
-    );
+    let r = api(&emu, "POST", "/v1/servers", Some(with_ip("proxy-n", &other_loc))).await;
+    assert_eq!((r.status, r.code()), (422, "primary_ip_datacenter_mismatch"));
     let r = api(&emu, "POST", "/v1/servers", Some(with_ip("proxy-n", &v6))).await;
     assert_eq!((r.status, r.code()), (412, "primary_ip_version_mismatch"));
     let r = api(&emu, "POST", "/v1/servers", Some(with_ip("proxy-n", &own))).await;
     assert_eq!(r.status, 201, "{}", r.body);
-    assert_eq!(
-        r.body["server"]["public_net"]["ipv4"]["id"].to_string(),
-        own
-    );
+    assert_eq!(r.body["server"]["public_net"]["ipv4"]["id"].to_string(), own);
     let id = r.body["server"]["id"].as_u64().unwrap().to_string();
     let r = api(&emu, "POST", "/v1/servers", Some(with_ip("proxy-q", &own))).await;
     assert_eq!((r.status, r.code()), (422, "primary_ip_assigned"));
@@ -995,39 +829,24 @@ async fn primary_ips_outlive_their_server_unless_auto_delete() {
     assert_eq!((r.status, r.code()), (422, "server_not_stopped"));
     api(&emu, "DELETE", &format!("/v1/servers/{id}"), None).await;
     let ips = get(&emu, "/v1/primary_ips").await.body["primary_ips"].clone();
-    let kept = ips
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["id"].as_u64() == own.parse().ok())
-        .unwrap();
+    let kept =
+        ips.as_array().unwrap().iter().find(|i| i["id"].as_u64() == own.parse().ok()).unwrap();
     assert_eq!(
         (kept["assignee_id"].clone(), kept["auto_delete"].clone()),
         (Value::Null, json!(false))
     );
-    assert_eq!(
-        ips.as_array().unwrap().len(),
-        3,
-        "the auto-delete IPv6 went with the server"
-    );
+    assert_eq!(ips.as_array().unwrap().len(), 3, "the auto-delete IPv6 went with the server");
     let r = api(&emu, "DELETE", &format!("/v1/primary_ips/{own}"), None).await;
     assert_eq!(r.status, 204);
     assert_eq!(
-        api(&emu, "DELETE", &format!("/v1/primary_ips/{own}"), None)
-            .await
-            .code(),
+        api(&emu, "DELETE", &format!("/v1/primary_ips/{own}"), None).await.code(),
         "not_found"
     );
 
     let id = create_id(&emu, "proxy-p", json!({})).await;
     let ip = emu.server(&id).unwrap()["public_net"]["ipv4"]["id"].to_string();
     emu.set_backend_state(&id, "off");
-    assert_eq!(
-        api(&emu, "DELETE", &format!("/v1/primary_ips/{ip}"), None)
-            .await
-            .status,
-        204
-    );
+    assert_eq!(api(&emu, "DELETE", &format!("/v1/primary_ips/{ip}"), None).await.status, 204);
     assert_eq!(emu.server(&id).unwrap()["public_net"]["ipv4"], Value::Null);
 }
 
@@ -1044,64 +863,25 @@ async fn the_http_control_surface_drives_the_same_state() {
     )
     .await;
     let id = r.body["id"].as_str().unwrap().to_string();
-    assert_eq!(
-        post("/_emulator/hold", json!({"id": id, "hold": true}))
-            .await
-            .status,
-        204
-    );
+    assert_eq!(post("/_emulator/hold", json!({"id": id, "hold": true})).await.status, 204);
     assert_eq!(emu.dump().instances[0].state, "initializing");
-    assert_eq!(
-        post("/_emulator/state", json!({"id": id, "state": "running"}))
-            .await
-            .status,
-        204
-    );
-    assert_eq!(
-        post("/_emulator/lock", json!({"id": id, "locked": true}))
-            .await
-            .status,
-        204
-    );
+    assert_eq!(post("/_emulator/state", json!({"id": id, "state": "running"})).await.status, 204);
+    assert_eq!(post("/_emulator/lock", json!({"id": id, "locked": true})).await.status, 204);
     assert_eq!(emu.server(&id).unwrap()["locked"], true);
-    assert_eq!(
-        post("/_emulator/lock", json!({"id": id, "locked": false}))
-            .await
-            .status,
-        204
-    );
-    assert_eq!(
-        post("/_emulator/scope", json!({"scope": "nbg1", "fail": true}))
-            .await
-            .status,
-        204
-    );
+    assert_eq!(post("/_emulator/lock", json!({"id": id, "locked": false})).await.status, 204);
+    assert_eq!(post("/_emulator/scope", json!({"scope": "nbg1", "fail": true})).await.status, 204);
     assert_eq!(get(&emu, "/v1/servers").await.status, 503);
-    assert_eq!(
-        post("/_emulator/scope", json!({"scope": "nbg1", "fail": false}))
-            .await
-            .status,
-        204
-    );
-    assert_eq!(
-        post("/_emulator/deleting", json!({"id": id})).await.status,
-        204
-    );
+    assert_eq!(post("/_emulator/scope", json!({"scope": "nbg1", "fail": false})).await.status, 204);
+    assert_eq!(post("/_emulator/deleting", json!({"id": id})).await.status, 204);
     let dump: Dump =
         serde_json::from_value(raw(&emu, "GET", "/_emulator/dump", None, "").await.body).unwrap();
     assert_eq!(dump.instances[0].state, "deleting");
-    assert_eq!(
-        post("/_emulator/finish-deletes", json!({})).await.status,
-        204
-    );
+    assert_eq!(post("/_emulator/finish-deletes", json!({})).await.status, 204);
     assert!(emu.dump().instances.is_empty());
     let r = raw(&emu, "GET", "/_emulator/requests", None, "").await;
     assert_eq!(r.body["requests"], json!(["GET /v1/servers"]));
-    let bad = post(
-        "/_emulator/plant",
-        json!({"name": "bad name", "managed": false, "uid": null}),
-    )
-    .await;
+    let bad =
+        post("/_emulator/plant", json!({"name": "bad name", "managed": false, "uid": null})).await;
     assert_eq!(bad.code(), "invalid_input");
     plant(&emu, "again", "");
     assert_eq!(post("/_emulator/reset", json!({})).await.status, 204);
@@ -1113,11 +893,7 @@ async fn the_http_control_surface_drives_the_same_state() {
 async fn reset_forgets_everything_but_ids_keep_counting() {
     let emu = start();
     let first = create_id(&emu, "proxy-1", json!({})).await;
-    emu.inject(Fault {
-        op: FaultOp::Any,
-        kind: FaultKind::ServerError,
-        count: 5,
-    });
+    emu.inject(Fault { op: FaultOp::Any, kind: FaultKind::ServerError, count: 5 });
     emu.fail_scope("fsn1", true);
     emu.reset();
     let second = create_id(&emu, "proxy-1", json!({})).await;
@@ -1126,11 +902,7 @@ async fn reset_forgets_everything_but_ids_keep_counting() {
     assert_eq!(get(&emu, &format!("/v1/servers/{first}")).await.status, 404);
     assert_eq!(
         emu.requests(),
-        [
-            "POST /v1/servers",
-            "GET /v1/servers",
-            format!("GET /v1/servers/{first}").as_str()
-        ]
+        ["POST /v1/servers", "GET /v1/servers", format!("GET /v1/servers/{first}").as_str()]
     );
 }
 
@@ -1174,11 +946,7 @@ async fn real_proxy_mode_runs_a_proxy_per_running_server() {
     assert_eq!(first.body["server"]["status"], "initializing");
     let running = get(&emu, &format!("/v1/servers/{}", ids[0])).await;
     assert_eq!(running.body["server"]["status"], "running");
-    assert_eq!(
-        running.body["server"]["public_net"]["ipv4"]["ip"], "127.0.0.1",
-        "{}",
-        running.body
-    );
+    assert_eq!(running.body["server"]["public_net"]["ipv4"]["ip"], "127.0.0.1", "{}", running.body);
     let body = get_through_tunnel(p1, echo).await;
     assert!(body.starts_with("hello from 127.0.0.1"), "{body}");
     for id in [ids[1].to_string(), no_port.clone()] {
@@ -1216,10 +984,7 @@ async fn rate_limit_is_off_by_default() {
 #[tokio::test]
 async fn rate_limit_answers_like_hetzner() {
     let emu = HetznerEmulator::start(HetznerConfig {
-        rate_limit: Some(crate::rate_limit::RateLimit {
-            per_hour: 120,
-            burst: 3,
-        }),
+        rate_limit: Some(crate::rate_limit::RateLimit { per_hour: 120, burst: 3 }),
         ..HetznerConfig::new(TOKEN)
     });
     let before = state::now_secs();
@@ -1228,11 +993,7 @@ async fn rate_limit_answers_like_hetzner() {
     assert_eq!(r.headers["ratelimit-limit"], "120");
     assert_eq!(r.headers["ratelimit-remaining"], "2");
     // One token short of full at 120/h: 30 s.
-    let reset: u64 = r.headers["ratelimit-reset"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let reset: u64 = r.headers["ratelimit-reset"].to_str().unwrap().parse().unwrap();
     assert!((before + 30..=before + 31).contains(&reset), "{reset}");
     assert_eq!(raw(&emu, "GET", "/v1/servers", None, "").await.status, 401);
     let r = create(&emu, "proxy-a", json!({})).await;
@@ -1240,10 +1001,7 @@ async fn rate_limit_answers_like_hetzner() {
     assert_eq!(r.headers["ratelimit-remaining"], "0");
     let r = create(&emu, "proxy-b", json!({})).await;
     assert_eq!((r.status, r.code()), (429, "rate_limit_exceeded"));
-    assert_eq!(
-        r.body["error"]["message"],
-        "limit of 120 requests per hour reached"
-    );
+    assert_eq!(r.body["error"]["message"], "limit of 120 requests per hour reached");
     assert_eq!(r.body["error"]["details"], Value::Null);
     assert_eq!(r.headers["ratelimit-remaining"], "0");
     assert_eq!(r.headers["ratelimit-limit"], "120");
@@ -1263,12 +1021,7 @@ async fn rate_limit_answers_like_hetzner() {
     assert_eq!(r.status, 204);
     assert_eq!(get(&emu, "/v1/servers").await.status, 200);
     let on = json!({"per_hour": 3600, "burst": 1}).to_string();
-    assert_eq!(
-        raw(&emu, "POST", "/_emulator/rate-limit", None, &on)
-            .await
-            .status,
-        204
-    );
+    assert_eq!(raw(&emu, "POST", "/_emulator/rate-limit", None, &on).await.status, 204);
     assert_eq!(get(&emu, "/v1/servers").await.status, 200);
     assert_eq!(get(&emu, "/v1/servers").await.status, 429);
     emu.reset();

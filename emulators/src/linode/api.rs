@@ -116,10 +116,7 @@ fn check(b: &Backend, body: &CreateBody) -> Result<Vec<u8>, LinodeError> {
         match body.root_pass.as_deref() {
             None | Some("") => return bad("root_pass", "root_pass is required"),
             Some(p) if !(7..=128).contains(&p.len()) => {
-                return bad(
-                    "root_pass",
-                    "root_pass must be between 7 and 128 characters",
-                );
+                return bad("root_pass", "root_pass must be between 7 and 128 characters");
             }
             Some(p) if weak(p) => {
                 return bad("root_pass", "Password does not meet strength requirement");
@@ -137,16 +134,10 @@ fn check(b: &Backend, body: &CreateBody) -> Result<Vec<u8>, LinodeError> {
         return bad("metadata.user_data", "user_data must be base64-encoded");
     };
     if data.len() > USER_DATA_MAX {
-        return bad(
-            "metadata.user_data",
-            "user_data must not exceed 65535 bytes before encoding",
-        );
+        return bad("metadata.user_data", "user_data must not exceed 65535 bytes before encoding");
     }
     if !cfg.metadata_regions.iter().any(|r| r == region) {
-        return bad(
-            "metadata.user_data",
-            "Metadata is not supported in this region",
-        );
+        return bad("metadata.user_data", "Metadata is not supported in this region");
     }
     Ok(data)
 }
@@ -284,14 +275,12 @@ async fn list(
     if !(25..=500).contains(&size) {
         return bad("page_size", "page_size must be between 25 and 500");
     }
-    let filter = match headers
-        .get("x-filter")
-        .map(|v| serde_json::from_slice::<Value>(v.as_bytes()))
-    {
-        None => json!({}),
-        Some(Ok(f)) => f,
-        Some(Err(_)) => return bad("X-Filter", "X-Filter is not valid JSON"),
-    };
+    let filter =
+        match headers.get("x-filter").map(|v| serde_json::from_slice::<Value>(v.as_bytes())) {
+            None => json!({}),
+            Some(Ok(f)) => f,
+            Some(Err(_)) => return bad("X-Filter", "X-Filter is not valid JSON"),
+        };
     let b = state.lock();
     let mut matched = Vec::new();
     for r in b.fleet.iter() {
@@ -301,20 +290,12 @@ async fn list(
             Err(why) => return bad("X-Filter", &why),
         }
     }
-    if b.fleet
-        .failing_scope(matched.iter().map(|r| r.scope.as_str()))
-        .is_some()
-    {
+    if b.fleet.failing_scope(matched.iter().map(|r| r.scope.as_str())).is_some() {
         return LinodeError::new(500, "Internal server error").into_response();
     }
     let results = matched.len() as u64;
     let pages = results.div_ceil(size).max(1);
     let skip = ((page - 1) * size) as usize;
-    let data: Vec<Value> = matched
-        .into_iter()
-        .skip(skip)
-        .take(size as usize)
-        .map(render)
-        .collect();
+    let data: Vec<Value> = matched.into_iter().skip(skip).take(size as usize).map(render).collect();
     Json(json!({"data": data, "page": page, "pages": pages, "results": results})).into_response()
 }

@@ -59,10 +59,7 @@ use crate::real_proxy::RealProxies;
 /// The documented general limit (requests a minute), sent when none is enforced.
 pub const GENERAL_LIMIT_PER_MINUTE: u64 = 1600;
 /// The dedicated limit of `POST /linode/instances`: 20 requests per 15 seconds.
-pub const CREATE_LIMIT: RateLimit = RateLimit {
-    per_hour: 20 * 4 * 60,
-    burst: 20,
-};
+pub const CREATE_LIMIT: RateLimit = RateLimit { per_hour: 20 * 4 * 60, burst: 20 };
 /// The largest `metadata.user_data`, before base64.
 pub const USER_DATA_MAX: usize = 65_535;
 
@@ -120,19 +117,11 @@ pub struct LinodeError {
 
 impl LinodeError {
     pub fn new(status: u16, reason: impl Into<String>) -> Self {
-        LinodeError {
-            status,
-            reason: reason.into(),
-            field: None,
-            retry_after: None,
-        }
+        LinodeError { status, reason: reason.into(), field: None, retry_after: None }
     }
 
     pub fn field(status: u16, field: &str, reason: impl Into<String>) -> Self {
-        LinodeError {
-            field: Some(field.into()),
-            ..Self::new(status, reason)
-        }
+        LinodeError { field: Some(field.into()), ..Self::new(status, reason) }
     }
 
     pub fn not_found() -> Self {
@@ -140,10 +129,7 @@ impl LinodeError {
     }
 
     pub fn too_many(retry_after: u64) -> Self {
-        LinodeError {
-            retry_after: Some(retry_after),
-            ..Self::new(429, "Too Many Requests")
-        }
+        LinodeError { retry_after: Some(retry_after), ..Self::new(429, "Too Many Requests") }
     }
 
     pub fn body(&self) -> serde_json::Value {
@@ -169,10 +155,7 @@ impl IntoResponse for LinodeError {
 
 impl From<LinodeError> for Refusal {
     fn from(e: LinodeError) -> Refusal {
-        Refusal {
-            status: e.status,
-            body: e.body(),
-        }
+        Refusal { status: e.status, body: e.body() }
     }
 }
 
@@ -207,9 +190,7 @@ impl Linode {
         if bucket.take(now) {
             return Ok(());
         }
-        Err(LinodeError::too_many(
-            bucket.until_full(now).as_secs().max(1),
-        ))
+        Err(LinodeError::too_many(bucket.until_full(now).as_secs().max(1)))
     }
 
     /// The create limit's headers, on the create's own answer.
@@ -219,8 +200,7 @@ impl Linode {
             let reset = crate::time::now_secs() + b.until_full(now).as_secs();
             let h = resp.headers_mut();
             h.insert("x-ratelimit-limit", HeaderValue::from(b.spec().burst));
-            h.entry("x-ratelimit-remaining")
-                .or_insert(HeaderValue::from(b.remaining(now)));
+            h.entry("x-ratelimit-remaining").or_insert(HeaderValue::from(b.remaining(now)));
             h.insert("x-ratelimit-reset", HeaderValue::from(reset));
         }
     }
@@ -274,19 +254,15 @@ pub fn valid_label(s: &str) -> bool {
     (3..=64).contains(&b.len())
         && b[0].is_ascii_alphabetic()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
         && !["--", "__", ".."].iter().any(|d| s.contains(d))
 }
 
 impl Adapter for Linode {
     type Extra = Extra;
     type Error = LinodeError;
-    const STATES: States = States {
-        provisioning: "provisioning",
-        running: "running",
-        deleting: "deleting",
-    };
+    const STATES: States =
+        States { provisioning: "provisioning", running: "running", deleting: "deleting" };
 
     fn id(&self, n: u64) -> String {
         (40_000_000 + n).to_string()
@@ -365,21 +341,14 @@ impl Adapter for Linode {
     fn decorate(&self, resp: &mut Response, bucket: Option<&mut Limiter>) {
         let now = Instant::now();
         let (limit, remaining, full_in) = match bucket {
-            Some(b) => (
-                u64::from(b.spec().burst),
-                b.remaining(now),
-                b.until_full(now).as_secs(),
-            ),
+            Some(b) => (u64::from(b.spec().burst), b.remaining(now), b.until_full(now).as_secs()),
             None => (GENERAL_LIMIT_PER_MINUTE, GENERAL_LIMIT_PER_MINUTE, 60),
         };
         let reset = crate::time::now_secs() + full_in;
         let h = resp.headers_mut();
-        h.entry("x-ratelimit-limit")
-            .or_insert(HeaderValue::from(limit));
-        h.entry("x-ratelimit-remaining")
-            .or_insert(HeaderValue::from(remaining));
-        h.entry("x-ratelimit-reset")
-            .or_insert(HeaderValue::from(reset));
+        h.entry("x-ratelimit-limit").or_insert(HeaderValue::from(limit));
+        h.entry("x-ratelimit-remaining").or_insert(HeaderValue::from(remaining));
+        h.entry("x-ratelimit-reset").or_insert(HeaderValue::from(reset));
     }
 }
 
@@ -393,9 +362,7 @@ impl Served<Backend> {
     pub fn start(cfg: LinodeConfig) -> LinodeEmulator {
         let (listener, _) = crate::framework::bind(0).expect("bind 127.0.0.1:0");
         let fleet = Fleet::new(Linode::STATES, cfg.schedule, cfg.real_proxies.clone());
-        let create_bucket = cfg
-            .create_limit
-            .then(|| Limiter::new(CREATE_LIMIT, Instant::now()));
+        let create_bucket = cfg.create_limit.then(|| Limiter::new(CREATE_LIMIT, Instant::now()));
         let limit = cfg.rate_limit;
         let adapter = Linode { cfg, create_bucket };
         let state = Shared::new(Cloud::new(adapter, fleet, limit));

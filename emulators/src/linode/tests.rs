@@ -35,10 +35,7 @@ fn call(e: &LinodeEmulator, method: &str, path: &str, extra: &str, body: Option<
     let mut raw = String::new();
     s.read_to_string(&mut raw).unwrap();
     let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
-    let text = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
+    let text = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
         let (mut out, mut s) = (String::new(), rest);
         loop {
             let (size, r) = s.split_once("\r\n").unwrap();
@@ -69,11 +66,8 @@ fn create_body(label: &str, region: &str, tags: &[&str]) -> String {
 }
 
 fn create(e: &LinodeEmulator, label: &str) -> Answer {
-    let body = create_body(
-        label,
-        "us-east",
-        &["egress-managed", "egress-uid:u-1", "egress-inst:i"],
-    );
+    let body =
+        create_body(label, "us-east", &["egress-managed", "egress-uid:u-1", "egress-inst:i"]);
     call(e, "POST", "/v4/linode/instances", "", Some(&body))
 }
 
@@ -89,12 +83,7 @@ fn create_boots_through_provisioning_and_booting_to_running() {
     assert!(!created.ends_with('Z') && created.len() == 19, "{created}");
     let path = format!("/v4/linode/instances/{id}");
     let seen: Vec<String> = (0..3)
-        .map(|_| {
-            call(&e, "GET", &path, "", None).body["status"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
+        .map(|_| call(&e, "GET", &path, "", None).body["status"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(seen, ["provisioning", "booting", "running"]);
     let running = call(&e, "GET", &path, "", None).body;
@@ -102,27 +91,17 @@ fn create_boots_through_provisioning_and_booting_to_running() {
     assert_eq!(running["has_user_data"], true);
     let dump = e.dump().instances;
     assert_eq!(dump[0].user_data, b"#cloud-config\n");
-    assert!(
-        dump[0]
-            .labels
-            .contains(&(crate::MARK_UID.into(), "u-1".into()))
-    );
+    assert!(dump[0].labels.contains(&(crate::MARK_UID.into(), "u-1".into())));
 
     // Labels are unique; the answer says which field.
     let again = create(&e, "proxy-a");
     assert_eq!(again.status, 400);
     assert_eq!(again.body["errors"][0]["field"], "label");
-    assert_eq!(
-        again.body["errors"][0]["reason"],
-        "Label must be unique among your Linodes"
-    );
+    assert_eq!(again.body["errors"][0]["reason"], "Label must be unique among your Linodes");
 
     assert_eq!(call(&e, "DELETE", &path, "", None).status, 200);
     let gone = call(&e, "GET", &path, "", None);
-    assert_eq!(
-        (gone.status, &gone.body),
-        (404, &json!({"errors": [{"reason": "Not found"}]}))
-    );
+    assert_eq!((gone.status, &gone.body), (404, &json!({"errors": [{"reason": "Not found"}]})));
     assert_eq!(call(&e, "DELETE", &path, "", None).status, 404);
 }
 
@@ -140,10 +119,7 @@ fn create_validates_like_the_api() {
         (json!({"label": "-bad"}), "label"),
         (json!({"tags": ["ab"]}), "tags"),
         (json!({"tags": ["x".repeat(51)]}), "tags"),
-        (
-            json!({"metadata": {"user_data": "not base64!"}}),
-            "metadata.user_data",
-        ),
+        (json!({"metadata": {"user_data": "not base64!"}}), "metadata.user_data"),
         (json!({"region": "us-southeast"}), "metadata.user_data"),
         (
             json!({"metadata": {"user_data": data_encoding::BASE64.encode(&vec![b'a'; USER_DATA_MAX + 1])}}),
@@ -155,13 +131,7 @@ fn create_validates_like_the_api() {
         for (k, v) in patch.as_object().unwrap() {
             body[k] = v.clone();
         }
-        let a = call(
-            &e,
-            "POST",
-            "/v4/linode/instances",
-            "",
-            Some(&body.to_string()),
-        );
+        let a = call(&e, "POST", "/v4/linode/instances", "", Some(&body.to_string()));
         assert_eq!(
             (a.status, a.body["errors"][0]["field"].as_str()),
             (400, Some(field)),
@@ -173,80 +143,34 @@ fn create_validates_like_the_api() {
     let mut body = base.clone();
     body["region"] = json!("us-southeast");
     body.as_object_mut().unwrap().remove("metadata");
-    assert_eq!(
-        call(
-            &e,
-            "POST",
-            "/v4/linode/instances",
-            "",
-            Some(&body.to_string())
-        )
-        .status,
-        200
-    );
+    assert_eq!(call(&e, "POST", "/v4/linode/instances", "", Some(&body.to_string())).status, 200);
 }
 
 #[test]
 fn lists_page_and_filter() {
     let e = LinodeEmulator::start(LinodeConfig::new(TOKEN));
     for n in 0..30 {
-        let tags: &[&str] = if n % 3 == 0 {
-            &["egress-managed", "egress-inst:a"]
-        } else {
-            &["other"]
-        };
+        let tags: &[&str] =
+            if n % 3 == 0 { &["egress-managed", "egress-inst:a"] } else { &["other"] };
         let body = create_body(&format!("proxy-{n}"), "eu-central", tags);
-        assert_eq!(
-            call(&e, "POST", "/v4/linode/instances", "", Some(&body)).status,
-            200
-        );
+        assert_eq!(call(&e, "POST", "/v4/linode/instances", "", Some(&body)).status, 200);
     }
-    let all = call(
-        &e,
-        "GET",
-        "/v4/linode/instances?page=2&page_size=25",
-        "",
-        None,
-    )
-    .body;
+    let all = call(&e, "GET", "/v4/linode/instances?page=2&page_size=25", "", None).body;
     assert_eq!(
-        (
-            all["page"].as_u64(),
-            all["pages"].as_u64(),
-            all["results"].as_u64()
-        ),
+        (all["page"].as_u64(), all["pages"].as_u64(), all["results"].as_u64()),
         (Some(2), Some(2), Some(30))
     );
     assert_eq!(all["data"].as_array().unwrap().len(), 5);
     let filter = r#"X-Filter: {"+and": [{"tags": "egress-managed"}, {"tags": "egress-inst:a"}]}"#;
-    let managed = call(
-        &e,
-        "GET",
-        "/v4/linode/instances",
-        &format!("{filter}\r\n"),
-        None,
-    )
-    .body;
+    let managed = call(&e, "GET", "/v4/linode/instances", &format!("{filter}\r\n"), None).body;
     assert_eq!(managed["results"], 10);
-    let by_label = call(
-        &e,
-        "GET",
-        "/v4/linode/instances",
-        "X-Filter: {\"label\": \"proxy-7\"}\r\n",
-        None,
-    )
-    .body;
+    let by_label =
+        call(&e, "GET", "/v4/linode/instances", "X-Filter: {\"label\": \"proxy-7\"}\r\n", None)
+            .body;
     assert_eq!(by_label["data"][0]["label"], "proxy-7");
     let or = r#"X-Filter: {"+or": [{"label": "proxy-1"}, {"label": {"+contains": "y-2"}}]}"#;
     assert_eq!(
-        call(
-            &e,
-            "GET",
-            "/v4/linode/instances",
-            &format!("{or}\r\n"),
-            None
-        )
-        .body["results"],
+        call(&e, "GET", "/v4/linode/instances", &format!("{or}\r\n"), None).body["results"],
         12
     );
     for (query, header, field) in [
@@ -256,13 +180,7 @@ fn lists_page_and_filter() {
         ("", "X-Filter: {\"status\": \"running\"}\r\n", "X-Filter"),
         ("", "X-Filter: not json\r\n", "X-Filter"),
     ] {
-        let a = call(
-            &e,
-            "GET",
-            &format!("/v4/linode/instances{query}"),
-            header,
-            None,
-        );
+        let a = call(&e, "GET", &format!("/v4/linode/instances{query}"), header, None);
         assert_eq!(
             (a.status, a.body["errors"][0]["field"].as_str()),
             (400, Some(field)),
@@ -270,27 +188,17 @@ fn lists_page_and_filter() {
         );
     }
     e.fail_scope("eu-central", true);
-    assert_eq!(
-        call(&e, "GET", "/v4/linode/instances", "", None).status,
-        500
-    );
+    assert_eq!(call(&e, "GET", "/v4/linode/instances", "", None).status, 500);
 }
 
 #[test]
 fn faults_locks_and_auth_answer_as_linode_does() {
     let e = LinodeEmulator::start(LinodeConfig::new(TOKEN));
-    let id = create(&e, "proxy-f").body["id"]
-        .as_u64()
-        .unwrap()
-        .to_string();
+    let id = create(&e, "proxy-f").body["id"].as_u64().unwrap().to_string();
     let path = format!("/v4/linode/instances/{id}");
     let fault = |op, kind| Fault { op, kind, count: 1 };
     let cases = [
-        (
-            FaultKind::Quota,
-            400,
-            "Account Limit reached. Please open a support ticket.",
-        ),
+        (FaultKind::Quota, 400, "Account Limit reached. Please open a support ticket."),
         (FaultKind::RateLimit, 429, "Too Many Requests"),
         (FaultKind::Auth, 401, "Invalid Token"),
         (FaultKind::ServerError, 500, "Internal server error"),
@@ -298,10 +206,7 @@ fn faults_locks_and_auth_answer_as_linode_does() {
     for (kind, status, reason) in cases {
         e.inject(fault(FaultOp::Get, kind));
         let a = call(&e, "GET", &path, "", None);
-        assert_eq!(
-            (a.status, a.body["errors"][0]["reason"].as_str()),
-            (status, Some(reason))
-        );
+        assert_eq!((a.status, a.body["errors"][0]["reason"].as_str()), (status, Some(reason)));
         if status == 429 {
             assert_eq!(a.header("retry-after").as_deref(), Some("1"));
             assert_eq!(a.header("x-ratelimit-remaining").as_deref(), Some("0"));
@@ -325,18 +230,12 @@ fn faults_locks_and_auth_answer_as_linode_does() {
     .unwrap();
     let mut raw = String::new();
     s.read_to_string(&mut raw).unwrap();
-    assert!(
-        raw.starts_with("HTTP/1.1 401") && raw.contains("Invalid Token"),
-        "{raw}"
-    );
+    assert!(raw.starts_with("HTTP/1.1 401") && raw.contains("Invalid Token"), "{raw}");
 }
 
 #[test]
 fn the_create_limit_is_20_per_15_seconds() {
-    let cfg = LinodeConfig {
-        create_limit: true,
-        ..LinodeConfig::new(TOKEN)
-    };
+    let cfg = LinodeConfig { create_limit: true, ..LinodeConfig::new(TOKEN) };
     let e = LinodeEmulator::start(cfg);
     for n in 0..20 {
         let a = create(&e, &format!("proxy-l{n}"));
@@ -353,10 +252,7 @@ fn the_create_limit_is_20_per_15_seconds() {
     assert_eq!(over.header("x-ratelimit-remaining").as_deref(), Some("0"));
     assert!(e.create_refill().unwrap() <= Duration::from_secs(15));
     // Reads are not held back by the create limit.
-    assert_eq!(
-        call(&e, "GET", "/v4/linode/instances", "", None).status,
-        200
-    );
+    assert_eq!(call(&e, "GET", "/v4/linode/instances", "", None).status, 200);
 }
 
 #[test]
@@ -376,10 +272,7 @@ fn plants_carry_the_marks_as_tags() {
     let inst = format!("egress-inst:{}", installation_value("Cluster/Prod"));
     assert_eq!(l["tags"], json!(["egress-managed", "egress-uid:", inst]));
     assert_eq!(installation_value("inst-a"), "inst-a");
-    assert_eq!(
-        installation_value("cluster/prod"),
-        "sha256-2x5dphpyg63fkszwlmxq6ger"
-    );
+    assert_eq!(installation_value("cluster/prod"), "sha256-2x5dphpyg63fkszwlmxq6ger");
     let uid: (String, String) = (crate::MARK_UID.into(), "u".into());
     assert_eq!(tag_marks(&mark_tags(std::slice::from_ref(&uid))), [uid]);
 }

@@ -20,11 +20,7 @@ pub(crate) async fn echo_server() -> u16 {
                         Ok(n) => got.extend_from_slice(&buf[..n]),
                     }
                 }
-                let first = String::from_utf8_lossy(&got)
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .to_string();
+                let first = String::from_utf8_lossy(&got).lines().next().unwrap_or("").to_string();
                 let body = format!("hello from {} ({first})", peer.ip());
                 let _ = s
                     .write_all(
@@ -55,32 +51,19 @@ pub(crate) async fn get_through_tunnel(proxy_port: u16, target_port: u16) -> Str
     let mut head = Vec::new();
     let mut b = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(
-            s.read(&mut b).await.unwrap(),
-            1,
-            "proxy closed during CONNECT"
-        );
+        assert_eq!(s.read(&mut b).await.unwrap(), 1, "proxy closed during CONNECT");
         head.push(b[0]);
     }
     let head = String::from_utf8_lossy(&head).to_string();
-    assert!(
-        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
-        "{head}"
-    );
-    s.write_all(b"GET / HTTP/1.1\r\nHost: echo\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
+    assert!(head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"), "{head}");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: echo\r\nConnection: close\r\n\r\n").await.unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string()
 }
 
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 pub(crate) fn closed(port: u16) -> bool {
@@ -105,10 +88,7 @@ fn port_comes_from_the_first_port_line() {
     let cases: &[(Option<&str>, Result<u16, PortError>)] = &[
         (None, Err(PortError::Missing)),
         (Some(""), Err(PortError::Missing)),
-        (
-            Some("#cloud-config\nruncmd: [echo hi]\n"),
-            Err(PortError::Missing),
-        ),
+        (Some("#cloud-config\nruncmd: [echo hi]\n"), Err(PortError::Missing)),
         (Some("Port 3128\n"), Ok(3128)),
         (
             Some(
@@ -122,33 +102,18 @@ fn port_comes_from_the_first_port_line() {
         (Some("ListenPort 5\nPorts 6\nPort 7"), Ok(7)),
         (Some("Port\n"), Err(PortError::Invalid(String::new()))),
         (Some("Port 0\n"), Err(PortError::Invalid("0".into()))),
-        (
-            Some("Port 65536\n"),
-            Err(PortError::Invalid("65536".into())),
-        ),
+        (Some("Port 65536\n"), Err(PortError::Invalid("65536".into()))),
         (Some("Port +80\n"), Err(PortError::Invalid("+80".into()))),
-        (
-            Some("Port 80 81\n"),
-            Err(PortError::Invalid("80 81".into())),
-        ),
-        (
-            Some("Port abc\nPort 80\n"),
-            Err(PortError::Invalid("abc".into())),
-        ),
+        (Some("Port 80 81\n"), Err(PortError::Invalid("80 81".into()))),
+        (Some("Port abc\nPort 80\n"), Err(PortError::Invalid("abc".into()))),
     ];
     for (input, want) in cases {
-        assert_eq!(
-            &port_from_user_data(input.map(str::as_bytes)),
-            want,
-            "user data {input:?}"
-        );
+        assert_eq!(&port_from_user_data(input.map(str::as_bytes)), want, "user data {input:?}");
     }
     // Not UTF-8 around the line: still found.
     assert_eq!(port_from_user_data(Some(b"\xff\xfe\nPort 99\n")), Ok(99));
     assert!(
-        PortError::Invalid("abc".into())
-            .to_string()
-            .contains("\"abc\""),
+        PortError::Invalid("abc".into()).to_string().contains("\"abc\""),
         "the error names the value"
     );
 }
@@ -158,18 +123,15 @@ async fn start_connect_stop(proxies: Arc<RealProxies>) {
     let port = free_port();
     let ud = format!("#cloud-config\nwrite_files:\n  - content: |\n      Port {port}\n");
     let p = proxies.clone();
-    let ip = tokio::task::spawn_blocking(move || p.start("i-1", Some(ud.as_bytes())))
-        .await
-        .unwrap();
+    let ip =
+        tokio::task::spawn_blocking(move || p.start("i-1", Some(ud.as_bytes()))).await.unwrap();
     assert_eq!(ip, LOOPBACK);
     assert_eq!(proxies.port_of("i-1"), Some(port));
     assert_eq!(proxies.listening(), vec![("i-1".to_string(), port)]);
     let body = get_through_tunnel(port, echo).await;
     assert!(body.starts_with("hello from 127.0.0.1"), "{body}");
     let p = proxies.clone();
-    tokio::task::spawn_blocking(move || p.stop("i-1"))
-        .await
-        .unwrap();
+    tokio::task::spawn_blocking(move || p.stop("i-1")).await.unwrap();
     assert!(closed(port), "port {port} still open after stop");
     assert_eq!(proxies.port_of("i-1"), None);
 }
@@ -210,16 +172,11 @@ async fn builtin_proxy_forwards_absolute_uri_get() {
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-    assert!(
-        out.ends_with("hello from 127.0.0.1 (GET /x?y=1 HTTP/1.1)"),
-        "{out}"
-    );
+    assert!(out.ends_with("hello from 127.0.0.1 (GET /x?y=1 HTTP/1.1)"), "{out}");
 
     // Not a proxy request: refused with a status, not a hang.
     let mut s = TcpStream::connect((LOOPBACK, port)).await.unwrap();
-    s.write_all(b"GET /relative HTTP/1.1\r\n\r\n")
-        .await
-        .unwrap();
+    s.write_all(b"GET /relative HTTP/1.1\r\n\r\n").await.unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     assert!(out.starts_with("HTTP/1.1 400"), "{out}");

@@ -11,7 +11,7 @@ use axum::routing::{delete, get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Backend, ScwError, Server};
+use super::{Backend, ScwError, Server, error};
 use crate::framework::{Deletion, Record, Shared};
 
 type St = State<Shared<Backend>>;
@@ -34,10 +34,7 @@ pub fn router(state: &Shared<Backend>) -> Router<Shared<Backend>> {
 
 fn date(secs: u64) -> String {
     // Scaleway writes microseconds and an offset: 2026-02-24T11:29:06.723007+00:00.
-    format!(
-        "{}.000000+00:00",
-        crate::time::rfc3339(secs).trim_end_matches('Z')
-    )
+    format!("{}.000000+00:00", crate::time::rfc3339(secs).trim_end_matches('Z'))
 }
 
 fn tags(r: &Record<Server>) -> Vec<String> {
@@ -93,13 +90,10 @@ fn render_ip(b: &Backend, ip: &super::FlexIp) -> Value {
 }
 
 fn known_zone(b: &Backend, zone: &str) -> Result<(), ScwError> {
-    match b.backend.config.zones.iter().any(|z| z == zone) {
-        true => Ok(()),
-        false => Err(ScwError::invalid_argument(
-            "zone",
-            &format!("unknown zone {zone:?}"),
-        )),
-    }
+    let known = b.backend.config.zones.iter().any(|z| z == zone);
+    known
+        .then_some(())
+        .ok_or_else(|| error::invalid_argument("zone", &format!("unknown zone {zone:?}")))
 }
 
 /// The server `id` in `zone`, or the API's 404.
@@ -107,7 +101,7 @@ fn find<'a>(b: &'a Backend, zone: &str, id: &str) -> Result<&'a Record<Server>, 
     b.fleet
         .get(id)
         .filter(|r| r.scope == zone && r.id == id)
-        .ok_or_else(|| ScwError::not_found("instance_server", id))
+        .ok_or_else(|| error::not_found("instance_server", id))
 }
 
 #[derive(Deserialize, Default)]
@@ -125,37 +119,22 @@ fn paging(q: &ListQuery) -> Result<(usize, usize), ScwError> {
         None => Ok(default),
         Some(s) => match s.parse::<usize>() {
             Ok(n) if (1..=max).contains(&n) => Ok(n),
-            _ => Err(ScwError::invalid_argument(
-                name,
-                &format!("must be between 1 and {max}"),
-            )),
+            _ => Err(error::invalid_argument(name, &format!("must be between 1 and {max}"))),
         },
     };
-    Ok((
-        num(&q.page, "page", 1, usize::MAX)?,
-        num(&q.per_page, "per_page", 50, 100)?,
-    ))
+    Ok((num(&q.page, "page", 1, usize::MAX)?, num(&q.per_page, "per_page", 50, 100)?))
 }
 
 /// One page of `items` with `X-Total-Count` and a `Link` header, as the API pages.
 fn page_of(key: &str, items: Vec<Value>, page: usize, per_page: usize, path: &str) -> Response {
     let total = items.len();
-    let slice: Vec<Value> = items
-        .into_iter()
-        .skip((page - 1) * per_page)
-        .take(per_page)
-        .collect();
+    let slice: Vec<Value> = items.into_iter().skip((page - 1) * per_page).take(per_page).collect();
     let last = total.div_ceil(per_page).max(1);
     let mut links = Vec::new();
     if page < last {
-        links.push(format!(
-            "<{path}?page={}&per_page={per_page}>; rel=\"next\"",
-            page + 1
-        ));
+        links.push(format!("<{path}?page={}&per_page={per_page}>; rel=\"next\"", page + 1));
     }
-    links.push(format!(
-        "<{path}?page={last}&per_page={per_page}>; rel=\"last\""
-    ));
+    links.push(format!("<{path}?page={last}&per_page={per_page}>; rel=\"last\""));
     let mut resp = Json(json!({key: slice, "total_count": total})).into_response();
     let h = resp.headers_mut();
     h.insert("x-total-count", HeaderValue::from(total as u64));
@@ -167,47 +146,34 @@ fn page_of(key: &str, items: Vec<Value>, page: usize, per_page: usize, path: &st
 
 fn wanted_tags(q: &ListQuery) -> Vec<String> {
     let tags = q.tags.as_deref().unwrap_or_default();
-    tags.split(',')
-        .filter(|t| !t.is_empty())
-        .map(str::to_string)
-        .collect()
+    tags.split(',').filter(|t| !t.is_empty()).map(str::to_string).collect()
 }
 
 async fn list_servers(
     State(s): St,
     Path(zone): Path<String>,
     Query(q): Query<ListQuery>,
-) -> Response {
+) -> Answer {
     let b = s.lock();
-    let answer = (|| {
-        known_zone(&b, &zone)?;
-        let (page, per_page) = paging(&q)?;
-        if b.fleet
-            .failing_scope(std::iter::once(zone.as_str()))
-            .is_some()
-        {
-            return Err(ScwError::new(
-                503,
-                "service_unavailable",
-                "zone is unavailable",
-            ));
-        }
-        let want = wanted_tags(&q);
-        let items: Vec<Value> = b
-            .fleet
-            .iter()
-            .filter(|r| r.scope == zone)
-            .filter(|r| q.name.as_ref().is_none_or(|n| r.name.contains(n.as_str())))
-            .filter(|r| q.project.as_ref().is_none_or(|p| &r.extra.project == p))
-            .filter(|r| {
-                let have = tags(r);
-                want.iter().all(|t| have.contains(t))
-            })
-            .map(render)
-            .collect();
-        Ok(page_of("servers", items, page, per_page, "/servers"))
-    })();
-    answer.unwrap_or_else(IntoResponse::into_response)
+    known_zone(&b, &zone)?;
+    let (page, per_page) = paging(&q)?;
+    if b.fleet.failing_scope(std::iter::once(zone.as_str())).is_some() {
+        return Err(error::new(503, "service_unavailable", "zone is unavailable"));
+    }
+    let want = wanted_tags(&q);
+    let items: Vec<Value> = b
+        .fleet
+        .iter()
+        .filter(|r| r.scope == zone)
+        .filter(|r| q.name.as_ref().is_none_or(|n| r.name.contains(n.as_str())))
+        .filter(|r| q.project.as_ref().is_none_or(|p| &r.extra.project == p))
+        .filter(|r| {
+            let have = tags(r);
+            want.iter().all(|t| have.contains(t))
+        })
+        .map(render)
+        .collect();
+    Ok(page_of("servers", items, page, per_page, "/servers"))
 }
 
 #[derive(Deserialize)]
@@ -228,162 +194,114 @@ async fn create_server(
     State(s): St,
     Path(zone): Path<String>,
     body: Result<Json<CreateServer>, JsonRejection>,
-) -> Response {
+) -> Answer {
     let mut b = s.lock();
-    let answer = (|| {
-        known_zone(&b, &zone)?;
-        let Json(body) =
-            body.map_err(|e| ScwError::new(400, "invalid_request_error", &e.body_text()))?;
-        let cfg = &b.backend.config;
-        if body.project.as_deref() != Some(cfg.project.as_str()) {
-            return Err(
-                ScwError::new(403, "permissions_denied", "insufficient permissions").with(
-                    "details",
-                    json!([{"resource": "instance_server", "action": "create"}]),
-                ),
-            );
-        }
-        if !cfg.commercial_types.contains(&body.commercial_type) {
-            return Err(ScwError::invalid_argument(
-                "commercial_type",
-                "unknown commercial type",
-            ));
-        }
-        if !cfg.images.contains(&body.image) {
-            return Err(ScwError::not_found("image", &body.image));
-        }
-        let ip_id = match body.public_ips.as_slice() {
-            [] => None,
-            [one] => match b.backend.ips.get(one) {
-                Some(ip) if ip.zone == zone && ip.server.is_none() => Some(one.clone()),
-                Some(_) => {
-                    return Err(ScwError::new(
-                        400,
-                        "invalid_request_error",
-                        "ip is already attached or in another zone",
-                    ));
-                }
-                None => return Err(ScwError::not_found("instance_ip", one)),
-            },
-            _ => {
-                return Err(ScwError::invalid_argument(
-                    "public_ips",
-                    "at most one IPv4 in this emulator",
-                ));
+    known_zone(&b, &zone)?;
+    let Json(body) = body.map_err(|e| error::invalid_request(&e.body_text()))?;
+    let cfg = &b.backend.config;
+    if body.project.as_deref() != Some(cfg.project.as_str()) {
+        return Err(error::new(403, "permissions_denied", "insufficient permissions")
+            .with("details", json!([{"resource": "instance_server", "action": "create"}])));
+    }
+    if !cfg.commercial_types.contains(&body.commercial_type) {
+        return Err(error::invalid_argument("commercial_type", "unknown commercial type"));
+    }
+    if !cfg.images.contains(&body.image) {
+        return Err(error::not_found("image", &body.image));
+    }
+    let ip_id = match body.public_ips.as_slice() {
+        [] => None,
+        [one] => match b.backend.ips.get(one) {
+            Some(ip) if ip.zone == zone && ip.server.is_none() => Some(one.clone()),
+            Some(_) => {
+                return Err(error::invalid_request("ip is already attached or in another zone"));
             }
-        };
-        if b.backend.fail_creates > 0 {
-            b.backend.fail_creates -= 1;
-            return Err(ScwError::internal());
+            None => return Err(error::not_found("instance_ip", one)),
+        },
+        _ => {
+            return Err(error::invalid_argument("public_ips", "at most one IPv4 in this emulator"));
         }
-        let (mut labels, mut bare) = (std::collections::BTreeMap::new(), Vec::new());
-        for t in body.tags {
-            match t.split_once('=') {
-                Some((k, v)) => drop(labels.insert(k.to_string(), v.to_string())),
-                None => bare.push(t),
-            }
+    };
+    let (mut labels, mut bare) = (std::collections::BTreeMap::new(), Vec::new());
+    for t in body.tags {
+        match t.split_once('=') {
+            Some((k, v)) => drop(labels.insert(k.to_string(), v.to_string())),
+            None => bare.push(t),
         }
-        let volume = b.backend.new_id(2);
-        let extra = Server {
-            commercial_type: body.commercial_type,
-            image: body.image,
-            project: body.project.unwrap_or_default(),
-            bare_tags: bare,
-            ip_id: ip_id.clone(),
-            volume_id: Some(volume.clone()),
-        };
-        let id = b.new_id();
-        let mut record = Record::new(id.clone(), body.name, zone.clone(), extra);
-        record.labels = labels;
-        b.create(record);
-        let dynamic = body.dynamic_ip_required.unwrap_or(true) && ip_id.is_none();
-        let address = match &ip_id {
-            Some(ip) => b.backend.ips.get_mut(ip).map(|ip| {
-                ip.server = Some(id.clone());
-                ip.address.clone()
-            }),
-            None if dynamic => Some(b.next_address()),
-            None => None,
-        };
-        b.backend
-            .volumes
-            .insert(volume, (zone.clone(), Some(id.clone())));
-        if let Some(r) = b.fleet.get_mut(&id) {
-            // Created, not started: powered off, its address already known.
-            r.state = "stopped".into();
-            r.ip = address;
-        }
-        let r = b.fleet.get(&id).expect("just created");
-        Ok((StatusCode::CREATED, Json(json!({"server": render(r)}))).into_response())
-    })();
-    answer.unwrap_or_else(IntoResponse::into_response)
+    }
+    let volume = b.backend.new_id(2);
+    let extra = Server {
+        commercial_type: body.commercial_type,
+        image: body.image,
+        project: body.project.unwrap_or_default(),
+        bare_tags: bare,
+        ip_id: ip_id.clone(),
+        volume_id: Some(volume.clone()),
+    };
+    let id = b.new_id();
+    let mut record = Record::new(id.clone(), body.name, zone.clone(), extra);
+    record.labels = labels;
+    b.create(record);
+    let dynamic = body.dynamic_ip_required.unwrap_or(true) && ip_id.is_none();
+    let address = match &ip_id {
+        Some(ip) => b.backend.ips.get_mut(ip).map(|ip| {
+            ip.server = Some(id.clone());
+            ip.address.clone()
+        }),
+        None if dynamic => Some(b.next_address()),
+        None => None,
+    };
+    b.backend.volumes.insert(volume, (zone.clone(), Some(id.clone())));
+    if let Some(r) = b.fleet.get_mut(&id) {
+        // Created, not started: powered off, its address already known.
+        r.state = "stopped".into();
+        r.ip = address;
+    }
+    let r = b.fleet.get(&id).expect("just created");
+    Ok((StatusCode::CREATED, Json(json!({"server": render(r)}))).into_response())
 }
 
-async fn get_server(State(s): St, Path((zone, id)): Path<(String, String)>) -> Response {
+type Answer = Result<Response, ScwError>;
+
+async fn get_server(State(s): St, Path((zone, id)): Path<(String, String)>) -> Answer {
     let mut b = s.lock();
-    let server = match find(&b, &zone, &id) {
-        Ok(r) => render(r),
-        Err(e) => return e.into_response(),
-    };
+    let server = render(find(&b, &zone, &id)?);
     b.saw(&id);
-    Json(json!({"server": server})).into_response()
+    Ok(Json(json!({"server": server})).into_response())
 }
 
 /// Drops what goes with a server that is gone: its volume (a terminate deletes local
 /// volumes) or not (a plain delete keeps it, detached); its IP is always kept, detached.
 fn forget(b: &mut Backend, id: &str, keep_volume: bool) {
-    for ip in b
-        .backend
-        .ips
-        .values_mut()
-        .filter(|ip| ip.server.as_deref() == Some(id))
-    {
-        ip.server = None;
-    }
-    let vols: Vec<String> = b
-        .backend
-        .volumes
-        .iter()
-        .filter(|(_, (_, s))| s.as_deref() == Some(id))
-        .map(|(v, _)| v.clone())
-        .collect();
-    for v in vols {
-        match keep_volume {
-            true => drop(b.backend.volumes.get_mut(&v).map(|e| e.1 = None)),
-            false => drop(b.backend.volumes.remove(&v)),
-        }
+    let held = |holder: &Option<String>| holder.as_deref() == Some(id);
+    b.backend.ips.values_mut().filter(|ip| held(&ip.server)).for_each(|ip| ip.server = None);
+    match keep_volume {
+        true => b.backend.volumes.values_mut().filter(|v| held(&v.1)).for_each(|v| v.1 = None),
+        false => b.backend.volumes.retain(|_, v| !held(&v.1)),
     }
 }
 
-fn locked(id: &str) -> ScwError {
-    ScwError::new(409, "locked", "resource is locked")
-        .with("resource", json!("instance_server"))
-        .with("resource_id", json!(id))
+fn powered_off(state: &str) -> bool {
+    state == "stopped" || state == "stopped in place"
 }
 
-async fn delete_server(State(s): St, Path((zone, id)): Path<(String, String)>) -> Response {
+async fn delete_server(State(s): St, Path((zone, id)): Path<(String, String)>) -> Answer {
     let mut b = s.lock();
-    let state = match find(&b, &zone, &id) {
-        Ok(r) if r.locked => return locked(&id).into_response(),
-        Ok(r) => r.state.clone(),
-        Err(e) => return e.into_response(),
-    };
-    if state != "stopped" && state != "stopped in place" {
-        return ScwError::new(
-            400,
-            "invalid_request_error",
-            "instance should be powered off",
-        )
-        .into_response();
+    let r = find(&b, &zone, &id)?;
+    if r.locked {
+        return Err(error::locked(&id));
+    }
+    if !powered_off(&r.state) {
+        return Err(error::invalid_request("instance should be powered off"));
     }
     match b.fleet.delete(&id) {
         Deletion::Done(_) => {
             forget(&mut b, &id, true);
-            StatusCode::NO_CONTENT.into_response()
+            Ok(StatusCode::NO_CONTENT.into_response())
         }
-        Deletion::Locked => locked(&id).into_response(),
+        Deletion::Locked => Err(error::locked(&id)),
         Deletion::InProgress(_) | Deletion::NotFound => {
-            ScwError::not_found("instance_server", &id).into_response()
+            Err(error::not_found("instance_server", &id))
         }
     }
 }
@@ -394,36 +312,30 @@ struct ActionBody {
     action: Option<String>,
 }
 
-fn task(id: &str, description: &str) -> Response {
+fn task(id: &str, description: &str) -> Answer {
     let body = json!({"task": {"id": format!("task-{id}"), "description": description, "status": "pending",
                                "href_from": format!("/servers/{id}/action"), "progress": 0}});
-    (StatusCode::ACCEPTED, Json(body)).into_response()
+    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
 }
 
 async fn action(
     State(s): St,
     Path((zone, id)): Path<(String, String)>,
     body: Result<Json<ActionBody>, JsonRejection>,
-) -> Response {
+) -> Answer {
     let mut b = s.lock();
-    let (state, is_locked) = match find(&b, &zone, &id) {
-        Ok(r) => (r.state.clone(), r.locked),
-        Err(e) => return e.into_response(),
-    };
+    let r = find(&b, &zone, &id)?;
+    let (state, is_locked) = (r.state.clone(), r.locked);
     let Ok(Json(body)) = body else {
-        return ScwError::new(400, "invalid_request_error", "invalid JSON body").into_response();
+        return Err(error::invalid_request("invalid JSON body"));
     };
     if is_locked {
-        return locked(&id).into_response();
+        return Err(error::locked(&id));
     }
     // The API's default action is poweron.
     match body.action.as_deref().unwrap_or("poweron") {
-        "poweron" if state != "stopped" && state != "stopped in place" => {
-            ScwError::new(412, "precondition_failed", "server should be stopped").into_response()
-        }
-        "poweron" if b.backend.fail_poweron > 0 => {
-            b.backend.fail_poweron -= 1;
-            ScwError::internal().into_response()
+        "poweron" if !powered_off(&state) => {
+            Err(error::new(412, "precondition_failed", "server should be stopped"))
         }
         "poweron" => {
             if let Some(r) = b.fleet.get_mut(&id) {
@@ -436,21 +348,14 @@ async fn action(
                 forget(&mut b, &id, false);
                 task(&id, "server_terminate")
             }
-            Deletion::Locked => locked(&id).into_response(),
-            _ => ScwError::new(
-                400,
-                "invalid_request_error",
-                "server is already being terminated",
-            )
-            .into_response(),
+            Deletion::Locked => Err(error::locked(&id)),
+            _ => Err(error::invalid_request("server is already being terminated")),
         },
-        "terminate" => {
-            ScwError::new(400, "invalid_request_error", "server should be running").into_response()
-        }
-        other => {
-            ScwError::invalid_argument("action", &format!("action {other:?} is not supported here"))
-                .into_response()
-        }
+        "terminate" => Err(error::invalid_request("server should be running")),
+        other => Err(error::invalid_argument(
+            "action",
+            &format!("action {other:?} is not supported here"),
+        )),
     }
 }
 
@@ -458,33 +363,29 @@ async fn set_user_data(
     State(s): St,
     Path((zone, id, key)): Path<(String, String, String)>,
     body: Bytes,
-) -> Response {
+) -> Answer {
     let mut b = s.lock();
-    if let Err(e) = find(&b, &zone, &id) {
-        return e.into_response();
-    }
+    find(&b, &zone, &id)?;
     if key != "cloud-init" {
         // Other keys exist on Scaleway; this emulator keeps only the one cloud-init reads.
-        return ScwError::invalid_argument("key", "only cloud-init is kept by this emulator")
-            .into_response();
+        return Err(error::invalid_argument("key", "only cloud-init is kept by this emulator"));
     }
     if let Some(r) = b.fleet.get_mut(&id) {
         r.user_data = body.to_vec();
     }
-    StatusCode::NO_CONTENT.into_response()
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn get_user_data(
     State(s): St,
     Path((zone, id, key)): Path<(String, String, String)>,
-) -> Response {
+) -> Answer {
     let b = s.lock();
-    match find(&b, &zone, &id) {
-        Ok(r) if key == "cloud-init" && !r.user_data.is_empty() => {
-            ([("content-type", "text/plain")], r.user_data.clone()).into_response()
+    match find(&b, &zone, &id)? {
+        r if key == "cloud-init" && !r.user_data.is_empty() => {
+            Ok(([("content-type", "text/plain")], r.user_data.clone()).into_response())
         }
-        Ok(_) => ScwError::not_found("instance_user_data", &key).into_response(),
-        Err(e) => e.into_response(),
+        _ => Err(error::not_found("instance_user_data", &key)),
     }
 }
 
@@ -501,82 +402,60 @@ async fn create_ip(
     State(s): St,
     Path(zone): Path<String>,
     body: Result<Json<CreateIp>, JsonRejection>,
-) -> Response {
+) -> Answer {
     let mut b = s.lock();
-    let answer = (|| {
-        known_zone(&b, &zone)?;
-        let Json(body) =
-            body.map_err(|e| ScwError::new(400, "invalid_request_error", &e.body_text()))?;
-        if body.project.as_deref() != Some(b.backend.config.project.as_str()) {
-            return Err(ScwError::new(
-                403,
-                "permissions_denied",
-                "insufficient permissions",
-            ));
-        }
-        if body.kind.as_deref().is_some_and(|k| k != "routed_ipv4") {
-            return Err(ScwError::invalid_argument(
-                "type",
-                "only routed_ipv4 in this emulator",
-            ));
-        }
-        let project = b.backend.config.project.clone();
-        let ip = b.backend.new_ip(&zone, &project, body.tags);
-        Ok((StatusCode::CREATED, Json(json!({"ip": render_ip(&b, &ip)}))).into_response())
-    })();
-    answer.unwrap_or_else(IntoResponse::into_response)
+    known_zone(&b, &zone)?;
+    let Json(body) = body.map_err(|e| error::invalid_request(&e.body_text()))?;
+    if body.project.as_deref() != Some(b.backend.config.project.as_str()) {
+        return Err(error::new(403, "permissions_denied", "insufficient permissions"));
+    }
+    if body.kind.as_deref().is_some_and(|k| k != "routed_ipv4") {
+        return Err(error::invalid_argument("type", "only routed_ipv4 in this emulator"));
+    }
+    let project = b.backend.config.project.clone();
+    let ip = b.backend.new_ip(&zone, &project, body.tags);
+    Ok((StatusCode::CREATED, Json(json!({"ip": render_ip(&b, &ip)}))).into_response())
 }
 
-async fn list_ips(State(s): St, Path(zone): Path<String>, Query(q): Query<ListQuery>) -> Response {
+async fn list_ips(State(s): St, Path(zone): Path<String>, Query(q): Query<ListQuery>) -> Answer {
     let b = s.lock();
-    let answer = (|| {
-        known_zone(&b, &zone)?;
-        let (page, per_page) = paging(&q)?;
-        let want = wanted_tags(&q);
-        let items: Vec<Value> = b
-            .backend
-            .ips
-            .values()
-            .filter(|ip| ip.zone == zone && q.project.as_ref().is_none_or(|p| &ip.project == p))
-            .filter(|ip| want.iter().all(|t| ip.tags.contains(t)))
-            .map(|ip| render_ip(&b, ip))
-            .collect();
-        Ok::<_, ScwError>(page_of("ips", items, page, per_page, "/ips"))
-    })();
-    answer.unwrap_or_else(IntoResponse::into_response)
+    known_zone(&b, &zone)?;
+    let (page, per_page) = paging(&q)?;
+    let want = wanted_tags(&q);
+    let items: Vec<Value> = b
+        .backend
+        .ips
+        .values()
+        .filter(|ip| ip.zone == zone && q.project.as_ref().is_none_or(|p| &ip.project == p))
+        .filter(|ip| want.iter().all(|t| ip.tags.contains(t)))
+        .map(|ip| render_ip(&b, ip))
+        .collect();
+    Ok(page_of("ips", items, page, per_page, "/ips"))
 }
 
 /// Releases the IP, detaching it first if a server holds it.
-async fn delete_ip(State(s): St, Path((zone, id)): Path<(String, String)>) -> Response {
+async fn delete_ip(State(s): St, Path((zone, id)): Path<(String, String)>) -> Answer {
     let mut b = s.lock();
-    match b.backend.ips.get(&id) {
-        Some(ip) if ip.zone == zone => {
-            let holder = ip.server.clone();
-            b.backend.ips.remove(&id);
-            if let Some(r) = holder.and_then(|h| b.fleet.get_mut(&h)) {
-                r.ip = None;
-                r.extra.ip_id = None;
-            }
-            StatusCode::NO_CONTENT.into_response()
-        }
-        _ => ScwError::not_found("instance_ip", &id).into_response(),
+    if b.backend.ips.get(&id).is_none_or(|ip| ip.zone != zone) {
+        return Err(error::not_found("instance_ip", &id));
     }
+    let ip = b.backend.ips.remove(&id).expect("just found");
+    if let Some(r) = ip.server.and_then(|h| b.fleet.get_mut(&h)) {
+        r.ip = None;
+        r.extra.ip_id = None;
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn delete_volume(State(s): St, Path((zone, id)): Path<(String, String)>) -> Response {
+async fn delete_volume(State(s): St, Path((zone, id)): Path<(String, String)>) -> Answer {
     let mut b = s.lock();
     let attached = match b.backend.volumes.get(&id) {
         Some((z, server)) if *z == zone => server.clone().filter(|s| b.fleet.get(s).is_some()),
-        _ => return ScwError::not_found("instance_volume", &id).into_response(),
+        _ => return Err(error::not_found("instance_volume", &id)),
     };
     if attached.is_some() {
-        return ScwError::new(
-            400,
-            "invalid_request_error",
-            "volume is attached to a server",
-        )
-        .into_response();
+        return Err(error::invalid_request("volume is attached to a server"));
     }
     b.backend.volumes.remove(&id);
-    StatusCode::NO_CONTENT.into_response()
+    Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -32,9 +32,8 @@ async fn call(
     ctype: &str,
 ) -> Resp {
     let stream = tokio::net::TcpStream::connect(emu.addr()).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
     tokio::spawn(conn);
     let mut req = hyper::Request::builder()
         .method(method)
@@ -51,29 +50,12 @@ async fn call(
     let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     let text = String::from_utf8_lossy(&bytes).into_owned();
-    Resp {
-        status,
-        headers,
-        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        text,
-    }
+    Resp { status, headers, body: serde_json::from_slice(&bytes).unwrap_or(Value::Null), text }
 }
 
 async fn api(emu: &ScalewayEmulator, method: &str, path: &str, body: Value) -> Resp {
-    let body = if body.is_null() {
-        String::new()
-    } else {
-        body.to_string()
-    };
-    call(
-        emu,
-        method,
-        &format!("{Z}{path}"),
-        Some(KEY),
-        &body,
-        "application/json",
-    )
-    .await
+    let body = if body.is_null() { String::new() } else { body.to_string() };
+    call(emu, method, &format!("{Z}{path}"), Some(KEY), &body, "application/json").await
 }
 
 async fn new_ip(emu: &ScalewayEmulator, tags: Value) -> String {
@@ -106,50 +88,19 @@ async fn created_stopped_then_powered_on_with_user_data() {
     let id = s["id"].as_str().unwrap();
     assert_eq!(s["state"], "stopped", "created powered off");
     assert_eq!(s["public_ips"][0]["id"], ip.as_str());
-    assert_eq!(
-        s["tags"],
-        json!(["egress.proxy-operator.dev/managed=true", "plain"])
-    );
-    assert!(
-        s["creation_date"]
-            .as_str()
-            .unwrap()
-            .ends_with(".000000+00:00")
-    );
+    assert_eq!(s["tags"], json!(["egress.proxy-operator.dev/managed=true", "plain"]));
+    assert!(s["creation_date"].as_str().unwrap().ends_with(".000000+00:00"));
     assert_eq!(emu.ips()[0].server.as_deref(), Some(id));
 
     let path = format!("{Z}/servers/{id}/user_data/cloud-init");
-    let r = call(
-        &emu,
-        "PATCH",
-        &path,
-        Some(KEY),
-        "#cloud-config\n",
-        "text/plain",
-    )
-    .await;
+    let r = call(&emu, "PATCH", &path, Some(KEY), "#cloud-config\n", "text/plain").await;
     assert_eq!(r.status, 204, "{}", r.text);
     let r = call(&emu, "GET", &path, Some(KEY), "", "text/plain").await;
     assert_eq!((r.status, r.text.as_str()), (200, "#cloud-config\n"));
 
-    let r = api(
-        &emu,
-        "POST",
-        &format!("/servers/{id}/action"),
-        json!({"action": "poweron"}),
-    )
-    .await;
-    assert_eq!(
-        (r.status, r.body["task"]["status"].as_str()),
-        (202, Some("pending"))
-    );
-    let r = api(
-        &emu,
-        "POST",
-        &format!("/servers/{id}/action"),
-        json!({"action": "poweron"}),
-    )
-    .await;
+    let r = api(&emu, "POST", &format!("/servers/{id}/action"), json!({"action": "poweron"})).await;
+    assert_eq!((r.status, r.body["task"]["status"].as_str()), (202, Some("pending")));
+    let r = api(&emu, "POST", &format!("/servers/{id}/action"), json!({"action": "poweron"})).await;
     assert_eq!(
         (r.status, r.kind(), r.body["message"].as_str()),
         (412, "precondition_failed", Some("server should be stopped"))
@@ -158,10 +109,7 @@ async fn created_stopped_then_powered_on_with_user_data() {
     assert_eq!(first.body["server"]["state"], "starting");
     let second = api(&emu, "GET", &format!("/servers/{id}"), Value::Null).await;
     assert_eq!(second.body["server"]["state"], "running");
-    assert_eq!(
-        second.body["server"]["public_ips"][0]["address"],
-        emu.ips()[0].address.as_str()
-    );
+    assert_eq!(second.body["server"]["public_ips"][0]["address"], emu.ips()[0].address.as_str());
     assert_eq!(emu.dump().instances[0].user_data, b"#cloud-config\n");
 
     // Another zone does not show it.
@@ -185,33 +133,15 @@ async fn deletes_keep_ips_and_volumes_unless_released() {
     let emu = ScalewayEmulator::start(ScalewayConfig::new(KEY));
     // Running: DELETE is refused as the real API refuses it; terminate takes the volume.
     let ip = new_ip(&emu, json!([])).await;
-    let id = new_server(&emu, "a", Some(&ip)).await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    api(
-        &emu,
-        "POST",
-        &format!("/servers/{id}/action"),
-        json!({"action": "poweron"}),
-    )
-    .await;
+    let id = new_server(&emu, "a", Some(&ip)).await["id"].as_str().unwrap().to_string();
+    api(&emu, "POST", &format!("/servers/{id}/action"), json!({"action": "poweron"})).await;
     let r = api(&emu, "DELETE", &format!("/servers/{id}"), Value::Null).await;
     assert_eq!(
         (r.status, r.kind(), r.body["message"].as_str()),
-        (
-            400,
-            "invalid_request_error",
-            Some("instance should be powered off")
-        )
+        (400, "invalid_request_error", Some("instance should be powered off"))
     );
-    let r = api(
-        &emu,
-        "POST",
-        &format!("/servers/{id}/action"),
-        json!({"action": "terminate"}),
-    )
-    .await;
+    let r =
+        api(&emu, "POST", &format!("/servers/{id}/action"), json!({"action": "terminate"})).await;
     assert_eq!(r.status, 202, "{}", r.text);
     assert!(emu.dump().instances.is_empty() && emu.volumes().is_empty());
     let left = emu.ips();
@@ -221,45 +151,18 @@ async fn deletes_keep_ips_and_volumes_unless_released() {
         "the flexible IP outlives its server"
     );
     assert_eq!(emu.dump().secondary.len(), 1, "and the dump shows the leak");
-    assert_eq!(
-        api(&emu, "DELETE", &format!("/ips/{ip}"), Value::Null)
-            .await
-            .status,
-        204
-    );
-    assert_eq!(
-        api(&emu, "DELETE", &format!("/ips/{ip}"), Value::Null)
-            .await
-            .status,
-        404
-    );
+    assert_eq!(api(&emu, "DELETE", &format!("/ips/{ip}"), Value::Null).await.status, 204);
+    assert_eq!(api(&emu, "DELETE", &format!("/ips/{ip}"), Value::Null).await.status, 404);
 
     // Stopped: DELETE works and keeps the local volume, which can then be deleted.
-    let id = new_server(&emu, "b", None).await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = new_server(&emu, "b", None).await["id"].as_str().unwrap().to_string();
     let vol = emu.volumes()[0].clone();
     let r = api(&emu, "DELETE", &format!("/volumes/{vol}"), Value::Null).await;
-    assert_eq!(
-        (r.status, r.kind()),
-        (400, "invalid_request_error"),
-        "attached"
-    );
-    let r = api(
-        &emu,
-        "POST",
-        &format!("/servers/{id}/action"),
-        json!({"action": "terminate"}),
-    )
-    .await;
+    assert_eq!((r.status, r.kind()), (400, "invalid_request_error"), "attached");
+    let r =
+        api(&emu, "POST", &format!("/servers/{id}/action"), json!({"action": "terminate"})).await;
     assert_eq!(r.status, 400, "terminate needs a running server");
-    assert_eq!(
-        api(&emu, "DELETE", &format!("/servers/{id}"), Value::Null)
-            .await
-            .status,
-        204
-    );
+    assert_eq!(api(&emu, "DELETE", &format!("/servers/{id}"), Value::Null).await.status, 204);
     assert_eq!(
         emu.dump().secondary,
         vec![crate::control::DumpSecondary {
@@ -268,26 +171,13 @@ async fn deletes_keep_ips_and_volumes_unless_released() {
             attached_to: None
         }]
     );
-    assert_eq!(
-        api(&emu, "DELETE", &format!("/volumes/{vol}"), Value::Null)
-            .await
-            .status,
-        204
-    );
+    assert_eq!(api(&emu, "DELETE", &format!("/volumes/{vol}"), Value::Null).await.status, 204);
     assert!(emu.dump().secondary.is_empty());
 
     // Releasing an attached IP detaches it from its server first.
     let ip = new_ip(&emu, json!([])).await;
-    let id = new_server(&emu, "c", Some(&ip)).await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert_eq!(
-        api(&emu, "DELETE", &format!("/ips/{ip}"), Value::Null)
-            .await
-            .status,
-        204
-    );
+    let id = new_server(&emu, "c", Some(&ip)).await["id"].as_str().unwrap().to_string();
+    assert_eq!(api(&emu, "DELETE", &format!("/ips/{ip}"), Value::Null).await.status, 204);
     assert_eq!(emu.server(&id).unwrap()["public_ips"], json!([]));
 }
 
@@ -306,20 +196,11 @@ async fn names_are_not_unique_and_lists_page() {
         });
     }
     let r = api(&emu, "GET", "/servers?name=proxy-a", Value::Null).await;
-    assert_eq!(
-        r.body["servers"].as_array().unwrap().len(),
-        3,
-        "substring match, duplicates kept"
-    );
+    assert_eq!(r.body["servers"].as_array().unwrap().len(), 3, "substring match, duplicates kept");
     let r = api(&emu, "GET", "/servers?per_page=3&page=2", Value::Null).await;
     assert_eq!(r.body["servers"].as_array().unwrap().len(), 3);
     assert_eq!(r.headers["x-total-count"], "8");
-    assert!(
-        r.headers["link"]
-            .to_str()
-            .unwrap()
-            .contains("page=3&per_page=3>; rel=\"next\"")
-    );
+    assert!(r.headers["link"].to_str().unwrap().contains("page=3&per_page=3>; rel=\"next\""));
     let r = api(&emu, "GET", "/servers?per_page=3&page=3", Value::Null).await;
     assert_eq!(r.body["servers"].as_array().unwrap().len(), 2);
     let tagged = api(
@@ -334,51 +215,23 @@ async fn names_are_not_unique_and_lists_page() {
         let r = api(&emu, "GET", &format!("/servers?{bad}"), Value::Null).await;
         assert_eq!((r.status, r.kind()), (400, "invalid_arguments"), "{bad}");
     }
-    let r = call(
-        &emu,
-        "GET",
-        "/instance/v1/zones/xx-yyy-9/servers",
-        Some(KEY),
-        "",
-        "application/json",
-    )
-    .await;
+    let r =
+        call(&emu, "GET", "/instance/v1/zones/xx-yyy-9/servers", Some(KEY), "", "application/json")
+            .await;
     assert_eq!(r.status, 400);
 }
 
 #[tokio::test]
 async fn auth_faults_locks_scopes_and_rate_limit() {
     let emu = ScalewayEmulator::start(ScalewayConfig::new(KEY));
-    let r = call(
-        &emu,
-        "GET",
-        &format!("{Z}/servers"),
-        None,
-        "",
-        "application/json",
-    )
-    .await;
+    let r = call(&emu, "GET", &format!("{Z}/servers"), None, "", "application/json").await;
     assert_eq!((r.status, r.kind()), (401, "denied_authentication"));
-    let r = call(
-        &emu,
-        "GET",
-        &format!("{Z}/servers"),
-        Some("wrong"),
-        "",
-        "application/json",
-    )
-    .await;
+    let r = call(&emu, "GET", &format!("{Z}/servers"), Some("wrong"), "", "application/json").await;
     assert_eq!(r.status, 401);
     let bad_project = json!({"name": "x", "project": "other", "commercial_type": "DEV1-S", "image": "ubuntu_noble"});
-    assert_eq!(
-        api(&emu, "POST", "/servers", bad_project).await.kind(),
-        "permissions_denied"
-    );
+    assert_eq!(api(&emu, "POST", "/servers", bad_project).await.kind(), "permissions_denied");
     let bad_type = json!({"name": "x", "project": EMULATOR_PROJECT, "commercial_type": "GP9", "image": "ubuntu_noble"});
-    assert_eq!(
-        api(&emu, "POST", "/servers", bad_type).await.kind(),
-        "invalid_arguments"
-    );
+    assert_eq!(api(&emu, "POST", "/servers", bad_type).await.kind(), "invalid_arguments");
     let bad_image = json!({"name": "x", "project": EMULATOR_PROJECT, "commercial_type": "DEV1-S", "image": "nope"});
     assert_eq!(api(&emu, "POST", "/servers", bad_image).await.status, 404);
 
@@ -388,11 +241,7 @@ async fn auth_faults_locks_scopes_and_rate_limit() {
         (FaultKind::Auth, 401, "denied_authentication"),
         (FaultKind::ServerError, 500, "internal_error"),
     ] {
-        emu.inject(Fault {
-            op: FaultOp::Create,
-            kind,
-            count: 1,
-        });
+        emu.inject(Fault { op: FaultOp::Create, kind, count: 1 });
         let r = api(&emu, "POST", "/ips", json!({"project": EMULATOR_PROJECT})).await;
         assert_eq!((r.status, r.kind()), (status, code));
         if status == 429 {
@@ -401,24 +250,13 @@ async fn auth_faults_locks_scopes_and_rate_limit() {
     }
     assert!(emu.ips().is_empty(), "faulted creates create nothing");
 
-    let id = new_server(&emu, "a", None).await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = new_server(&emu, "a", None).await["id"].as_str().unwrap().to_string();
     assert!(emu.set_locked(&id, true));
     assert_eq!(
-        api(&emu, "GET", &format!("/servers/{id}"), Value::Null)
-            .await
-            .body["server"]["state"],
+        api(&emu, "GET", &format!("/servers/{id}"), Value::Null).await.body["server"]["state"],
         "locked"
     );
-    let r = api(
-        &emu,
-        "POST",
-        &format!("/servers/{id}/action"),
-        json!({"action": "poweron"}),
-    )
-    .await;
+    let r = api(&emu, "POST", &format!("/servers/{id}/action"), json!({"action": "poweron"})).await;
     assert_eq!((r.status, r.kind()), (409, "locked"));
     assert!(emu.set_locked(&id, false));
 
@@ -426,10 +264,7 @@ async fn auth_faults_locks_scopes_and_rate_limit() {
     assert_eq!(api(&emu, "GET", "/servers", Value::Null).await.status, 503);
     emu.fail_scope("fr-par-1", false);
 
-    emu.set_rate_limit(Some(RateLimit {
-        per_hour: 3600,
-        burst: 1,
-    }));
+    emu.set_rate_limit(Some(RateLimit { per_hour: 3600, burst: 1 }));
     assert_eq!(api(&emu, "GET", "/servers", Value::Null).await.status, 200);
     let r = api(&emu, "GET", "/servers", Value::Null).await;
     assert_eq!((r.status, r.kind()), (429, "too_many_requests"));

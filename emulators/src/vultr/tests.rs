@@ -23,9 +23,7 @@ fn call(
 ) -> (u16, Value) {
     let mut s = TcpStream::connect(e.addr()).unwrap();
     let body = body.unwrap_or("");
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}\
@@ -38,10 +36,7 @@ fn call(
     let status: u16 = raw[9..12].parse().unwrap();
     let (head, mut rest) = raw.split_once("\r\n\r\n").unwrap();
     let mut text = String::new();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
         loop {
             let (size, more) = rest.split_once("\r\n").unwrap();
             let n = usize::from_str_radix(size.trim(), 16).unwrap();
@@ -58,13 +53,7 @@ fn call(
 }
 
 fn api(e: &VultrEmulator, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    call(
-        e,
-        method,
-        path,
-        Some(TOKEN),
-        body.map(|b| b.to_string()).as_deref(),
-    )
+    call(e, method, path, Some(TOKEN), body.map(|b| b.to_string()).as_deref())
 }
 
 fn create(e: &VultrEmulator, label: &str, tags: &[&str]) -> (u16, Value) {
@@ -78,49 +67,27 @@ fn create(e: &VultrEmulator, label: &str, tags: &[&str]) -> (u16, Value) {
 #[test]
 fn create_is_pending_without_an_address_then_active() {
     let e = emu();
-    let (st, body) = create(
-        &e,
-        "proxy-a",
-        &["egress.proxy-operator.dev/uid=u1", "plain tag"],
-    );
+    let (st, body) = create(&e, "proxy-a", &["egress.proxy-operator.dev/uid=u1", "plain tag"]);
     assert_eq!(st, 202, "{body}");
     let i = &body["instance"];
     let id = i["id"].as_str().unwrap().to_string();
     assert_eq!(id.len(), 36, "UUID-shaped: {id}");
-    assert_eq!(
-        (i["status"].as_str(), i["main_ip"].as_str()),
-        (Some("pending"), Some("0.0.0.0"))
-    );
+    assert_eq!((i["status"].as_str(), i["main_ip"].as_str()), (Some("pending"), Some("0.0.0.0")));
     assert_eq!(
         (i["power_status"].as_str(), i["server_status"].as_str()),
         (Some("running"), Some("none"))
     );
     assert_eq!(i["label"], "proxy-a");
-    assert_eq!(
-        i["tags"],
-        json!(["egress.proxy-operator.dev/uid=u1", "plain tag"])
-    );
+    assert_eq!(i["tags"], json!(["egress.proxy-operator.dev/uid=u1", "plain tag"]));
     assert!(i["date_created"].as_str().unwrap().ends_with("+00:00"));
-    assert!(
-        i.get("user_data").is_none(),
-        "user data is not part of the instance"
-    );
+    assert!(i.get("user_data").is_none(), "user data is not part of the instance");
 
     let (st, first) = api(&e, "GET", &format!("/v2/instances/{id}"), None);
-    assert_eq!(
-        (st, first["instance"]["status"].as_str()),
-        (200, Some("pending"))
-    );
+    assert_eq!((st, first["instance"]["status"].as_str()), (200, Some("pending")));
     let (_, second) = api(&e, "GET", &format!("/v2/instances/{id}"), None);
     let i = &second["instance"];
-    assert_eq!(
-        (i["status"].as_str(), i["server_status"].as_str()),
-        (Some("active"), Some("ok"))
-    );
-    assert!(
-        i["main_ip"].as_str().unwrap().starts_with("203.0.113."),
-        "{i}"
-    );
+    assert_eq!((i["status"].as_str(), i["server_status"].as_str()), (Some("active"), Some("ok")));
+    assert!(i["main_ip"].as_str().unwrap().starts_with("203.0.113."), "{i}");
 
     let (st, ud) = api(&e, "GET", &format!("/v2/instances/{id}/user-data"), None);
     assert_eq!(
@@ -130,9 +97,7 @@ fn create_is_pending_without_an_address_then_active() {
     let dump = e.dump();
     assert_eq!(dump.instances[0].user_data, b"#cloud-config\n");
     assert!(
-        dump.instances[0]
-            .labels
-            .contains(&("egress.proxy-operator.dev/uid".into(), "u1".into()))
+        dump.instances[0].labels.contains(&("egress.proxy-operator.dev/uid".into(), "u1".into()))
     );
 }
 
@@ -140,11 +105,7 @@ fn create_is_pending_without_an_address_then_active() {
 fn labels_are_not_unique_and_filters_all_match() {
     let e = emu();
     assert_eq!(create(&e, "twin", &["k=a"]).0, 202);
-    assert_eq!(
-        create(&e, "twin", &["k=b"]).0,
-        202,
-        "Vultr takes a second instance with one label"
-    );
+    assert_eq!(create(&e, "twin", &["k=b"]).0, 202, "Vultr takes a second instance with one label");
     assert_eq!(create(&e, "other", &["k=a"]).0, 202);
     let count =
         |q: &str| api(&e, "GET", &format!("/v2/instances?{q}"), None).1["meta"]["total"].as_u64();
@@ -152,11 +113,7 @@ fn labels_are_not_unique_and_filters_all_match() {
     assert_eq!(count("tag=k%3Da"), Some(2));
     assert_eq!(count("label=twin&tag=k%3Da"), Some(1));
     assert_eq!(count("region=fra"), Some(0));
-    assert_eq!(
-        count("unknown=x"),
-        Some(3),
-        "unknown parameters are ignored"
-    );
+    assert_eq!(count("unknown=x"), Some(3), "unknown parameters are ignored");
 }
 
 #[test]
@@ -167,12 +124,7 @@ fn cursor_paging_walks_every_instance_once() {
     }
     let (mut seen, mut cursor, mut pages) = (Vec::new(), String::new(), 0);
     loop {
-        let (st, page) = api(
-            &e,
-            "GET",
-            &format!("/v2/instances?per_page=3&cursor={cursor}"),
-            None,
-        );
+        let (st, page) = api(&e, "GET", &format!("/v2/instances?per_page=3&cursor={cursor}"), None);
         assert_eq!(st, 200);
         pages += 1;
         assert_eq!(page["meta"]["total"], 7);
@@ -201,77 +153,42 @@ fn cursor_paging_walks_every_instance_once() {
 fn errors_are_vultrs_envelope() {
     let e = emu();
     let (st, body) = call(&e, "GET", "/v2/instances", None, None);
-    assert_eq!(
-        (st, body.clone()),
-        (401, json!({"error": "Invalid API token.", "status": 401}))
-    );
-    let (st, body) = api(
-        &e,
-        "GET",
-        "/v2/instances/00000000-0000-4000-8000-0000000000ff",
-        None,
-    );
-    assert_eq!(
-        (st, body),
-        (404, json!({"error": "instance not found", "status": 404}))
-    );
-    let (st, _) = api(
-        &e,
-        "DELETE",
-        "/v2/instances/00000000-0000-4000-8000-0000000000ff",
-        None,
-    );
+    assert_eq!((st, body.clone()), (401, json!({"error": "Invalid API token.", "status": 401})));
+    let (st, body) = api(&e, "GET", "/v2/instances/00000000-0000-4000-8000-0000000000ff", None);
+    assert_eq!((st, body), (404, json!({"error": "instance not found", "status": 404})));
+    let (st, _) = api(&e, "DELETE", "/v2/instances/00000000-0000-4000-8000-0000000000ff", None);
     assert_eq!(st, 404);
     let bad = |body: Value| api(&e, "POST", "/v2/instances", Some(body)).0;
     assert_eq!(bad(json!({"region": "mars", "plan": "p", "os_id": 1})), 400);
     assert_eq!(bad(json!({"region": "ewr", "plan": "", "os_id": 1})), 400);
-    assert_eq!(
-        bad(json!({"region": "ewr", "plan": "p"})),
-        400,
-        "no image source"
-    );
-    assert_eq!(
-        bad(json!({"region": "ewr", "plan": "p", "os_id": 1, "user_data": "%%%"})),
-        400
-    );
+    assert_eq!(bad(json!({"region": "ewr", "plan": "p"})), 400, "no image source");
+    assert_eq!(bad(json!({"region": "ewr", "plan": "p", "os_id": 1, "user_data": "%%%"})), 400);
     assert!(e.dump().instances.is_empty());
 }
 
 #[test]
 fn delete_answers_204_and_refuses_while_locked() {
     let e = emu();
-    let id = create(&e, "d", &[]).1["instance"]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = create(&e, "d", &[]).1["instance"]["id"].as_str().unwrap().to_string();
     assert!(e.set_locked(&id, true));
     let (_, i) = api(&e, "GET", &format!("/v2/instances/{id}"), None);
     assert_eq!(i["instance"]["server_status"], "locked");
     let (st, body) = api(&e, "DELETE", &format!("/v2/instances/{id}"), None);
     assert_eq!((st, body["status"].as_u64()), (400, Some(400)));
     e.set_locked(&id, false);
-    assert_eq!(
-        api(&e, "DELETE", &format!("/v2/instances/{id}"), None).0,
-        204
-    );
+    assert_eq!(api(&e, "DELETE", &format!("/v2/instances/{id}"), None).0, 204);
     assert_eq!(api(&e, "GET", &format!("/v2/instances/{id}"), None).0, 404);
 }
 
 #[test]
 fn a_slow_delete_shows_the_instance_halted_until_it_goes() {
     let e = emu();
-    let id = create(&e, "s", &[]).1["instance"]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = create(&e, "s", &[]).1["instance"]["id"].as_str().unwrap().to_string();
     assert!(e.start_slow_delete(&id));
     let (st, i) = api(&e, "GET", &format!("/v2/instances/{id}"), None);
     assert_eq!(st, 200);
     assert_eq!(
-        (
-            i["instance"]["power_status"].as_str(),
-            i["instance"]["server_status"].as_str()
-        ),
+        (i["instance"]["power_status"].as_str(), i["instance"]["server_status"].as_str()),
         (Some("stopped"), Some("locked"))
     );
     assert_eq!(
@@ -293,37 +210,16 @@ fn faults_and_the_rate_limit_answer_as_vultr() {
         (FaultKind::Auth, 401),
     ];
     for (kind, want) in cases {
-        e.inject(Fault {
-            op: FaultOp::List,
-            kind: kind.clone(),
-            count: 1,
-        });
+        e.inject(Fault { op: FaultOp::List, kind: kind.clone(), count: 1 });
         let (st, body) = api(&e, "GET", "/v2/instances", None);
-        assert_eq!(
-            (st, body["status"].as_u64()),
-            (want, Some(u64::from(want))),
-            "{kind:?}"
-        );
-        assert_eq!(
-            api(&e, "GET", "/v2/instances", None).0,
-            200,
-            "{kind:?} hit one call"
-        );
+        assert_eq!((st, body["status"].as_u64()), (want, Some(u64::from(want))), "{kind:?}");
+        assert_eq!(api(&e, "GET", "/v2/instances", None).0, 200, "{kind:?} hit one call");
     }
-    e.inject(Fault {
-        op: FaultOp::Create,
-        kind: FaultKind::Quota,
-        count: 1,
-    });
+    e.inject(Fault { op: FaultOp::Create, kind: FaultKind::Quota, count: 1 });
     assert_eq!(create(&e, "q", &[]).1["error"], INSTANCE_LIMIT);
 
-    e.set_rate_limit(Some(RateLimit {
-        per_hour: 108_000,
-        burst: 2,
-    }));
-    let statuses: Vec<u16> = (0..3)
-        .map(|_| api(&e, "GET", "/v2/instances", None).0)
-        .collect();
+    e.set_rate_limit(Some(RateLimit { per_hour: 108_000, burst: 2 }));
+    let statuses: Vec<u16> = (0..3).map(|_| api(&e, "GET", "/v2/instances", None).0).collect();
     assert_eq!(statuses, [200, 200, 429]);
     assert_eq!(e.stats().rate_limited, 2, "one injected, one enforced");
     e.set_rate_limit(None);
@@ -342,28 +238,16 @@ fn control_surface_states_and_plants_show_in_the_api() {
     });
     let (_, i) = api(&e, "GET", &format!("/v2/instances/{planted}"), None);
     let i = &i["instance"];
-    assert_eq!(
-        (i["status"].as_str(), i["region"].as_str()),
-        (Some("active"), Some("fra"))
-    );
+    assert_eq!((i["status"].as_str(), i["region"].as_str()), (Some("active"), Some("fra")));
     assert_eq!(i["date_created"], "2020-09-13T12:26:40+00:00");
-    let tags: Vec<&str> = i["tags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
+    let tags: Vec<&str> =
+        i["tags"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
     assert!(
         tags.contains(&"egress.proxy-operator.dev/uid=u-9")
             && tags.contains(&"egress.proxy-operator.dev/managed=true")
     );
     assert!(
-        e.try_plant(Plant {
-            name: "x".into(),
-            scope: "mars".into(),
-            ..Plant::default()
-        })
-        .is_err()
+        e.try_plant(Plant { name: "x".into(), scope: "mars".into(), ..Plant::default() }).is_err()
     );
 
     assert!(e.set_address(&planted, None));
@@ -375,20 +259,13 @@ fn control_surface_states_and_plants_show_in_the_api() {
     assert!(e.hold_provisioning(&planted, true));
     let (_, i) = api(&e, "GET", &format!("/v2/instances/{planted}"), None);
     assert_eq!(
-        (
-            i["instance"]["status"].as_str(),
-            i["instance"]["main_ip"].as_str()
-        ),
+        (i["instance"]["status"].as_str(), i["instance"]["main_ip"].as_str()),
         (Some("pending"), Some("0.0.0.0"))
     );
 
     e.fail_scope("fra", true);
     assert_eq!(api(&e, "GET", "/v2/instances", None).0, 500);
-    assert_eq!(
-        api(&e, "GET", "/v2/instances?region=ewr", None).0,
-        200,
-        "other regions answer"
-    );
+    assert_eq!(api(&e, "GET", "/v2/instances?region=ewr", None).0, 200, "other regions answer");
     let stats = e.stats();
     assert_eq!(stats.by_call.get("GET /v2/instances/{id}"), Some(&4));
 }

@@ -40,9 +40,7 @@ mod tests;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::Json;
-use axum::http::{HeaderMap, Method, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, Method};
 use serde_json::{Value, json};
 
 use crate::control::{DumpSecondary, FaultKind, FaultOp, Plant, RateLimit, Refusal};
@@ -82,62 +80,47 @@ impl ScalewayConfig {
     }
 }
 
-/// The answer of a refused call.
-#[derive(Debug, Clone)]
-pub struct ScwError {
-    pub status: StatusCode,
-    pub body: Value,
-}
+/// Scaleway's error answer (`{"type", "message", ...}`): the framework's [`Refusal`].
+pub type ScwError = Refusal;
 
-impl ScwError {
-    pub fn new(status: u16, kind: &str, message: &str) -> Self {
-        ScwError {
-            status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            body: json!({"type": kind, "message": message}),
-        }
-    }
+/// Scaleway's errors, by the `type` of their body.
+pub mod error {
+    use super::ScwError;
+    use serde_json::json;
 
-    /// A field besides `type` and `message` (`resource`, `details`, ...).
-    pub fn with(mut self, key: &str, value: Value) -> Self {
-        self.body[key] = value;
-        self
+    pub fn new(status: u16, kind: &str, message: &str) -> ScwError {
+        ScwError::new(status, json!({"type": kind, "message": message}))
     }
 
     /// As captured: `{"type": "not_found", "message": "resource is not found", "resource":
     /// "instance_server", "resource_id": ...}`.
-    pub fn not_found(resource: &str, id: &str) -> Self {
-        ScwError::new(404, "not_found", "resource is not found")
+    pub fn not_found(resource: &str, id: &str) -> ScwError {
+        new(404, "not_found", "resource is not found")
             .with("resource", json!(resource))
             .with("resource_id", json!(id))
     }
 
-    pub fn invalid_argument(name: &str, help: &str) -> Self {
+    pub fn invalid_argument(name: &str, help: &str) -> ScwError {
         let detail = json!([{"argument_name": name, "reason": "constraint", "help_message": help}]);
-        ScwError::new(400, "invalid_arguments", "invalid argument(s)").with("details", detail)
+        new(400, "invalid_arguments", "invalid argument(s)").with("details", detail)
     }
 
-    pub fn internal() -> Self {
-        ScwError::new(500, "internal_error", "an internal error occurred")
+    pub fn invalid_request(message: &str) -> ScwError {
+        new(400, "invalid_request_error", message)
     }
-}
 
-impl IntoResponse for ScwError {
-    fn into_response(self) -> Response {
-        let mut resp = (self.status, Json(self.body)).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
-            resp.headers_mut()
-                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
-        }
-        resp
+    pub fn internal() -> ScwError {
+        new(500, "internal_error", "an internal error occurred")
     }
-}
 
-impl From<ScwError> for Refusal {
-    fn from(e: ScwError) -> Refusal {
-        Refusal {
-            status: e.status.as_u16(),
-            body: e.body,
-        }
+    pub fn locked(id: &str) -> ScwError {
+        new(409, "locked", "resource is locked")
+            .with("resource", json!("instance_server"))
+            .with("resource_id", json!(id))
+    }
+
+    pub fn too_many_requests() -> ScwError {
+        new(429, "too_many_requests", "rate limit exceeded")
     }
 }
 
@@ -172,9 +155,6 @@ pub struct Scaleway {
     /// Local volumes: id -> (zone, server it is attached to).
     pub volumes: BTreeMap<String, (String, Option<String>)>,
     next: u64,
-    /// Test hooks: the next N creates / power-ons answer 500 after changing nothing.
-    pub fail_creates: u32,
-    pub fail_poweron: u32,
 }
 
 /// Scaleway IDs are UUIDs; these count up so that ids sort in creation order.
@@ -232,10 +212,10 @@ impl Adapter for Scaleway {
 
     fn plant(&self, plant: &Plant, zone: &str) -> Result<Server, ScwError> {
         if !self.config.zones.iter().any(|z| z == zone) {
-            return Err(ScwError::invalid_argument("zone", "unknown zone"));
+            return Err(error::invalid_argument("zone", "unknown zone"));
         }
         if plant.name.is_empty() {
-            return Err(ScwError::invalid_argument("name", "required"));
+            return Err(error::invalid_argument("name", "required"));
         }
         Ok(Server {
             commercial_type: self.config.commercial_types[0].clone(),
@@ -247,34 +227,27 @@ impl Adapter for Scaleway {
 
     /// Scaleway does not refuse a name in use; a plant does, so tests stay unambiguous.
     fn name_taken(&self) -> ScwError {
-        ScwError::invalid_argument("name", "a planted server needs a name of its own")
+        error::invalid_argument("name", "a planted server needs a name of its own")
     }
 
     fn fault(&self, kind: &FaultKind) -> ScwError {
         match kind {
-            FaultKind::Quota => ScwError::new(
-                403,
-                "quotas_exceeded",
-                "quota(s) exceeded for this resource",
-            )
-            .with(
-                "details",
-                json!([{"resource": "compute_instances", "quota": 10, "current": 10}]),
-            ),
-            FaultKind::RateLimit => ScwError::new(429, "too_many_requests", "rate limit exceeded"),
+            FaultKind::Quota => {
+                error::new(403, "quotas_exceeded", "quota(s) exceeded for this resource").with(
+                    "details",
+                    json!([{"resource": "compute_instances", "quota": 10, "current": 10}]),
+                )
+            }
+            FaultKind::RateLimit => error::too_many_requests(),
             FaultKind::Auth => self.unauthorized(),
-            FaultKind::ServerError | FaultKind::Slow { .. } => ScwError::internal(),
+            FaultKind::ServerError | FaultKind::Slow { .. } => error::internal(),
         }
     }
 
     fn classify(&self, method: &Method, path: &str) -> (Option<FaultOp>, String) {
         let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         // instance / v1 / zones / {zone} / collection / {id} / ...
-        let rest = if parts.len() >= 5 {
-            &parts[4..]
-        } else {
-            &[][..]
-        };
+        let rest = if parts.len() >= 5 { &parts[4..] } else { &[][..] };
         let m = method.as_str();
         let (op, route) = match rest {
             ["servers"] if m == "POST" => (Some(FaultOp::Create), "/servers"),
@@ -300,13 +273,13 @@ impl Adapter for Scaleway {
     }
 
     fn unauthorized(&self) -> ScwError {
-        ScwError::new(401, "denied_authentication", "authentication is denied")
+        error::new(401, "denied_authentication", "authentication is denied")
             .with("method", json!("api_key"))
             .with("reason", json!("not_found"))
     }
 
     fn rate_limited(&self, _limit: RateLimit) -> ScwError {
-        ScwError::new(429, "too_many_requests", "rate limit exceeded")
+        error::too_many_requests()
     }
 
     fn secondary(&self) -> Vec<DumpSecondary> {
@@ -326,8 +299,6 @@ impl Adapter for Scaleway {
     fn reset(&mut self) {
         self.ips.clear();
         self.volumes.clear();
-        self.fail_creates = 0;
-        self.fail_poweron = 0;
     }
 }
 
@@ -339,19 +310,8 @@ pub type ScalewayEmulator = Served<Backend>;
 impl Served<Backend> {
     pub fn start(config: ScalewayConfig) -> ScalewayEmulator {
         let (listener, _) = crate::framework::bind(0).expect("bind 127.0.0.1:0");
-        let fleet = Fleet::new(
-            Scaleway::STATES,
-            config.schedule,
-            config.real_proxies.clone(),
-        );
-        let adapter = Scaleway {
-            config,
-            ips: BTreeMap::new(),
-            volumes: BTreeMap::new(),
-            next: 0,
-            fail_creates: 0,
-            fail_poweron: 0,
-        };
+        let fleet = Fleet::new(Scaleway::STATES, config.schedule, config.real_proxies.clone());
+        let adapter = Scaleway { config, ips: BTreeMap::new(), volumes: BTreeMap::new(), next: 0 };
         let state = Shared::new(Cloud::new(adapter, fleet, None));
         let app = api::router(&state);
         Served::serve("scaleway-emulator", listener, state, app)
@@ -359,8 +319,7 @@ impl Served<Backend> {
 
     /// A server as the API renders it (`GET .../servers/{id}`).
     pub fn server(&self, id: &str) -> Option<Value> {
-        let b = self.lock();
-        b.fleet.get(id).map(api::render)
+        self.lock().fleet.get(id).map(api::render)
     }
 
     /// Every flexible IP, attached or not.
@@ -371,20 +330,5 @@ impl Served<Backend> {
     /// Every local volume left (attached or not).
     pub fn volumes(&self) -> Vec<String> {
         self.lock().backend.volumes.keys().cloned().collect()
-    }
-
-    /// The next `count` server creates answer 500, creating nothing.
-    pub fn fail_creates(&self, count: u32) {
-        self.lock().backend.fail_creates = count;
-    }
-
-    /// The next `count` power-ons answer 500, leaving the server stopped.
-    pub fn fail_poweron(&self, count: u32) {
-        self.lock().backend.fail_poweron = count;
-    }
-
-    /// Puts a raw record in (e.g. a server of an older shape), keeping its id.
-    pub fn insert(&self, record: Record<Server>) {
-        self.lock().fleet.insert(record);
     }
 }
