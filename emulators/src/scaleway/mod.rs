@@ -44,7 +44,7 @@ use axum::http::{HeaderMap, Method};
 use serde_json::{Value, json};
 
 use crate::control::{DumpSecondary, FaultKind, FaultOp, Plant, RateLimit, Refusal};
-use crate::framework::{Adapter, Cloud, Fleet, Record, Schedule, Served, Shared, States};
+use crate::framework::{Adapter, Cloud, Fleet, Schedule, Served, Shared, States};
 use crate::real_proxy::RealProxies;
 
 /// The secret key the emulator binary accepts.
