@@ -2,7 +2,7 @@
 //! what the operator's service account may do.
 //!
 //! `config/rbac/role.yaml` is generated from [`RULES`] (`proxy-operator rbac`), a test
-//! fails when the committed file drifts, and another (host/tests/rbac.rs) runs every loop
+//! fails when the committed file drifts, and another (host/tests/operator/rbac.rs) runs every loop
 //! of the operator against the in-memory API server and checks both directions: every
 //! request it made is allowed by a rule, and every verb of every rule was used. A new API
 //! call therefore fails a test until it is added here, and a permission nothing uses
@@ -17,7 +17,7 @@ pub const NAME: &str = "proxy-operator";
 pub const COMMITTED_PATH: &str = "config/rbac/role.yaml";
 /// How to rewrite the committed copy.
 pub const REGENERATE: &str = "cargo run -p proxy-operator -- rbac > config/rbac/role.yaml \
-     (or UPDATE_RBAC=1 cargo test --workspace --test rbac committed_rbac)";
+     (or UPDATE_RBAC=1 cargo test --workspace --test operator rbac::committed_rbac)";
 
 /// Where a rule applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

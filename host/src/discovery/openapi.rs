@@ -12,7 +12,7 @@ pub const COMMITTED_PATH: &str = "docs/openapi/discovery.json";
 /// How to rewrite the committed copy: the CLI, or the drift test itself (which reuses the
 /// test build, so nothing else gets compiled).
 pub const REGENERATE: &str = "cargo run -p proxy-operator -- openapi > docs/openapi/discovery.json \
-     (or UPDATE_OPENAPI=1 cargo test --workspace --test discovery committed_openapi)";
+     (or UPDATE_OPENAPI=1 cargo test --workspace --test operator discovery::committed_openapi)";
 
 fn error_response(description: &str) -> Value {
     json!({

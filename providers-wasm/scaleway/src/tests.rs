@@ -1,6 +1,6 @@
 //! Native tests of the pure parts: classification, state mapping, the server JSON, config,
 //! placement, tags and IDs. The operations themselves run against the emulator in
-//! host/tests/provider_scaleway.rs.
+//! host/tests/plugins/provider_scaleway.rs.
 
 use super::*;
 use egress_guest_sdk::http::HttpError;

@@ -6,7 +6,7 @@
 //! The last test runs the lifecycle against the real API and is ignored unless asked for
 //! (see docs/providers/vultr.md, "Testing").
 
-mod support;
+use crate::support;
 
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, RateLimit};
 use egress_emulators::framework::Record;

@@ -3,7 +3,7 @@
 //! nothing. Also the two command-line entry points (`conformance`, `provider lifecycle`),
 //! run as the real binary against an emulator in this process.
 
-mod support;
+use crate::support;
 
 use egress_emulators::control::Emulator;
 use egress_emulators::ec2::{EXAMPLE_ACCESS_KEY, EXAMPLE_SECRET_KEY, Ec2Config, Ec2Emulator};

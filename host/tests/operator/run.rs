@@ -4,7 +4,7 @@
 //! them — and that SIGTERM ends it within the shutdown grace period even when a plugin
 //! call is stuck on a backend that never answers.
 
-mod support;
+use crate::support;
 
 use egress_emulators::example::ExampleBackend;
 use fake_kube::FakeApi;

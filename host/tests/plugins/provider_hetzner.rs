@@ -5,7 +5,7 @@
 //! The last test runs the same lifecycle against the real API and is ignored unless asked
 //! for (see docs/providers/hetzner.md, "Testing against Hetzner").
 
-mod support;
+use crate::support;
 
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant};
 use egress_emulators::hetzner::{

@@ -1,7 +1,7 @@
 //! The well-behaved example plugin through the host, against its emulated backend: the
 //! whole provider surface, secrets read on every call, and error classes.
 
-mod support;
+use crate::support;
 
 use egress_emulators::example::ExampleBackend;
 use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};

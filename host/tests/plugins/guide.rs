@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-const GUIDE: &str = include_str!("../../docs/writing-a-provider.md");
+const GUIDE: &str = include_str!("../../../docs/writing-a-provider.md");
 const GUIDE_PATH: &str = "docs/writing-a-provider.md";
 /// The address the guide starts the emulator on and points the providers file at.
 const GUIDE_ADDR: &str = "127.0.0.1:8080";

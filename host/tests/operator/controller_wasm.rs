@@ -2,7 +2,7 @@
 //! runtime, against its emulated backend, with the controller against fake-kube. The same
 //! path production takes, minus a real cluster and a real cloud.
 
-mod support;
+use crate::support;
 
 use egress_emulators::example::ExampleBackend;
 use fake_kube::FakeApi;

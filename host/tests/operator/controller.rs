@@ -2,7 +2,7 @@
 //! code against the in-memory Kubernetes API (fake-kube) and the in-memory fake provider.
 //! Poll intervals are shrunk to tens of milliseconds; everything else is production code.
 
-mod support;
+use crate::support;
 
 use fake_kube::FakeApi;
 use k8s_openapi::api::core::v1::Secret;

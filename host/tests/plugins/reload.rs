@@ -1,7 +1,7 @@
 //! Reloading providers when the providers file or a plugin file changes on disk: only the
 //! affected provider is rebuilt, and a broken new version leaves the old one serving.
 
-mod support;
+use crate::support;
 
 use proxy_operator::reload::{ReloadMetrics, Reloader};
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! filled by a reflector watching the in-memory Kubernetes API (fake-kube), and auth
 //! reviews answered by fake-kube's programmed TokenReview and SubjectAccessReview.
 
-mod support;
+use crate::support;
 
 use fake_kube::{AccessRule, ApiError, FakeApi, UserInfo};
 use k8s_openapi::api::core::v1::Namespace;
@@ -13,7 +13,6 @@ use proxy_operator::discovery::{self, Auth, AuthSettings};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 const ADMIN: &str = "admin-token-0123456789";
@@ -158,7 +157,6 @@ impl Env {
     }
 
     async fn start_with(auth: impl FnOnce(kube::Client) -> Auth) -> Env {
-        logs();
         let api = FakeApi::new();
         let client = api.client();
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -185,9 +183,7 @@ impl Env {
         let (cache, reflect) = discovery::proxy_reflector(client.clone());
         tokio::spawn(reflect);
         let auth = auth(client.clone());
-        let disabled = matches!(auth, Auth::DisabledInsecure);
-        let router = tracing::warn_span!("env", disabled_auth_test = disabled)
-            .in_scope(|| discovery::router(cache, auth));
+        let router = discovery::router(cache, auth);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(discovery::serve(listener, router, std::future::pending()));
@@ -904,46 +900,16 @@ async fn review_failures_are_503_and_not_cached() {
     assert_eq!(a.status, 403, "{a:?}");
 }
 
-/// Every log line of this test binary, from TRACE up: one global subscriber, installed by
-/// the first caller (a per-thread subscriber misses events when another thread caches a
-/// callsite's interest first).
-fn logs() -> &'static Mutex<Vec<u8>> {
-    static LOGS: OnceLock<&'static Mutex<Vec<u8>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        struct W(&'static Mutex<Vec<u8>>);
-        impl std::io::Write for W {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let buf: &'static Mutex<Vec<u8>> = Box::leak(Box::new(Mutex::new(Vec::new())));
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(move || W(buf))
-            .init();
-        buf
-    })
-}
-
-fn log_text() -> String {
-    String::from_utf8_lossy(&logs().lock().unwrap()).into_owned()
-}
-
 #[tokio::test]
 async fn tokens_never_reach_the_logs() {
-    logs();
+    let (_guard, logs) = proxy_operator::testing::capture();
     let env = standard_env().await;
     let tokens = [ADMIN, ALICE, BOB, "some-unknown-token-xyz"];
     for t in tokens {
         call(env.addr, "/v1/proxies?namespace=team-a", Some(t)).await;
         call(env.addr, "/v1/proxies/team-a/a1", Some(t)).await;
     }
-    let text = log_text();
+    let text = logs.all_text();
     assert!(text.contains("access reviewed"), "debug logs were captured");
     for t in tokens {
         assert!(!text.contains(t), "token {t} appears in the logs");
@@ -952,13 +918,11 @@ async fn tokens_never_reach_the_logs() {
 
 #[tokio::test]
 async fn auth_can_be_disabled_with_a_loud_warning() {
-    logs();
+    let (_guard, logs) = proxy_operator::testing::capture();
     let env = Env::start_with(|_| Auth::DisabledInsecure).await;
-    // The router is built inside Env::start_with, in the span below.
     assert!(
-        log_text().lines().any(|l| l.contains("WARN")
-            && l.contains("disabled_auth_test=true")
-            && l.contains("AUTHENTICATION IS DISABLED")),
+        logs.events().iter().any(|e| e.level == tracing::Level::WARN
+            && e.message().contains("AUTHENTICATION IS DISABLED")),
         "no startup warning"
     );
     let (seeds, _) = standard();
@@ -987,7 +951,6 @@ async fn auth_can_be_disabled_with_a_loud_warning() {
 
 #[tokio::test]
 async fn an_unsynced_cache_answers_503_not_an_empty_list() {
-    logs();
     let (store, writer) = kube::runtime::reflector::store::<Proxy>();
     let (mark, synced) = proxy_operator::cache::channel();
     let router = discovery::router(

@@ -7,7 +7,7 @@
 //! The last test runs the lifecycle against the real API and is ignored unless asked for
 //! (see docs/providers/linode.md, "Testing against Linode").
 
-mod support;
+use crate::support;
 
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant};
 use egress_emulators::linode::{LinodeConfig, LinodeEmulator};

@@ -3,7 +3,7 @@
 //! (14,400/h = 4 a second, burst 5) rather than the clock: the emulator's bucket runs on
 //! real time.
 
-mod support;
+use crate::support;
 
 use egress_emulators::control::{Emulator, Plant};
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};

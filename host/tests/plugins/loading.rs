@@ -1,7 +1,7 @@
 //! Loading plugins: version checks, refusals, the compile cache, and one broken plugin or
 //! config stopping only its own provider.
 
-mod support;
+use crate::support;
 
 use proxy_operator::config::ProvidersFile;
 use proxy_operator::plugin::{CacheOutcome, LoadError};

@@ -2,8 +2,6 @@
 //! identities) against one in-memory Kubernetes API (fake-kube), and the helper that runs
 //! leader-only loops.
 
-mod support;
-
 use fake_kube::FakeApi;
 use k8s_openapi::api::coordination::v1::Lease;
 use proxy_operator::leader::{

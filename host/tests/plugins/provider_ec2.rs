@@ -4,7 +4,7 @@
 //! Each test starts its own emulator and provider, so they run in parallel without
 //! sharing instances, tokens or injected faults.
 
-mod support;
+use crate::support;
 
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant};
 use egress_emulators::ec2::{

@@ -3,10 +3,10 @@
 //! and a black hole. tinyproxy is installed by `cargo xtask test`; without it these tests
 //! skip loudly (and fail under CI=true).
 
+use crate::support;
 use proxy_operator::health::{
     EngineConfig, HealthEngine, HealthMetrics, ProbeError, ProbeSpec, Thresholds, probe::probe,
 };
-mod support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

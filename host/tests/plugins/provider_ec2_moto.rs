@@ -9,7 +9,7 @@
 //! cargo xtask build-plugins
 //! cargo xtask moto      # in another terminal; prints `export EGRESS_MOTO_...` lines
 //! # paste those here, then:
-//! cargo test --workspace --test provider_ec2_moto
+//! cargo test --workspace --test plugins provider_ec2_moto::
 //! ```
 //!
 //! moto differs from EC2 in ways the tests allow for: it ignores `ClientToken` (a repeated
@@ -18,7 +18,7 @@
 //! `xtask/moto_server.py` corrects one difference that would refuse every launch: moto
 //! wants a size for a block device mapping of the AMI's root device, which EC2 does not.
 
-mod support;
+use crate::support;
 
 use proxy_operator::plugin::WasmProvider;
 use proxy_operator::provider::{

@@ -1,8 +1,9 @@
 //! Cloud-init never reaches the controller's logs or span fields.
 //!
-//! In a test binary of its own: the capturing subscriber is per thread, and tracing's
-//! per-callsite interest cache is shared by the whole process, so tests running in parallel
-//! on other threads can hide events from it.
+//! It shares its binary with the other operator tests: `testing::capture` installs one
+//! process-wide subscriber that wants every callsite and routes each thread's events to
+//! that thread's recorder, so tests running in parallel neither hide events from it nor
+//! leak theirs into it.
 
 use fake_kube::FakeApi;
 use k8s_openapi::api::core::v1::Secret;

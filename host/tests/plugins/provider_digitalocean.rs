@@ -7,7 +7,7 @@
 //! The last test runs the lifecycle against the real API and is ignored unless asked for
 //! (docs/providers/digitalocean.md, "Testing").
 
-mod support;
+use crate::support;
 
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, RateLimit};
 use egress_emulators::digitalocean::{DigitalOceanConfig, DigitalOceanEmulator, DoError};

@@ -8,7 +8,7 @@
 //! Needs the Debian package `chromium` (`cargo xtask test` installs it). Without it the
 //! browser tests are skipped loudly; under `CI=true` they fail.
 
-mod support;
+use crate::support;
 
 use fake_kube::{AccessRule, FakeApi, UserInfo};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -7,7 +7,7 @@
 //! own setup goes through a client whose token maps to `test-admin`, so the two are told
 //! apart.
 
-mod support;
+use crate::support;
 
 use fake_kube::{AccessRule, FakeApi, RequestRecord, UserInfo};
 use k8s_openapi::api::core::v1::{Namespace, Secret};

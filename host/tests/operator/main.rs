@@ -1,0 +1,23 @@
+//! The operator layer's integration tests, one binary so the operator links once: the
+//! controller against fake-kube (with the fake provider and with Wasm plugins), health
+//! probes, leader election, the discovery API and status page, the real binary (`run`), and
+//! the deployment (manifests, RBAC, the operations guide).
+//!
+//! Run one part with a filter: `cargo test -p proxy-operator --features test-support --test
+//! operator discovery::`.
+
+#[macro_use]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod controller;
+mod controller_logs;
+mod controller_wasm;
+mod deploy;
+mod discovery;
+mod health;
+mod leader;
+mod operations_doc;
+mod rbac;
+mod run;
+mod status_page;
