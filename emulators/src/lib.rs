@@ -8,12 +8,11 @@ pub mod control;
 pub mod framework;
 pub mod time;
 
-/// The mark keys of the provider contract (the guest SDK and the host define the same
-/// constants; emulators use them to plant instances as a plugin would).
-pub const MARK_MANAGED: &str = "egress.proxy-operator.dev/managed";
-pub const MARK_MANAGED_YES: &str = "true";
-pub const MARK_UID: &str = "egress.proxy-operator.dev/uid";
-pub const MARK_INSTALLATION: &str = "egress.proxy-operator.dev/installation";
+/// The mark keys of the provider contract, from the crate the operator and the guest SDK
+/// use: emulators plant instances with them as a plugin would.
+pub use egress_contract::{
+    MARK_INSTALLATION, MARK_MANAGED, MARK_MANAGED_YES, MARK_PREFIX, MARK_UID,
+};
 pub mod digitalocean;
 pub mod ec2;
 pub mod echo;

@@ -499,8 +499,11 @@ async fn resource_request(
         }
         "deletecollection" => {
             let opts = delete_opts(q, &body)?;
-            let labels = LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))
-                .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
+            let labels =
+                crate::selector::parse_labels(q.get("labelSelector").map_or("", String::as_str))
+                    .map_err(|e| {
+                        ApiError::bad_request(format!("unable to parse requirement: {e}"))
+                    })?;
             let fields = FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str))
                 .map_err(ApiError::bad_request)?;
             let mut store = api.store();
@@ -577,7 +580,7 @@ fn delete_opts(q: &HashMap<String, String>, body: &Bytes) -> ApiResult<DeleteOpt
 }
 
 fn selectors(q: &HashMap<String, String>) -> ApiResult<(LabelSelector, FieldSelector)> {
-    let labels = LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))
+    let labels = crate::selector::parse_labels(q.get("labelSelector").map_or("", String::as_str))
         .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
     let fields = FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str))
         .map_err(ApiError::bad_request)?;
@@ -905,7 +908,7 @@ impl WatchFilter {
         self.namespace
             .as_deref()
             .is_none_or(|ns| obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns))
-            && self.labels.matches_object(obj)
+            && crate::selector::selects(&self.labels, obj)
             && self.fields.matches_object(obj)
     }
 

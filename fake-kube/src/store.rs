@@ -443,7 +443,9 @@ impl Store {
                 m.iter()
                     .filter(|(k, _)| ns.is_none_or(|ns| k.0 == ns))
                     .filter(|(k, _)| after.is_none_or(|a| *k > a))
-                    .filter(|(_, v)| labels.matches_object(v) && fields.matches_object(v))
+                    .filter(|(_, v)| {
+                        crate::selector::selects(labels, v) && fields.matches_object(v)
+                    })
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect()
             })

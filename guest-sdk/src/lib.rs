@@ -58,30 +58,12 @@ pub use bindings::egress::provider::types::{
 pub use error::PlacementField;
 pub use host::{cache_get, cache_set, config, config_json, secret, secret_string};
 
-use sha2::{Digest, Sha256};
-
-/// Marks every managed instance carries. Written at create, read back by GC: the keys must
-/// be identical in every plugin or one operator would not recognise another's instances.
-pub const MARK_MANAGED: &str = "egress.proxy-operator.dev/managed";
-/// The value of [`MARK_MANAGED`] on managed instances.
-pub const MARK_MANAGED_YES: &str = "true";
-/// Carries the owning Proxy's UID, so adoption can be verified and orphans found.
-pub const MARK_UID: &str = "egress.proxy-operator.dev/uid";
-/// Carries the installation identity, so two operators in one account never collect each
-/// other's instances.
-pub const MARK_INSTALLATION: &str = "egress.proxy-operator.dev/installation";
-
-/// The backend name for the Proxy with this UID.
-///
-/// The host computes the same name and passes it as `create-request.name`; plugins that
-/// need the name from a UID alone (e.g. to look an instance up during adoption) use this
-/// so both sides agree. 16 lowercase base32 characters: 80 bits of the hash, short enough
-/// for every backend's name limits, collision-free at any realistic fleet size.
-pub fn name_from_uid(uid: &str) -> String {
-    let digest = Sha256::digest(uid.as_bytes());
-    let encoded = data_encoding::BASE32_NOPAD.encode(&digest[..10]);
-    format!("proxy-{}", encoded.to_ascii_lowercase())
-}
+/// Marks every managed instance carries, and the backend name for a Proxy's UID: the
+/// operator's own definitions (crate `egress-contract`), so a plugin can never disagree
+/// with it on a key or a name.
+pub use egress_contract::{
+    MARK_INSTALLATION, MARK_MANAGED, MARK_MANAGED_YES, MARK_PREFIX, MARK_UID, name_from_uid,
+};
 
 /// What a plugin implements. All functions are associated (no `self`): every call runs in
 /// a fresh instance, so there is no state to hold; use [`cache_get`]/[`cache_set`] for
@@ -295,30 +277,6 @@ mod tests {
             (bad.reason.as_str(), bad.message.as_str()),
             ("Timeout", "slow")
         );
-    }
-
-    /// The host's `name_from_uid` is tested against the same vectors: a drift between the
-    /// two would make adoption look up the wrong name.
-    #[test]
-    fn name_from_uid_vectors() {
-        let vectors = [
-            ("", "proxy-4oymiquy7qobjgx3"),
-            (
-                "3f1c2a4e-7b1d-4c8e-9a55-0d6f2b9e1c01",
-                "proxy-itnbf4wjfyhs3q6u",
-            ),
-            (
-                "00000000-0000-0000-0000-000000000000",
-                "proxy-ck4to7f6pzojj2fh",
-            ),
-            ("abc", "proxy-xj4bnp4pahh6uqkb"),
-            ("ünïcødé", "proxy-k4j35uyd5tuoilou"),
-        ];
-        for (uid, want) in vectors {
-            let got = name_from_uid(uid);
-            assert_eq!(got, want, "uid {uid:?}");
-            assert_eq!(got.len(), "proxy-".len() + 16);
-        }
     }
 
     #[test]

@@ -17,7 +17,7 @@
 use sha2::{Digest, Sha256};
 use std::fmt::Write;
 
-const MARK_PREFIX: &str = "egress.proxy-operator.dev/";
+use crate::MARK_PREFIX;
 
 /// How one backend's tags carry the marks: a `const` per plugin.
 #[derive(Clone, Copy, Debug)]

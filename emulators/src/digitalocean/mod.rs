@@ -329,7 +329,7 @@ fn is_tag(s: &str) -> bool {
 /// The contract's marks as the digitalocean plugin writes them (docs/providers/digitalocean.md):
 /// `egress:<name>:<value>`, both escaped to `[a-z0-9-]` plus `_xx` for every other byte.
 pub mod tags {
-    const MARK_PREFIX: &str = "egress.proxy-operator.dev/";
+    use crate::MARK_PREFIX;
 
     fn escape(s: &str) -> String {
         s.bytes()

@@ -20,7 +20,7 @@ pub mod openapi;
 pub mod pick;
 pub mod query;
 pub mod render;
-pub mod selector;
+pub use egress_contract::selector;
 pub mod status_page;
 pub mod view;
 

@@ -6,26 +6,19 @@
 
 mod error;
 mod instrument;
-mod name;
 pub mod priority;
 mod wasm;
 
+pub use egress_contract::name_from_uid;
 pub use error::{Class, Op, ProviderError};
 pub use instrument::{Instrumented, ProviderMetrics};
-pub use name::name_from_uid;
 
 use async_trait::async_trait;
 use std::time::SystemTime;
 
 /// Mark keys written on every instance a provider creates (labels or tags on the backend).
 /// Orphan GC finds instances only through them.
-pub const MARK_MANAGED: &str = "egress.proxy-operator.dev/managed";
-/// Value of [`MARK_MANAGED`].
-pub const MARK_MANAGED_YES: &str = "true";
-/// The owning Proxy's UID.
-pub const MARK_UID: &str = "egress.proxy-operator.dev/uid";
-/// The installation identity: GC only lists instances of its own installation.
-pub const MARK_INSTALLATION: &str = "egress.proxy-operator.dev/installation";
+pub use egress_contract::{MARK_INSTALLATION, MARK_MANAGED, MARK_MANAGED_YES, MARK_UID};
 
 /// Lifecycle of an instance, as far as the reconciler cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

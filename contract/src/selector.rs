@@ -373,6 +373,41 @@ fn validate_value(value: &str) -> Result<(), SelectorError> {
 mod tests {
     use super::*;
 
+    /// The table the fake API server's own parser was tested with before it used this one.
+    #[test]
+    fn the_fake_api_servers_cases() {
+        let l: BTreeMap<String, String> = [("app", "web"), ("tier", "front"), ("n", "5")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let cases = [
+            ("", true),
+            ("app=web", true),
+            ("app==web", true),
+            ("app!=web", false),
+            ("app in (web, db)", true),
+            ("app notin (web)", false),
+            ("missing notin (x)", true),
+            ("app", true),
+            ("!app", false),
+            ("!missing", true),
+            ("app=web,tier=front", true),
+            ("app=web, tier=back", false),
+            ("n>3", true),
+            ("n<3", false),
+            ("example.com/x", false),
+            ("app=", false),
+            ("tier in (front),!missing,app", true),
+        ];
+        for (sel, want) in cases {
+            let s = LabelSelector::parse(sel).unwrap_or_else(|e| panic!("{sel}: {e}"));
+            assert_eq!(s.matches(Some(&l)), want, "{sel}");
+        }
+        for bad in ["app in web", "=x", "app in (a", "a b", "n>x"] {
+            assert!(LabelSelector::parse(bad).is_err(), "{bad} should not parse");
+        }
+    }
+
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
             .iter()
