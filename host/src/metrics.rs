@@ -7,10 +7,10 @@
 use crate::api::Proxy;
 use crate::controller::ReconcileMetrics;
 use crate::gc::GcMetrics;
-use crate::health::HealthMetrics;
 use crate::plugin::PluginMetrics;
+use crate::probe::ProbeMetrics;
 use crate::provider::ProviderMetrics;
-use crate::provider_health::MonitorMetrics;
+use crate::provider_check::MonitorMetrics;
 use crate::reload::ReloadMetrics;
 use kube::runtime::reflector::Store;
 use prometheus_client::collector::Collector;
@@ -26,7 +26,7 @@ pub struct OperatorMetrics {
     pub plugin: PluginMetrics,
     pub gc: GcMetrics,
     pub reconcile: ReconcileMetrics,
-    pub health: HealthMetrics,
+    pub health: ProbeMetrics,
     pub monitor: MonitorMetrics,
     pub reload: ReloadMetrics,
 }
@@ -39,9 +39,9 @@ impl OperatorMetrics {
         let plugin = PluginMetrics::register(&mut registry);
         let gc = GcMetrics::register(&mut registry);
         let reconcile = ReconcileMetrics::register(&mut registry);
-        let health = HealthMetrics::new(&mut registry);
-        let monitor = MonitorMetrics::new(&mut registry);
-        let reload = ReloadMetrics::new(&mut registry);
+        let health = ProbeMetrics::register(&mut registry);
+        let monitor = MonitorMetrics::register(&mut registry);
+        let reload = ReloadMetrics::register(&mut registry);
         registry.register_collector(Box::new(ProxyGauges { proxies }));
         OperatorMetrics {
             registry,
@@ -396,7 +396,7 @@ mod tests {
     /// One observation through each family's own recording code, so that every labelled
     /// family has a sample to read its labels from.
     fn feed_one_of_each(m: &OperatorMetrics) {
-        use crate::provider_health::{CheckOutcome, Monitor, ProviderCheck};
+        use crate::provider_check::{CheckOutcome, Monitor, ProviderCheck};
         use std::time::{Duration, SystemTime};
         m.provider.count("ec2", "create", "ok");
         m.plugin.observe(

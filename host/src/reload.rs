@@ -13,7 +13,7 @@
 //! the load report `/readyz` and the `ProviderHealth` objects show.
 
 use crate::config::{Budget, ProviderEntry, ProvidersFile};
-use crate::ops::{ProviderLoad, Readiness};
+use crate::endpoints::{ProviderLoad, Readiness};
 use crate::plugin::{Runtime, WasmProvider};
 use crate::provider::{Instrumented, Provider, ProviderMetrics};
 use crate::registry::{Entry, ProviderRegistry};
@@ -88,7 +88,7 @@ pub struct ReloadMetrics {
 }
 
 impl ReloadMetrics {
-    pub fn new(registry: &mut Registry) -> Self {
+    pub fn register(registry: &mut Registry) -> Self {
         let m = ReloadMetrics::default();
         registry.register(
             "proxy_operator_provider_reloads",

@@ -28,7 +28,7 @@ pub mod condition {
     pub const PROVISIONED: &str = "Provisioned";
     /// Provisioned and Healthy: clients may use `ip:port`.
     pub const READY: &str = "Ready";
-    /// The last CONNECT probe through the proxy succeeded (owned by the health engine).
+    /// The last CONNECT probe through the proxy succeeded (owned by the probe engine).
     pub const HEALTHY: &str = "Healthy";
 }
 

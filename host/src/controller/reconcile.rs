@@ -12,8 +12,8 @@ use super::turns::Turns;
 use super::{input, secret_cache, spec_hash, status};
 use crate::api::{Proxy, ProxyStatus, condition};
 use crate::cache::{ProxyCache, ProxyFeed, trim_for_cache};
-use crate::health::{HealthEngine, ProbeSpec};
 use crate::inventory::Inventory;
+use crate::probe::{ProbeEngine, ProbeSpec};
 use crate::provider::State;
 use crate::provider::priority::{Priority, scope};
 use crate::provider::{
@@ -100,7 +100,7 @@ impl From<Failure> for ReconcileError {
 /// How running proxies are probed: the engine and what every probe looks like.
 #[derive(Clone)]
 pub struct HealthHook {
-    pub engine: Arc<HealthEngine>,
+    pub engine: Arc<ProbeEngine>,
     /// `host:port` each CONNECT asks for.
     pub target: String,
     /// An echo URL fetched through the tunnel to check the egress address.
@@ -837,7 +837,7 @@ impl<'a> Shell<'a> {
         Ok(next)
     }
 
-    /// The key the health engine knows this Proxy by.
+    /// The key the probe engine knows this Proxy by.
     fn health_key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
@@ -882,7 +882,7 @@ impl<'a> Shell<'a> {
         (!(same && fresh)).then_some(view)
     }
 
-    /// Registers the running address with the health engine, or stops probing it.
+    /// Registers the running address with the probe engine, or stops probing it.
     fn sync_health(&self, status: &ProxyStatus, deleting: bool) {
         let Some(hook) = &self.ctx.health else { return };
         let allow_internal = self

@@ -26,7 +26,7 @@ pub const NOT_PROBED: &str = "NotProbed";
 ///   status flips.
 /// - `Ready` is derived: Provisioned and Healthy. While not provisioned it carries the
 ///   Provisioned reason, so `kubectl get` shows why (Replacing, QuotaExceeded, ...).
-/// - `Healthy` and `lastProbe` belong to the health engine, except that a new address
+/// - `Healthy` and `lastProbe` belong to the probe engine, except that a new address
 ///   resets them: a probe of the previous instance says nothing about this one.
 pub fn apply(
     current: &ProxyStatus,
@@ -85,7 +85,7 @@ pub fn apply(
     s
 }
 
-/// What the health engine last concluded about the address in the status.
+/// What the probe engine last concluded about the address in the status.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HealthView {
     pub healthy: bool,
@@ -95,7 +95,7 @@ pub struct HealthView {
     pub latency_ms: Option<i64>,
 }
 
-/// Folds the health engine's verdict in: the `Healthy` condition, `lastProbe`, and `Ready`
+/// Folds the probe engine's verdict in: the `Healthy` condition, `lastProbe`, and `Ready`
 /// derived again. Only called with a verdict about the address the status holds.
 pub fn apply_health(
     current: &ProxyStatus,

@@ -16,8 +16,8 @@ use proxy_operator::cache::{ProxyCache, ProxyFeed};
 use proxy_operator::controller::decide::{event, reason};
 use proxy_operator::controller::secret_cache::SecretCache;
 use proxy_operator::controller::{self, Context, FINALIZER, HealthHook, Settings};
-use proxy_operator::health::{EngineConfig, HealthEngine, Thresholds};
 use proxy_operator::inventory::Inventory;
+use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
 use proxy_operator::provider::{Class, Op, Provider, State, name_from_uid};
 use proxy_operator::registry::ProviderRegistry;
 use proxy_operator::testing::fake_provider::{Behaviour, FakeProvider};
@@ -123,7 +123,7 @@ impl Env {
     /// Restarts the controller with a health engine probing every running proxy through
     /// `target` every 50 ms, and makes the fake provider put every instance on 127.0.0.1
     /// (where the test runs a real proxy).
-    async fn with_health(&mut self, target: &str, failure_threshold: u32) -> Arc<HealthEngine> {
+    async fn with_health(&mut self, target: &str, failure_threshold: u32) -> Arc<ProbeEngine> {
         self.with_health_refresh(target, failure_threshold, Duration::from_secs(300))
             .await
     }
@@ -134,8 +134,8 @@ impl Env {
         target: &str,
         failure_threshold: u32,
         probe_refresh: Duration,
-    ) -> Arc<HealthEngine> {
-        let engine = HealthEngine::new(
+    ) -> Arc<ProbeEngine> {
+        let engine = ProbeEngine::new(
             EngineConfig {
                 interval: Duration::from_millis(50),
                 concurrency: 16,

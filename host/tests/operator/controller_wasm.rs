@@ -156,7 +156,7 @@ async fn proxy_lifecycle_through_the_example_plugin() {
 async fn fault_injection_run_through_the_wasm_plugin() {
     use proxy_operator::controller::HealthHook;
     use proxy_operator::gc::{GcMetrics, GcSettings, Sweeper};
-    use proxy_operator::health::{EngineConfig, HealthEngine, Thresholds};
+    use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
     const N: usize = 50;
     let _dir = plugins_or_skip!();
     let Some(bin) = support::tinyproxy::tinyproxy_bin() else {
@@ -170,7 +170,7 @@ async fn fault_injection_run_through_the_wasm_plugin() {
         example_registry(&backend, "limits: {timeout: 500ms, concurrency: 8}\n", "r1").await;
     let (_fake, client) = cluster().await;
     let settings = support::fast_settings("install-chaos", 500, 200);
-    let engine = HealthEngine::new(
+    let engine = ProbeEngine::new(
         EngineConfig {
             interval: Duration::from_millis(100),
             concurrency: 16,

@@ -17,10 +17,10 @@ use proxy_operator::api::{self, CloudInit, Proxy, ProxySpec, SecretKeyRef};
 use proxy_operator::controller::{self, Context, HealthHook};
 use proxy_operator::discovery::{self, Auth, AuthSettings};
 use proxy_operator::gc::{GcMetrics, GcSettings, Sweeper};
-use proxy_operator::health::{EngineConfig, HealthEngine, Thresholds};
 use proxy_operator::leader::{Leadership, LeaseSettings};
+use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
 use proxy_operator::provider::Provider;
-use proxy_operator::provider_health::{Monitor, MonitorMetrics, publish};
+use proxy_operator::provider_check::{Monitor, MonitorMetrics, publish};
 use proxy_operator::rbac::{self, Call, RULES, Scope};
 use proxy_operator::registry::ProviderRegistry;
 use proxy_operator::testing::fake_provider::FakeProvider;
@@ -139,7 +139,7 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
     let registry = ProviderRegistry::new([fake.clone() as Arc<dyn Provider>]);
     let mut settings = support::fast_settings(INSTALLATION, 200, 300);
     settings.instance_name = Some("pod-a".into());
-    let engine = HealthEngine::new(
+    let engine = ProbeEngine::new(
         EngineConfig {
             interval: Duration::from_millis(50),
             concurrency: 4,
@@ -254,7 +254,7 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
     sweeper.sweep().await.unwrap();
     let monitor = Monitor::new(
         Duration::from_secs(5),
-        MonitorMetrics::new(&mut registry_metrics),
+        MonitorMetrics::register(&mut registry_metrics),
     );
     let checks = monitor.round(&[fake.clone() as Arc<dyn Provider>]).await;
     let types = BTreeMap::from([("fake".to_string(), "fake".to_string())]);

@@ -31,7 +31,7 @@ async fn reloads_what_changed_and_keeps_the_old_version_when_the_new_one_breaks(
     write_file(&file, "http://127.0.0.1:1", "a");
 
     let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = ReloadMetrics::new(&mut registry);
+    let metrics = ReloadMetrics::register(&mut registry);
     let mut r = Reloader::new(support::runtime(), &plugin_dir, &file, metrics.clone());
     let c = r.poll().await.expect("first poll loads everything");
     assert_eq!(c.loaded, ["ex", "other"]);
@@ -124,7 +124,7 @@ async fn a_file_that_does_not_fit_the_pod_is_refused() {
     write_file(&file, "http://127.0.0.1:1", "a");
 
     let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = ReloadMetrics::new(&mut registry);
+    let metrics = ReloadMetrics::register(&mut registry);
     let budget = proxy_operator::config::Budget {
         memory_bytes: Some(320 * MIB),
         reserve_bytes: 96 * MIB,
@@ -170,7 +170,7 @@ async fn a_file_that_does_not_fit_the_pod_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reload_loop_keeps_the_registry_and_readiness_in_step_with_the_disk() {
     use futures::StreamExt;
-    use proxy_operator::ops::Readiness;
+    use proxy_operator::endpoints::Readiness;
     use proxy_operator::reload::Serving;
     use std::time::Duration;
     let plugins = plugins_or_skip!();

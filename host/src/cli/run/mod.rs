@@ -4,7 +4,7 @@
 //!
 //! On every replica: the reload loop, the discovery API with `/metrics`, `/healthz` and
 //! `/readyz`, and the Proxy and ProviderHealth caches. On the elected leader only: the
-//! reconciler (with the health engine and the inventory inside it), orphan GC and the
+//! reconciler (with the probe engine and the inventory inside it), orphan GC and the
 //! provider checks, started on every gain of leadership and cancelled on its loss.
 
 mod args;
@@ -15,14 +15,14 @@ use anyhow::Context as _;
 use proxy_operator::config::{Budget, ProvidersFile};
 use proxy_operator::controller::{self, Context, HealthHook, Settings, Timings};
 use proxy_operator::discovery::{Auth, AuthSettings};
+use proxy_operator::endpoints::Readiness;
 use proxy_operator::gc::{GcSettings, Sweeper};
-use proxy_operator::health::{EngineConfig, HealthEngine, Thresholds};
 use proxy_operator::inventory::Inventory;
 use proxy_operator::leader::{Leadership, LeaseSettings};
 use proxy_operator::metrics::OperatorMetrics;
-use proxy_operator::ops::Readiness;
 use proxy_operator::plugin::Runtime;
-use proxy_operator::provider_health::{Monitor, publish_rounds};
+use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
+use proxy_operator::provider_check::{Monitor, publish_rounds};
 use proxy_operator::reload::{Reloader, Serving};
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,7 +106,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let (metrics_gc, metrics_monitor) = (metrics.gc.clone(), metrics.monitor.clone());
     let router =
         proxy_operator::discovery::router_with_providers(cache, Some(provider_health), auth).merge(
-            proxy_operator::ops::router(Arc::new(metrics), readiness.clone()),
+            proxy_operator::endpoints::router(Arc::new(metrics), readiness.clone()),
         );
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -215,7 +215,7 @@ fn settings(args: &Args, installation: String) -> Settings {
 
 /// The health engine and how it probes (a real CONNECT through each proxy).
 fn health_hook(args: &Args, metrics: &OperatorMetrics) -> anyhow::Result<HealthHook> {
-    let engine = HealthEngine::new(
+    let engine = ProbeEngine::new(
         EngineConfig {
             interval: args.probe_interval,
             concurrency: 16,

@@ -1,4 +1,4 @@
-//! The provider health monitor: every interval, runs every provider's `check`
+//! The provider check monitor: every interval, runs every provider's `check`
 //! concurrently under one shared timeout, logs each target that changes readiness, sets
 //! per-target gauges, and hands the results to a sink (the controller publishes them as
 //! `ProviderHealth` objects).
@@ -80,7 +80,7 @@ pub struct MonitorMetrics {
 }
 
 impl MonitorMetrics {
-    pub fn new(registry: &mut Registry) -> Self {
+    pub fn register(registry: &mut Registry) -> Self {
         let m = MonitorMetrics::default();
         registry.register(
             "proxy_operator_provider_target_up",
@@ -274,7 +274,7 @@ pub async fn publish_rounds(
     cancel: CancellationToken,
     client: &kube::Client,
     registry: &crate::registry::ProviderRegistry,
-    readiness: &crate::ops::Readiness,
+    readiness: &crate::endpoints::Readiness,
 ) {
     let providers = || registry.snapshot().values().cloned().collect();
     let sink = move |checks: Vec<ProviderCheck>| async move {
@@ -530,7 +530,7 @@ mod tests {
     #[tokio::test]
     async fn one_round_under_one_timeout() {
         let mut registry = Registry::default();
-        let metrics = MonitorMetrics::new(&mut registry);
+        let metrics = MonitorMetrics::register(&mut registry);
         let m = Monitor::new(Duration::from_millis(300), metrics.clone());
         let slow = checking("slow", 50, Some(vec![("fsn1", true)]));
         let providers: Vec<Arc<dyn Provider>> = vec![
@@ -596,7 +596,7 @@ mod tests {
     async fn transitions_are_logged_once_and_vanished_targets_unexported() {
         let (_guard, logs) = crate::testing::capture();
         let mut registry = Registry::default();
-        let metrics = MonitorMetrics::new(&mut registry);
+        let metrics = MonitorMetrics::register(&mut registry);
         let m = Monitor::new(Duration::from_secs(1), metrics.clone());
         let p = checking("hz", 0, Some(vec![("fsn1", true), ("nbg1", true)]));
         let list: Vec<Arc<dyn Provider>> = vec![p.clone()];

@@ -4,8 +4,8 @@
 //! skip loudly (and fail under CI=true).
 
 use crate::support;
-use proxy_operator::health::{
-    EngineConfig, HealthEngine, HealthMetrics, ProbeError, ProbeSpec, Thresholds, probe::probe,
+use proxy_operator::probe::{
+    EngineConfig, ProbeEngine, ProbeError, ProbeMetrics, ProbeSpec, Thresholds, connect::probe,
 };
 
 use std::net::SocketAddr;
@@ -169,8 +169,8 @@ async fn the_engine_holds_a_verdict_until_the_failure_threshold() {
     let good = Tinyproxy::start(&bin, &format!("ConnectPort {echo}")).await;
     let refusing = Tinyproxy::start(&bin, "ConnectPort 443").await;
     let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = HealthMetrics::new(&mut registry);
-    let engine = HealthEngine::new(
+    let metrics = ProbeMetrics::register(&mut registry);
+    let engine = ProbeEngine::new(
         EngineConfig {
             interval: Duration::from_millis(50),
             concurrency: 4,
@@ -290,7 +290,7 @@ async fn a_round_holds_no_more_probes_than_its_concurrency() {
             held.push(s);
         }
     });
-    let engine = HealthEngine::new(
+    let engine = ProbeEngine::new(
         EngineConfig {
             interval: Duration::from_secs(60),
             concurrency: 3,

@@ -1,15 +1,15 @@
-//! The health engine: probes every running proxy on an interval with a real `CONNECT`
-//! ([`probe`]), turns the results into a `Healthy` verdict with thresholds ([`verdict`]),
+//! The probe engine: probes every running proxy on an interval with a real `CONNECT`
+//! ([`connect`]), turns the results into a `Healthy` verdict with thresholds ([`verdict`]),
 //! and hands each verdict to a sink (the controller writes it to the Proxy's status).
 //!
 //! The engine owns no Kubernetes state: the controller tells it which proxies are
-//! running ([`HealthEngine::upsert`], [`HealthEngine::remove`]), so the probing can be
+//! running ([`ProbeEngine::upsert`], [`ProbeEngine::remove`]), so the probing can be
 //! tested against a local proxy without any API server.
 
-pub mod probe;
+pub mod connect;
 pub mod verdict;
 
-pub use probe::{ProbeError, ProbeOk, ProbeSpec};
+pub use connect::{ProbeError, ProbeOk, ProbeSpec};
 pub use verdict::{Thresholds, Verdict};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -62,14 +62,14 @@ struct ResultLabels {
 
 /// `proxy_operator_health_probes_total{result}` and the probe latency histogram.
 #[derive(Clone)]
-pub struct HealthMetrics {
+pub struct ProbeMetrics {
     probes: Family<ResultLabels, Counter>,
     latency: Histogram,
 }
 
-impl HealthMetrics {
-    pub fn new(registry: &mut Registry) -> Self {
-        let m = HealthMetrics {
+impl ProbeMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = ProbeMetrics {
             probes: Family::default(),
             latency: Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
         };
@@ -113,15 +113,15 @@ struct Entry {
     verdict: Verdict,
 }
 
-pub struct HealthEngine {
+pub struct ProbeEngine {
     cfg: EngineConfig,
     targets: Mutex<BTreeMap<String, Entry>>,
-    metrics: Option<HealthMetrics>,
+    metrics: Option<ProbeMetrics>,
 }
 
-impl HealthEngine {
-    pub fn new(cfg: EngineConfig, metrics: Option<HealthMetrics>) -> Arc<Self> {
-        Arc::new(HealthEngine {
+impl ProbeEngine {
+    pub fn new(cfg: EngineConfig, metrics: Option<ProbeMetrics>) -> Arc<Self> {
+        Arc::new(ProbeEngine {
             cfg,
             targets: Mutex::new(BTreeMap::new()),
             metrics,
@@ -191,7 +191,7 @@ impl HealthEngine {
         let probe_one = |(key, spec, ip): (String, ProbeSpec, String)| {
             let span = tracing::debug_span!("health.probe", proxy = %key, addr = %spec.proxy);
             async move {
-                let r = probe::probe(&spec, &ip).await;
+                let r = connect::probe(&spec, &ip).await;
                 (key, spec.proxy, ip, r)
             }
             .instrument(span)

@@ -2,7 +2,7 @@
 //! lost packet does not flip a proxy out of the discovery list and one lucky probe does
 //! not put a flapping one back. Pure: the engine feeds it, tests drive it directly.
 
-use super::probe::{ProbeError, ProbeOk};
+use super::connect::{ProbeError, ProbeOk};
 use std::time::Duration;
 
 /// How many results in a row change the verdict.
