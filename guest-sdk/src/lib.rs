@@ -179,7 +179,7 @@ impl TargetStatus {
     /// The one entry of a check whose config no longer parses: target `config`, reason
     /// `InvalidConfig`, so the failure is not blamed on any one region.
     pub fn invalid_config(e: ProviderError) -> Self {
-        Self::failed("config", "InvalidConfig", e.message)
+        Self::failed("config", error::code::INVALID_CONFIG, e.message)
     }
 
     /// A target that did not answer or refused; `reason` is a short CamelCase word such as
