@@ -17,7 +17,6 @@ use proxy_operator::plugin::WasmProvider;
 use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
 use std::io::{Read, Write};
 use std::path::Path;
-use std::time::{Duration, SystemTime};
 
 const TOKEN: &str = "do-test-token";
 const INST: &str = "inst-a";
@@ -674,55 +673,21 @@ async fn sentinels_never_leave_the_plugin() {
     let d = setup_with(DigitalOceanConfig::new(TOKEN_SENTINEL), "").await;
     let p = proxy_operator::provider::Instrumented::new(d.p, Default::default());
     let mut req = request("uid-s", "nyc3");
-    req.cloud_init =
-        format!("#cloud-config\nwrite_files:\n  - content: {CI_SENTINEL}\n").into_bytes();
-    let id = p.create(&req).await.unwrap();
-    assert_eq!(
-        d.emu.dump().instances[0].user_data,
-        req.cloud_init,
-        "the sentinel reached the backend"
-    );
-    let mut seen = String::new();
-    seen.push_str(&format!(
-        "{:?}\n{:?}\n",
-        p.get(&id).await,
-        p.list_by_tag(INST).await
-    ));
-    let mut bad = request("uid-s2", "nyc3");
-    bad.cloud_init = req.cloud_init.clone();
-    d.emu.inject_error(
-        FaultOp::Create,
-        DoError::new(422, "unprocessable_entity", "user_data is invalid"),
-        1,
-    );
-    seen.push_str(&format!("{:?}\n", p.create(&bad).await));
-    d.emu.inject(Fault {
-        op: FaultOp::Any,
-        kind: FaultKind::Auth,
-        count: 10,
-    });
-    seen.push_str(&format!(
-        "{:?}\n{:?}\n{:?}\n",
-        p.create(&bad).await,
-        p.get(&id).await,
-        p.check().await
-    ));
-    d.emu.reset();
-    seen.push_str(&format!("{:?}\n", p.delete(&id).await));
-    seen.push_str(&captured.all_text());
-    for sentinel in [CI_SENTINEL, TOKEN_SENTINEL] {
-        assert!(!seen.contains(sentinel), "{sentinel} leaked:\n{seen}");
-    }
-    assert!(
-        !seen.contains("[REDACTED]"),
-        "the host had to redact:\n{seen}"
-    );
-    assert!(
-        captured
-            .events()
-            .iter()
-            .any(|e| e.message().contains("digitalocean create")),
-        "{seen}"
+    req.cloud_init = support::sentinels::cloud_init_with(CI_SENTINEL);
+    let bad = CreateRequest {
+        cloud_init: req.cloud_init.clone(),
+        ..request("uid-s2", "nyc3")
+    };
+    let refuse = || {
+        let e = DoError::new(422, "unprocessable_entity", "user_data is invalid");
+        d.emu.inject_error(FaultOp::Create, e, 1)
+    };
+    let seen = support::sentinels::exercise(&p, &d.emu, &req, &bad, refuse).await;
+    support::sentinels::assert_nothing_leaked(
+        &seen,
+        &captured,
+        &[CI_SENTINEL, TOKEN_SENTINEL],
+        "digitalocean create",
     );
 }
 
@@ -748,11 +713,7 @@ async fn real_digitalocean_lifecycle() {
         path.display()
     );
     let p = support::provider(&support::runtime(), "digitalocean.wasm", &yaml).await;
-    let stamp = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let uid = format!("it-{stamp}");
+    let uid = support::real_cloud::unique_uid();
     let req = CreateRequest {
         placement: Placement {
             region: region.clone(),
@@ -760,52 +721,8 @@ async fn real_digitalocean_lifecycle() {
             machine_type: size,
             image: "debian-12-x64".into(),
         },
-        installation: "egress-integration-test".into(),
+        installation: support::real_cloud::INSTALLATION.into(),
         ..request(&uid, &region)
     };
-    let targets = p.check().await.unwrap();
-    assert!(targets.iter().all(|t| t.ready), "{targets:?}");
-    let id = p.create(&req).await.unwrap();
-    let outcome = async {
-        assert_eq!(p.create(&req).await?, id);
-        let deadline = std::time::Instant::now() + Duration::from_secs(300);
-        loop {
-            let i = p.get(&id).await?;
-            assert_ne!(i.state, State::Stopped, "{i:?}");
-            if i.state == State::Running {
-                assert!(
-                    !i.ip.is_empty() && i.uid == uid && i.created_at.is_some(),
-                    "{i:?}"
-                );
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "not running after 5 minutes"
-            );
-            tokio::time::sleep(Duration::from_secs(5)).await;
-        }
-        let listed = p.list_by_tag("egress-integration-test").await?;
-        assert!(listed.iter().any(|i| i.id == id), "{listed:?}");
-        Ok::<_, proxy_operator::provider::ProviderError>(())
-    }
-    .await;
-    // Delete whatever happened above, then check it is gone.
-    p.delete(&id).await.unwrap();
-    p.delete(&id).await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    loop {
-        match p.get(&id).await {
-            Err(e) if e.class == Class::NotFound => break,
-            // Still visible for a moment after the DELETE, in whatever state.
-            Ok(_) => {}
-            Err(e) => panic!("{e}"),
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still there after 3 minutes"
-        );
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
-    outcome.unwrap();
+    support::real_cloud::lifecycle(&p, &req, support::real_cloud::Pace::default()).await;
 }

@@ -828,58 +828,26 @@ async fn sentinels_never_leave_the_plugin() {
     let (_guard, captured) = proxy_operator::testing::capture();
     let hz = setup_with(HetznerConfig::new(TOKEN_SENTINEL), "").await;
     let p = proxy_operator::provider::Instrumented::new(hz.p, Default::default());
-    let emu = &hz.emu;
     let mut req = request("uid-s", "fsn1");
-    req.cloud_init =
-        format!("#cloud-config\nwrite_files:\n  - content: {CI_SENTINEL}\n").into_bytes();
-
-    let mut seen = String::new();
-    let id = p.create(&req).await.unwrap();
-    assert_eq!(
-        emu.dump().instances[0].user_data,
-        req.cloud_init,
-        "the sentinel did reach the backend"
-    );
-    p.create(&req).await.unwrap();
-    seen.push_str(&format!("{:?}\n", p.get(&id).await));
-    seen.push_str(&format!("{:?}\n", p.list_by_tag(INST).await));
-    seen.push_str(&format!("{:?}\n", p.check().await));
-    let mut bad = req.clone();
-    bad.placement.image = "nope".into();
-    seen.push_str(&format!("{:?}\n", p.create(&bad).await));
-    let mut bad = request("uid-s2", "fsn1");
-    bad.cloud_init = req.cloud_init.clone();
-    emu.inject_error(
-        FaultOp::Create,
-        HetznerError::new(422, "invalid_input", "invalid input in field 'user_data'"),
-        1,
-    );
-    seen.push_str(&format!("{:?}\n", p.create(&bad).await));
-    emu.inject(Fault {
-        op: FaultOp::Any,
-        kind: FaultKind::Auth,
-        count: 10,
-    });
-    seen.push_str(&format!("{:?}\n", p.create(&bad).await));
-    seen.push_str(&format!("{:?}\n", p.get(&id).await));
-    seen.push_str(&format!("{:?}\n", p.check().await));
-    emu.reset();
-    seen.push_str(&format!("{:?}\n", p.delete(&id).await));
-    seen.push_str(&captured.all_text());
-
-    for sentinel in [CI_SENTINEL, TOKEN_SENTINEL] {
-        assert!(!seen.contains(sentinel), "{sentinel} leaked:\n{seen}");
-    }
-    assert!(
-        !seen.contains("[REDACTED]"),
-        "the host had to redact something the plugin emitted:\n{seen}"
-    );
-    assert!(
-        captured
-            .events()
-            .iter()
-            .any(|e| e.message().contains("hetzner create")),
-        "the plugin's outcome lines were captured:\n{seen}"
+    req.cloud_init = support::sentinels::cloud_init_with(CI_SENTINEL);
+    // An image the catalogue does not have: refused before any call.
+    let mut bad_image = req.clone();
+    bad_image.placement.image = "nope".into();
+    let mut seen = format!("{:?}\n", p.create(&bad_image).await);
+    let bad = CreateRequest {
+        cloud_init: req.cloud_init.clone(),
+        ..request("uid-s2", "fsn1")
+    };
+    let refuse = || {
+        let e = HetznerError::new(422, "invalid_input", "invalid input in field 'user_data'");
+        hz.emu.inject_error(FaultOp::Create, e, 1)
+    };
+    seen += &support::sentinels::exercise(&p, &hz.emu, &req, &bad, refuse).await;
+    support::sentinels::assert_nothing_leaked(
+        &seen,
+        &captured,
+        &[CI_SENTINEL, TOKEN_SENTINEL],
+        "hetzner create",
     );
 }
 
@@ -906,11 +874,7 @@ async fn real_hetzner_lifecycle() {
         path.display()
     );
     let p = support::provider(&rt, "hetzner.wasm", &yaml).await;
-    let stamp = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let uid = format!("it-{stamp}");
+    let uid = support::real_cloud::unique_uid();
     let req = CreateRequest {
         placement: Placement {
             region: location.clone(),
@@ -918,52 +882,17 @@ async fn real_hetzner_lifecycle() {
             machine_type: server_type,
             image: "ubuntu-24.04".into(),
         },
-        installation: "egress-integration-test".into(),
+        installation: support::real_cloud::INSTALLATION.into(),
         ..request(&uid, &location)
     };
 
-    let targets = p.check().await.unwrap();
-    assert!(targets.iter().all(|t| t.ready), "{targets:?}");
-    let id = p.create(&req).await.unwrap();
-    let outcome = async {
-        assert_eq!(p.create(&req).await?, id);
-        let deadline = std::time::Instant::now() + Duration::from_secs(300);
-        loop {
-            let i = p.get(&id).await?;
-            assert_ne!(i.state, State::Stopped, "{i:?}");
-            if i.state == State::Running {
-                assert!(
-                    !i.ip.is_empty() && i.uid == uid && i.created_at.is_some(),
-                    "{i:?}"
-                );
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "not running after 5 minutes"
-            );
-            tokio::time::sleep(Duration::from_secs(5)).await;
-        }
-        let listed = p.list_by_tag("egress-integration-test").await?;
-        assert!(listed.iter().any(|i| i.id == id), "{listed:?}");
-        Ok::<_, proxy_operator::provider::ProviderError>(())
-    }
+    support::real_cloud::lifecycle(
+        &p,
+        &req,
+        support::real_cloud::Pace {
+            while_deleting: |i| assert_eq!(i.state, State::Terminated, "{i:?}"),
+            ..support::real_cloud::Pace::default()
+        },
+    )
     .await;
-    // Delete whatever happened above, then check it is gone.
-    p.delete(&id).await.unwrap();
-    p.delete(&id).await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    loop {
-        match p.get(&id).await {
-            Err(e) if e.class == Class::NotFound => break,
-            Ok(i) => assert_eq!(i.state, State::Terminated, "{i:?}"),
-            Err(e) => panic!("{e}"),
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still there after 3 minutes"
-        );
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
-    outcome.unwrap();
 }

@@ -457,6 +457,38 @@ async fn config_errors_name_the_field_and_value() {
     }
 }
 
+/// A cloud-init sentinel and a credential sentinel never reach an error, a log line or a
+/// span, through success and failure paths alike, and the host had nothing to redact.
+#[tokio::test]
+async fn sentinels_never_leave_the_plugin() {
+    let _dir = plugins_or_skip!();
+    const CI_SENTINEL: &str = "CLOUDINIT-SENTINEL-ln-4b7d";
+    const TOKEN_SENTINEL: &str = "TOKEN-SENTINEL-ln-e05c";
+    let (_guard, captured) = proxy_operator::testing::capture();
+    let s = setup_with(LinodeConfig::new(TOKEN_SENTINEL), "").await;
+    let p = proxy_operator::provider::Instrumented::new(s.p, Default::default());
+    let mut req = request("uid-s", "us-east");
+    req.cloud_init = support::sentinels::cloud_init_with(CI_SENTINEL);
+    let bad = CreateRequest {
+        cloud_init: req.cloud_init.clone(),
+        ..request("uid-s2", "us-east")
+    };
+    let refuse = || {
+        s.emu.inject(Fault {
+            op: FaultOp::Create,
+            kind: FaultKind::Quota,
+            count: 1,
+        })
+    };
+    let seen = support::sentinels::exercise(&p, &s.emu, &req, &bad, refuse).await;
+    support::sentinels::assert_nothing_leaked(
+        &seen,
+        &captured,
+        &[CI_SENTINEL, TOKEN_SENTINEL],
+        "linode create",
+    );
+}
+
 /// The whole lifecycle against the real API (`backend-test=integration-tag`). Creates one
 /// Nanode for a few minutes in `LINODE_REGION` (default us-east) and deletes it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -478,52 +510,19 @@ async fn real_linode_lifecycle() {
         path.display()
     );
     let p = support::provider(&support::runtime(), "linode.wasm", &yaml).await;
-    let stamp = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let uid = format!("it-{stamp}");
+    let uid = support::real_cloud::unique_uid();
     let mut req = request(&uid, &region);
     req.placement.machine_type = linode_type;
-    req.installation = "egress-integration-test".into();
+    req.installation = support::real_cloud::INSTALLATION.into();
 
-    let targets = p.check().await.unwrap();
-    assert!(targets.iter().all(|t| t.ready), "{targets:?}");
-    let id = p.create(&req).await.unwrap();
-    let outcome = async {
-        assert_eq!(p.create(&req).await?, id);
-        let deadline = std::time::Instant::now() + Duration::from_secs(600);
-        loop {
-            let i = p.get(&id).await?;
-            assert_ne!(i.state, State::Stopped, "{i:?}");
-            if i.state == State::Running {
-                assert!(
-                    !i.ip.is_empty() && i.uid == uid && i.created_at.is_some(),
-                    "{i:?}"
-                );
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "not running after 10 minutes"
-            );
-            tokio::time::sleep(Duration::from_secs(5)).await;
-        }
-        let listed = p.list_by_tag("egress-integration-test").await?;
-        assert!(listed.iter().any(|i| i.id == id), "{listed:?}");
-        Ok::<_, proxy_operator::provider::ProviderError>(())
-    }
+    support::real_cloud::lifecycle(
+        &p,
+        &req,
+        support::real_cloud::Pace {
+            running_within: Duration::from_secs(600),
+            gone_within: Duration::from_secs(300),
+            ..support::real_cloud::Pace::default()
+        },
+    )
     .await;
-    // Delete whatever happened above, then check it is gone.
-    p.delete(&id).await.unwrap();
-    p.delete(&id).await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    loop {
-        match p.get(&id).await {
-            Err(e) if e.class == Class::NotFound => break,
-            _ if std::time::Instant::now() > deadline => panic!("{id} still there after 5 minutes"),
-            _ => tokio::time::sleep(Duration::from_secs(5)).await,
-        }
-    }
-    outcome.unwrap();
 }

@@ -16,7 +16,7 @@ use proxy_operator::conformance::{self, Control, Options, Subject};
 use proxy_operator::plugin::WasmProvider;
 use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 const KEY: &str = "scw-test-secret-key";
 const INST: &str = "inst-a";
@@ -596,6 +596,38 @@ async fn errors_and_the_rate_limit_get_their_classes() {
     p.delete(&id).await.unwrap();
 }
 
+/// A cloud-init sentinel and a credential sentinel never reach an error, a log line or a
+/// span, through success and failure paths alike, and the host had nothing to redact.
+#[tokio::test]
+async fn sentinels_never_leave_the_plugin() {
+    let _dir = plugins_or_skip!();
+    const CI_SENTINEL: &str = "CLOUDINIT-SENTINEL-scw-4b7d";
+    const TOKEN_SENTINEL: &str = "TOKEN-SENTINEL-scw-e05c";
+    let (_guard, captured) = proxy_operator::testing::capture();
+    let s = setup_with(ScalewayConfig::new(TOKEN_SENTINEL)).await;
+    let p = proxy_operator::provider::Instrumented::new(s.p, Default::default());
+    let mut req = request("uid-s", "fr-par-1");
+    req.cloud_init = support::sentinels::cloud_init_with(CI_SENTINEL);
+    let bad = CreateRequest {
+        cloud_init: req.cloud_init.clone(),
+        ..request("uid-s2", "fr-par-1")
+    };
+    let refuse = || {
+        s.emu.inject(Fault {
+            op: FaultOp::Create,
+            kind: FaultKind::Quota,
+            count: 1,
+        })
+    };
+    let seen = support::sentinels::exercise(&p, &s.emu, &req, &bad, refuse).await;
+    support::sentinels::assert_nothing_leaked(
+        &seen,
+        &captured,
+        &[CI_SENTINEL, TOKEN_SENTINEL],
+        "scaleway create",
+    );
+}
+
 /// The whole lifecycle against the real API (`backend-test=integration-tag`): one DEV1-S
 /// (or `SCW_COMMERCIAL_TYPE`) in `SCW_ZONE` (default fr-par-1) of `SCW_PROJECT_ID`, for a
 /// minute or two, then deleted until Scaleway answers not-found. The guide says how to
@@ -622,56 +654,19 @@ async fn real_scaleway_lifecycle() {
         path.display()
     );
     let p = support::provider(&support::runtime(), "scaleway.wasm", &yaml).await;
-    let stamp = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let uid = format!("it-{stamp}");
+    let uid = support::real_cloud::unique_uid();
     let mut req = request(&uid, &zone);
     req.placement.machine_type = kind;
-    req.installation = "egress-integration-test".into();
+    req.installation = support::real_cloud::INSTALLATION.into();
 
-    let targets = p.check().await.unwrap();
-    assert!(targets.iter().all(|t| t.ready), "{targets:?}");
-    let id = p.create(&req).await.unwrap();
-    let outcome = async {
-        assert_eq!(p.create(&req).await?, id);
-        let deadline = std::time::Instant::now() + Duration::from_secs(300);
-        loop {
-            let i = p.get(&id).await?;
-            assert_ne!(i.state, State::Stopped, "{i:?}");
-            if i.state == State::Running {
-                assert!(
-                    !i.ip.is_empty() && i.uid == uid && i.created_at.is_some(),
-                    "{i:?}"
-                );
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "not running after 5 minutes"
-            );
-            tokio::time::sleep(Duration::from_secs(5)).await;
-        }
-        let listed = p.list_by_tag("egress-integration-test").await?;
-        assert!(listed.iter().any(|i| i.id == id), "{listed:?}");
-        Ok::<_, proxy_operator::provider::ProviderError>(())
-    }
+    support::real_cloud::lifecycle(
+        &p,
+        &req,
+        support::real_cloud::Pace {
+            gone_within: Duration::from_secs(300),
+            while_deleting: |i| assert_ne!(i.state, State::Running, "{i:?}"),
+            ..support::real_cloud::Pace::default()
+        },
+    )
     .await;
-    // Delete whatever happened above (repeating while the terminate runs), then check it is gone.
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    loop {
-        p.delete(&id).await.unwrap();
-        match p.get(&id).await {
-            Err(e) if e.class == Class::NotFound => break,
-            Ok(i) => assert_ne!(i.state, State::Running, "{i:?}"),
-            Err(e) => panic!("{e}"),
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still there after 5 minutes"
-        );
-        tokio::time::sleep(Duration::from_secs(10)).await;
-    }
-    outcome.unwrap();
 }

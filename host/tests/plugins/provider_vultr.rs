@@ -16,7 +16,7 @@ use proxy_operator::conformance::{self, Control, Options, Report, Subject};
 use proxy_operator::plugin::WasmProvider;
 use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 const TOKEN: &str = "vultr-test-token";
 const INST: &str = "inst-v";
@@ -551,63 +551,35 @@ async fn check_probes_each_region_in_config_order() {
     );
 }
 
-/// Neither a cloud-init sentinel nor a token sentinel reaches an error, a log line or a
-/// span; and the host had nothing to redact.
+/// A cloud-init sentinel and a token sentinel never reach an error, a log line or a span,
+/// and the host had nothing to redact.
 #[tokio::test]
 async fn sentinels_never_leave_the_plugin() {
     let _dir = plugins_or_skip!();
-    const CI_SENTINEL: &str = "CLOUDINIT-SENTINEL-vu-7e21";
+    const CI_SENTINEL: &str = "CLOUDINIT-SENTINEL-vu-7a1e";
     const TOKEN_SENTINEL: &str = "TOKEN-SENTINEL-vu-33aa";
     let (_guard, captured) = proxy_operator::testing::capture();
     let vu = setup_with(VultrConfig::new(TOKEN_SENTINEL)).await;
     let p = proxy_operator::provider::Instrumented::new(vu.p, Default::default());
-    let emu = &vu.emu;
     let mut req = request("uid-s");
-    req.cloud_init =
-        format!("#cloud-config\nwrite_files:\n  - content: {CI_SENTINEL}\n").into_bytes();
-    let mut seen = String::new();
-    let id = p.create(&req).await.unwrap();
-    seen.push_str(&format!(
-        "{:?}\n{:?}\n{:?}\n",
-        p.get(&id).await,
-        p.list_by_tag(INST).await,
-        p.check().await
-    ));
-    let mut bad = request("uid-s2");
-    bad.cloud_init = req.cloud_init.clone();
-    emu.inject_error(
-        FaultOp::Create,
-        VultrError::new(400, "Invalid user_data"),
-        1,
-    );
-    seen.push_str(&format!("{:?}\n", p.create(&bad).await));
-    emu.inject(Fault {
-        op: FaultOp::Any,
-        kind: FaultKind::Auth,
-        count: 10,
-    });
-    seen.push_str(&format!(
-        "{:?}\n{:?}\n{:?}\n",
-        p.create(&bad).await,
-        p.get(&id).await,
-        p.check().await
-    ));
-    emu.reset();
-    seen.push_str(&format!("{:?}\n", p.delete(&id).await));
-    seen.push_str(&captured.all_text());
-    for sentinel in [CI_SENTINEL, TOKEN_SENTINEL] {
-        assert!(!seen.contains(sentinel), "{sentinel} leaked:\n{seen}");
-    }
-    assert!(
-        !seen.contains("[REDACTED]"),
-        "the host had to redact something:\n{seen}"
-    );
-    assert!(
-        captured
-            .events()
-            .iter()
-            .any(|e| e.message().contains("vultr create")),
-        "{seen}"
+    req.cloud_init = support::sentinels::cloud_init_with(CI_SENTINEL);
+    let bad = CreateRequest {
+        cloud_init: req.cloud_init.clone(),
+        ..request("uid-s2")
+    };
+    let refuse = || {
+        vu.emu.inject_error(
+            FaultOp::Create,
+            VultrError::new(400, "Invalid user_data"),
+            1,
+        )
+    };
+    let seen = support::sentinels::exercise(&p, &vu.emu, &req, &bad, refuse).await;
+    support::sentinels::assert_nothing_leaked(
+        &seen,
+        &captured,
+        &[CI_SENTINEL, TOKEN_SENTINEL],
+        "vultr create",
     );
 }
 
@@ -637,11 +609,7 @@ async fn real_vultr_lifecycle() {
         path.display()
     );
     let p = support::provider(&support::runtime(), "vultr.wasm", &yaml).await;
-    let stamp = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let uid = format!("it-{stamp}");
+    let uid = support::real_cloud::unique_uid();
     let req = CreateRequest {
         placement: Placement {
             region: region.clone(),
@@ -649,52 +617,18 @@ async fn real_vultr_lifecycle() {
             machine_type: plan,
             image: "os".into(),
         },
-        installation: "egress-integration-test".into(),
+        installation: support::real_cloud::INSTALLATION.into(),
         ..request(&uid)
     };
-    let targets = p.check().await.unwrap();
-    assert!(targets.iter().all(|t| t.ready), "{targets:?}");
-    let id = p.create(&req).await.unwrap();
-    let outcome = async {
-        assert_eq!(p.create(&req).await?, id);
-        let deadline = std::time::Instant::now() + Duration::from_secs(600);
-        loop {
-            let i = p.get(&id).await?;
-            assert_ne!(i.state, State::Stopped, "{i:?}");
-            assert_ne!(i.ip, "0.0.0.0");
-            if i.state == State::Running {
-                assert!(
-                    !i.ip.is_empty() && i.uid == uid && i.created_at.is_some(),
-                    "{i:?}"
-                );
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "not running after 10 minutes"
-            );
-            tokio::time::sleep(Duration::from_secs(10)).await;
-        }
-        let listed = p.list_by_tag("egress-integration-test").await?;
-        assert!(listed.iter().any(|i| i.id == id), "{listed:?}");
-        Ok::<_, proxy_operator::provider::ProviderError>(())
-    }
+    support::real_cloud::lifecycle(
+        &p,
+        &req,
+        support::real_cloud::Pace {
+            running_within: Duration::from_secs(600),
+            gone_within: Duration::from_secs(300),
+            poll: Duration::from_secs(10),
+            while_deleting: |i| assert_ne!(i.state, State::Running, "{i:?}"),
+        },
+    )
     .await;
-    // Delete whatever happened above, then check it is gone.
-    p.delete(&id).await.unwrap();
-    p.delete(&id).await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    loop {
-        match p.get(&id).await {
-            Err(e) if e.class == Class::NotFound => break,
-            Ok(i) => assert_ne!(i.state, State::Running, "{i:?}"),
-            Err(e) => panic!("{e}"),
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still there after 5 minutes"
-        );
-        tokio::time::sleep(Duration::from_secs(10)).await;
-    }
-    outcome.unwrap();
 }

@@ -4,6 +4,8 @@
 
 pub mod http;
 pub mod process;
+pub mod real_cloud;
+pub mod sentinels;
 pub mod tinyproxy;
 
 use proxy_operator::config::{ProviderEntry, ProvidersFile};

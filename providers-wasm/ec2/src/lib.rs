@@ -533,7 +533,13 @@ impl Provider for Ec2Provider {
                 };
                 let ec2 = match client(&cfg, region, creds) {
                     Ok(ec2) => ec2,
-                    Err(e) => return TargetStatus::failed(region, egress_guest_sdk::error::code::INVALID_CONFIG, &e.message),
+                    Err(e) => {
+                        return TargetStatus::failed(
+                            region,
+                            egress_guest_sdk::error::code::INVALID_CONFIG,
+                            &e.message,
+                        );
+                    }
                 };
                 // The verb and scope list-by-tag uses, one small page.
                 match ec2.instances("DescribeInstances", &params) {
