@@ -12,7 +12,6 @@ use crate::support;
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, RateLimit};
 use egress_emulators::digitalocean::{DigitalOceanConfig, DigitalOceanEmulator, DoError};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
-use proxy_operator::conformance::{self, Control, Options};
 use proxy_operator::plugin::WasmProvider;
 use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
 use std::io::{Read, Write};
@@ -120,29 +119,13 @@ fn raw(emu: &DigitalOceanEmulator, method: &str, path: &str, body: &str) -> Stri
 async fn digitalocean_passes_the_suite() {
     let _dir = plugins_or_skip!();
     let d = setup().await;
-    let control = Control::new(&d.emu.url()).unwrap();
     let placement = Placement {
         region: "nyc3".into(),
         zone: String::new(),
         machine_type: "s-1vcpu-1gb".into(),
         image: "debian".into(),
     };
-    let report = conformance::run(
-        &conformance::Subject::wasm(&d.p),
-        &control,
-        &Options::new(placement),
-        |r| eprintln!("{r}"),
-    )
-    .await;
-    eprintln!("{}", report.total());
-    assert_eq!(
-        report.results.len(),
-        conformance::case_names().len(),
-        "every case ran"
-    );
-    let failed: Vec<String> = report.failed().iter().map(|r| r.to_string()).collect();
-    assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
-    assert!(d.emu.dump().instances.is_empty(), "the suite cleans up");
+    support::suite::assert_passes(&d.p, &d.emu, placement).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

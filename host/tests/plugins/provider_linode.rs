@@ -12,7 +12,6 @@ use crate::support;
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant};
 use egress_emulators::linode::{LinodeConfig, LinodeEmulator};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
-use proxy_operator::conformance::{self, Control, Options, Subject};
 use proxy_operator::plugin::WasmProvider;
 use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
 use std::time::{Duration, SystemTime};
@@ -84,24 +83,8 @@ fn backend_id(id: &str) -> &str {
 async fn linode_passes_the_suite() {
     let _dir = plugins_or_skip!();
     let ln = setup().await;
-    let control = Control::new(&ln.emu.url()).unwrap();
     let placement = request("suite", "us-east").placement;
-    let report = conformance::run(
-        &Subject::wasm(&ln.p),
-        &control,
-        &Options::new(placement),
-        |r| eprintln!("{r}"),
-    )
-    .await;
-    eprintln!("{}", report.total());
-    assert_eq!(
-        report.results.len(),
-        conformance::case_names().len(),
-        "every case ran"
-    );
-    let failed: Vec<String> = report.failed().iter().map(|r| r.to_string()).collect();
-    assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
-    assert!(ln.emu.dump().instances.is_empty(), "the suite cleans up");
+    support::suite::assert_passes(&ln.p, &ln.emu, placement).await;
 }
 
 /// Provisioning, then booting (still Provisioning: booting is not stopped), then Running

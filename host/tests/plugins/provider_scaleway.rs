@@ -12,7 +12,6 @@ use crate::support;
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, RateLimit};
 use egress_emulators::scaleway::{EMULATOR_PROJECT, ScalewayConfig, ScalewayEmulator};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
-use proxy_operator::conformance::{self, Control, Options, Subject};
 use proxy_operator::plugin::WasmProvider;
 use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
 use std::path::Path;
@@ -98,28 +97,10 @@ fn leftovers(emu: &ScalewayEmulator) -> Vec<String> {
 async fn scaleway_passes_the_suite() {
     let _dir = plugins_or_skip!();
     let s = setup().await;
-    let control = Control::new(&s.emu.url()).unwrap();
     let placement = request("x", "fr-par-1").placement;
-    let report = conformance::run(
-        &Subject::wasm(&s.p),
-        &control,
-        &Options::new(placement),
-        |r| eprintln!("{r}"),
-    )
-    .await;
-    eprintln!("{}", report.total());
-    assert_eq!(
-        report.results.len(),
-        conformance::case_names().len(),
-        "every case ran"
-    );
-    let failed: Vec<String> = report.failed().iter().map(|r| r.to_string()).collect();
-    assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
+    support::suite::assert_passes(&s.p, &s.emu, placement).await;
     let dump = s.emu.dump();
-    assert!(
-        dump.instances.is_empty() && dump.secondary.is_empty(),
-        "the suite cleans up: {dump:?}"
-    );
+    assert!(dump.secondary.is_empty(), "no IP or volume left: {dump:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,6 @@ use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, Rate
 use egress_emulators::framework::Record;
 use egress_emulators::vultr::{Extra, INSTANCE_LIMIT, VultrConfig, VultrEmulator, VultrError};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
-use proxy_operator::conformance::{self, Control, Options, Report, Subject};
 use proxy_operator::plugin::WasmProvider;
 use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
 use std::path::Path;
@@ -96,19 +95,7 @@ fn label<'a>(labels: &'a [(String, String)], key: &str) -> Option<&'a str> {
 async fn vultr_passes_the_suite() {
     let _dir = plugins_or_skip!();
     let s = setup().await;
-    let control = Control::new(&s.emu.url()).unwrap();
-    let opts = Options::new(placement("ewr"));
-    let report: Report =
-        conformance::run(&Subject::wasm(&s.p), &control, &opts, |r| eprintln!("{r}")).await;
-    eprintln!("{}", report.total());
-    assert_eq!(
-        report.results.len(),
-        conformance::case_names().len(),
-        "every case ran"
-    );
-    let failed: Vec<String> = report.failed().iter().map(|r| r.to_string()).collect();
-    assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
-    assert!(s.emu.dump().instances.is_empty(), "the suite cleans up");
+    support::suite::assert_passes(&s.p, &s.emu, placement("ewr")).await;
 }
 
 /// Marks in tags, the name as label and hostname, user data base64 on the wire and byte

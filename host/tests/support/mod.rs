@@ -6,6 +6,7 @@ pub mod http;
 pub mod process;
 pub mod real_cloud;
 pub mod sentinels;
+pub mod suite;
 pub mod tinyproxy;
 
 use proxy_operator::config::{ProviderEntry, ProvidersFile};
