@@ -1,0 +1,181 @@
+//! OAuth 2.0 access tokens for the Compute API: from a service-account JSON key (a JWT signed here with RS256 and
+//! exchanged at the key's `token_uri`), or from the metadata server (workload identity). A token is kept in the host
+//! cache until a minute before it expires, so calls do not exchange again; [`forget`] drops it when the API refuses
+//! it, and the caller asks once more within the same call.
+
+use crate::config::{Config, TokenSource};
+use data_encoding::BASE64URL_NOPAD;
+use egress_guest_sdk::classify::{Classifier, Kind, Rule};
+use egress_guest_sdk::http::{ErrorCode, HttpError, Request, encode_component};
+use egress_guest_sdk::{self as sdk, ProviderError};
+use rsa::pkcs1v15::SigningKey;
+use rsa::pkcs8::DecodePrivateKey;
+use rsa::signature::{SignatureEncoding, Signer};
+use serde::Deserialize;
+use serde_json::json;
+
+pub const SCOPE: &str = "https://www.googleapis.com/auth/compute";
+const METADATA_TOKEN: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
+
+/// Google's token endpoint answers `{"error": "invalid_grant", "error_description": ...}`. A key it refuses (bad
+/// signature, deleted key, disabled account) will not start working by itself: permanent.
+#[rustfmt::skip]
+const TOKEN: Classifier = Classifier {
+    backend: "Google OAuth2",
+    code_at: "/error",
+    message_at: "/error_description",
+    rules: &[
+        Rule::codes(&["invalid_grant", "invalid_client", "unauthorized_client", "invalid_scope", "access_denied"], Kind::Auth),
+        Rule::status(429, Kind::RateLimited),
+        Rule::statuses(500, 599, Kind::Retryable),
+        Rule::status(404, Kind::Invalid),
+        Rule::statuses(400, 499, Kind::Auth),
+    ],
+};
+
+/// The fields of a service-account key this plugin uses.
+#[derive(Deserialize)]
+struct Key {
+    #[serde(rename = "type")]
+    kind: String,
+    client_email: String,
+    private_key: String,
+    #[serde(default)]
+    private_key_id: String,
+    token_uri: String,
+}
+
+#[derive(Deserialize)]
+struct Grant {
+    access_token: String,
+    #[serde(default)]
+    expires_in: u64,
+}
+
+fn bad_key(secret: &str, why: &str) -> ProviderError {
+    ProviderError::permanent(format!("secret {secret:?} is not a usable service-account JSON key: {why}")).with_code("InvalidKey")
+}
+
+fn read_key(cfg: &Config) -> Result<Key, ProviderError> {
+    let raw = sdk::secret(&cfg.credentials_secret)?;
+    // Never the serde message: it may quote the key.
+    let key: Key = serde_json::from_slice(&raw).map_err(|_| bad_key(&cfg.credentials_secret, "not JSON with client_email, private_key and token_uri"))?;
+    if key.kind != "service_account" {
+        return Err(bad_key(&cfg.credentials_secret, "\"type\" is not \"service_account\""));
+    }
+    Ok(key)
+}
+
+/// The signed JWT of RFC 7523 that Google's token endpoint takes for a service account.
+fn assertion(key: &Key, secret: &str, now: u64) -> Result<String, ProviderError> {
+    let body: String = key.private_key.lines().filter(|l| !l.starts_with("-----")).map(str::trim).collect();
+    let der = data_encoding::BASE64.decode(body.as_bytes()).map_err(|_| bad_key(secret, "private_key is not PEM"))?;
+    let private = rsa::RsaPrivateKey::from_pkcs8_der(&der).map_err(|_| bad_key(secret, "private_key is not a PKCS#8 RSA key"))?;
+    let header = json!({"alg": "RS256", "typ": "JWT", "kid": key.private_key_id});
+    let claims =
+        json!({"iss": key.client_email, "scope": SCOPE, "aud": key.token_uri, "iat": now, "exp": now + 3600});
+    let signing = format!("{}.{}", BASE64URL_NOPAD.encode(header.to_string().as_bytes()), BASE64URL_NOPAD.encode(claims.to_string().as_bytes()));
+    // PKCS#1 v1.5 signatures are deterministic: no randomness needed inside the sandbox.
+    let signature = SigningKey::<sha2::Sha256>::new(private).sign(signing.as_bytes());
+    Ok(format!("{signing}.{}", BASE64URL_NOPAD.encode(&signature.to_bytes())))
+}
+
+/// Where the token is cached: per key (a rotated key gets a fresh token) or per metadata endpoint.
+fn cache_key(cfg: &Config) -> Result<(String, Option<Key>), ProviderError> {
+    Ok(match cfg.token_source {
+        TokenSource::Metadata => (format!("token:metadata:{}", cfg.metadata_endpoint), None),
+        TokenSource::ServiceAccountKey => {
+            let key = read_key(cfg)?;
+            (format!("token:key:{}:{}:{}", key.client_email, key.private_key_id, key.token_uri), Some(key))
+        }
+    })
+}
+
+/// An access token: the cached one, or a fresh one.
+pub fn token(cfg: &Config) -> Result<String, ProviderError> {
+    let (cache, key) = cache_key(cfg)?;
+    if let Some(t) = sdk::cache_get(&cache).and_then(|t| String::from_utf8(t).ok()) {
+        return Ok(t);
+    }
+    let grant = match key {
+        Some(key) => exchange(&key, &cfg.credentials_secret)?,
+        None => metadata(cfg)?,
+    };
+    // A minute short of the expiry, so a token is never used in its last seconds.
+    let ttl = grant.expires_in.saturating_sub(60).min(u64::from(u32::MAX)) as u32;
+    sdk::cache_set(&cache, grant.access_token.as_bytes(), ttl);
+    Ok(grant.access_token)
+}
+
+/// Drop the cached token (the API refused it: expired early or revoked).
+pub fn forget(cfg: &Config) -> Result<(), ProviderError> {
+    sdk::cache_set(&cache_key(cfg)?.0, b"", 0);
+    Ok(())
+}
+
+fn exchange(key: &Key, secret: &str) -> Result<Grant, ProviderError> {
+    let jwt = assertion(key, secret, sdk::time::now().seconds)?;
+    let form = format!("grant_type={}&assertion={jwt}", encode_component("urn:ietf:params:oauth:grant-type:jwt-bearer"));
+    let req = Request::post(&key.token_uri).header("content-type", "application/x-www-form-urlencoded").body(form);
+    req.send_json::<Grant>().map_err(|e| {
+        let mut err = TOKEN.classify(e);
+        err.message = format!("service-account token exchange at {}: {}", key.token_uri, err.message);
+        err
+    })
+}
+
+/// The metadata server's token for the node's (or the workload's) service account.
+fn metadata(cfg: &Config) -> Result<Grant, ProviderError> {
+    let url = format!("{}{METADATA_TOKEN}", cfg.metadata_endpoint);
+    match Request::get(&url).header("metadata-flavor", "Google").send_json::<Grant>() {
+        Ok(g) => Ok(g),
+        Err(HttpError::Transport(ErrorCode::HttpRequestDenied)) => Err(ProviderError::permanent(format!(
+            "the metadata server {} is not allowed: list it in this provider's allowedHosts (tokenSource: metadata)",
+            cfg.metadata_endpoint
+        ))
+        .with_code("MetadataNotAllowed")),
+        Err(e) => {
+            let mut err = TOKEN.classify(e);
+            err.message = format!("metadata server token: {}", err.message);
+            Err(err)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_errors_are_classified() {
+        use egress_guest_sdk::ErrorClass::*;
+        let answer = |status: u16, body: &str| HttpError::Status { status, body: body.into(), retry_after: None };
+        let cases = [
+            (answer(400, r#"{"error":"invalid_grant","error_description":"Invalid JWT Signature."}"#), Permanent, "invalid_grant"),
+            (answer(401, r#"{"error":"invalid_client","error_description":"The OAuth client was not found."}"#), Permanent, "invalid_client"),
+            (answer(429, "{}"), QuotaExceeded, "HTTP429"),
+            (answer(503, "<html>"), Transient, "HTTP503"),
+            (HttpError::Transport(ErrorCode::ConnectionRefused), Transient, "ConnectionRefused"),
+        ];
+        for (e, class, code) in cases {
+            let err = TOKEN.classify(e);
+            assert_eq!((err.class, err.code.as_deref()), (class, Some(code)), "{}", err.message);
+        }
+    }
+
+    #[test]
+    fn bad_keys_are_permanent_and_quote_nothing() {
+        let key = |pem: &str| Key {
+            kind: "service_account".into(),
+            client_email: "a@b".into(),
+            private_key: pem.into(),
+            private_key_id: "k1".into(),
+            token_uri: "https://oauth2.googleapis.com/token".into(),
+        };
+        for pem in ["-----BEGIN PRIVATE KEY-----\nnot base64 SECRETBITS\n-----END PRIVATE KEY-----\n", "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----"] {
+            let e = assertion(&key(pem), "sa", 0).unwrap_err();
+            assert_eq!((e.class, e.code.as_deref()), (egress_guest_sdk::ErrorClass::Permanent, Some("InvalidKey")));
+            assert!(!e.message.contains("SECRETBITS") && e.message.contains("\"sa\""), "{}", e.message);
+        }
+    }
+}
