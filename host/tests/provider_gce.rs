@@ -199,7 +199,7 @@ async fn failed_insert_operations_are_reported_with_their_class() {
         ("QUOTA_EXCEEDED", Class::QuotaExceeded),
         ("INVALID_FIELD_VALUE", Class::Permanent),
     ] {
-        let req = request(&format!("uid-{code}"));
+        let req = request(&format!("uid-{}", code.to_lowercase().replace('_', "-")));
         emu.fail_next_insert(code, msg, 1);
         let id = p.create(&req).await.unwrap();
         let pending = p.get(&id).await.unwrap();

@@ -395,7 +395,7 @@ fn unauthorized() -> GceError {
 }
 
 fn rate_limited() -> GceError {
-    GceError::new(429, "rateLimitExceeded", "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service 'compute.googleapis.com'")
+    GceError::new(403, "rateLimitExceeded", "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service 'compute.googleapis.com'")
 }
 
 /// An RFC 1035 label of at most 63 characters: GCE's instance names, label keys and tags.
