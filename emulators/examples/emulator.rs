@@ -91,12 +91,16 @@ fn main() {
             let e = GceEmulator::start(GceConfig::default());
             // A throwaway test-only key (emulators/src/gce/test_keys.rs), for the
             // provider entry's serviceAccountKey secret; its token_uri is this emulator.
-            let key = std::env::temp_dir().join(format!("gce-emulator-key-{}.json", std::process::id()));
+            let key =
+                std::env::temp_dir().join(format!("gce-emulator-key-{}.json", std::process::id()));
             if let Err(err) = std::fs::write(&key, e.test_key_json()) {
                 eprintln!("gce: cannot write {}: {err}", key.display());
                 std::process::exit(1);
             }
-            println!("GCE emulator at {} (API under /compute/v1, token endpoint /token)", e.url());
+            println!(
+                "GCE emulator at {} (API under /compute/v1, token endpoint /token)",
+                e.url()
+            );
             println!("project: {}", egress_emulators::gce::EMULATOR_PROJECT);
             println!("service-account key (test-only): {}", key.display());
             Box::new(e)

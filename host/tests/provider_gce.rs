@@ -76,7 +76,12 @@ fn request(uid: &str) -> CreateRequest {
 
 /// The emulator's own id of the instance called `name` (what its control surface takes).
 fn bid(emu: &GceEmulator, name: &str) -> String {
-    emu.dump().instances.into_iter().find(|i| i.name == name).expect("instance").id
+    emu.dump()
+        .instances
+        .into_iter()
+        .find(|i| i.name == name)
+        .expect("instance")
+        .id
 }
 
 fn label<'a>(labels: &'a [(String, String)], key: &str) -> Option<&'a str> {
@@ -126,11 +131,18 @@ async fn lifecycle_with_labels_user_data_and_the_nat_ip() {
     assert_eq!(id, format!("emulator-project/{ZONE}/{}", req.name));
     let first = p.get(&id).await.unwrap();
     assert_eq!((first.state, first.ip.as_str()), (State::Provisioning, ""));
-    assert_eq!(p.create(&req).await.unwrap(), id, "create is idempotent by name");
+    assert_eq!(
+        p.create(&req).await.unwrap(),
+        id,
+        "create is idempotent by name"
+    );
     let dump = emu.dump();
     assert_eq!(dump.instances.len(), 1);
     let vm = &dump.instances[0];
-    assert_eq!(vm.user_data, req.cloud_init, "user-data metadata, byte for byte");
+    assert_eq!(
+        vm.user_data, req.cloud_init,
+        "user-data metadata, byte for byte"
+    );
     assert_eq!(label(&vm.labels, MARK_MANAGED), Some("true"));
     assert_eq!(label(&vm.labels, MARK_UID), Some(req.uid.as_str()));
     assert_eq!(label(&vm.labels, MARK_INSTALLATION), Some(INST));
@@ -140,12 +152,24 @@ async fn lifecycle_with_labels_user_data_and_the_nat_ip() {
         serde_json::json!({"egress-managed": "true", "egress-uid": req.uid, "egress-installation": INST})
     );
     assert_eq!(raw["tags"]["items"], serde_json::json!(["egress-proxy"]));
-    assert_eq!(raw["disks"][0]["autoDelete"], true, "the boot disk goes with it");
-    assert!(raw["machineType"].as_str().unwrap().ends_with("/zones/europe-west1-b/machineTypes/e2-micro"));
+    assert_eq!(
+        raw["disks"][0]["autoDelete"], true,
+        "the boot disk goes with it"
+    );
+    assert!(
+        raw["machineType"]
+            .as_str()
+            .unwrap()
+            .ends_with("/zones/europe-west1-b/machineTypes/e2-micro")
+    );
 
     let running = p.get(&id).await.unwrap();
     assert_eq!(running.state, State::Running);
-    assert!(running.ip.starts_with("203.0.113."), "natIP, never the internal address: {}", running.ip);
+    assert!(
+        running.ip.starts_with("203.0.113."),
+        "natIP, never the internal address: {}",
+        running.ip
+    );
     assert_eq!(running.uid, req.uid);
     assert!(running.created_at.is_some());
     let b = bid(emu, &req.name);
@@ -153,7 +177,11 @@ async fn lifecycle_with_labels_user_data_and_the_nat_ip() {
     let no_ip = p.get(&id).await.unwrap();
     assert_eq!((no_ip.state, no_ip.ip.as_str()), (State::Provisioning, ""));
     emu.set_address(&b, Some("203.0.113.99"));
-    for (status, want) in [("TERMINATED", State::Stopped), ("REPAIRING", State::Provisioning), ("SUSPENDED", State::Stopped)] {
+    for (status, want) in [
+        ("TERMINATED", State::Stopped),
+        ("REPAIRING", State::Provisioning),
+        ("SUSPENDED", State::Stopped),
+    ] {
         emu.set_backend_state(&b, status);
         assert_eq!(p.get(&id).await.unwrap().state, want, "{status}");
     }
@@ -161,7 +189,10 @@ async fn lifecycle_with_labels_user_data_and_the_nat_ip() {
 
     let listed = p.list_by_tag(INST).await.unwrap();
     assert_eq!(
-        listed.iter().map(|i| (i.id.as_str(), i.uid.as_str())).collect::<Vec<_>>(),
+        listed
+            .iter()
+            .map(|i| (i.id.as_str(), i.uid.as_str()))
+            .collect::<Vec<_>>(),
         [(id.as_str(), req.uid.as_str())]
     );
     assert!(p.list_by_tag("inst-b").await.unwrap().is_empty());
@@ -177,7 +208,11 @@ async fn lifecycle_with_labels_user_data_and_the_nat_ip() {
         created_at: None,
     });
     let err = p.create(&mine).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::Permanent, Some("NameTaken")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Permanent, Some("NameTaken")),
+        "{err}"
+    );
 
     p.delete(&id).await.unwrap();
     p.delete(&id).await.unwrap();
@@ -195,7 +230,10 @@ async fn failed_insert_operations_are_reported_with_their_class() {
     let msg = "The zone 'projects/emulator-project/zones/europe-west1-b' does not have enough resources available to fulfill the request.  Try a different zone, or try again later.";
     for (code, class) in [
         ("ZONE_RESOURCE_POOL_EXHAUSTED", Class::QuotaExceeded),
-        ("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", Class::QuotaExceeded),
+        (
+            "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+            Class::QuotaExceeded,
+        ),
         ("QUOTA_EXCEEDED", Class::QuotaExceeded),
         ("INVALID_FIELD_VALUE", Class::Permanent),
     ] {
@@ -203,20 +241,43 @@ async fn failed_insert_operations_are_reported_with_their_class() {
         emu.fail_next_insert(code, msg, 1);
         let id = p.create(&req).await.unwrap();
         let pending = p.get(&id).await.unwrap();
-        assert_eq!((pending.state, pending.ip.as_str()), (State::Provisioning, ""), "{code}: operation still running");
+        assert_eq!(
+            (pending.state, pending.ip.as_str()),
+            (State::Provisioning, ""),
+            "{code}: operation still running"
+        );
         let err = p.get(&id).await.unwrap_err();
-        assert_eq!((err.class, err.code.as_deref()), (class, Some(code)), "{err}");
-        assert!(err.message.contains("enough resources") && err.message.contains("operation-"), "{err}");
-        assert_eq!(p.get(&id).await.unwrap_err().class, Class::NotFound, "{code}: reported once, then the name is free");
+        assert_eq!(
+            (err.class, err.code.as_deref()),
+            (class, Some(code)),
+            "{err}"
+        );
+        assert!(
+            err.message.contains("enough resources") && err.message.contains("operation-"),
+            "{err}"
+        );
+        assert_eq!(
+            p.get(&id).await.unwrap_err().class,
+            Class::NotFound,
+            "{code}: reported once, then the name is free"
+        );
         assert_eq!(p.create(&req).await.unwrap(), id);
-        assert_eq!(p.get(&id).await.unwrap().state, State::Provisioning, "created on the second try");
+        assert_eq!(
+            p.get(&id).await.unwrap().state,
+            State::Provisioning,
+            "created on the second try"
+        );
     }
     // An image GCE does not have: the operation fails with RESOURCE_NOT_FOUND, permanent.
     let mut req = request("uid-bad-image");
     req.placement.image = "broken".into();
     let id = p.create(&req).await.unwrap();
     let err = p.get(&id).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::Permanent, Some("RESOURCE_NOT_FOUND")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Permanent, Some("RESOURCE_NOT_FOUND")),
+        "{err}"
+    );
     assert!(err.message.contains("debian-99"), "{err}");
     assert!(emu.dump().instances.iter().all(|i| i.name != req.name));
 }
@@ -226,7 +287,10 @@ async fn failed_insert_operations_are_reported_with_their_class() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_the_token_endpoint_refuses_is_permanent() {
     let _dir = plugins_or_skip!();
-    let g = setup_with(GceConfig::default(), |e| e.key_json(TEST_CLIENT_EMAIL, WRONG_KEY_PEM)).await;
+    let g = setup_with(GceConfig::default(), |e| {
+        e.key_json(TEST_CLIENT_EMAIL, WRONG_KEY_PEM)
+    })
+    .await;
     let id = format!("emulator-project/{ZONE}/proxy-x");
     let errs = [
         g.p.create(&request("uid-k")).await.unwrap_err(),
@@ -235,20 +299,45 @@ async fn a_key_the_token_endpoint_refuses_is_permanent() {
         g.p.list_by_tag(INST).await.unwrap_err(),
     ];
     for err in errs {
-        assert_eq!((err.class, err.code.as_deref()), (Class::Permanent, Some("invalid_grant")), "{err}");
+        assert_eq!(
+            (err.class, err.code.as_deref()),
+            (Class::Permanent, Some("invalid_grant")),
+            "{err}"
+        );
         assert!(err.message.contains("Invalid JWT Signature"), "{err}");
     }
     let targets = g.p.check().await.unwrap();
-    assert!(targets.iter().all(|t| !t.ready && t.reason == "Unauthorized"), "{targets:?}");
+    assert!(
+        targets
+            .iter()
+            .all(|t| !t.ready && t.reason == "Unauthorized"),
+        "{targets:?}"
+    );
     assert_eq!(g.emu.grants(), 0);
-    assert!(g.emu.requests().is_empty(), "no API call without a token: {:?}", g.emu.requests());
+    assert!(
+        g.emu.requests().is_empty(),
+        "no API call without a token: {:?}",
+        g.emu.requests()
+    );
 
-    std::fs::write(g.secrets.path().join("key.json"), "{\"type\":\"service_account\",\"private_key\":\"SECRET\"}").unwrap();
+    std::fs::write(
+        g.secrets.path().join("key.json"),
+        "{\"type\":\"service_account\",\"private_key\":\"SECRET\"}",
+    )
+    .unwrap();
     let err = g.p.get(&id).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::Permanent, Some("InvalidKey")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Permanent, Some("InvalidKey")),
+        "{err}"
+    );
     std::fs::remove_file(g.secrets.path().join("key.json")).unwrap();
     let err = g.p.get(&id).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::Transient, Some("SecretMissing")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Transient, Some("SecretMissing")),
+        "{err}"
+    );
 }
 
 /// Tokens are exchanged once and kept in the host cache; one the API refuses (expired early,
@@ -266,7 +355,11 @@ async fn an_expired_token_is_renewed_without_a_failed_call() {
     assert_eq!(emu.grants(), 1, "one exchange for all calls");
 
     emu.expire_tokens();
-    assert_eq!(p.get(&id).await.unwrap().state, State::Running, "renewed inside the call");
+    assert_eq!(
+        p.get(&id).await.unwrap().state,
+        State::Running,
+        "renewed inside the call"
+    );
     assert_eq!(emu.grants(), 2);
     emu.expire_tokens();
     p.list_by_tag(INST).await.unwrap();
@@ -274,10 +367,21 @@ async fn an_expired_token_is_renewed_without_a_failed_call() {
     p.delete(&id).await.unwrap();
     assert_eq!(emu.grants(), 4);
     let refused = emu.stats().by_call.get("DELETE instances.delete").copied();
-    assert_eq!(refused, Some(2), "one refused with the old token, one accepted");
+    assert_eq!(
+        refused,
+        Some(2),
+        "one refused with the old token, one accepted"
+    );
 
     // A token that lives barely a minute is not cached past its life: every call exchanges.
-    let short = setup_with(GceConfig { token_lifetime: 30, ..GceConfig::default() }, |e| e.test_key_json()).await;
+    let short = setup_with(
+        GceConfig {
+            token_lifetime: 30,
+            ..GceConfig::default()
+        },
+        |e| e.test_key_json(),
+    )
+    .await;
     let id = short.p.create(&request("uid-short")).await.unwrap();
     short.p.get(&id).await.unwrap();
     assert_eq!(short.emu.grants(), 2);
@@ -313,7 +417,11 @@ async fn workload_identity_uses_the_metadata_server_only_when_listed() {
     );
     let p = support::provider(&rt, "gce.wasm", &unlisted).await;
     let err = p.get(&id).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::Permanent, Some("MetadataNotAllowed")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Permanent, Some("MetadataNotAllowed")),
+        "{err}"
+    );
     assert!(err.message.contains("allowedHosts"), "{err}");
 }
 
@@ -332,7 +440,11 @@ async fn list_follows_pages_and_fails_whole() {
             created_at: None,
         });
     }
-    for (name, uid, inst, managed) in [("no-uid", None, "inst-bulk", true), ("other", Some("x"), "inst-other", true), ("unmanaged", Some("y"), "inst-bulk", false)] {
+    for (name, uid, inst, managed) in [
+        ("no-uid", None, "inst-bulk", true),
+        ("other", Some("x"), "inst-other", true),
+        ("unmanaged", Some("y"), "inst-bulk", false),
+    ] {
         emu.plant(Plant {
             name: name.into(),
             scope: ZONE.into(),
@@ -345,14 +457,30 @@ async fn list_follows_pages_and_fails_whole() {
     let listed = p.list_by_tag("inst-bulk").await.unwrap();
     assert_eq!(listed.len(), 506);
     assert_eq!(listed.iter().filter(|i| i.uid.is_empty()).count(), 1);
-    assert!(listed.iter().any(|i| i.id == "emulator-project/us-central1-a/bulk-1"));
+    assert!(
+        listed
+            .iter()
+            .any(|i| i.id == "emulator-project/us-central1-a/bulk-1")
+    );
     let requests = emu.requests();
-    assert!(requests.iter().any(|r| r.contains("pageToken=")), "{requests:?}");
-    assert!(requests.iter().any(|r| r.contains("labels.egress-installation%20%3D%20%22inst-bulk%22")), "{requests:?}");
+    assert!(
+        requests.iter().any(|r| r.contains("pageToken=")),
+        "{requests:?}"
+    );
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.contains("labels.egress-installation%20%3D%20%22inst-bulk%22")),
+        "{requests:?}"
+    );
 
     emu.fail_scope("us-central1-a", true);
     let err = p.list_by_tag("inst-bulk").await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::Transient, Some("Unreachable")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Transient, Some("Unreachable")),
+        "{err}"
+    );
     assert!(err.message.contains("zones/us-central1-a"), "{err}");
 }
 
@@ -363,7 +491,11 @@ async fn answers_get_their_class_and_bad_requests_make_no_call() {
     let (p, emu) = (&g.p, &g.emu);
     let cases: [(&str, &str, &str); 3] = [
         ("zone", "mars-west1-a", "placement.zone \"mars-west1-a\""),
-        ("machineType", "e2-huge", "placement.machineType \"e2-huge\""),
+        (
+            "machineType",
+            "e2-huge",
+            "placement.machineType \"e2-huge\"",
+        ),
         ("image", "ubuntu", "placement.image \"ubuntu\""),
     ];
     for (field, value, text) in cases {
@@ -379,24 +511,61 @@ async fn answers_get_their_class_and_bad_requests_make_no_call() {
     }
     let mut req = request("uid-u");
     req.cloud_init = b"\x1f\x8b\x08\x00\xff".to_vec();
-    assert_eq!(p.create(&req).await.unwrap_err().code.as_deref(), Some("UserDataNotText"));
-    for bad in ["", "proxy-x", "emulator-project/europe-west1/x", "emulator-project/europe-west1-b/X", "a/b/c/d"] {
-        assert_eq!(p.get(bad).await.unwrap_err().code.as_deref(), Some("InvalidId"), "{bad:?}");
-        assert_eq!(p.delete(bad).await.unwrap_err().class, Class::Permanent, "{bad:?}");
+    assert_eq!(
+        p.create(&req).await.unwrap_err().code.as_deref(),
+        Some("UserDataNotText")
+    );
+    for bad in [
+        "",
+        "proxy-x",
+        "emulator-project/europe-west1/x",
+        "emulator-project/europe-west1-b/X",
+        "a/b/c/d",
+    ] {
+        assert_eq!(
+            p.get(bad).await.unwrap_err().code.as_deref(),
+            Some("InvalidId"),
+            "{bad:?}"
+        );
+        assert_eq!(
+            p.delete(bad).await.unwrap_err().class,
+            Class::Permanent,
+            "{bad:?}"
+        );
     }
     assert!(emu.requests().is_empty(), "{:?}", emu.requests());
 
     let req = request("uid-c");
     let id = p.create(&req).await.unwrap();
-    emu.inject(Fault { op: FaultOp::Create, kind: FaultKind::Quota, count: 1 });
+    emu.inject(Fault {
+        op: FaultOp::Create,
+        kind: FaultKind::Quota,
+        count: 1,
+    });
     let err = p.create(&request("uid-c2")).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::QuotaExceeded, Some("quotaExceeded")), "{err}");
-    emu.inject(Fault { op: FaultOp::Get, kind: FaultKind::RateLimit, count: 1 });
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::QuotaExceeded, Some("quotaExceeded")),
+        "{err}"
+    );
+    emu.inject(Fault {
+        op: FaultOp::Get,
+        kind: FaultKind::RateLimit,
+        count: 1,
+    });
     let err = p.get(&id).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::QuotaExceeded, Some("rateLimitExceeded")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::QuotaExceeded, Some("rateLimitExceeded")),
+        "{err}"
+    );
     emu.set_locked(&bid(emu, &req.name), true);
     let err = p.delete(&id).await.unwrap_err();
-    assert_eq!((err.class, err.code.as_deref()), (Class::Transient, Some("resourceNotReady")), "{err}");
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Transient, Some("resourceNotReady")),
+        "{err}"
+    );
 }
 
 /// A config the plugin refuses stops the provider at load, with the field and the value.
@@ -418,7 +587,10 @@ async fn config_errors_name_the_field_and_value() {
         (format!("{{zones: [europe-west1-b], {ok}}}"), &["missing field `project`"]),
     ];
     for (config, want) in cases {
-        let err = match rt.provider(plugin.clone(), &support::entry(&format!("{base}{config}"))).await {
+        let err = match rt
+            .provider(plugin.clone(), &support::entry(&format!("{base}{config}")))
+            .await
+        {
             Ok(_) => panic!("{config} was accepted"),
             Err(e) => e.to_string(),
         };
@@ -433,12 +605,34 @@ async fn check_reports_each_zone() {
     let _dir = plugins_or_skip!();
     let g = setup().await;
     let targets = g.p.check().await.expect("gce has a check");
-    let got: Vec<(&str, bool, &str)> = targets.iter().map(|t| (t.target.as_str(), t.ready, t.reason.as_str())).collect();
-    assert_eq!(got, [(ZONE, true, "Reachable"), ("us-central1-a", true, "Reachable")]);
-    assert!(targets[0].details.contains(&("region".to_string(), "europe-west1".to_string())), "{targets:?}");
-    g.emu.inject(Fault { op: FaultOp::Any, kind: FaultKind::Auth, count: 4 });
+    let got: Vec<(&str, bool, &str)> = targets
+        .iter()
+        .map(|t| (t.target.as_str(), t.ready, t.reason.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (ZONE, true, "Reachable"),
+            ("us-central1-a", true, "Reachable")
+        ]
+    );
+    assert!(
+        targets[0]
+            .details
+            .contains(&("region".to_string(), "europe-west1".to_string())),
+        "{targets:?}"
+    );
+    g.emu.inject(Fault {
+        op: FaultOp::Any,
+        kind: FaultKind::Auth,
+        count: 4,
+    });
     let t = &g.p.check().await.unwrap()[0];
-    assert_eq!((t.ready, t.reason.as_str()), (false, "Unauthorized"), "{t:?}");
+    assert_eq!(
+        (t.ready, t.reason.as_str()),
+        (false, "Unauthorized"),
+        "{t:?}"
+    );
 }
 
 /// A cloud-init sentinel, the service-account private key and the access tokens never reach
@@ -451,29 +645,64 @@ async fn sentinels_never_leave_the_plugin() {
     let g = setup().await;
     let p = proxy_operator::provider::Instrumented::new(g.p, Default::default());
     let mut req = request("uid-s");
-    req.cloud_init = format!("#cloud-config\nwrite_files:\n  - content: {CI_SENTINEL}\n").into_bytes();
+    req.cloud_init =
+        format!("#cloud-config\nwrite_files:\n  - content: {CI_SENTINEL}\n").into_bytes();
     let id = p.create(&req).await.unwrap();
-    assert_eq!(g.emu.dump().instances[0].user_data, req.cloud_init, "the sentinel reached the backend");
+    assert_eq!(
+        g.emu.dump().instances[0].user_data,
+        req.cloud_init,
+        "the sentinel reached the backend"
+    );
     let mut seen = format!("{:?}\n{:?}\n", p.get(&id).await, p.list_by_tag(INST).await);
     let mut bad = request("uid-s2");
     bad.cloud_init = req.cloud_init.clone();
-    g.emu.fail_next_insert("ZONE_RESOURCE_POOL_EXHAUSTED", "no capacity", 0);
+    g.emu
+        .fail_next_insert("ZONE_RESOURCE_POOL_EXHAUSTED", "no capacity", 0);
     let bad_id = p.create(&bad).await.unwrap();
     seen.push_str(&format!("{:?}\n", p.get(&bad_id).await));
     g.emu.expire_tokens();
-    g.emu.inject(Fault { op: FaultOp::Any, kind: FaultKind::Auth, count: 20 });
-    seen.push_str(&format!("{:?}\n{:?}\n{:?}\n", p.create(&bad).await, p.get(&id).await, p.check().await));
+    g.emu.inject(Fault {
+        op: FaultOp::Any,
+        kind: FaultKind::Auth,
+        count: 20,
+    });
+    seen.push_str(&format!(
+        "{:?}\n{:?}\n{:?}\n",
+        p.create(&bad).await,
+        p.get(&id).await,
+        p.check().await
+    ));
     g.emu.reset();
-    std::fs::write(g.secrets.path().join("key.json"), g.emu.key_json(TEST_CLIENT_EMAIL, WRONG_KEY_PEM)).unwrap();
+    std::fs::write(
+        g.secrets.path().join("key.json"),
+        g.emu.key_json(TEST_CLIENT_EMAIL, WRONG_KEY_PEM),
+    )
+    .unwrap();
     g.emu.expire_tokens();
     seen.push_str(&format!("{:?}\n", p.delete(&id).await));
     seen.push_str(&captured.all_text());
-    let key_lines = TEST_KEY_PEM.lines().chain(WRONG_KEY_PEM.lines()).filter(|l| !l.starts_with("-----"));
-    for sentinel in key_lines.map(str::to_string).chain([CI_SENTINEL.to_string()]).chain(g.emu.issued_tokens()) {
+    let key_lines = TEST_KEY_PEM
+        .lines()
+        .chain(WRONG_KEY_PEM.lines())
+        .filter(|l| !l.starts_with("-----"));
+    for sentinel in key_lines
+        .map(str::to_string)
+        .chain([CI_SENTINEL.to_string()])
+        .chain(g.emu.issued_tokens())
+    {
         assert!(!seen.contains(&sentinel), "{sentinel} leaked:\n{seen}");
     }
-    assert!(!seen.contains("[REDACTED]"), "the host had to redact:\n{seen}");
-    assert!(captured.events().iter().any(|e| e.message().contains("gce create")), "{seen}");
+    assert!(
+        !seen.contains("[REDACTED]"),
+        "the host had to redact:\n{seen}"
+    );
+    assert!(
+        captured
+            .events()
+            .iter()
+            .any(|e| e.message().contains("gce create")),
+        "{seen}"
+    );
 }
 
 /// The whole lifecycle against the real API (`backend-test=integration-tag`): one e2-micro
@@ -484,21 +713,36 @@ async fn sentinels_never_leave_the_plugin() {
 #[ignore = "needs GCE_PROJECT and GOOGLE_APPLICATION_CREDENTIALS (a service-account key that may create instances); run with --ignored"]
 async fn real_gce_lifecycle() {
     let _dir = plugins_or_skip!();
-    let (Ok(project), Ok(key)) = (std::env::var("GCE_PROJECT"), std::env::var("GOOGLE_APPLICATION_CREDENTIALS")) else {
-        eprintln!("SKIPPING real_gce_lifecycle: GCE_PROJECT or GOOGLE_APPLICATION_CREDENTIALS is not set");
+    let (Ok(project), Ok(key)) = (
+        std::env::var("GCE_PROJECT"),
+        std::env::var("GOOGLE_APPLICATION_CREDENTIALS"),
+    ) else {
+        eprintln!(
+            "SKIPPING real_gce_lifecycle: GCE_PROJECT or GOOGLE_APPLICATION_CREDENTIALS is not set"
+        );
         return;
     };
     let zone = std::env::var("GCE_ZONE").unwrap_or_else(|_| ZONE.into());
-    let image = std::env::var("GCE_IMAGE").unwrap_or_else(|_| "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64".into());
+    let image = std::env::var("GCE_IMAGE").unwrap_or_else(|_| {
+        "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64".into()
+    });
     let yaml = format!(
         "name: gce-real\nplugin: gce.wasm\nsecrets: {{serviceAccountKey: {key}}}\n\
          config: {{project: {project}, zones: [{zone}], machineTypes: [e2-micro], images: {{ubuntu: '{image}'}}}}"
     );
     let p = support::provider(&support::runtime(), "gce.wasm", &yaml).await;
-    let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
+    let stamp = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let uid = format!("it-{stamp}");
     let req = CreateRequest {
-        placement: Placement { region: String::new(), zone: zone.clone(), machine_type: "e2-micro".into(), image: "ubuntu".into() },
+        placement: Placement {
+            region: String::new(),
+            zone: zone.clone(),
+            machine_type: "e2-micro".into(),
+            image: "ubuntu".into(),
+        },
         installation: "egress-integration-test".into(),
         ..request(&uid)
     };
@@ -512,10 +756,16 @@ async fn real_gce_lifecycle() {
             let i = p.get(&id).await?;
             assert_ne!(i.state, State::Stopped, "{i:?}");
             if i.state == State::Running {
-                assert!(!i.ip.is_empty() && i.uid == uid && i.created_at.is_some(), "{i:?}");
+                assert!(
+                    !i.ip.is_empty() && i.uid == uid && i.created_at.is_some(),
+                    "{i:?}"
+                );
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "not running after 5 minutes");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not running after 5 minutes"
+            );
             tokio::time::sleep(Duration::from_secs(5)).await;
         }
         let listed = p.list_by_tag("egress-integration-test").await?;
@@ -532,7 +782,10 @@ async fn real_gce_lifecycle() {
             Ok(_) => {}
             Err(e) => panic!("{e}"),
         }
-        assert!(std::time::Instant::now() < deadline, "still there after 5 minutes");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still there after 5 minutes"
+        );
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
     outcome.unwrap();

@@ -46,9 +46,9 @@
 //! instance visible, the `resourceNotReady` answer to a delete during another operation, the
 //! filter grammar beyond `(labels.K = "V")` terms (refused), page tokens' form.
 
+pub mod test_keys;
 #[cfg(test)]
 mod tests;
-pub mod test_keys;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -67,7 +67,9 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 
 use crate::control::{FaultKind, FaultOp, Plant, RateLimit, Refusal};
-use crate::framework::{Adapter, Cloud, Deletion, Effect, Fleet, Record, Schedule, Served, Shared, States};
+use crate::framework::{
+    Adapter, Cloud, Deletion, Effect, Fleet, Record, Schedule, Served, Shared, States,
+};
 use crate::real_proxy::RealProxies;
 
 pub const EMULATOR_PROJECT: &str = "emulator-project";
@@ -101,7 +103,10 @@ impl Default for GceConfig {
                 "projects/debian-cloud/global/images/family/debian-12",
                 "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64",
             ]),
-            accounts: vec![(test_keys::TEST_CLIENT_EMAIL.into(), test_keys::TEST_KEY_PEM.into())],
+            accounts: vec![(
+                test_keys::TEST_CLIENT_EMAIL.into(),
+                test_keys::TEST_KEY_PEM.into(),
+            )],
             token_lifetime: 3599,
             schedule: Schedule::AfterReads(1),
             rate_limit: None,
@@ -121,7 +126,11 @@ pub struct GceError {
 impl GceError {
     pub fn new(status: u16, reason: &str, message: impl Into<String>) -> Self {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        GceError { status, reason: reason.into(), message: message.into() }
+        GceError {
+            status,
+            reason: reason.into(),
+            message: message.into(),
+        }
     }
 
     fn body(&self) -> Value {
@@ -140,7 +149,11 @@ impl GceError {
     }
 
     fn not_found(resource: &str) -> Self {
-        GceError::new(404, "notFound", format!("The resource '{resource}' was not found"))
+        GceError::new(
+            404,
+            "notFound",
+            format!("The resource '{resource}' was not found"),
+        )
     }
 
     fn invalid(message: impl Into<String>) -> Self {
@@ -156,7 +169,10 @@ impl IntoResponse for GceError {
 
 impl From<GceError> for Refusal {
     fn from(e: GceError) -> Refusal {
-        Refusal { status: e.status.as_u16(), body: e.body() }
+        Refusal {
+            status: e.status.as_u16(),
+            body: e.body(),
+        }
     }
 }
 
@@ -206,9 +222,20 @@ impl Gce {
         format!("{}/compute/v1/projects/{}", self.url, self.config.project)
     }
 
-    fn op(&mut self, zone: &str, kind: &'static str, target: &str, error: Option<(String, String)>, reads: u32) -> Value {
+    fn op(
+        &mut self,
+        zone: &str,
+        kind: &'static str,
+        target: &str,
+        error: Option<(String, String)>,
+        reads: u32,
+    ) -> Value {
         self.op_seq += 1;
-        let name = format!("operation-{}-{:013x}", crate::time::now_secs() * 1000 + self.op_seq, self.op_seq);
+        let name = format!(
+            "operation-{}-{:013x}",
+            crate::time::now_secs() * 1000 + self.op_seq,
+            self.op_seq
+        );
         let op = Op {
             name: name.clone(),
             zone: zone.into(),
@@ -242,49 +269,88 @@ impl Gce {
 
     fn issue(&mut self) -> Response {
         self.grants += 1;
-        let token = format!("ya29.emulator-{}-{:08x}", self.grants, crate::time::now_secs() as u32);
+        let token = format!(
+            "ya29.emulator-{}-{:08x}",
+            self.grants,
+            crate::time::now_secs() as u32
+        );
         let lifetime = self.config.token_lifetime;
-        self.tokens.insert(token.clone(), Instant::now() + Duration::from_secs(lifetime));
-        Json(json!({"access_token": token, "expires_in": lifetime, "token_type": "Bearer"})).into_response()
+        self.tokens.insert(
+            token.clone(),
+            Instant::now() + Duration::from_secs(lifetime),
+        );
+        Json(json!({"access_token": token, "expires_in": lifetime, "token_type": "Bearer"}))
+            .into_response()
     }
 
     /// The RFC 7523 checks of a service-account assertion, with Google's descriptions.
     fn verify(&self, assertion: &str) -> Result<(), &'static str> {
         const MALFORMED: &str = "Invalid JWT: malformed";
         let parts: Vec<&str> = assertion.split('.').collect();
-        let [header, claims, signature] = parts[..] else { return Err(MALFORMED) };
-        let decode = |s: &str| data_encoding::BASE64URL_NOPAD.decode(s.as_bytes()).map_err(|_| MALFORMED);
-        let json = |s: &str| decode(s).and_then(|b| serde_json::from_slice::<Value>(&b).map_err(|_| MALFORMED));
+        let [header, claims, signature] = parts[..] else {
+            return Err(MALFORMED);
+        };
+        let decode = |s: &str| {
+            data_encoding::BASE64URL_NOPAD
+                .decode(s.as_bytes())
+                .map_err(|_| MALFORMED)
+        };
+        let json = |s: &str| {
+            decode(s).and_then(|b| serde_json::from_slice::<Value>(&b).map_err(|_| MALFORMED))
+        };
         if json(header)?["alg"] != "RS256" {
             return Err("Invalid JWT: unsupported algorithm");
         }
         let c = json(claims)?;
-        let key = self.keys.iter().find(|(email, _)| c["iss"] == email.as_str());
-        let Some((_, key)) = key else { return Err("Invalid grant: account not found") };
+        let key = self
+            .keys
+            .iter()
+            .find(|(email, _)| c["iss"] == email.as_str());
+        let Some((_, key)) = key else {
+            return Err("Invalid grant: account not found");
+        };
         let sig = Signature::try_from(decode(signature)?.as_slice()).map_err(|_| MALFORMED)?;
-        if key.verify(format!("{header}.{claims}").as_bytes(), &sig).is_err() {
+        if key
+            .verify(format!("{header}.{claims}").as_bytes(), &sig)
+            .is_err()
+        {
             return Err("Invalid JWT Signature.");
         }
         if c["aud"] != format!("{}/token", self.url).as_str() {
-            return Err("Invalid JWT: Failed audience check. The expected audience is the token endpoint.");
+            return Err(
+                "Invalid JWT: Failed audience check. The expected audience is the token endpoint.",
+            );
         }
-        if !c["scope"].as_str().is_some_and(|s| s.contains("https://www.googleapis.com/auth/compute")) {
+        if !c["scope"]
+            .as_str()
+            .is_some_and(|s| s.contains("https://www.googleapis.com/auth/compute"))
+        {
             return Err("Invalid JWT: no compute scope");
         }
-        let (now, iat, exp) = (crate::time::now_secs(), c["iat"].as_u64().unwrap_or(0), c["exp"].as_u64().unwrap_or(0));
+        let (now, iat, exp) = (
+            crate::time::now_secs(),
+            c["iat"].as_u64().unwrap_or(0),
+            c["exp"].as_u64().unwrap_or(0),
+        );
         if exp <= now || iat > now + 60 || exp.saturating_sub(iat) > 3600 {
-            return Err("Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim.");
+            return Err(
+                "Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim.",
+            );
         }
         Ok(())
     }
 
     fn find(&self, fleet: &Fleet<Extra>, zone: &str, name: &str) -> Option<String> {
-        fleet.iter().find(|r| r.scope == zone && r.name == name).map(|r| r.id.clone())
+        fleet
+            .iter()
+            .find(|r| r.scope == zone && r.name == name)
+            .map(|r| r.id.clone())
     }
 
     fn render(&self, r: &Record<Extra>) -> Value {
         let zone = format!("{}/zones/{}", self.base(), r.scope);
-        let mut access = json!({"type": "ONE_TO_ONE_NAT", "name": "External NAT", "networkTier": "PREMIUM"});
+        let mut access =
+            json!({"type": "ONE_TO_ONE_NAT", "name": "External NAT", "networkTier": "PREMIUM"});
         if let Some(ip) = &r.ip {
             access["natIP"] = ip.as_str().into();
         }
@@ -307,7 +373,11 @@ impl Gce {
 impl Adapter for Gce {
     type Extra = Extra;
     type Error = GceError;
-    const STATES: States = States { provisioning: "PROVISIONING", running: "RUNNING", deleting: "STOPPING" };
+    const STATES: States = States {
+        provisioning: "PROVISIONING",
+        running: "RUNNING",
+        deleting: "STOPPING",
+    };
 
     fn id(&self, n: u64) -> String {
         (4_200_000_000_000_000_000 + n).to_string()
@@ -323,12 +393,21 @@ impl Adapter for Gce {
 
     fn plant(&self, plant: &Plant, scope: &str) -> Result<Extra, GceError> {
         if !self.config.zones.iter().any(|z| z == scope) {
-            return Err(GceError::not_found(&format!("projects/{}/zones/{scope}", self.config.project)));
+            return Err(GceError::not_found(&format!(
+                "projects/{}/zones/{scope}",
+                self.config.project
+            )));
         }
         if !is_name(&plant.name) {
-            return Err(GceError::invalid(format!("Invalid value for field 'resource.name': '{}'.", plant.name)));
+            return Err(GceError::invalid(format!(
+                "Invalid value for field 'resource.name': '{}'.",
+                plant.name
+            )));
         }
-        let labels = crate::framework::marks(plant).iter().filter_map(|(k, v)| labels::encode(k, v)).collect();
+        let labels = crate::framework::marks(plant)
+            .iter()
+            .filter_map(|(k, v)| labels::encode(k, v))
+            .collect();
         Ok(Extra {
             machine_type: self.config.machine_types[0].clone(),
             image: self.config.images[0].clone(),
@@ -339,27 +418,42 @@ impl Adapter for Gce {
     }
 
     fn name_taken(&self) -> GceError {
-        GceError::new(409, "alreadyExists", "The resource already exists (emulator control surface)")
+        GceError::new(
+            409,
+            "alreadyExists",
+            "The resource already exists (emulator control surface)",
+        )
     }
 
     fn fault(&self, kind: &FaultKind) -> GceError {
         match kind {
-            FaultKind::Quota => GceError::new(403, "quotaExceeded", "Quota 'INSTANCES' exceeded.  Limit: 24.0 in region europe-west1."),
+            FaultKind::Quota => GceError::new(
+                403,
+                "quotaExceeded",
+                "Quota 'INSTANCES' exceeded.  Limit: 24.0 in region europe-west1.",
+            ),
             FaultKind::RateLimit => rate_limited(),
             FaultKind::Auth => unauthorized(),
-            FaultKind::ServerError | FaultKind::Slow { .. } => {
-                GceError::new(503, "backendError", "Internal error. Please try again or contact Google Support.")
-            }
+            FaultKind::ServerError | FaultKind::Slow { .. } => GceError::new(
+                503,
+                "backendError",
+                "Internal error. Please try again or contact Google Support.",
+            ),
         }
     }
 
     fn classify(&self, method: &Method, path: &str) -> (Option<FaultOp>, String) {
-        let parts: Vec<&str> = path.trim_start_matches("/compute/v1/projects/").split('/').collect();
+        let parts: Vec<&str> = path
+            .trim_start_matches("/compute/v1/projects/")
+            .split('/')
+            .collect();
         let (op, call) = match (method.as_str(), &parts[1..]) {
             ("POST", ["zones", _, "instances"]) => (Some(FaultOp::Create), "instances.insert"),
             ("GET", ["zones", _, "instances", _]) => (Some(FaultOp::Get), "instances.get"),
             ("DELETE", ["zones", _, "instances", _]) => (Some(FaultOp::Delete), "instances.delete"),
-            ("GET", ["aggregated", "instances"]) => (Some(FaultOp::List), "instances.aggregatedList"),
+            ("GET", ["aggregated", "instances"]) => {
+                (Some(FaultOp::List), "instances.aggregatedList")
+            }
             ("GET", ["zones", _, "operations", _]) => (None, "zoneOperations.get"),
             ("GET", ["zones", _]) => (None, "zones.get"),
             _ => (None, "unknown"),
@@ -368,8 +462,13 @@ impl Adapter for Gce {
     }
 
     fn authorized(&self, headers: &HeaderMap) -> bool {
-        let token = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        token.and_then(|t| self.tokens.get(t)).is_some_and(|exp| *exp > Instant::now())
+        let token = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        token
+            .and_then(|t| self.tokens.get(t))
+            .is_some_and(|exp| *exp > Instant::now())
     }
 
     fn unauthorized(&self) -> GceError {
@@ -395,7 +494,11 @@ fn unauthorized() -> GceError {
 }
 
 fn rate_limited() -> GceError {
-    GceError::new(403, "rateLimitExceeded", "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service 'compute.googleapis.com'")
+    GceError::new(
+        403,
+        "rateLimitExceeded",
+        "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service 'compute.googleapis.com'",
+    )
 }
 
 /// An RFC 1035 label of at most 63 characters: GCE's instance names, label keys and tags.
@@ -404,7 +507,8 @@ fn is_name(s: &str) -> bool {
     (1..=63).contains(&b.len())
         && b[0].is_ascii_lowercase()
         && b[b.len() - 1] != b'-'
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
 /// The contract's marks as the gce plugin writes them (docs/providers/gce.md): keys
@@ -491,12 +595,24 @@ impl Served<Backend> {
         let api = Router::new()
             .route("/compute/v1/projects/{p}/zones/{z}", get(zone))
             .route("/compute/v1/projects/{p}/zones/{z}/instances", post(insert))
-            .route("/compute/v1/projects/{p}/zones/{z}/instances/{n}", get(get_instance).delete(delete_instance))
-            .route("/compute/v1/projects/{p}/zones/{z}/operations/{o}", get(get_operation))
-            .route("/compute/v1/projects/{p}/aggregated/instances", get(aggregated));
+            .route(
+                "/compute/v1/projects/{p}/zones/{z}/instances/{n}",
+                get(get_instance).delete(delete_instance),
+            )
+            .route(
+                "/compute/v1/projects/{p}/zones/{z}/operations/{o}",
+                get(get_operation),
+            )
+            .route(
+                "/compute/v1/projects/{p}/aggregated/instances",
+                get(aggregated),
+            );
         let app = crate::framework::gated(api, &state)
             .route("/token", post(token))
-            .route("/computeMetadata/v1/instance/service-accounts/default/token", get(metadata_token))
+            .route(
+                "/computeMetadata/v1/instance/service-accounts/default/token",
+                get(metadata_token),
+            )
             .fallback(unknown);
         Ok(Served::serve("gce-emulator", listener, state, app))
     }
@@ -519,7 +635,11 @@ impl Served<Backend> {
     /// Every token issued so far is refused from now on, as an expired or revoked one is.
     pub fn expire_tokens(&self) {
         let now = Instant::now();
-        self.lock().backend.tokens.values_mut().for_each(|t| *t = now);
+        self.lock()
+            .backend
+            .tokens
+            .values_mut()
+            .for_each(|t| *t = now);
     }
 
     /// Tokens issued so far (token endpoint and metadata server).
@@ -550,12 +670,20 @@ impl Served<Backend> {
 
     /// The next `count` calls of `op` answer `error`.
     pub fn inject_error(&self, op: FaultOp, error: GceError, count: u32) {
-        self.lock().traffic.faults.push(op, Effect::fail(error), count);
+        self.lock()
+            .traffic
+            .faults
+            .push(op, Effect::fail(error), count);
     }
 }
 
 async fn unknown() -> Response {
-    GceError::new(404, "notFound", "The requested URL was not found on this server.").into_response()
+    GceError::new(
+        404,
+        "notFound",
+        "The requested URL was not found on this server.",
+    )
+    .into_response()
 }
 
 /// `application/x-www-form-urlencoded` values.
@@ -566,19 +694,24 @@ fn form(body: &str) -> BTreeMap<String, String> {
             b = rest;
             match c {
                 b'+' => out.push(b' '),
-                b'%' if rest.len() >= 2 => match u8::from_str_radix(std::str::from_utf8(&rest[..2]).unwrap_or("zz"), 16) {
-                    Ok(x) => {
-                        out.push(x);
-                        b = &rest[2..];
+                b'%' if rest.len() >= 2 => {
+                    match u8::from_str_radix(std::str::from_utf8(&rest[..2]).unwrap_or("zz"), 16) {
+                        Ok(x) => {
+                            out.push(x);
+                            b = &rest[2..];
+                        }
+                        Err(_) => out.push(c),
                     }
-                    Err(_) => out.push(c),
-                },
+                }
                 _ => out.push(c),
             }
         }
         String::from_utf8_lossy(&out).into_owned()
     };
-    body.split('&').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (decode(k), decode(v))).collect()
+    body.split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (decode(k), decode(v)))
+        .collect()
 }
 
 async fn token(State(state): State<Shared<Backend>>, body: String) -> Response {
@@ -587,7 +720,10 @@ async fn token(State(state): State<Shared<Backend>>, body: String) -> Response {
         return oauth_error("unsupported_grant_type", "Invalid grant_type");
     }
     let mut b = state.lock();
-    match b.backend.verify(f.get("assertion").map_or("", String::as_str)) {
+    match b
+        .backend
+        .verify(f.get("assertion").map_or("", String::as_str))
+    {
         Ok(()) => b.backend.issue(),
         Err(why) => oauth_error("invalid_grant", why),
     }
@@ -595,7 +731,11 @@ async fn token(State(state): State<Shared<Backend>>, body: String) -> Response {
 
 async fn metadata_token(State(state): State<Shared<Backend>>, headers: HeaderMap) -> Response {
     if headers.get("metadata-flavor").and_then(|v| v.to_str().ok()) != Some("Google") {
-        return (StatusCode::FORBIDDEN, "Missing Metadata-Flavor:Google header.").into_response();
+        return (
+            StatusCode::FORBIDDEN,
+            "Missing Metadata-Flavor:Google header.",
+        )
+            .into_response();
     }
     state.lock().backend.issue()
 }
@@ -619,7 +759,10 @@ fn answer(r: Result<Value, GceError>) -> Response {
     r.map_or_else(IntoResponse::into_response, |v| Json(v).into_response())
 }
 
-async fn zone(State(state): State<Shared<Backend>>, Path((p, z)): Path<(String, String)>) -> Response {
+async fn zone(
+    State(state): State<Shared<Backend>>,
+    Path((p, z)): Path<(String, String)>,
+) -> Response {
     let b = state.lock();
     answer(known_zone(&b, &p, &z).map(|()| {
         let region = z.rsplit_once('-').map_or("", |(r, _)| r);
@@ -656,61 +799,125 @@ async fn insert(
 /// The checks of an insert, in the order the API reports them, and its operation.
 fn do_insert(b: &mut Backend, zone: &str, body: InsertBody) -> Result<Value, GceError> {
     if !is_name(&body.name) {
-        let msg = format!("Invalid value for field 'resource.name': '{}'. Must be a match of regex '(?:[a-z](?:[-a-z0-9]{{0,61}}[a-z0-9])?)'", body.name);
+        let msg = format!(
+            "Invalid value for field 'resource.name': '{}'. Must be a match of regex '(?:[a-z](?:[-a-z0-9]{{0,61}}[a-z0-9])?)'",
+            body.name
+        );
         return Err(GceError::invalid(msg));
     }
     let c = &b.backend.config;
-    let machine = body.machine_type.rsplit('/').next().unwrap_or_default().to_string();
-    if !c.machine_types.contains(&machine) || !body.machine_type.contains(&format!("zones/{zone}/machineTypes/")) {
-        let msg = format!("Invalid value for field 'resource.machineType': '{}'. Machine type with name '{machine}' does not exist in zone '{zone}'.", body.machine_type);
+    let machine = body
+        .machine_type
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    if !c.machine_types.contains(&machine)
+        || !body
+            .machine_type
+            .contains(&format!("zones/{zone}/machineTypes/"))
+    {
+        let msg = format!(
+            "Invalid value for field 'resource.machineType': '{}'. Machine type with name '{machine}' does not exist in zone '{zone}'.",
+            body.machine_type
+        );
         return Err(GceError::invalid(msg));
     }
-    let bad_label = |s: &str| s.len() > 63 || !s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-".contains(&b));
-    if let Some((k, v)) = body.labels.iter().find(|(k, v)| !is_name(k) || bad_label(v)) {
-        return Err(GceError::invalid(format!("Invalid value for field 'resource.labels': '{k}={v}'.")));
+    let bad_label = |s: &str| {
+        s.len() > 63
+            || !s
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-".contains(&b))
+    };
+    if let Some((k, v)) = body
+        .labels
+        .iter()
+        .find(|(k, v)| !is_name(k) || bad_label(v))
+    {
+        return Err(GceError::invalid(format!(
+            "Invalid value for field 'resource.labels': '{k}={v}'."
+        )));
     }
     if b.backend.find(&b.fleet, zone, &body.name).is_some() {
-        let resource = format!("projects/{}/zones/{zone}/instances/{}", c.project, body.name);
-        return Err(GceError::new(409, "alreadyExists", format!("The resource '{resource}' already exists")));
+        let resource = format!(
+            "projects/{}/zones/{zone}/instances/{}",
+            c.project, body.name
+        );
+        return Err(GceError::new(
+            409,
+            "alreadyExists",
+            format!("The resource '{resource}' already exists"),
+        ));
     }
-    let image = body.disks.pointer("/0/initializeParams/sourceImage").and_then(Value::as_str).unwrap_or_default();
+    let image = body
+        .disks
+        .pointer("/0/initializeParams/sourceImage")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if !c.images.iter().any(|i| i == image) {
-        let error = ("RESOURCE_NOT_FOUND".to_string(), format!("The resource '{image}' was not found"));
+        let error = (
+            "RESOURCE_NOT_FOUND".to_string(),
+            format!("The resource '{image}' was not found"),
+        );
         return Ok(b.backend.op(zone, "insert", &body.name, Some(error), 0));
     }
     if let Some((code, message, reads)) = b.backend.failing_inserts.pop_front() {
-        return Ok(b.backend.op(zone, "insert", &body.name, Some((code, message)), reads));
+        return Ok(b
+            .backend
+            .op(zone, "insert", &body.name, Some((code, message)), reads));
     }
-    let items = body.metadata["items"].as_array().cloned().unwrap_or_default();
-    let user_data = items.iter().find(|i| i["key"] == "user-data").and_then(|i| i["value"].as_str());
+    let items = body.metadata["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let user_data = items
+        .iter()
+        .find(|i| i["key"] == "user-data")
+        .and_then(|i| i["value"].as_str());
     let extra = Extra {
         machine_type: machine,
         image: image.to_string(),
         labels: body.labels.clone(),
-        network: body.network_interfaces.pointer("/0/network").and_then(Value::as_str).unwrap_or("").to_string(),
+        network: body
+            .network_interfaces
+            .pointer("/0/network")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
         tags: serde_json::from_value(body.tags["items"].clone()).unwrap_or_default(),
     };
     let mut record = Record::new(b.new_id(), body.name.clone(), zone.to_string(), extra);
-    record.labels = body.labels.iter().filter_map(|(k, v)| labels::decode(k, v)).collect();
+    record.labels = body
+        .labels
+        .iter()
+        .filter_map(|(k, v)| labels::decode(k, v))
+        .collect();
     record.user_data = user_data.unwrap_or_default().as_bytes().to_vec();
     b.create(record);
     Ok(b.backend.op(zone, "insert", &body.name, None, 0))
 }
 
-async fn get_instance(State(state): State<Shared<Backend>>, Path((p, z, n)): Path<(String, String, String)>) -> Response {
+async fn get_instance(
+    State(state): State<Shared<Backend>>,
+    Path((p, z, n)): Path<(String, String, String)>,
+) -> Response {
     let mut b = state.lock();
     if let Err(e) = known_zone(&b, &p, &z) {
         return e.into_response();
     }
     let Some(id) = b.backend.find(&b.fleet, &z, &n) else {
-        return GceError::not_found(&format!("projects/{p}/zones/{z}/instances/{n}")).into_response();
+        return GceError::not_found(&format!("projects/{p}/zones/{z}/instances/{n}"))
+            .into_response();
     };
     let v = b.fleet.get(&id).map(|r| b.backend.render(r));
     b.saw(&id);
     Json(v).into_response()
 }
 
-async fn delete_instance(State(state): State<Shared<Backend>>, Path((p, z, n)): Path<(String, String, String)>) -> Response {
+async fn delete_instance(
+    State(state): State<Shared<Backend>>,
+    Path((p, z, n)): Path<(String, String, String)>,
+) -> Response {
     let mut b = state.lock();
     if let Err(e) = known_zone(&b, &p, &z) {
         return e.into_response();
@@ -719,18 +926,29 @@ async fn delete_instance(State(state): State<Shared<Backend>>, Path((p, z, n)): 
     let id = b.backend.find(&b.fleet, &z, &n).unwrap_or_default();
     match b.fleet.delete(&id) {
         Deletion::NotFound => GceError::not_found(&resource).into_response(),
-        Deletion::Locked => GceError::new(400, "resourceNotReady", format!("The resource '{resource}' is not ready")).into_response(),
-        Deletion::InProgress(_) | Deletion::Done(_) => Json(b.backend.op(&z, "delete", &n, None, 0)).into_response(),
+        Deletion::Locked => GceError::new(
+            400,
+            "resourceNotReady",
+            format!("The resource '{resource}' is not ready"),
+        )
+        .into_response(),
+        Deletion::InProgress(_) | Deletion::Done(_) => {
+            Json(b.backend.op(&z, "delete", &n, None, 0)).into_response()
+        }
     }
 }
 
-async fn get_operation(State(state): State<Shared<Backend>>, Path((p, z, o)): Path<(String, String, String)>) -> Response {
+async fn get_operation(
+    State(state): State<Shared<Backend>>,
+    Path((p, z, o)): Path<(String, String, String)>,
+) -> Response {
     let mut b = state.lock();
     if let Err(e) = known_zone(&b, &p, &z) {
         return e.into_response();
     }
     let Some(op) = b.backend.ops.get_mut(&o).filter(|op| op.zone == z) else {
-        return GceError::not_found(&format!("projects/{p}/zones/{z}/operations/{o}")).into_response();
+        return GceError::not_found(&format!("projects/{p}/zones/{z}/operations/{o}"))
+            .into_response();
     };
     let seen = op.clone();
     op.running_for = op.running_for.saturating_sub(1);
@@ -757,20 +975,31 @@ fn label_terms(filter: &str) -> Option<Vec<(String, String)>> {
         .collect()
 }
 
-async fn aggregated(State(state): State<Shared<Backend>>, Path(p): Path<String>, Query(q): Query<ListQuery>) -> Response {
+async fn aggregated(
+    State(state): State<Shared<Backend>>,
+    Path(p): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Response {
     let b = state.lock();
     answer(project(&b, &p).and_then(|()| list(&b, q)))
 }
 
 fn list(b: &Backend, q: ListQuery) -> Result<Value, GceError> {
-    let terms = label_terms(&q.filter).ok_or_else(|| GceError::invalid(format!("Invalid value for field 'filter': '{}'.", q.filter)))?;
+    let terms = label_terms(&q.filter).ok_or_else(|| {
+        GceError::invalid(format!("Invalid value for field 'filter': '{}'.", q.filter))
+    })?;
     let per_page = q.max_results.unwrap_or(500);
     if !(1..=500).contains(&per_page) {
-        return Err(GceError::invalid("Invalid value for field 'maxResults': must be between 0 and 500."));
+        return Err(GceError::invalid(
+            "Invalid value for field 'maxResults': must be between 0 and 500.",
+        ));
     }
     let start = match q.page_token.as_str() {
         "" => 0,
-        t => t.strip_prefix("emu-").and_then(|n| usize::from_str_radix(n, 16).ok()).ok_or_else(|| GceError::invalid("Invalid value for field 'pageToken'."))?,
+        t => t
+            .strip_prefix("emu-")
+            .and_then(|n| usize::from_str_radix(n, 16).ok())
+            .ok_or_else(|| GceError::invalid("Invalid value for field 'pageToken'."))?,
     };
     let mut matched: Vec<&Record<Extra>> = b
         .fleet
@@ -780,19 +1009,38 @@ fn list(b: &Backend, q: ListQuery) -> Result<Value, GceError> {
     matched.sort_by(|x, y| (&x.scope, &x.name).cmp(&(&y.scope, &y.name)));
     let mut items = serde_json::Map::new();
     let zones = &b.backend.config.zones;
-    let down: Vec<String> = zones.iter().filter(|z| b.fleet.failing_scope(std::iter::once(z.as_str())).is_some()).map(|z| format!("zones/{z}")).collect();
+    let down: Vec<String> = zones
+        .iter()
+        .filter(|z| b.fleet.failing_scope(std::iter::once(z.as_str())).is_some())
+        .map(|z| format!("zones/{z}"))
+        .collect();
     for z in zones {
         let key = format!("zones/{z}");
         let warning = match down.contains(&key) {
-            true => json!({"code": "UNREACHABLE", "message": format!("Scope {key} is unreachable")}),
-            false => json!({"code": "NO_RESULTS_ON_PAGE", "message": "There are no results for scope on this page."}),
+            true => {
+                json!({"code": "UNREACHABLE", "message": format!("Scope {key} is unreachable")})
+            }
+            false => {
+                json!({"code": "NO_RESULTS_ON_PAGE", "message": "There are no results for scope on this page."})
+            }
         };
         items.insert(key, json!({"warning": warning}));
     }
-    for r in matched.iter().skip(start).take(per_page).filter(|r| !down.contains(&format!("zones/{}", r.scope))) {
-        let scoped = items.entry(format!("zones/{}", r.scope)).or_insert_with(|| json!({}));
+    for r in matched
+        .iter()
+        .skip(start)
+        .take(per_page)
+        .filter(|r| !down.contains(&format!("zones/{}", r.scope)))
+    {
+        let scoped = items
+            .entry(format!("zones/{}", r.scope))
+            .or_insert_with(|| json!({}));
         scoped.as_object_mut().map(|o| o.remove("warning"));
-        let list = scoped.as_object_mut().and_then(|o| o.entry("instances").or_insert_with(|| json!([])).as_array_mut());
+        let list = scoped.as_object_mut().and_then(|o| {
+            o.entry("instances")
+                .or_insert_with(|| json!([]))
+                .as_array_mut()
+        });
         list.map(|l| l.push(b.backend.render(r)));
     }
     let mut out = json!({"kind": "compute#instanceAggregatedList", "items": items, "unreachables": down,

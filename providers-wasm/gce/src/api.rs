@@ -86,7 +86,8 @@ impl Operation {
     pub fn failure(&self, what: &str) -> Option<ProviderError> {
         let e = self.error.pointer("/errors/0")?;
         let code = e["code"].as_str().unwrap_or("UNKNOWN");
-        let message = format!("{what} failed (operation {}): {code}: {}", self.name, e["message"].as_str().unwrap_or(""));
+        let message =
+            format!("{what} failed (operation {}): {code}: {}", self.name, e["message"].as_str().unwrap_or(""));
         Some(ProviderError::new(GCE.kind(None, Some(code)).class(), message).with_code(code))
     }
 }
@@ -155,7 +156,12 @@ impl<'a> Api<'a> {
         }
     }
 
-    pub fn call<T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&Value>) -> Result<T, ProviderError> {
+    pub fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<T, ProviderError> {
         self.send(method, path, body)?.map_err(classify)
     }
 
@@ -185,13 +191,29 @@ mod tests {
     fn classify_table() {
         let cases: Vec<(HttpError, ErrorClass, &str)> = vec![
             (api(404, "notFound", "The resource 'projects/p/zones/z/instances/x' was not found"), NotFound, "notFound"),
-            (HttpError::Status { status: 404, body: b"<html>404</html>".to_vec(), retry_after: None }, Permanent, "HTTP404"),
-            (api(429, "rateLimitExceeded", "Quota exceeded for quota metric 'Queries'"), QuotaExceeded, "rateLimitExceeded"),
+            (
+                HttpError::Status { status: 404, body: b"<html>404</html>".to_vec(), retry_after: None },
+                Permanent,
+                "HTTP404",
+            ),
+            (
+                api(429, "rateLimitExceeded", "Quota exceeded for quota metric 'Queries'"),
+                QuotaExceeded,
+                "rateLimitExceeded",
+            ),
             (api(403, "rateLimitExceeded", "Rate Limit Exceeded"), QuotaExceeded, "rateLimitExceeded"),
-            (api(403, "quotaExceeded", "Quota 'CPUS' exceeded. Limit: 24.0 in region us-central1."), QuotaExceeded, "quotaExceeded"),
+            (
+                api(403, "quotaExceeded", "Quota 'CPUS' exceeded. Limit: 24.0 in region us-central1."),
+                QuotaExceeded,
+                "quotaExceeded",
+            ),
             (api(401, "authError", "Invalid Credentials"), Permanent, "authError"),
             (api(403, "forbidden", "Required 'compute.instances.create' permission"), Permanent, "forbidden"),
-            (api(403, "accessNotConfigured", "Compute Engine API has not been used in project"), Permanent, "accessNotConfigured"),
+            (
+                api(403, "accessNotConfigured", "Compute Engine API has not been used in project"),
+                Permanent,
+                "accessNotConfigured",
+            ),
             (api(400, "resourceNotReady", "The resource is not ready"), Transient, "resourceNotReady"),
             (api(409, "alreadyExists", "The resource already exists"), Transient, "alreadyExists"),
             (api(400, "invalid", "Invalid value for field 'resource.machineType'"), Permanent, "invalid"),
@@ -236,12 +258,17 @@ mod tests {
 
     #[test]
     fn instances_and_lists_read() {
-        let vm: Vm = serde_json::from_value(serde_json::json!({"name": "a", "zone": "https://x/compute/v1/projects/p/zones/europe-west1-b",
-            "networkInterfaces": [{"accessConfigs": [{"natIP": "203.0.113.5"}]}], "labels": null})).unwrap();
+        let vm: Vm = serde_json::from_value(
+            serde_json::json!({"name": "a", "zone": "https://x/compute/v1/projects/p/zones/europe-west1-b",
+            "networkInterfaces": [{"accessConfigs": [{"natIP": "203.0.113.5"}]}], "labels": null}),
+        )
+        .unwrap();
         assert_eq!((vm.nat_ip(), vm.zone_name()), ("203.0.113.5", "europe-west1-b"));
         assert_eq!(Vm::default().nat_ip(), "");
-        let l: AggregatedList = serde_json::from_value(serde_json::json!({"items": {"zones/a-b1-c": {"warning": {"code": "UNREACHABLE"}},
-            "zones/a-b1-d": {"warning": {"code": "NO_RESULTS_ON_PAGE"}}}, "unreachables": ["zones/x-y1-z"]})).unwrap();
+        let l: AggregatedList =
+            serde_json::from_value(serde_json::json!({"items": {"zones/a-b1-c": {"warning": {"code": "UNREACHABLE"}},
+            "zones/a-b1-d": {"warning": {"code": "NO_RESULTS_ON_PAGE"}}}, "unreachables": ["zones/x-y1-z"]}))
+            .unwrap();
         assert_eq!(l.unreachable(), ["zones/x-y1-z", "zones/a-b1-c"]);
     }
 }

@@ -53,13 +53,15 @@ struct Grant {
 }
 
 fn bad_key(secret: &str, why: &str) -> ProviderError {
-    ProviderError::permanent(format!("secret {secret:?} is not a usable service-account JSON key: {why}")).with_code("InvalidKey")
+    ProviderError::permanent(format!("secret {secret:?} is not a usable service-account JSON key: {why}"))
+        .with_code("InvalidKey")
 }
 
 fn read_key(cfg: &Config) -> Result<Key, ProviderError> {
     let raw = sdk::secret(&cfg.credentials_secret)?;
     // Never the serde message: it may quote the key.
-    let key: Key = serde_json::from_slice(&raw).map_err(|_| bad_key(&cfg.credentials_secret, "not JSON with client_email, private_key and token_uri"))?;
+    let key: Key = serde_json::from_slice(&raw)
+        .map_err(|_| bad_key(&cfg.credentials_secret, "not JSON with client_email, private_key and token_uri"))?;
     if key.kind != "service_account" {
         return Err(bad_key(&cfg.credentials_secret, "\"type\" is not \"service_account\""));
     }
@@ -70,11 +72,15 @@ fn read_key(cfg: &Config) -> Result<Key, ProviderError> {
 fn assertion(key: &Key, secret: &str, now: u64) -> Result<String, ProviderError> {
     let body: String = key.private_key.lines().filter(|l| !l.starts_with("-----")).map(str::trim).collect();
     let der = data_encoding::BASE64.decode(body.as_bytes()).map_err(|_| bad_key(secret, "private_key is not PEM"))?;
-    let private = rsa::RsaPrivateKey::from_pkcs8_der(&der).map_err(|_| bad_key(secret, "private_key is not a PKCS#8 RSA key"))?;
+    let private =
+        rsa::RsaPrivateKey::from_pkcs8_der(&der).map_err(|_| bad_key(secret, "private_key is not a PKCS#8 RSA key"))?;
     let header = json!({"alg": "RS256", "typ": "JWT", "kid": key.private_key_id});
-    let claims =
-        json!({"iss": key.client_email, "scope": SCOPE, "aud": key.token_uri, "iat": now, "exp": now + 3600});
-    let signing = format!("{}.{}", BASE64URL_NOPAD.encode(header.to_string().as_bytes()), BASE64URL_NOPAD.encode(claims.to_string().as_bytes()));
+    let claims = json!({"iss": key.client_email, "scope": SCOPE, "aud": key.token_uri, "iat": now, "exp": now + 3600});
+    let signing = format!(
+        "{}.{}",
+        BASE64URL_NOPAD.encode(header.to_string().as_bytes()),
+        BASE64URL_NOPAD.encode(claims.to_string().as_bytes())
+    );
     // PKCS#1 v1.5 signatures are deterministic: no randomness needed inside the sandbox.
     let signature = SigningKey::<sha2::Sha256>::new(private).sign(signing.as_bytes());
     Ok(format!("{signing}.{}", BASE64URL_NOPAD.encode(&signature.to_bytes())))
@@ -115,7 +121,8 @@ pub fn forget(cfg: &Config) -> Result<(), ProviderError> {
 
 fn exchange(key: &Key, secret: &str) -> Result<Grant, ProviderError> {
     let jwt = assertion(key, secret, sdk::time::now().seconds)?;
-    let form = format!("grant_type={}&assertion={jwt}", encode_component("urn:ietf:params:oauth:grant-type:jwt-bearer"));
+    let form =
+        format!("grant_type={}&assertion={jwt}", encode_component("urn:ietf:params:oauth:grant-type:jwt-bearer"));
     let req = Request::post(&key.token_uri).header("content-type", "application/x-www-form-urlencoded").body(form);
     req.send_json::<Grant>().map_err(|e| {
         let mut err = TOKEN.classify(e);
@@ -151,8 +158,16 @@ mod tests {
         use egress_guest_sdk::ErrorClass::*;
         let answer = |status: u16, body: &str| HttpError::Status { status, body: body.into(), retry_after: None };
         let cases = [
-            (answer(400, r#"{"error":"invalid_grant","error_description":"Invalid JWT Signature."}"#), Permanent, "invalid_grant"),
-            (answer(401, r#"{"error":"invalid_client","error_description":"The OAuth client was not found."}"#), Permanent, "invalid_client"),
+            (
+                answer(400, r#"{"error":"invalid_grant","error_description":"Invalid JWT Signature."}"#),
+                Permanent,
+                "invalid_grant",
+            ),
+            (
+                answer(401, r#"{"error":"invalid_client","error_description":"The OAuth client was not found."}"#),
+                Permanent,
+                "invalid_client",
+            ),
             (answer(429, "{}"), QuotaExceeded, "HTTP429"),
             (answer(503, "<html>"), Transient, "HTTP503"),
             (HttpError::Transport(ErrorCode::ConnectionRefused), Transient, "ConnectionRefused"),
@@ -172,7 +187,10 @@ mod tests {
             private_key_id: "k1".into(),
             token_uri: "https://oauth2.googleapis.com/token".into(),
         };
-        for pem in ["-----BEGIN PRIVATE KEY-----\nnot base64 SECRETBITS\n-----END PRIVATE KEY-----\n", "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----"] {
+        for pem in [
+            "-----BEGIN PRIVATE KEY-----\nnot base64 SECRETBITS\n-----END PRIVATE KEY-----\n",
+            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----",
+        ] {
             let e = assertion(&key(pem), "sa", 0).unwrap_err();
             assert_eq!((e.class, e.code.as_deref()), (egress_guest_sdk::ErrorClass::Permanent, Some("InvalidKey")));
             assert!(!e.message.contains("SECRETBITS") && e.message.contains("\"sa\""), "{}", e.message);

@@ -88,9 +88,10 @@ pub fn parse(json: &str) -> Result<Config, ProviderError> {
     }
     let zone = "want a zone such as europe-west1-b";
     let machine = "want a machine type such as e2-micro";
-    for (field, items, valid, want) in
-        [("zones", &c.zones, is_zone as fn(&str) -> bool, zone), ("machineTypes", &c.machine_types, |s| is_name(s, 63), machine)]
-    {
+    for (field, items, valid, want) in [
+        ("zones", &c.zones, is_zone as fn(&str) -> bool, zone),
+        ("machineTypes", &c.machine_types, |s| is_name(s, 63), machine),
+    ] {
         nonempty(field, items)?;
         unique(field, items)?;
         each(field, items, |i| valid(i), want)?;
@@ -103,15 +104,25 @@ pub fn parse(json: &str) -> Result<Config, ProviderError> {
             return Err(invalid("images key", key, "want 1-63 lowercase letters, digits or '-'"));
         }
         if !is_path(image) || !image.contains("/images/") {
-            return Err(invalid(&format!("images[{key:?}]"), image, "want an image path such as projects/debian-cloud/global/images/family/debian-12"));
+            return Err(invalid(
+                &format!("images[{key:?}]"),
+                image,
+                "want an image path such as projects/debian-cloud/global/images/family/debian-12",
+            ));
         }
     }
     if !is_path(&c.network) || !c.network.contains("networks/") {
         return Err(invalid("network", &c.network, "want a network path such as global/networks/default"));
     }
     each("networkTags", &c.network_tags, |t| is_name(t, 63), "want an RFC 1035 network tag")?;
-    if c.token_source == TokenSource::ServiceAccountKey && !egress_guest_sdk::id::is_word(&c.credentials_secret, 128, b"-_.") {
-        return Err(invalid("credentialsSecret", &c.credentials_secret, "want the key of a secret of this provider entry"));
+    if c.token_source == TokenSource::ServiceAccountKey
+        && !egress_guest_sdk::id::is_word(&c.credentials_secret, 128, b"-_.")
+    {
+        return Err(invalid(
+            "credentialsSecret",
+            &c.credentials_secret,
+            "want the key of a secret of this provider entry",
+        ));
     }
     let base = if c.endpoint.is_empty() { DEFAULT_ENDPOINT } else { &c.endpoint };
     c.endpoint = endpoint("endpoint", base, "/compute/v1")?;
@@ -126,7 +137,11 @@ impl Config {
     pub fn resolve<'a>(&'a self, p: &Placement) -> Result<(&'a str, &'a str, &'a str), ProviderError> {
         let zone = one_of(PlacementField::Zone, &p.zone, &self.zones, "zones")?;
         if !p.region.is_empty() && !zone.starts_with(&format!("{}-", p.region)) {
-            return Err(ProviderError::invalid_placement(PlacementField::Region, &p.region, format!("does not contain zone {zone:?}")));
+            return Err(ProviderError::invalid_placement(
+                PlacementField::Region,
+                &p.region,
+                format!("does not contain zone {zone:?}"),
+            ));
         }
         let machine = one_of(PlacementField::MachineType, &p.machine_type, &self.machine_types, "machineTypes")?;
         let keys: Vec<&String> = self.images.keys().collect();
@@ -155,7 +170,10 @@ mod tests {
     fn defaults() {
         let c = parse(MIN).unwrap();
         assert_eq!((c.endpoint.as_str(), c.metadata_endpoint.as_str()), (DEFAULT_ENDPOINT, DEFAULT_METADATA));
-        assert_eq!((c.network.as_str(), c.credentials_secret.as_str()), ("global/networks/default", "serviceAccountKey"));
+        assert_eq!(
+            (c.network.as_str(), c.credentials_secret.as_str()),
+            ("global/networks/default", "serviceAccountKey")
+        );
         assert_eq!(c.token_source, TokenSource::ServiceAccountKey);
         let c = parse(&with(r#"{"tokenSource":"metadata","endpoint":"http://127.0.0.1:9/compute/v1/"}"#)).unwrap();
         assert_eq!((c.token_source, c.endpoint.as_str()), (TokenSource::Metadata, "http://127.0.0.1:9/compute/v1"));

@@ -112,13 +112,15 @@ fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
     match api.call::<Operation>(Method::Post, &path, Some(&body)) {
         Ok(op) => {
             sdk::cache_set(&op_key(&id), op.name.as_bytes(), OP_TTL);
-            let what = format!("insert accepted ({machine} / {image}, user data {} bytes, {})", req.cloud_init.len(), op.name);
+            let what =
+                format!("insert accepted ({machine} / {image}, user data {} bytes, {})", req.cloud_init.len(), op.name);
             Ok((id.to_string(), what))
         }
         // A concurrent create won the race for the name: adopt it if it is ours.
         Err(e) if e.code.as_deref() == Some("alreadyExists") => match api.find::<Vm>(&id.path())? {
             Some(vm) => adopt(&vm, req, &id),
-            None => Err(ProviderError::transient(format!("name {name:?} is taken in {zone}; looking again")).with_code("alreadyExists")),
+            None => Err(ProviderError::transient(format!("name {name:?} is taken in {zone}; looking again"))
+                .with_code("alreadyExists")),
         },
         Err(e) => Err(e.not_found_is_permanent("check config.project, config.network and the image")),
     }
@@ -137,7 +139,13 @@ fn missing(api: &Api, id: &Id) -> Result<(Instance, String), ProviderError> {
         return Err(gone(" (its insert operation is gone too)"));
     };
     if op.status != "DONE" {
-        let inst = Instance { id: id.to_string(), ip: String::new(), state: State::Provisioning, uid: String::new(), created_at: parse_rfc3339(&op.insert_time) };
+        let inst = Instance {
+            id: id.to_string(),
+            ip: String::new(),
+            state: State::Provisioning,
+            uid: String::new(),
+            created_at: parse_rfc3339(&op.insert_time),
+        };
         return Ok((inst, format!("insert {} is {}", op.name, op.status)));
     }
     sdk::cache_set(&op_key(id), b"", 0);
@@ -180,11 +188,15 @@ fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderEr
     let api = Api::new(&cfg)?;
     let filter = encode_component(&marks::filter(installation));
     let fetch = |token: &String| {
-        let mut path = format!("/projects/{}/aggregated/instances?filter={filter}&maxResults=500&returnPartialSuccess=true", cfg.project);
+        let mut path = format!(
+            "/projects/{}/aggregated/instances?filter={filter}&maxResults=500&returnPartialSuccess=true",
+            cfg.project
+        );
         if !token.is_empty() {
             path.push_str(&format!("&pageToken={}", encode_component(token)));
         }
-        let page: AggregatedList = api.call(Method::Get, &path, None).map_err(|e| e.not_found_is_permanent("check config.project"))?;
+        let page: AggregatedList =
+            api.call(Method::Get, &path, None).map_err(|e| e.not_found_is_permanent("check config.project"))?;
         if let [first, ..] = page.unreachable()[..] {
             let msg = format!("GCE could not list every zone ({first} unreachable): refusing a partial list");
             return Err(ProviderError::transient(msg).with_code("Unreachable"));
@@ -220,7 +232,10 @@ fn probe(api: &Api, zone: &str) -> TargetStatus {
             let details = vec![("status".to_string(), status.clone()), ("region".to_string(), region)];
             match status.as_str() {
                 "UP" => TargetStatus::ready(zone, details),
-                _ => TargetStatus { details, ..TargetStatus::failed(zone, "ZoneDown", format!("GCE reports zone {zone} {status}")) },
+                _ => TargetStatus {
+                    details,
+                    ..TargetStatus::failed(zone, "ZoneDown", format!("GCE reports zone {zone} {status}"))
+                },
             }
         }
     }
@@ -232,7 +247,10 @@ impl Provider for Gce {
             has_check: true,
             // The API and the token endpoint of service-account keys. Never the metadata server: the operator lists
             // http://169.254.169.254:80 in allowedHosts when it wants workload identity.
-            default_hosts: vec!["https://compute.googleapis.com:443".into(), "https://oauth2.googleapis.com:443".into()],
+            default_hosts: vec![
+                "https://compute.googleapis.com:443".into(),
+                "https://oauth2.googleapis.com:443".into(),
+            ],
             ..PluginInfo::new("gce", env!("CARGO_PKG_VERSION")).with_profile(PROFILE)
         }
     }

@@ -33,7 +33,8 @@ fn unescape(s: &str) -> Option<String> {
     while let Some((&b, tail)) = rest.split_first() {
         rest = match b {
             b'_' => {
-                let hex = std::str::from_utf8(tail.get(..2)?).ok().filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit()))?;
+                let hex =
+                    std::str::from_utf8(tail.get(..2)?).ok().filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit()))?;
                 out.push(u8::from_str_radix(hex, 16).ok()?);
                 &tail[2..]
             }
@@ -125,7 +126,9 @@ mod tests {
     #[test]
     fn labels_fit_gce_and_read_back() {
         let long = "x/".repeat(100);
-        for (uid, inst) in [("3f1c2a4e-7b1d-4c8e-9a55-0d6f2b9e1c01", "inst"), ("UID/Up:x_1", "cluster/Prod"), ("u", long.as_str())] {
+        for (uid, inst) in
+            [("3f1c2a4e-7b1d-4c8e-9a55-0d6f2b9e1c01", "inst"), ("UID/Up:x_1", "cluster/Prod"), ("u", long.as_str())]
+        {
             let l = create_labels(uid, inst).unwrap();
             for (k, v) in &l {
                 assert!(is_name(k, 63) && v.len() <= 63, "{k}={v}");
