@@ -6,6 +6,7 @@ use crate::config::Config;
 use egress_guest_sdk::classify::{Classifier, Kind, Rule};
 use egress_guest_sdk::http::{Client, HttpError, Method};
 use egress_guest_sdk::json::nullable;
+use egress_guest_sdk::paging::Page;
 use egress_guest_sdk::{ErrorClass, ProviderError};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -92,30 +93,20 @@ impl Operation {
     }
 }
 
-/// One page of `instances.aggregatedList`: instances by scope (`zones/<zone>`), each scope maybe with a warning.
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-pub struct AggregatedList {
-    pub items: BTreeMap<String, Scoped>,
-    pub next_page_token: String,
-    #[serde(deserialize_with = "nullable")]
-    pub unreachables: Vec<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub struct Scoped {
-    #[serde(deserialize_with = "nullable")]
-    pub instances: Vec<Vm>,
-    pub warning: Value,
-}
-
-impl AggregatedList {
-    /// Scopes the API could not read (`unreachables`, or a scope whose warning is `UNREACHABLE`).
-    pub fn unreachable(&self) -> Vec<&str> {
-        let warned = self.items.iter().filter(|(_, s)| s.warning["code"] == "UNREACHABLE").map(|(k, _)| k.as_str());
-        self.unreachables.iter().map(String::as_str).chain(warned).collect()
-    }
+/// One page of `instances.aggregatedList`: its instances, its next page token, and the scopes it could not read
+/// (`unreachables`, or a scope whose warning is `UNREACHABLE`).
+pub fn aggregated_page(page: Value) -> Result<(Page<Vm, String>, Vec<String>), ProviderError> {
+    let scopes = page["items"].as_object().cloned().unwrap_or_default();
+    let mut down: Vec<String> =
+        page["unreachables"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_string).collect();
+    down.extend(scopes.iter().filter(|(_, s)| s["warning"]["code"] == "UNREACHABLE").map(|(k, _)| k.clone()));
+    let vms =
+        scopes.into_values().flat_map(|mut s| s["instances"].as_array_mut().map(std::mem::take).unwrap_or_default());
+    let vms = vms.map(serde_json::from_value).collect::<Result<Vec<Vm>, _>>();
+    let vms =
+        vms.map_err(|e| ProviderError::transient(format!("unreadable instance list: {e}")).with_code("InvalidJson"))?;
+    let next = page["nextPageToken"].as_str().filter(|t| !t.is_empty()).map(str::to_string);
+    Ok((Page { items: vms, next }, down))
 }
 
 /// The API with an access token; the per-request timeouts are the SDK's (connect 5 s, first byte and between bytes
@@ -265,10 +256,12 @@ mod tests {
         .unwrap();
         assert_eq!((vm.nat_ip(), vm.zone_name()), ("203.0.113.5", "europe-west1-b"));
         assert_eq!(Vm::default().nat_ip(), "");
-        let l: AggregatedList =
-            serde_json::from_value(serde_json::json!({"items": {"zones/a-b1-c": {"warning": {"code": "UNREACHABLE"}},
-            "zones/a-b1-d": {"warning": {"code": "NO_RESULTS_ON_PAGE"}}}, "unreachables": ["zones/x-y1-z"]}))
-            .unwrap();
-        assert_eq!(l.unreachable(), ["zones/x-y1-z", "zones/a-b1-c"]);
+        let page = serde_json::json!({"items": {"zones/a-b1-c": {"warning": {"code": "UNREACHABLE"}},
+            "zones/a-b1-d": {"instances": [{"name": "x"}]}}, "unreachables": ["zones/x-y1-z"], "nextPageToken": "t"});
+        let (page, down) = aggregated_page(page).unwrap();
+        assert_eq!(
+            (page.items.len(), page.next.as_deref(), down),
+            (1, Some("t"), vec!["zones/x-y1-z".to_string(), "zones/a-b1-c".into()])
+        );
     }
 }

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 pub const SCOPE: &str = "https://www.googleapis.com/auth/compute";
+const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 const METADATA_TOKEN: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
 
 /// Google's token endpoint answers `{"error": "invalid_grant", "error_description": ...}`. A key it refuses (bad
@@ -53,61 +54,69 @@ struct Grant {
 }
 
 fn bad_key(secret: &str, why: &str) -> ProviderError {
-    ProviderError::permanent(format!("secret {secret:?} is not a usable service-account JSON key: {why}"))
-        .with_code("InvalidKey")
+    let msg = format!("secret {secret:?} is not a usable service-account JSON key: {why}");
+    ProviderError::permanent(msg).with_code("InvalidKey")
 }
 
-fn read_key(cfg: &Config) -> Result<Key, ProviderError> {
-    let raw = sdk::secret(&cfg.credentials_secret)?;
-    // Never the serde message: it may quote the key.
-    let key: Key = serde_json::from_slice(&raw)
-        .map_err(|_| bad_key(&cfg.credentials_secret, "not JSON with client_email, private_key and token_uri"))?;
-    if key.kind != "service_account" {
-        return Err(bad_key(&cfg.credentials_secret, "\"type\" is not \"service_account\""));
-    }
-    Ok(key)
+/// The key from its secret, read on every call. Never the serde message: it may quote the key.
+fn read_key(secret: &str) -> Result<Key, ProviderError> {
+    let key = serde_json::from_slice::<Key>(&sdk::secret(secret)?).ok().filter(|k| k.kind == "service_account");
+    key.ok_or_else(|| bad_key(secret, "want JSON of type service_account with client_email, private_key, token_uri"))
 }
 
 /// The signed JWT of RFC 7523 that Google's token endpoint takes for a service account.
 fn assertion(key: &Key, secret: &str, now: u64) -> Result<String, ProviderError> {
     let body: String = key.private_key.lines().filter(|l| !l.starts_with("-----")).map(str::trim).collect();
-    let der = data_encoding::BASE64.decode(body.as_bytes()).map_err(|_| bad_key(secret, "private_key is not PEM"))?;
-    let private =
-        rsa::RsaPrivateKey::from_pkcs8_der(&der).map_err(|_| bad_key(secret, "private_key is not a PKCS#8 RSA key"))?;
+    let der = data_encoding::BASE64.decode(body.as_bytes()).ok();
+    let private = der.and_then(|der| rsa::RsaPrivateKey::from_pkcs8_der(&der).ok());
+    let private = private.ok_or_else(|| bad_key(secret, "private_key is not a PEM PKCS#8 RSA key"))?;
     let header = json!({"alg": "RS256", "typ": "JWT", "kid": key.private_key_id});
     let claims = json!({"iss": key.client_email, "scope": SCOPE, "aud": key.token_uri, "iat": now, "exp": now + 3600});
-    let signing = format!(
-        "{}.{}",
-        BASE64URL_NOPAD.encode(header.to_string().as_bytes()),
-        BASE64URL_NOPAD.encode(claims.to_string().as_bytes())
-    );
+    let [h, c] = [header, claims].map(|v| BASE64URL_NOPAD.encode(v.to_string().as_bytes()));
     // PKCS#1 v1.5 signatures are deterministic: no randomness needed inside the sandbox.
-    let signature = SigningKey::<sha2::Sha256>::new(private).sign(signing.as_bytes());
-    Ok(format!("{signing}.{}", BASE64URL_NOPAD.encode(&signature.to_bytes())))
+    let signature = SigningKey::<sha2::Sha256>::new(private).sign(format!("{h}.{c}").as_bytes());
+    Ok(format!("{h}.{c}.{}", BASE64URL_NOPAD.encode(&signature.to_bytes())))
 }
 
-/// Where the token is cached: per key (a rotated key gets a fresh token) or per metadata endpoint.
+/// Where the token is cached (per key, so a rotated key gets a fresh token; or per metadata server), and the key.
 fn cache_key(cfg: &Config) -> Result<(String, Option<Key>), ProviderError> {
-    Ok(match cfg.token_source {
-        TokenSource::Metadata => (format!("token:metadata:{}", cfg.metadata_endpoint), None),
-        TokenSource::ServiceAccountKey => {
-            let key = read_key(cfg)?;
-            (format!("token:key:{}:{}:{}", key.client_email, key.private_key_id, key.token_uri), Some(key))
-        }
-    })
+    if cfg.token_source == TokenSource::Metadata {
+        return Ok((format!("token:metadata:{}", cfg.metadata_endpoint), None));
+    }
+    let key = read_key(&cfg.credentials_secret)?;
+    Ok((format!("token:key:{}:{}:{}", key.client_email, key.private_key_id, key.token_uri), Some(key)))
 }
 
-/// An access token: the cached one, or a fresh one.
+/// An access token: the cached one, or a fresh one (cached until a minute before it expires).
 pub fn token(cfg: &Config) -> Result<String, ProviderError> {
     let (cache, key) = cache_key(cfg)?;
     if let Some(t) = sdk::cache_get(&cache).and_then(|t| String::from_utf8(t).ok()) {
         return Ok(t);
     }
-    let grant = match key {
-        Some(key) => exchange(&key, &cfg.credentials_secret)?,
-        None => metadata(cfg)?,
+    let (what, req) = match &key {
+        Some(key) => {
+            let jwt = assertion(key, &cfg.credentials_secret, sdk::time::now().seconds)?;
+            let form = format!("grant_type={}&assertion={jwt}", encode_component(JWT_BEARER));
+            let req = Request::post(&key.token_uri).header("content-type", "application/x-www-form-urlencoded");
+            (format!("service-account token exchange at {}", key.token_uri), req.body(form))
+        }
+        None => {
+            let url = format!("{}{METADATA_TOKEN}", cfg.metadata_endpoint);
+            ("metadata server token".into(), Request::get(url).header("metadata-flavor", "Google"))
+        }
     };
-    // A minute short of the expiry, so a token is never used in its last seconds.
+    let grant = match req.send_json::<Grant>() {
+        Ok(g) => g,
+        Err(HttpError::Transport(ErrorCode::HttpRequestDenied)) if key.is_none() => {
+            let msg =
+                format!("{what}: {} is not allowed; list it in the provider's allowedHosts", cfg.metadata_endpoint);
+            return Err(ProviderError::permanent(msg).with_code("MetadataNotAllowed"));
+        }
+        Err(e) => {
+            let err = TOKEN.classify(e);
+            return Err(ProviderError { message: format!("{what}: {}", err.message), ..err });
+        }
+    };
     let ttl = grant.expires_in.saturating_sub(60).min(u64::from(u32::MAX)) as u32;
     sdk::cache_set(&cache, grant.access_token.as_bytes(), ttl);
     Ok(grant.access_token)
@@ -117,36 +126,6 @@ pub fn token(cfg: &Config) -> Result<String, ProviderError> {
 pub fn forget(cfg: &Config) -> Result<(), ProviderError> {
     sdk::cache_set(&cache_key(cfg)?.0, b"", 0);
     Ok(())
-}
-
-fn exchange(key: &Key, secret: &str) -> Result<Grant, ProviderError> {
-    let jwt = assertion(key, secret, sdk::time::now().seconds)?;
-    let form =
-        format!("grant_type={}&assertion={jwt}", encode_component("urn:ietf:params:oauth:grant-type:jwt-bearer"));
-    let req = Request::post(&key.token_uri).header("content-type", "application/x-www-form-urlencoded").body(form);
-    req.send_json::<Grant>().map_err(|e| {
-        let mut err = TOKEN.classify(e);
-        err.message = format!("service-account token exchange at {}: {}", key.token_uri, err.message);
-        err
-    })
-}
-
-/// The metadata server's token for the node's (or the workload's) service account.
-fn metadata(cfg: &Config) -> Result<Grant, ProviderError> {
-    let url = format!("{}{METADATA_TOKEN}", cfg.metadata_endpoint);
-    match Request::get(&url).header("metadata-flavor", "Google").send_json::<Grant>() {
-        Ok(g) => Ok(g),
-        Err(HttpError::Transport(ErrorCode::HttpRequestDenied)) => Err(ProviderError::permanent(format!(
-            "the metadata server {} is not allowed: list it in this provider's allowedHosts (tokenSource: metadata)",
-            cfg.metadata_endpoint
-        ))
-        .with_code("MetadataNotAllowed")),
-        Err(e) => {
-            let mut err = TOKEN.classify(e);
-            err.message = format!("metadata server token: {}", err.message);
-            Err(err)
-        }
-    }
 }
 
 #[cfg(test)]

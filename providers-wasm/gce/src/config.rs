@@ -11,47 +11,37 @@ pub const DEFAULT_ENDPOINT: &str = "https://compute.googleapis.com/compute/v1";
 /// `http://169.254.169.254:80`, never by default.
 pub const DEFAULT_METADATA: &str = "http://169.254.169.254";
 
-/// Where the access token comes from.
+/// Where access tokens come from: a service-account JSON key (the secret `credentialsSecret` names), exchanged at its
+/// `token_uri`; or the metadata server of the node the operator runs on (GKE workload identity, a VM's account).
 #[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub enum TokenSource {
-    /// A service-account JSON key from the secret named by `credentialsSecret`, exchanged at its `token_uri`.
     #[default]
     ServiceAccountKey,
-    /// The metadata server of the node the operator runs on (GKE workload identity, a GCE VM's service account).
     Metadata,
 }
 
+/// A config block; `images` maps a catalogue key (what `placement.image` names) to an image path. Empty strings are the
+/// defaults, filled in by [`parse`].
 #[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Config {
     pub project: String,
     pub zones: Vec<String>,
     pub machine_types: Vec<String>,
-    /// Catalogue key (what `placement.image` names) -> image (`projects/debian-cloud/global/images/family/...`).
     pub images: BTreeMap<String, String>,
-    #[serde(default = "default_network")]
+    #[serde(default)]
     pub network: String,
-    /// Network tags for the firewall rule that opens the proxy port.
     #[serde(default)]
     pub network_tags: Vec<String>,
     #[serde(default)]
     pub token_source: TokenSource,
-    /// The key of the provider entry's `secrets` that holds the service-account JSON key.
-    #[serde(default = "default_secret")]
+    #[serde(default)]
     pub credentials_secret: String,
     #[serde(default)]
     pub endpoint: String,
     #[serde(default)]
     pub metadata_endpoint: String,
-}
-
-fn default_network() -> String {
-    "global/networks/default".into()
-}
-
-fn default_secret() -> String {
-    "serviceAccountKey".into()
 }
 
 /// Whether `s` is an RFC 1035 label of at most `max` characters: what GCE takes as a name.
@@ -61,6 +51,10 @@ pub fn is_name(s: &str, max: usize) -> bool {
         && b[0].is_ascii_lowercase()
         && b[b.len() - 1] != b'-'
         && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+fn is_type(s: &str) -> bool {
+    is_name(s, 63)
 }
 
 /// A project ID: 6-30 characters, RFC 1035 (it ends up in provider IDs, so never a `/`).
@@ -81,53 +75,43 @@ fn is_path(s: &str) -> bool {
         })
 }
 
+/// Parse and check a config block; every message names the field and the value.
 pub fn parse(json: &str) -> Result<Config, ProviderError> {
     let mut c: Config = egress_guest_sdk::config::parse(json)?;
+    let or = |v: &mut String, default: &str| v.is_empty().then(|| *v = default.into());
+    or(&mut c.network, "global/networks/default");
+    or(&mut c.credentials_secret, "serviceAccountKey");
+    or(&mut c.endpoint, DEFAULT_ENDPOINT);
+    or(&mut c.metadata_endpoint, DEFAULT_METADATA);
     if !is_project(&c.project) {
         return Err(invalid("project", &c.project, "want a project ID: 6-30 lowercase letters, digits or '-'"));
     }
-    let zone = "want a zone such as europe-west1-b";
-    let machine = "want a machine type such as e2-micro";
-    for (field, items, valid, want) in [
-        ("zones", &c.zones, is_zone as fn(&str) -> bool, zone),
-        ("machineTypes", &c.machine_types, |s| is_name(s, 63), machine),
-    ] {
+    let (zone, machine) = ("want a zone such as europe-west1-b", "want a machine type such as e2-micro");
+    for (field, items, valid, want) in
+        [("zones", &c.zones, is_zone as fn(&str) -> bool, zone), ("machineTypes", &c.machine_types, is_type, machine)]
+    {
         nonempty(field, items)?;
         unique(field, items)?;
         each(field, items, |i| valid(i), want)?;
     }
-    if c.images.is_empty() {
-        return Err(invalid("images", "{}", "is empty: want a map of catalogue key to image"));
-    }
-    for (key, image) in &c.images {
-        if !is_name(key, 63) {
-            return Err(invalid("images key", key, "want 1-63 lowercase letters, digits or '-'"));
+    let image = "want an image path such as projects/debian-cloud/global/images/family/debian-12";
+    match c.images.iter().find(|(k, i)| !is_type(k) || !is_path(i) || !i.contains("/images/")) {
+        _ if c.images.is_empty() => return Err(invalid("images", "{}", "is empty: want a map of key to image")),
+        Some((k, _)) if !is_type(k) => {
+            return Err(invalid("images key", k, "want 1-63 lowercase letters, digits, '-'"));
         }
-        if !is_path(image) || !image.contains("/images/") {
-            return Err(invalid(
-                &format!("images[{key:?}]"),
-                image,
-                "want an image path such as projects/debian-cloud/global/images/family/debian-12",
-            ));
-        }
+        Some((k, i)) => return Err(invalid(&format!("images[{k:?}]"), i, image)),
+        None => {}
     }
     if !is_path(&c.network) || !c.network.contains("networks/") {
         return Err(invalid("network", &c.network, "want a network path such as global/networks/default"));
     }
-    each("networkTags", &c.network_tags, |t| is_name(t, 63), "want an RFC 1035 network tag")?;
-    if c.token_source == TokenSource::ServiceAccountKey
-        && !egress_guest_sdk::id::is_word(&c.credentials_secret, 128, b"-_.")
-    {
-        return Err(invalid(
-            "credentialsSecret",
-            &c.credentials_secret,
-            "want the key of a secret of this provider entry",
-        ));
+    each("networkTags", &c.network_tags, |t| is_type(t), "want an RFC 1035 network tag")?;
+    if !egress_guest_sdk::id::is_word(&c.credentials_secret, 128, b"-_.") {
+        return Err(invalid("credentialsSecret", &c.credentials_secret, "want the key of a secret of this entry"));
     }
-    let base = if c.endpoint.is_empty() { DEFAULT_ENDPOINT } else { &c.endpoint };
-    c.endpoint = endpoint("endpoint", base, "/compute/v1")?;
-    let meta = if c.metadata_endpoint.is_empty() { DEFAULT_METADATA } else { &c.metadata_endpoint };
-    c.metadata_endpoint = endpoint("metadataEndpoint", meta, "")?;
+    c.endpoint = endpoint("endpoint", &c.endpoint, "/compute/v1")?;
+    c.metadata_endpoint = endpoint("metadataEndpoint", &c.metadata_endpoint, "")?;
     Ok(c)
 }
 

@@ -8,10 +8,10 @@ mod auth;
 mod config;
 mod marks;
 
-use api::{AggregatedList, Api, GCE, Operation, Vm, classify};
+use api::{Api, GCE, Operation, Vm, classify};
 use egress_guest_sdk::http::{Method, encode_component};
 use egress_guest_sdk::outcome::Outcomes;
-use egress_guest_sdk::paging::{Bounds, Page};
+use egress_guest_sdk::paging::Bounds;
 use egress_guest_sdk::time::parse_rfc3339;
 use egress_guest_sdk::{
     self as sdk, CreateRequest, Instance, Level, PluginInfo, Provider, ProviderError, State, TargetStatus,
@@ -188,21 +188,16 @@ fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderEr
     let api = Api::new(&cfg)?;
     let filter = encode_component(&marks::filter(installation));
     let fetch = |token: &String| {
-        let mut path = format!(
-            "/projects/{}/aggregated/instances?filter={filter}&maxResults=500&returnPartialSuccess=true",
-            cfg.project
-        );
-        if !token.is_empty() {
-            path.push_str(&format!("&pageToken={}", encode_component(token)));
-        }
-        let page: AggregatedList =
-            api.call(Method::Get, &path, None).map_err(|e| e.not_found_is_permanent("check config.project"))?;
-        if let [first, ..] = page.unreachable()[..] {
+        let token = if token.is_empty() { String::new() } else { format!("&pageToken={}", encode_component(token)) };
+        let query = format!("filter={filter}&maxResults=500&returnPartialSuccess=true{token}");
+        let path = format!("/projects/{}/aggregated/instances?{query}", cfg.project);
+        let page = api.call(Method::Get, &path, None).map_err(|e| e.not_found_is_permanent("check config.project"))?;
+        let (page, down) = api::aggregated_page(page)?;
+        if let [first, ..] = &down[..] {
             let msg = format!("GCE could not list every zone ({first} unreachable): refusing a partial list");
             return Err(ProviderError::transient(msg).with_code("Unreachable"));
         }
-        let next = Some(page.next_page_token.clone()).filter(|t| !t.is_empty());
-        Ok(Page { items: page.items.into_values().flat_map(|s| s.instances).collect(), next })
+        Ok(page)
     };
     let out = PAGES.collect(String::new(), fetch, |vm: Vm| {
         if !marks::is_gc_match(&vm.labels, installation) {
@@ -227,16 +222,14 @@ fn probe(api: &Api, zone: &str) -> TargetStatus {
         Err(e) => TargetStatus::failed(zone, "Unauthorized", e.message),
         Ok(Err(e)) => TargetStatus::failed(zone, GCE.reason_of(&e), classify(e).message),
         Ok(Ok(z)) => {
-            let status = z["status"].as_str().unwrap_or("UNKNOWN").to_string();
-            let region = z["region"].as_str().and_then(|r| r.rsplit('/').next()).unwrap_or("").to_string();
-            let details = vec![("status".to_string(), status.clone()), ("region".to_string(), region)];
-            match status.as_str() {
-                "UP" => TargetStatus::ready(zone, details),
-                _ => TargetStatus {
-                    details,
-                    ..TargetStatus::failed(zone, "ZoneDown", format!("GCE reports zone {zone} {status}"))
-                },
-            }
+            let [status, region] = ["status", "region"].map(|k| z[k].as_str().unwrap_or("").rsplit('/').next());
+            let [status, region] = [status, region].map(|v| v.unwrap_or("").to_string());
+            let mut t = match status.as_str() {
+                "UP" => TargetStatus::ready(zone, vec![]),
+                _ => TargetStatus::failed(zone, "ZoneDown", format!("GCE reports zone {zone} {status:?}")),
+            };
+            t.details = vec![("status".into(), status), ("region".into(), region)];
+            t
         }
     }
 }

@@ -31,18 +31,14 @@ fn escape(s: &str) -> String {
 fn unescape(s: &str) -> Option<String> {
     let (mut out, mut rest) = (Vec::new(), s.as_bytes());
     while let Some((&b, tail)) = rest.split_first() {
-        rest = match b {
-            b'_' => {
-                let hex =
-                    std::str::from_utf8(tail.get(..2)?).ok().filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit()))?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                &tail[2..]
-            }
-            _ => {
-                out.push(b);
-                tail
-            }
-        };
+        rest = tail;
+        if b == b'_' {
+            let hex = std::str::from_utf8(tail.get(..2)?).ok().filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit()))?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            rest = &tail[2..];
+        } else {
+            out.push(b);
+        }
     }
     String::from_utf8(out).ok()
 }
