@@ -331,6 +331,19 @@ async fn a_key_the_token_endpoint_refuses_is_permanent() {
         (Class::Permanent, Some("InvalidKey")),
         "{err}"
     );
+    // An old key's token endpoint, not on the allow-list: refused by the host, permanent.
+    let old = g.emu.test_key_json().replace(
+        &format!("{}/token", g.emu.url()),
+        "https://accounts.google.com/o/oauth2/token",
+    );
+    std::fs::write(g.secrets.path().join("key.json"), old).unwrap();
+    let err = g.p.get(&id).await.unwrap_err();
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Permanent, Some("TokenUriNotAllowed")),
+        "{err}"
+    );
+    assert!(err.message.contains("accounts.google.com"), "{err}");
     std::fs::remove_file(g.secrets.path().join("key.json")).unwrap();
     let err = g.p.get(&id).await.unwrap_err();
     assert_eq!(

@@ -476,7 +476,8 @@ impl Served<Backend> {
         Ok(Served::serve("gce-emulator", listener, state, app))
     }
 
-    /// A service-account JSON key for `email` and `pem` whose `token_uri` is this emulator.
+    /// A service-account JSON key for `email` and `pem` whose `token_uri` is this emulator,
+    /// pretty-printed like the keys Google hands out.
     pub fn key_json(&self, email: &str, pem: &str) -> String {
         let token_uri = format!("{}/token", self.url());
         let key = json!({
@@ -484,7 +485,7 @@ impl Served<Backend> {
             "private_key_id": "0123456789abcdef", "private_key": pem, "client_email": email,
             "client_id": "100000000000000000001", "token_uri": token_uri,
         });
-        key.to_string()
+        serde_json::to_string_pretty(&key).expect("JSON")
     }
 
     /// The key of the account the emulator knows.

@@ -107,10 +107,14 @@ pub fn token(cfg: &Config) -> Result<String, ProviderError> {
     };
     let grant = match req.send_json::<Grant>() {
         Ok(g) => g,
-        Err(HttpError::Transport(ErrorCode::HttpRequestDenied)) if key.is_none() => {
-            let msg =
-                format!("{what}: {} is not allowed; list it in the provider's allowedHosts", cfg.metadata_endpoint);
-            return Err(ProviderError::permanent(msg).with_code("MetadataNotAllowed"));
+        // The host refused the address: only the operator's providers file can open it, so retrying cannot help.
+        Err(HttpError::Transport(ErrorCode::HttpRequestDenied)) => {
+            let (host, code) = match &key {
+                Some(k) => (k.token_uri.as_str(), "TokenUriNotAllowed"),
+                None => (cfg.metadata_endpoint.as_str(), "MetadataNotAllowed"),
+            };
+            let msg = format!("{what}: {host} is not allowed; list it in the provider's allowedHosts");
+            return Err(ProviderError::permanent(msg).with_code(code));
         }
         Err(e) => {
             let err = TOKEN.classify(e);
