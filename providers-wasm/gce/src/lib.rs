@@ -139,13 +139,8 @@ fn missing(api: &Api, id: &Id) -> Result<(Instance, String), ProviderError> {
         return Err(gone(" (its insert operation is gone too)"));
     };
     if op.status != "DONE" {
-        let inst = Instance {
-            id: id.to_string(),
-            ip: String::new(),
-            state: State::Provisioning,
-            uid: String::new(),
-            created_at: parse_rfc3339(&op.insert_time),
-        };
+        let (ip, uid, created_at) = (String::new(), String::new(), parse_rfc3339(&op.insert_time));
+        let inst = Instance { id: id.to_string(), ip, state: State::Provisioning, uid, created_at };
         return Ok((inst, format!("insert {} is {}", op.name, op.status)));
     }
     sdk::cache_set(&op_key(id), b"", 0);
