@@ -2,7 +2,7 @@
 //! `proxy-operator conformance` by hand:
 //!
 //! ```sh
-//! cargo run -p egress-emulators --example emulator -- hetzner   # or: ec2, digitalocean, vultr, linode, scaleway
+//! cargo run -p egress-emulators --example emulator -- hetzner   # or: ec2, digitalocean, gce, vultr, linode, scaleway
 //! cargo run -p egress-emulators --example emulator -- example 8080
 //! ```
 //!
@@ -80,9 +80,25 @@ fn main() {
             println!("token: {EMULATOR_TOKEN}");
             Box::new(e)
         }
+        "gce" => {
+            use egress_emulators::gce::{GceConfig, GceEmulator};
+            let e = GceEmulator::start(GceConfig::default());
+            // A throwaway test-only key (emulators/src/gce/test_keys.rs), for the
+            // provider entry's serviceAccountKey secret; its token_uri is this emulator.
+            let key =
+                std::env::temp_dir().join(format!("gce-emulator-key-{}.json", std::process::id()));
+            if let Err(err) = std::fs::write(&key, e.test_key_json()) {
+                eprintln!("gce: cannot write {}: {err}", key.display());
+                std::process::exit(1);
+            }
+            println!("GCE emulator at {} (API under /compute/v1, token endpoint /token)", e.url());
+            println!("project: {}", egress_emulators::gce::EMULATOR_PROJECT);
+            println!("service-account key (test-only): {}", key.display());
+            Box::new(e)
+        }
         other => {
             eprintln!(
-                "usage: emulator ec2|hetzner|example|digitalocean|vultr|linode|scaleway [PORT] (got {other:?})"
+                "usage: emulator ec2|hetzner|example|digitalocean|gce|vultr|linode|scaleway [PORT] (got {other:?})"
             );
             std::process::exit(2);
         }

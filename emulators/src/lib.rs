@@ -17,6 +17,7 @@ pub mod digitalocean;
 pub mod ec2;
 pub mod echo;
 pub mod example;
+pub mod gce;
 pub mod hetzner;
 pub mod linode;
 pub mod rate_limit;

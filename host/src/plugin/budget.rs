@@ -69,6 +69,14 @@ pub fn shipped_default(type_name: &str) -> Option<Spec> {
             per_hour: 108_000,
             burst: 30,
         }),
+        // Compute Engine: 1,500 requests a minute per project for each rate-quota group
+        // (reads, lists, operation reads, writes), refilled each minute
+        // (https://cloud.google.com/compute/api-quota). 1,400 a minute plus a burst of 100
+        // keeps even a minute spent in one group under 1,500.
+        "gce" => Some(Spec {
+            per_hour: 84_000,
+            burst: 100,
+        }),
         _ => None,
     }
 }

@@ -17,6 +17,7 @@ mod loading;
 mod provider_digitalocean;
 mod provider_ec2;
 mod provider_ec2_moto;
+mod provider_gce;
 mod provider_hetzner;
 mod provider_linode;
 mod provider_scaleway;

@@ -1,0 +1,70 @@
+//! THROWAWAY TEST-ONLY KEYS. Generated for this repository's tests with
+//! `openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048`; they belong to no Google
+//! account and grant nothing anywhere. The GCE emulator knows [`TEST_KEY_PEM`]'s public half
+//! for [`TEST_CLIENT_EMAIL`]; [`WRONG_KEY_PEM`] is a key it does not know (its JWTs are
+//! refused with `invalid_grant`). Committed rather than generated per test: RSA key
+//! generation would cost every test run seconds, and the emulator binary needs a fixed key
+//! to hand out.
+
+/// The service account the emulator knows.
+pub const TEST_CLIENT_EMAIL: &str = "proxy-operator@emulator-project.iam.gserviceaccount.com";
+
+/// THROWAWAY TEST-ONLY private key (PKCS#8) of [`TEST_CLIENT_EMAIL`].
+pub const TEST_KEY_PEM: &str = "-----BEGIN PRIVATE KEY-----
+MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQDDz8bjTivkH1Iq
+G8UJjccWfgqxJzDYDLyES09BDVyoSRF6ztfNigZEStbSRwC/DBdFMfIx7gEg4JzF
+Tl4MvXk8lTLcG69fEAszy/R3idwL0RUejq71L3CLe+mDdx5Vbr4duO6trf1ppjHs
+z4cylHuR7W9toP/Oqv/1V9wmUvJ6swkiYv3R6U9yeHd+N4EC0kGd9Czn3GZnVhQ8
+93gjjKifdMCdAMi1ESCOaOIrruiSQVjMEqnIwWhUAtfcjXAB+nIP6i9/KUHDkuSO
+3SEPgeHZ6QUrctcWjRuqdRPQPoo1hRuhqzFetezbS2qxPUCaCaY2RZT4PZDjrspS
+5KCQmI8lAgMBAAECggEAB9IRHfv9yccsd20Tgg2tEWtoTuoDS+W6U8hUOoNnm3sL
+nS2MtfNYy7p3eP+H+plnhoZ3p2Hbnq4J5OF75SNeJ7rHxL3AU9omsGNpeKrDZJ9t
+qgJF35oM8y04Rt1nkz7wjexYcAxebi1KmiwxuKXwh4QFqsm+3ci7n1dqfgdbEuZo
+r3PcSE+VA+Ilx2CFsUgmuS/BhFb/rSn7l9UD9tXr7D0cFAHIC9MrDux62iaq0NNp
+hx0du0TfQP4sYfhGw2fx/4qUGB/Pbwk52LrzcFInoBRYzxWwBeHXgB3EddQf/I1E
+q07GvJ0DnQ5Ybg4AWszLfH9tGvI11qc1zxg8TKatAwKBgQD42+BD0DD3FbImQULM
+Rg+vEXYcBWFhEWkqGDmUgUmIi5NukEACwoOM14ELkJGtjCPU2i6nx8UBt1UZGPE6
+3BdqS/OEHpJz8/Vk3y4/cxbTO5FO4+d6D3cGjgXuTpboydIjM3MXB6HkJKuHQ3gf
+WnwxM84OvSstQQ+eRY9GsRdCowKBgQDJbjbbcEzHUtTsTYEL/zuN98jdk9hfWP2d
+JD37gywEudleEXYYYp1Vsr7IaWEb+Nc1jZRQNXJ++m4i5o8tTk7eJslGhbb5vVv7
+aWHkw1WxPg7cCcgvvOpsvzOTrCRZB20E/acndOI64SxJTPa5mKL+o5s2YwrhIVI0
+Ymr512PLlwKBgAFyXcpnInG9SYzZYkcHvT2aT2J4UYmb7U2WWHdZjRDjJtdEtWqO
+sO8XraNgksg8gVTSc+T7z1RkOXVs5LIf527xxBenidhsuad9eKpbw+00cnLP9l+K
+SXnbR4OMJ2pxCey0dt3SaImIAQtHRCKChyhOEcuaI+8earXT17JkgysbAoGAS1Er
+r+eQveMJ/IWKYCsCYLYq5DcY66YBxpU7m+TTO70mOtc6mimdfOLGFXfZuLTV+49B
+yrABbNtE/UXKeX1TXhuQnQ74eO9GCn6//OLREuIKeloqATeZTCo+JdRzDtsI95nE
+u6snwC5b+diOVJ1vLNmN+ssT0VQ9QZsfNuZDyWcCgYEAupVJxtEnrsRffFw51aTh
+tPHWQpwjmSOGmSEsPrbzBhBbKe+fcurBDTgRwjH1G1HXlwUwATDXuzT2rPWl+L79
+kF/pcyLWbV0HyNzDJuzBSoxW+cekiqa6jDJEjFzgigkYn6wcSBWCe5J2c1zLMIlc
+XNdwU3yfTLb2QB7a5iJ7H+o=
+-----END PRIVATE KEY-----\n";
+
+/// THROWAWAY TEST-ONLY private key the emulator does not know.
+pub const WRONG_KEY_PEM: &str = "-----BEGIN PRIVATE KEY-----
+MIIEvAIBADANBgkqhkiG9w0BAQEFAASCBKYwggSiAgEAAoIBAQDVaUYquaWgkIfo
+eOpcRzWTGhEYCNrqcgIOMDeNmJkH08v5CFhRqwo4eSMdPdghnb5BCx+ZCAkSGPsT
+hKbhJmrUEAMk052Hfm1sPg8NMRT+fkbp6SCheybGpnGOVdUPySJVjPoFlJD3WkeI
+0o+CGg0mgGXTsh9RleNSNrle9+9pbuGFuR8BOiHvzYYnlAlMCdbpX333fAx+pDSc
+5pMjgSp0wVEDT/oBWu18OqVHrGINLMSj/vAVk7mXsyJWSqBEPP/sELO4IH3TodZu
+f/O79F4ZNHQoCzKTM3PU+s8GzDWKjCGxjVgZrvTmHeVSQikp3DWr+TSwsfUk2L8H
+bDuS6wwBAgMBAAECgf9BCz9RC8H4DZuKEacxCAmcanGomg6pydSm0NdEw88Y35Dc
+2lmopJCvI325iBC09c2pkDpYy56C+RXSqzE+qu4uKT4NJJTyO1u+8i+OhXZPQa+6
+1/5qTuhmZp4xTEGQceqwaYZEBhdyuNJ0JG8sYUrMKbWVnivGbra96WDF/9PtiI5Y
+hU2tKMRJ2K5bjpweD+t509HicE+DPwoCCQZ3pIVIpBiNTk0Tnu7JAZAFN5Pj0tHv
+qiq3wDddKCD1B4marwl3DNtZfXEyNruuOHXXY2J1XWOdInk0VQelW/SSEwSQpEz8
+m6eIo8YDDxbRHI8oDkwvKE9C6AZ2ucYoe0ZlHHkCgYEA8iC0wTRbj+7nQBdKRYIf
+W6+/vXzBLtFPElEOCIlrSJwHltzfYXYNom9qU0m8XzwW0HB5IFrxb3iy3lt0TMLc
+rr9MlMyWvmqAxAqmsy7cY4sPzy3qiXvZPT0uGYDRprxfNQBE3A3XlqMEdCawBSWC
+Ksz8Xu9VLlWx7SmyQJK2vk0CgYEA4aNhxiw5SikKPfFBR5+PjFbXlkVxA+3nW2hh
+Sc7PC/10Ki69/IbjDChm92ZmjihT/ipQSFC3hsbGifPeEs9BPZWxoYryHZY+zg75
+IIoIFWrYw7AzHV8BBl4ifRZT/oNwvIeY2axIo3GOHRQcxARV8GRD3nlyBkwBsszJ
+8AGF5oUCgYAnn6yU9aGKU3lqpqUT7PB+y6sgMltW8w/ymmsmgH6bGlWvnaO8yln+
+3CbVTHrURvwgzlc0MU3ThTgYZXUJ3tXIjyvUKgr9TGaYLnoLVr7gV3CV4hjAuRDb
+EbkKmWc11xvpi4q5TFacoz7mVzJ1FSdRI8ylKJuTApkki69NG/Vl/QKBgQCrm8td
+IX1g/d2gRsDTbHOM1O+ahq3xwxrW1ohHzlaCU/3ppysvyJceRAwr1WHidKGNCTmO
+BnXOt5eAjE02GRMRd6xlpHuILSEPLywip1iGkYDTNEtr5zmsUiQA5t5zEBzKBocl
+5nZIeLERRJ6sJnAGKPvFVLB4QY55Im/jbgUc0QKBgQDBsiYzgP2bChbdEecCBtJs
+rY5L2Uxk6ZlT1tm9Pqm55jloF9YSdlMpzfpWiEOFD2l9eKzTpx4gI6vHd8HGqWyg
+/V3tchTKMCTOKwf23/naJTfW8y3iigvuWU0Jz++jkwGOcOYsu/5JOnG+BvJXZJtG
+gYqr87iRQs+2AkbpXmR1DQ==
+-----END PRIVATE KEY-----\n";
