@@ -6,6 +6,7 @@
 use anyhow::{Context, Result, ensure};
 use egress_emulators::control::Emulator;
 use egress_emulators::digitalocean::{self, DigitalOceanConfig, DigitalOceanEmulator};
+use egress_emulators::gce::{GceConfig, GceEmulator};
 use egress_emulators::linode::{LinodeConfig, LinodeEmulator};
 use egress_emulators::real_proxy::{ProxyKind, RealProxies};
 use egress_emulators::scaleway::{self, ScalewayConfig, ScalewayEmulator};
@@ -15,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Every cloud `--clouds` accepts besides the two the story always runs.
-pub const CLOUDS: [&str; 4] = ["digitalocean", "vultr", "linode", "scaleway"];
+pub const CLOUDS: [&str; 5] = ["digitalocean", "vultr", "linode", "scaleway", "gce"];
 /// The clouds the story always runs; `--clouds` may name them, to no effect.
 const ALWAYS: [&str; 2] = ["hetzner", "ec2"];
 /// The token the Vultr and Linode emulators accept (theirs, not a real one).
@@ -135,6 +136,23 @@ impl Cloud {
                     entry(name, "secretKey", &key, &config),
                 )
             }
+            "gce" => {
+                let e = GceEmulator::start(GceConfig {
+                    real_proxies: real,
+                    ..GceConfig::default()
+                });
+                // The emulator's own throwaway service account; its token endpoint is the emulator.
+                let key = secret("gce-service-account.json", &e.test_key_json())?;
+                let config = format!(
+                    "{{endpoint: '{}/compute/v1', project: {}, zones: [europe-west1-b], machineTypes: [e2-micro], images: {{debian: projects/debian-cloud/global/images/family/debian-12}}}}",
+                    e.url(),
+                    egress_emulators::gce::EMULATOR_PROJECT
+                );
+                (
+                    Box::new(e) as Box<dyn Emulator>,
+                    entry(name, "serviceAccountKey", &key, &config),
+                )
+            }
             other => anyhow::bail!("--clouds: the demo has no emulator for {other:?}"),
         };
         Ok(Cloud {
@@ -166,7 +184,8 @@ impl Cloud {
             "digitalocean" => ("ams3", "", "s-1vcpu-512mb-10gb", "debian-12-x64"),
             "vultr" => ("ewr", "", "vc2-1c-1gb", "debian-12"),
             "linode" => ("us-east", "", "g6-nanode-1", "linode/debian12"),
-            _ => ("fr-par", "fr-par-1", "DEV1-S", "ubuntu_noble"),
+            "scaleway" => ("fr-par", "fr-par-1", "DEV1-S", "ubuntu_noble"),
+            _ => ("europe-west1", "europe-west1-b", "e2-micro", "debian"),
         };
         let mut doc = template.clone();
         doc["metadata"] = json!({
@@ -190,7 +209,11 @@ fn entry(name: &str, secret_key: &str, secret_path: &str, config: &str) -> Strin
     let url = config
         .split('\'')
         .nth(1)
-        .map(|u| u.trim_end_matches("/v2").trim_end_matches("/v4"))
+        .map(|u| {
+            u.trim_end_matches("/v2")
+                .trim_end_matches("/v4")
+                .trim_end_matches("/compute/v1")
+        })
         .unwrap_or_default();
     format!(
         "  - name: {name}\n    plugin: {name}.wasm\n    additionalHosts: ['{url}']\n    \
@@ -212,6 +235,7 @@ mod tests {
             ["vultr", "scaleway"]
         );
         assert_eq!(*parse("all,linode").unwrap(), CLOUDS);
+        assert_eq!(*parse("gce,vultr").unwrap(), ["vultr", "gce"]);
         let err = parse("vultr,azure").unwrap_err();
         assert!(
             err.contains("\"azure\"") && err.contains("digitalocean"),

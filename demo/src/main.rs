@@ -5,7 +5,7 @@
 //!   a **local demo control plane, not for production**;
 //! - the Hetzner and EC2 emulators in real-proxy mode: every running instance is a real
 //!   forward proxy on 127.0.0.1 (tinyproxy when installed, else a built-in CONNECT proxy),
-//!   and with `--clouds` those of DigitalOcean, Vultr, Linode and Scaleway, one Proxy each;
+//!   and with `--clouds` those of DigitalOcean, Vultr, Linode, Scaleway and GCE, one Proxy each;
 //! - an echo server answering with the caller's IP: the health probe's egress check and
 //!   the target of the demo's own request through a proxy;
 //! - the real operator binary (`proxy-operator run`) with the real plugins, pointed at all
@@ -55,7 +55,7 @@ pub struct Args {
     #[arg(long)]
     pub keep_running: bool,
     /// Also run one Proxy on each of these clouds' emulators: a comma-separated list of
-    /// digitalocean, vultr, linode, scaleway, or `all`. Hetzner and EC2 always run.
+    /// digitalocean, vultr, linode, scaleway, gce, or `all`. Hetzner and EC2 always run.
     #[arg(long, default_value = "", value_parser = clouds::parse)]
     pub clouds: clouds::Clouds,
     /// Run the built-in CONNECT proxy on every instance even when tinyproxy is installed.

@@ -1,5 +1,5 @@
 //! The whole demo, as `cargo xtask demo --keep-running --clouds all` runs it, then Ctrl-C:
-//! the story must complete with a Proxy Ready on each of the six shipped providers, and
+//! the story must complete with a Proxy Ready on each of the seven shipped providers, and
 //! SIGINT must stop the operator and every proxy and exit 0.
 //!
 //! Needs the plugins (`EGRESS_PLUGIN_DIR`, set by `cargo xtask test`) and the operator
@@ -12,15 +12,16 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-/// The Proxies Ready when the story ends: one on each of the six providers (the samples'
+/// The Proxies Ready when the story ends: one on each of the seven providers (the samples'
 /// second Hetzner Proxy is the one the story deletes).
-const READY_AT_THE_END: [&str; 6] = [
+const READY_AT_THE_END: [&str; 7] = [
     "ec2-eu-west-1",
     "hetzner-fsn1",
     "digitalocean-demo",
     "vultr-demo",
     "linode-demo",
     "scaleway-demo",
+    "gce-demo",
 ];
 
 use support::skip;
