@@ -47,12 +47,17 @@ pub fn run(args: &Args) -> Result<()> {
     );
 
     let out_dir = ws.target_dir.join("plugins");
-    let testing_dir = out_dir.join("testing");
+    // Built into a staging directory, then renamed into place one file at a time: whoever
+    // reads the plugin directory meanwhile (a running operator's reload, tests running in
+    // parallel with a test that rebuilds) sees each file whole, old or new, never missing
+    // or half-written.
+    let stage = ws.target_dir.join("plugins.staging");
+    let _ = std::fs::remove_dir_all(&stage);
+    let testing_dir = stage.join("testing");
     std::fs::create_dir_all(&testing_dir)
         .with_context(|| format!("creating {}", testing_dir.display()))?;
-    // A plugin whose crate was removed must not linger where the host loads plugins.
-    remove_wasm_files(&out_dir)?;
-    remove_wasm_files(&testing_dir)?;
+    std::fs::create_dir_all(out_dir.join("testing"))
+        .with_context(|| format!("creating {}", out_dir.display()))?;
 
     // One cargo invocation per plugin, each copied out before the next starts: in a shared
     // invocation cargo unifies the features of every package it builds, so a plugin that
@@ -82,7 +87,7 @@ pub fn run(args: &Args) -> Result<()> {
             "cdylib",
         ]))?;
         let src = artifacts.join(format!("{}.wasm", p.lib_name));
-        let dst = if p.testing { &testing_dir } else { &out_dir }.join(format!("{}.wasm", p.name));
+        let dst = if p.testing { &testing_dir } else { &stage }.join(format!("{}.wasm", p.name));
         std::fs::copy(&src, &dst)
             .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
         // Providers ship; testing plugins stay exactly as rustc built them (some are
@@ -97,7 +102,9 @@ pub fn run(args: &Args) -> Result<()> {
         let size = std::fs::metadata(&dst)?.len();
         println!(
             "{:<40} {:>9.1} KiB ({size} bytes){}",
-            dst.strip_prefix(&ws.target_dir).unwrap_or(&dst).display(),
+            Path::new("plugins")
+                .join(dst.strip_prefix(&stage).unwrap_or(&dst))
+                .display(),
             size as f64 / 1024.0,
             match (p.testing, shrunk) {
                 (true, _) => "  [testing]".to_string(),
@@ -116,6 +123,20 @@ pub fn run(args: &Args) -> Result<()> {
         .map(|(p, path)| Ok((p, std::fs::metadata(path)?.len())))
         .collect::<Result<_>>()?;
     check_sizes(&sizes)?;
+
+    let mut placed = Vec::new();
+    for (p, staged) in built {
+        let dst = out_dir.join(staged.strip_prefix(&stage).unwrap_or(&staged));
+        std::fs::rename(&staged, &dst)
+            .with_context(|| format!("moving {} to {}", staged.display(), dst.display()))?;
+        placed.push((p, dst));
+    }
+    let built = placed;
+    // A plugin whose crate was removed must not linger where the host loads plugins.
+    let keep: Vec<&Path> = built.iter().map(|(_, path)| path.as_path()).collect();
+    remove_wasm_files_except(&out_dir, &keep)?;
+    remove_wasm_files_except(&out_dir.join("testing"), &keep)?;
+    let _ = std::fs::remove_dir_all(&stage);
 
     if let Some(file) = &args.configmap {
         let mut entries = Vec::new();
@@ -231,10 +252,10 @@ fn ensure_target() -> Result<()> {
     run_checked(Command::new("rustup").args(["target", "add", TARGET]))
 }
 
-fn remove_wasm_files(dir: &Path) -> Result<()> {
+fn remove_wasm_files_except(dir: &Path, keep: &[&Path]) -> Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "wasm") {
+        if path.extension().is_some_and(|e| e == "wasm") && !keep.contains(&path.as_path()) {
             std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
         }
     }
