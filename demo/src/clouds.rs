@@ -74,7 +74,7 @@ impl Cloud {
             crate::stack::write_private(&path, value)?;
             Ok(path.display().to_string())
         };
-        let (emulator, entry): (Box<dyn Emulator>, _) = match name {
+        let (emulator, secret_key, secret_path, config): (Box<dyn Emulator>, _, _, _) = match name {
             "digitalocean" => {
                 let e = DigitalOceanEmulator::start(DigitalOceanConfig {
                     real_proxies: real,
@@ -85,10 +85,7 @@ impl Cloud {
                     "{{endpoint: '{}/v2', regions: [ams3], sizes: [s-1vcpu-512mb-10gb], images: [debian-12-x64]}}",
                     e.url()
                 );
-                (
-                    Box::new(e) as Box<dyn Emulator>,
-                    entry(name, "token", &token, &config),
-                )
+                (Box::new(e) as Box<dyn Emulator>, "token", token, config)
             }
             "vultr" => {
                 let e = VultrEmulator::start(VultrConfig {
@@ -100,10 +97,7 @@ impl Cloud {
                     "{{endpoint: '{}/v2', regions: [ewr], plans: [vc2-1c-1gb], images: {{debian-12: 2136}}}}",
                     e.url()
                 );
-                (
-                    Box::new(e) as Box<dyn Emulator>,
-                    entry(name, "token", &token, &config),
-                )
+                (Box::new(e) as Box<dyn Emulator>, "token", token, config)
             }
             "linode" => {
                 let e = LinodeEmulator::start(LinodeConfig {
@@ -115,10 +109,7 @@ impl Cloud {
                     "{{endpoint: '{}/v4', regions: [us-east], types: [g6-nanode-1], images: [linode/debian12]}}",
                     e.url()
                 );
-                (
-                    Box::new(e) as Box<dyn Emulator>,
-                    entry(name, "token", &token, &config),
-                )
+                (Box::new(e) as Box<dyn Emulator>, "token", token, config)
             }
             "scaleway" => {
                 let e = ScalewayEmulator::start(ScalewayConfig {
@@ -131,10 +122,7 @@ impl Cloud {
                     e.url(),
                     scaleway::EMULATOR_PROJECT
                 );
-                (
-                    Box::new(e) as Box<dyn Emulator>,
-                    entry(name, "secretKey", &key, &config),
-                )
+                (Box::new(e) as Box<dyn Emulator>, "secretKey", key, config)
             }
             "gce" => {
                 let e = GceEmulator::start(GceConfig {
@@ -150,11 +138,14 @@ impl Cloud {
                 );
                 (
                     Box::new(e) as Box<dyn Emulator>,
-                    entry(name, "serviceAccountKey", &key, &config),
+                    "serviceAccountKey",
+                    key,
+                    config,
                 )
             }
             other => anyhow::bail!("--clouds: the demo has no emulator for {other:?}"),
         };
+        let entry = entry(name, &emulator.url(), secret_key, &secret_path, &config);
         Ok(Cloud {
             name,
             emulator,
@@ -204,17 +195,9 @@ impl Cloud {
     }
 }
 
-fn entry(name: &str, secret_key: &str, secret_path: &str, config: &str) -> String {
-    // The emulator's URL is the config's endpoint; its host and port are allow-listed.
-    let url = config
-        .split('\'')
-        .nth(1)
-        .map(|u| {
-            u.trim_end_matches("/v2")
-                .trim_end_matches("/v4")
-                .trim_end_matches("/compute/v1")
-        })
-        .unwrap_or_default();
+/// The providers-file entry of `name`'s plugin, pointed at its emulator at `url` (allow-listed,
+/// with the private addresses its instances run on).
+fn entry(name: &str, url: &str, secret_key: &str, secret_path: &str, config: &str) -> String {
     format!(
         "  - name: {name}\n    plugin: {name}.wasm\n    additionalHosts: ['{url}']\n    \
          allowPrivateAddresses: true\n    secrets: {{{secret_key}: '{secret_path}'}}\n    \
