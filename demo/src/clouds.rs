@@ -8,6 +8,7 @@ use egress_emulators::control::Emulator;
 use egress_emulators::digitalocean::{self, DigitalOceanConfig, DigitalOceanEmulator};
 use egress_emulators::gce::{GceConfig, GceEmulator};
 use egress_emulators::linode::{LinodeConfig, LinodeEmulator};
+use egress_emulators::proxmox::{self, ProxmoxConfig, ProxmoxEmulator};
 use egress_emulators::real_proxy::{ProxyKind, RealProxies};
 use egress_emulators::scaleway::{self, ScalewayConfig, ScalewayEmulator};
 use egress_emulators::vultr::{VultrConfig, VultrEmulator};
@@ -16,7 +17,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Every cloud `--clouds` accepts besides the two the story always runs.
-pub const CLOUDS: [&str; 5] = ["digitalocean", "vultr", "linode", "scaleway", "gce"];
+pub const CLOUDS: [&str; 6] = [
+    "digitalocean",
+    "vultr",
+    "linode",
+    "scaleway",
+    "gce",
+    "proxmox",
+];
 /// The clouds the story always runs; `--clouds` may name them, to no effect.
 const ALWAYS: [&str; 2] = ["hetzner", "ec2"];
 /// The token the Vultr and Linode emulators accept (theirs, not a real one).
@@ -143,6 +151,25 @@ impl Cloud {
                     config,
                 )
             }
+            "proxmox" => {
+                let e = ProxmoxEmulator::start(ProxmoxConfig {
+                    real_proxies: real,
+                    ..ProxmoxConfig::default()
+                });
+                // The emulator's own API token; the VMs' addresses are the guest agent's.
+                let token = secret("proxmox-token-secret", proxmox::EMULATOR_TOKEN_SECRET)?;
+                let config = format!(
+                    "{{endpoint: '{}', tokenId: '{}', nodes: [pve1], templates: {{debian-12: 9000}}}}",
+                    e.url(),
+                    proxmox::EMULATOR_TOKEN_ID
+                );
+                (
+                    Box::new(e) as Box<dyn Emulator>,
+                    "tokenSecret",
+                    token,
+                    config,
+                )
+            }
             other => anyhow::bail!("--clouds: the demo has no emulator for {other:?}"),
         };
         let entry = entry(name, &emulator.url(), secret_key, &secret_path, &config);
@@ -176,6 +203,7 @@ impl Cloud {
             "vultr" => ("ewr", "", "vc2-1c-1gb", "debian-12"),
             "linode" => ("us-east", "", "g6-nanode-1", "linode/debian12"),
             "scaleway" => ("fr-par", "fr-par-1", "DEV1-S", "ubuntu_noble"),
+            "proxmox" => ("", "pve1", "", "debian-12"),
             _ => ("europe-west1", "europe-west1-b", "e2-micro", "debian"),
         };
         let mut doc = template.clone();

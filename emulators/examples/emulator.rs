@@ -2,7 +2,7 @@
 //! `proxy-operator conformance` by hand:
 //!
 //! ```sh
-//! cargo run -p egress-emulators --example emulator -- hetzner   # or: ec2, digitalocean, gce, vultr, linode, scaleway
+//! cargo run -p egress-emulators --example emulator -- hetzner   # or: ec2, digitalocean, gce, proxmox, vultr, linode, scaleway
 //! cargo run -p egress-emulators --example emulator -- example 8080
 //! ```
 //!
@@ -96,9 +96,19 @@ fn main() {
             println!("service-account key (test-only): {}", key.display());
             Box::new(e)
         }
+        "proxmox" => {
+            use egress_emulators::proxmox::{
+                EMULATOR_TOKEN_ID, EMULATOR_TOKEN_SECRET, ProxmoxConfig, ProxmoxEmulator,
+            };
+            let e = ProxmoxEmulator::start(ProxmoxConfig::default());
+            println!("Proxmox VE emulator at {} (API under /api2/json)", e.url());
+            println!("nodes: pve1, pve2; template: 9000 (debian-12-cloud, on pve1)");
+            println!("token id: {EMULATOR_TOKEN_ID}\ntoken secret: {EMULATOR_TOKEN_SECRET}");
+            Box::new(e)
+        }
         other => {
             eprintln!(
-                "usage: emulator ec2|hetzner|example|digitalocean|gce|vultr|linode|scaleway [PORT] (got {other:?})"
+                "usage: emulator ec2|hetzner|example|digitalocean|gce|proxmox|vultr|linode|scaleway [PORT] (got {other:?})"
             );
             std::process::exit(2);
         }

@@ -20,6 +20,7 @@ pub mod example;
 pub mod gce;
 pub mod hetzner;
 pub mod linode;
+pub mod proxmox;
 pub mod rate_limit;
 pub mod real_proxy;
 pub mod scaleway;

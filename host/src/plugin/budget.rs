@@ -77,6 +77,13 @@ pub fn shipped_default(type_name: &str) -> Option<Spec> {
             per_hour: 84_000,
             burst: 100,
         }),
+        // Proxmox VE has no rate limit: every call takes a pveproxy worker, and clones, starts
+        // and uploads fork workers on the nodes. Ten a second (burst 50) keeps the operator
+        // from crowding out the web UI and other tools of the cluster.
+        "proxmox" => Some(Spec {
+            per_hour: 36_000,
+            burst: 50,
+        }),
         _ => None,
     }
 }

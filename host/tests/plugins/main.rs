@@ -20,6 +20,7 @@ mod provider_ec2_moto;
 mod provider_gce;
 mod provider_hetzner;
 mod provider_linode;
+mod provider_proxmox;
 mod provider_scaleway;
 mod provider_vultr;
 mod reload;
