@@ -23,3 +23,4 @@ mod provider_linode;
 mod provider_scaleway;
 mod provider_vultr;
 mod reload;
+mod tls;
