@@ -64,6 +64,7 @@ use crate::control::{FaultKind, FaultOp, Plant, RateLimit, Refusal};
 use crate::framework::{
     Adapter, Cloud, Deletion, Effect, Fleet, Record, Schedule, Served, Shared, States,
 };
+use crate::tls::TestCa;
 
 /// Where a planted instance without a scope goes.
 pub const DEFAULT_REGION: &str = "r1";
@@ -298,6 +299,20 @@ impl Served<Backend> {
     /// Start on `127.0.0.1:port` (0: OS-chosen), for a backend a person points a
     /// providers file at by hand.
     pub fn start_on_port(token: impl Into<String>, port: u16) -> std::io::Result<ExampleBackend> {
+        Self::start_with(token, port, None)
+    }
+
+    /// Start over HTTPS with a certificate `ca` signed, as a backend on a private network
+    /// would answer: for the host's per-provider trust (`tls.caFile`).
+    pub fn start_tls(token: impl Into<String>, ca: &TestCa) -> ExampleBackend {
+        Self::start_with(token, 0, Some(ca)).expect("bind 127.0.0.1:0")
+    }
+
+    fn start_with(
+        token: impl Into<String>,
+        port: u16,
+        ca: Option<&TestCa>,
+    ) -> std::io::Result<ExampleBackend> {
         let (listener, _) = crate::framework::bind(port)?;
         let fleet = Fleet::new(Example::STATES, Schedule::AfterReads(1), None);
         let adapter = Example { token: token.into() };
@@ -310,7 +325,10 @@ impl Served<Backend> {
             .route("/_emulator/fault", post(set_fault))
             .route("/_emulator/instances/{id}/status", post(control_status))
             .route("/_emulator/auto-run", post(control_auto_run));
-        Ok(Served::serve("example-backend", listener, state, app))
+        Ok(match ca {
+            None => Served::serve("example-backend", listener, state, app),
+            Some(ca) => Served::serve_tls("example-backend", listener, state, app, ca),
+        })
     }
 
     /// A snapshot of every instance, ordered by ID.

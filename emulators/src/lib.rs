@@ -25,4 +25,5 @@ pub mod rate_limit;
 pub mod real_proxy;
 pub mod scaleway;
 mod server;
+pub mod tls;
 pub mod vultr;

@@ -9,6 +9,7 @@ use axum::Router;
 
 use crate::control::{Dump, Emulator, Fault, Plant, RateLimit, Refusal, RequestStats};
 use crate::server::ServerThread;
+use crate::tls::TestCa;
 
 /// The emulator's state, shared by its handlers and its Rust handle.
 pub struct Shared<S>(Arc<Mutex<S>>);
@@ -149,10 +150,34 @@ impl<S: Model> Served<S> {
         state: Shared<S>,
         app: Router<Shared<S>>,
     ) -> Served<S> {
+        Self::launch(name, listener, state, app, None)
+    }
+
+    /// As [`serve`](Self::serve), over HTTPS with a certificate `ca` signed: the URL is
+    /// `https://127.0.0.1:PORT`, and only a client that trusts `ca` gets an answer (the
+    /// control surface included).
+    pub fn serve_tls(
+        name: &str,
+        listener: TcpListener,
+        state: Shared<S>,
+        app: Router<Shared<S>>,
+        ca: &TestCa,
+    ) -> Served<S> {
+        Self::launch(name, listener, state, app, Some(ca))
+    }
+
+    fn launch(
+        name: &str,
+        listener: TcpListener,
+        state: Shared<S>,
+        app: Router<Shared<S>>,
+        ca: Option<&TestCa>,
+    ) -> Served<S> {
         let addr = listener.local_addr().expect("local addr");
-        let handle = Handle { url: format!("http://{addr}"), state: state.clone() };
+        let scheme = if ca.is_some() { "https" } else { "http" };
+        let handle = Handle { url: format!("{scheme}://{addr}"), state: state.clone() };
         let app = app.with_state(state).merge(super::surface::router(handle.clone()));
-        let server = ServerThread::spawn(name, listener, app);
+        let server = ServerThread::spawn(name, listener, app, ca.map(TestCa::server_config));
         Served { server, handle }
     }
 

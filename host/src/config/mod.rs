@@ -223,6 +223,10 @@ pub enum ConfigError {
         "provider {name:?}: secrets: key {key:?} must be non-empty and use only letters, digits, '-', '_' and '.'"
     )]
     SecretKey { name: String, key: String },
+    #[error(
+        "provider {name:?}: tls.caFile ({ca_file}) and tls.insecureSkipTlsVerify: true contradict each other; keep the CA file and drop the insecure switch"
+    )]
+    TlsContradiction { name: String, ca_file: String },
 }
 
 impl ProvidersFile {
@@ -359,6 +363,12 @@ impl ProviderEntry {
                     key: key.clone(),
                 });
             }
+        }
+        if let (Some(ca_file), true) = (&self.tls.ca_file, self.tls.insecure_skip_tls_verify) {
+            return Err(ConfigError::TlsContradiction {
+                name: name.clone(),
+                ca_file: ca_file.display().to_string(),
+            });
         }
         Ok(())
     }
@@ -518,6 +528,19 @@ providers:
             (
                 "providers: [{name: a, plugin: a.wasm, budget: {requestsPerHour: -1, burst: 5}}]",
                 "requestsPerHour",
+            ),
+            // Trust is switched off only by its own long name, never by a look-alike.
+            (
+                "providers: [{name: a, plugin: a.wasm, tls: {insecure: true}}]",
+                "insecure",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, tls: {insecureSkipTlsVerify: yes-please}}]",
+                "insecureSkipTlsVerify",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, tls: {caFile: /ca.pem, insecureSkipTlsVerify: true}}]",
+                "tls.caFile (/ca.pem) and tls.insecureSkipTlsVerify: true contradict",
             ),
         ];
         for (text, needle) in cases {

@@ -404,7 +404,12 @@ async fn send(
         let tls = tokio::time::timeout_at(connect_deadline, connector.connect(name, stream))
             .await
             .map_err(|_| Error::ConnectionTimeout)?
-            .map_err(Error::Tls)?;
+            .map_err(|e| {
+                // The plugin sees only an error code; the operator needs the reason, and a
+                // private backend's self-signed certificate is the usual one.
+                tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, error = %e, "TLS handshake with the backend failed; a backend with a private or self-signed certificate needs its CA in the provider's tls.caFile");
+                Error::Tls(e)
+            })?;
         Box::new(tls)
     } else {
         Box::new(stream)

@@ -288,7 +288,7 @@ impl Runtime {
             .allow_rules(&plugin.info.default_hosts)
             .map_err(|e| config_err(e.to_string()))?;
         if entry.tls.insecure_skip_tls_verify {
-            tracing::warn!(provider = %entry.name, "tls.insecureSkipTLSVerify is on: backend certificates are NOT verified");
+            tracing::warn!(provider = %entry.name, "tls.insecureSkipTlsVerify is on: backend certificates are NOT verified");
         }
         let tls = http::tls_config(
             entry.tls.ca_file.as_deref(),

@@ -24,3 +24,4 @@ mod provider_proxmox;
 mod provider_scaleway;
 mod provider_vultr;
 mod reload;
+mod tls;
