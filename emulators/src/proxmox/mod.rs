@@ -55,6 +55,7 @@ use serde_json::{Value, json};
 use crate::control::{DumpSecondary, FaultKind, FaultOp, Plant, RateLimit, Refusal};
 use crate::framework::{Adapter, Cloud, Fleet, Schedule, Served, Shared, States, marks};
 use crate::real_proxy::RealProxies;
+use crate::tls::TestCa;
 
 pub const EMULATOR_TOKEN_ID: &str = "egress@pve!operator";
 pub const EMULATOR_TOKEN_SECRET: &str = "5f0a7a4e-2b6c-4f7e-9d2a-0c1b2a3d4e5f";
@@ -429,25 +430,36 @@ pub type ProxmoxEmulator = Served<Backend>;
 impl Served<Backend> {
     /// Start on an OS-chosen port; the API is under `/api2/json`.
     pub fn start(cfg: ProxmoxConfig) -> ProxmoxEmulator {
-        Self::start_on_port(cfg, 0).expect("bind 127.0.0.1:0")
+        Self::start_with(cfg, 0, None).expect("bind 127.0.0.1:0")
     }
 
     pub fn start_on_port(cfg: ProxmoxConfig, port: u16) -> std::io::Result<ProxmoxEmulator> {
+        Self::start_with(cfg, port, None)
+    }
+
+    /// Over HTTPS with a certificate `ca` signed, as a Proxmox host serves its API with one of its
+    /// cluster's CA: only a client that trusts `ca` gets an answer.
+    pub fn start_tls(cfg: ProxmoxConfig, ca: &TestCa) -> ProxmoxEmulator {
+        Self::start_with(cfg, 0, Some(ca)).expect("bind 127.0.0.1:0")
+    }
+
+    fn start_with(
+        cfg: ProxmoxConfig,
+        port: u16,
+        ca: Option<&TestCa>,
+    ) -> std::io::Result<ProxmoxEmulator> {
         let (listener, _) = crate::framework::bind(port)?;
         let fleet = Fleet::new(Pve::STATES, cfg.schedule, cfg.real_proxies.clone());
         let limit = cfg.rate_limit;
-        let pve = Pve {
-            cfg,
-            tasks: BTreeMap::new(),
-            isos: BTreeMap::new(),
-            failing_clones: VecDeque::new(),
-            failing_starts: VecDeque::new(),
-            pid: 0,
-        };
+        let (tasks, isos, failing_clones, failing_starts) = Default::default();
+        let pve = Pve { cfg, tasks, isos, failing_clones, failing_starts, pid: 0 };
         let state = Shared::new(Cloud::new(pve, fleet, limit));
         let app =
             axum::Router::new().nest("/api2/json", crate::framework::gated(api::routes(), &state));
-        Ok(Served::serve("proxmox-emulator", listener, state, app))
+        Ok(match ca {
+            Some(ca) => Served::serve_tls("proxmox-emulator", listener, state, app, ca),
+            None => Served::serve("proxmox-emulator", listener, state, app),
+        })
     }
 
     /// The next clone removes its VM when its task ends, which fails with `exit` (e.g. `clone failed: ...`).

@@ -13,6 +13,7 @@ use crate::support;
 
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant};
 use egress_emulators::proxmox::{EMULATOR_TOKEN_SECRET, ProxmoxConfig, ProxmoxEmulator};
+use egress_emulators::tls::TestCa;
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use proxy_operator::plugin::WasmProvider;
 use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
@@ -537,6 +538,85 @@ async fn bad_requests_make_no_call_and_answers_get_their_class() {
         (err.class, err.code.as_deref()),
         (Class::Permanent, Some("Unauthorized")),
         "{err}"
+    );
+}
+
+/// A Proxmox host serves its API with a certificate of its cluster's CA: the plugin reaches it over HTTPS when the
+/// provider entry trusts that CA (`tls.caFile`), the seed upload included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_the_clusters_ca() {
+    let _dir = plugins_or_skip!();
+    let ca = TestCa::new();
+    let emu = ProxmoxEmulator::start_tls(ProxmoxConfig::default(), &ca);
+    assert!(emu.url().starts_with("https://127.0.0.1:"), "{}", emu.url());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("tokenSecret");
+    std::fs::write(&secret, EMULATOR_TOKEN_SECRET).unwrap();
+    let tls = format!(
+        "tls: {{caFile: {}}}\nlimits:",
+        ca.write_ca_file(dir.path()).unwrap().display()
+    );
+    let yaml = entry(&emu.url(), &secret, "").replace("limits:", &tls);
+    let p = support::provider(&support::runtime(), "proxmox.wasm", &yaml).await;
+    let req = request("uid-https");
+    let id = p.create(&req).await.unwrap();
+    assert_eq!(
+        emu.dump().instances[0].user_data,
+        req.cloud_init,
+        "the seed went up over HTTPS"
+    );
+    p.get(&id).await.unwrap();
+    assert_eq!(p.get(&id).await.unwrap().state, State::Running);
+    assert!(p.check().await.unwrap().iter().all(|t| t.ready));
+    p.delete(&id).await.unwrap();
+    let dump = emu.dump();
+    assert!(
+        dump.instances.is_empty() && dump.secondary.is_empty(),
+        "{dump:?}"
+    );
+}
+
+/// Without the cluster's CA the handshake fails before any request: every operation is transient (a certificate is
+/// fixed in the providers file, not in the Proxy), and the error and the health check say what to configure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_without_the_ca_fails_and_says_why() {
+    let _dir = plugins_or_skip!();
+    let emu = ProxmoxEmulator::start_tls(ProxmoxConfig::default(), &TestCa::new());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("tokenSecret");
+    std::fs::write(&secret, EMULATOR_TOKEN_SECRET).unwrap();
+    let p = support::provider(
+        &support::runtime(),
+        "proxmox.wasm",
+        &entry(&emu.url(), &secret, ""),
+    )
+    .await;
+    let errs = [
+        p.create(&request("uid-untrusted")).await.unwrap_err(),
+        p.get("912345/proxy-x").await.unwrap_err(),
+    ];
+    for err in errs {
+        assert_eq!(
+            (err.class, err.code.as_deref()),
+            (Class::Transient, Some("TlsProtocolError")),
+            "{err}"
+        );
+        assert!(
+            err.message.contains("tls.caFile") && err.message.contains("pve-root-ca.pem"),
+            "{err}"
+        );
+    }
+    let targets = p.check().await.unwrap();
+    assert!(
+        targets
+            .iter()
+            .all(|t| !t.ready && t.reason == "Unreachable" && t.message.contains("tls.caFile")),
+        "{targets:?}"
+    );
+    assert!(
+        emu.requests().is_empty(),
+        "no request got through: {:?}",
+        emu.requests()
     );
 }
 

@@ -22,7 +22,15 @@ pub fn classify(e: HttpError) -> ProviderError {
             HttpError::InvalidUrl(_) | HttpError::Header { .. } => ErrorClass::Permanent,
             _ => ErrorClass::Transient,
         };
-        return ProviderError::new(class, format!("Proxmox VE API: {e}")).with_code(e.code_name());
+        // The handshake fails before any request when the host does not trust the API's certificate.
+        let hint = match e.code_name().starts_with("Tls") {
+            true => {
+                " (a Proxmox host's certificate is signed by its cluster's CA: name \
+                /etc/pve/pve-root-ca.pem in the provider entry's tls.caFile)"
+            }
+            false => "",
+        };
+        return ProviderError::new(class, format!("Proxmox VE API: {e}{hint}")).with_code(e.code_name());
     };
     let v: Value = serde_json::from_slice(body).unwrap_or_default();
     let mut said = v["message"].as_str().unwrap_or_default().trim().to_string();
