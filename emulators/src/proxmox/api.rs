@@ -54,6 +54,22 @@ pub(super) fn routes() -> Router<Shared<Backend>> {
         })
 }
 
+/// pveproxy reads a request body by its `Content-Length` only: a chunked one is refused before anything else.
+pub(super) async fn no_chunked(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let te =
+        req.headers().get("transfer-encoding").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    match te.eq_ignore_ascii_case("chunked") {
+        true => {
+            (axum::http::StatusCode::NOT_IMPLEMENTED, "chunked transfer encoding not supported")
+                .into_response()
+        }
+        false => next.run(req).await,
+    }
+}
+
 fn answer(r: Result<Value, PveError>) -> Response {
     r.map_or_else(IntoResponse::into_response, |data| Json(json!({ "data": data })).into_response())
 }

@@ -2,7 +2,8 @@
 //! it (pve-manager, qemu-server, pve-storage, pve-http-server: clone, tasks, locks, the guest agent, uploads), for
 //! `providers-wasm/proxmox`.
 //!
-//! Under `Authorization: PVEAPIToken=<user@realm!token>=<secret>` (else 401 with an empty body). Answers are
+//! Under `Authorization: PVEAPIToken=<user@realm!token>=<secret>` (else 401 with an empty body); a chunked request
+//! body is refused with 501, as pveproxy reads bodies by `Content-Length` only. Answers are
 //! `{"data": ...}`; errors `{"data": null, "message": ...}` (the message in the body as pve-http-server 6 / PVE 9
 //! writes it; [`ProxmoxConfig::messages_in_body`] `false` answers as PVE 8 and earlier, which put it only in the
 //! reason phrase) and for bad parameters 400 with `errors: {param: why}`. A missing VM is a 500 like any failure.
@@ -454,8 +455,9 @@ impl Served<Backend> {
         let (tasks, isos, failing_clones, failing_starts) = Default::default();
         let pve = Pve { cfg, tasks, isos, failing_clones, failing_starts, pid: 0 };
         let state = Shared::new(Cloud::new(pve, fleet, limit));
-        let app =
-            axum::Router::new().nest("/api2/json", crate::framework::gated(api::routes(), &state));
+        let api = crate::framework::gated(api::routes(), &state)
+            .layer(axum::middleware::from_fn(api::no_chunked));
+        let app = axum::Router::new().nest("/api2/json", api);
         Ok(match ca {
             Some(ca) => Served::serve_tls("proxmox-emulator", listener, state, app, ca),
             None => Served::serve("proxmox-emulator", listener, state, app),

@@ -374,4 +374,14 @@ fn resources_auth_failing_nodes_and_old_bodies() {
         68_719_476_736u64
     );
     assert_eq!(api(&e, "GET", "/nope", None).status, 501);
+    let mut s = TcpStream::connect(e.addr()).unwrap();
+    let chunked = "PUT /api2/json/nodes/pve1/qemu/100/config HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+        Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+    s.write_all(chunked.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    assert!(
+        raw.starts_with("HTTP/1.1 501") && raw.ends_with("chunked transfer encoding not supported"),
+        "{raw}"
+    );
 }

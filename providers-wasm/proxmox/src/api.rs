@@ -2,7 +2,7 @@
 //! classify function, tasks (UPIDs) and waiting for them, the upload of a seed image, and the JSON it reads.
 
 use crate::config::{Config, is_node};
-use egress_guest_sdk::http::{Client, HttpError, Method, encode_component};
+use egress_guest_sdk::http::{Client, HttpError, Method, Request, encode_component};
 use egress_guest_sdk::{self as sdk, ErrorClass, ProviderError};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -174,9 +174,16 @@ impl<'a> Api<'a> {
     pub fn send<T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&Value>) -> Result<T, HttpError> {
         let mut req = self.client.request(method, path);
         if let Some(b) = body {
-            req = req.json(b);
+            req = req.header("content-type", "application/json");
         }
-        Self::data(req.send_json::<Value>()?)
+        let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+        Self::data(Self::sized(req, bytes).send_json::<Value>()?)
+    }
+
+    /// pveproxy reads a body by its `Content-Length` and refuses a chunked one (501), so every request states its
+    /// length, also an empty one.
+    fn sized(req: Request, body: Vec<u8>) -> Request {
+        req.header("content-length", body.len().to_string()).body(body)
     }
 
     fn data<T: DeserializeOwned>(mut v: Value) -> Result<T, HttpError> {
@@ -203,25 +210,9 @@ impl<'a> Api<'a> {
         self.get(&format!("/nodes/{node}/tasks/{}/status", encode_component(upid)))
     }
 
-    /// Polls the task until it stops or this call's wait runs out (`None`: still running).
-    pub fn wait(&self, upid: &str) -> Result<Option<Task>, ProviderError> {
-        let mut pause = Duration::from_millis(50);
-        loop {
-            let t = self.task(upid)?;
-            if t.status != "running" {
-                return Ok(Some(t));
-            }
-            if Instant::now() + pause > self.deadline {
-                return Ok(None);
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_secs(1));
-        }
-    }
-
     /// Waits for a task that must succeed: `what` failed names its exit status; still running is transient.
     pub fn finish(&self, upid: &str, what: &str) -> Result<(), ProviderError> {
-        match self.wait(upid)? {
+        match self.poll(|| self.task(upid), |t| t.status != "running")? {
             Some(t) if t.failed() => Err(task_failure(what, upid, &t.exitstatus)),
             Some(_) => Ok(()),
             None => {
@@ -231,17 +222,24 @@ impl<'a> Api<'a> {
         }
     }
 
-    /// Polls until `done` holds for the answer of `path`, or this call's wait runs out (`None`).
-    pub fn poll<T: DeserializeOwned>(&self, path: &str, done: impl Fn(&T) -> bool) -> Result<Option<T>, ProviderError> {
+    /// Reads until `done` holds for the answer, pausing 50 ms, then longer up to 1 s, or until this call's wait
+    /// runs out (`None`).
+    pub fn poll<T>(
+        &self,
+        read: impl Fn() -> Result<T, ProviderError>,
+        done: impl Fn(&T) -> bool,
+    ) -> Result<Option<T>, ProviderError> {
+        let mut pause = Duration::from_millis(50);
         loop {
-            let v: T = self.get(path)?;
+            let v = read()?;
             if done(&v) {
                 return Ok(Some(v));
             }
-            if Instant::now() + Duration::from_millis(500) > self.deadline {
+            if Instant::now() + pause > self.deadline {
                 return Ok(None);
             }
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 
@@ -264,7 +262,7 @@ impl<'a> Api<'a> {
         bytes.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
         let path = format!("/nodes/{node}/storage/{}/upload", self.cfg.iso_storage);
         let req = self.client.post(&path).header("content-type", format!("multipart/form-data; boundary={boundary}"));
-        let upid: String = req.body(bytes).send_json::<Value>().and_then(Self::data).map_err(classify)?;
+        let upid: String = Self::sized(req, bytes).send_json::<Value>().and_then(Self::data).map_err(classify)?;
         self.finish(&upid, &format!("upload of {filename}"))
     }
 }

@@ -176,7 +176,7 @@ fn finish(
             }
             done?
         }
-        None => match api.poll::<Status>(&format!("{vm}/status/current"), |s| s.lock != "clone")? {
+        None => match api.poll(|| api.get::<Status>(&format!("{vm}/status/current")), |s| s.lock != "clone")? {
             None => {
                 return Err(
                     ProviderError::transient(format!("clone into VMID {vmid} still running")).with_code("TaskRunning")
