@@ -173,7 +173,7 @@ impl<'a> Api<'a> {
 
     pub fn send<T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&Value>) -> Result<T, HttpError> {
         let mut req = self.client.request(method, path);
-        if let Some(b) = body {
+        if body.is_some() {
             req = req.header("content-type", "application/json");
         }
         let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
