@@ -184,7 +184,8 @@ impl Cloud {
     /// A Proxy on this cloud, made from `template` (a sample Proxy): named `<cloud>-demo` in
     /// the template's namespace, placed where the emulator offers, listening on `port`, with
     /// the template's cloud-init moved to that port (the emulator runs the proxy on the
-    /// `Port` line's port).
+    /// `Port` line's port): by the operator's template when it says `Port {{egress.port}}`,
+    /// else by rewriting its `Port N` line.
     pub fn proxy(&self, template: &Value, port: u16) -> Result<Value> {
         let old = template["spec"]["port"]
             .as_u64()
@@ -192,9 +193,10 @@ impl Cloud {
         let cloud_init = template["spec"]["cloudInit"]["inline"]
             .as_str()
             .context("the template Proxy has no spec.cloudInit.inline")?;
+        let templated = cloud_init.contains("Port {{egress.port}}\n");
         let line = format!("Port {old}\n");
         ensure!(
-            cloud_init.contains(&line),
+            templated || cloud_init.contains(&line),
             "the template Proxy's cloud-init has no {:?} line to move to port {port}",
             line.trim()
         );
@@ -217,8 +219,10 @@ impl Cloud {
             "machineType": placement.2, "image": placement.3,
         });
         doc["spec"]["port"] = json!(port);
-        doc["spec"]["cloudInit"]["inline"] =
-            json!(cloud_init.replace(&line, &format!("Port {port}\n")));
+        if !templated {
+            doc["spec"]["cloudInit"]["inline"] =
+                json!(cloud_init.replace(&line, &format!("Port {port}\n")));
+        }
         Ok(doc)
     }
 }
@@ -289,6 +293,16 @@ mod tests {
         );
         // The credential is a private file, not in the entry.
         assert!(!cloud.entry.contains(scaleway::EMULATOR_SECRET_KEY));
+        // The operator's template needs no rewriting: spec.port is what it renders.
+        let mut templated = template.clone();
+        templated["spec"]["cloudInit"]["inline"] =
+            json!("#cloud-config\nPort {{egress.port}}\nBasicAuth {{egress.username}} x\n");
+        let doc = cloud.proxy(&templated, 31296).unwrap();
+        assert_eq!(doc["spec"]["port"], 31296);
+        assert_eq!(
+            doc["spec"]["cloudInit"]["inline"],
+            templated["spec"]["cloudInit"]["inline"]
+        );
         let mut no_port = template.clone();
         no_port["spec"]["cloudInit"]["inline"] = json!("#cloud-config\n");
         let err = cloud.proxy(&no_port, 31295).unwrap_err().to_string();

@@ -73,14 +73,29 @@ pub async fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> Result<An
     .with_context(|| format!("GET http://{addr}{path}"))
 }
 
-/// `CONNECT target` through the proxy, then `GET /` inside the tunnel.
-pub async fn get_through_proxy(proxy: SocketAddr, target: SocketAddr) -> Result<Answer> {
+/// `CONNECT target` through the proxy, with Basic proxy credentials when given, then
+/// `GET /` inside the tunnel. A refused CONNECT is an answer too (its status, no body).
+pub async fn get_through_proxy(
+    proxy: SocketAddr,
+    target: SocketAddr,
+    credentials: Option<(&str, &str)>,
+) -> Result<Answer> {
     tokio::time::timeout(TIMEOUT, async {
         let mut s = TcpStream::connect(proxy)
             .await
             .with_context(|| format!("connecting to the proxy {proxy}"))?;
-        s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-            .await?;
+        let auth = credentials
+            .map(|(u, p)| {
+                format!(
+                    "Proxy-Authorization: Basic {}\r\n",
+                    data_encoding::BASE64.encode(format!("{u}:{p}").as_bytes())
+                )
+            })
+            .unwrap_or_default();
+        s.write_all(
+            format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{auth}\r\n").as_bytes(),
+        )
+        .await?;
         // Read the CONNECT answer byte by byte: the tunnel's bytes follow it directly.
         let mut head = Vec::new();
         let mut b = [0u8; 1];
@@ -92,11 +107,9 @@ pub async fn get_through_proxy(proxy: SocketAddr, target: SocketAddr) -> Result<
             ensure!(head.len() < 16 * 1024, "CONNECT answer too long");
         }
         let connect = parse_answer(&head)?;
-        ensure!(
-            connect.status == 200,
-            "the proxy answered CONNECT {target} with {}",
-            connect.status
-        );
+        if connect.status != 200 {
+            return Ok(connect);
+        }
         s.write_all(format!("GET / HTTP/1.0\r\nHost: {target}\r\n\r\n").as_bytes())
             .await?;
         parse_answer(&read_all(&mut s).await?)
@@ -138,7 +151,7 @@ mod tests {
         let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = free.local_addr().unwrap();
         drop(free);
-        let e = get_through_proxy(addr, addr).await.unwrap_err();
+        let e = get_through_proxy(addr, addr, None).await.unwrap_err();
         assert!(format!("{e:#}").contains(&addr.to_string()), "{e:#}");
     }
 }

@@ -308,6 +308,12 @@ impl Stack {
         let token = demo_token();
         api.add_token(&token, UserInfo::new(DEMO_USER));
         api.allow(AccessRule::user(DEMO_USER, ["get", "list"], ["proxies"]));
+        // And may use them: the discovery API hands it their credentials.
+        api.allow(AccessRule::user(
+            DEMO_USER,
+            ["get"],
+            ["proxies/credentials"],
+        ));
         let client = api.client();
         println!(
             "  Kubernetes API  http://{api_addr}  LOCAL DEMO CONTROL PLANE (in-memory, fake-kube), not for production"

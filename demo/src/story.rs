@@ -89,14 +89,30 @@ fn port_open(port: u16) -> bool {
     .is_ok()
 }
 
-/// A request to the echo server through the proxy at `ip:port`, which must answer with
-/// the proxy's own address.
-async fn request_through(stack: &Stack, ip: &str, port: u16) -> Result<()> {
+/// A request to the echo server through the proxy at `ip:port` with `credentials`, which
+/// must answer with the proxy's own address; and, to show the proxy is not open, the same
+/// request without them, which it must refuse.
+async fn request_through(
+    stack: &Stack,
+    ip: &str,
+    port: u16,
+    credentials: (&str, &str),
+) -> Result<()> {
     let proxy: SocketAddr = format!("{ip}:{port}")
         .parse()
         .with_context(|| format!("the proxy address {ip}:{port} is not an IP and port"))?;
     let echo = SocketAddr::from(([127, 0, 0, 1], stack.echo_port));
-    let a = crate::http::get_through_proxy(proxy, echo).await?;
+    let refused = crate::http::get_through_proxy(proxy, echo, None).await?;
+    ensure!(
+        refused.status == 407 || refused.status == 401,
+        "CONNECT through {proxy} without credentials answered {}, not 407: the proxy is open",
+        refused.status
+    );
+    println!(
+        "  without credentials: CONNECT answered {} (the proxy is not open)",
+        refused.status
+    );
+    let a = crate::http::get_through_proxy(proxy, echo, Some(credentials)).await?;
     ensure!(
         a.status == 200,
         "GET http://{echo}/ through {proxy} answered {}",
@@ -108,10 +124,35 @@ async fn request_through(stack: &Stack, ip: &str, port: u16) -> Result<()> {
         "the echo server saw the request come from {seen:?}, not from the proxy's IP {ip}"
     );
     println!(
-        "  GET http://{echo}/ through {proxy} (CONNECT tunnel): 200, body {seen:?}: the request left through the proxy"
+        "  GET http://{echo}/ through {proxy} (CONNECT tunnel, Basic proxy credentials from the discovery API): 200, body {seen:?}: the request left through the proxy"
     );
-    println!("  try it: curl -p -x http://{proxy} http://{echo}/");
+    println!(
+        "  try it: curl -p -x http://{}:{}@{proxy} http://{echo}/",
+        credentials.0, credentials.1
+    );
     Ok(())
+}
+
+/// The credentials of the Proxy `key` (`namespace/name`), from the discovery API, which
+/// gives them to the demo's token (it may `get` `proxies/credentials`).
+async fn credentials_of(stack: &Stack, key: &str) -> Result<(String, String)> {
+    let path = format!("/v1/proxies/{key}");
+    let a = crate::http::get(stack.discovery, &path, Some(&stack.token)).await?;
+    ensure!(
+        a.status == 200,
+        "GET {path} answered {}: {}",
+        a.status,
+        a.body
+    );
+    let v: Value = serde_json::from_str(&a.body)
+        .with_context(|| format!("GET {path} answered no JSON: {}", a.body))?;
+    let field = |f: &str| {
+        v["credentials"][f]
+            .as_str()
+            .map(String::from)
+            .with_context(|| format!("GET {path} gave no credentials.{f}: {}", a.body))
+    };
+    Ok((field("username")?, field("password")?))
 }
 
 /// The names (`namespace/name`) among `names` that the discovery API's `items` leave out.
@@ -229,12 +270,18 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
         .as_u64()
         .and_then(|p| u16::try_from(p).ok())
         .context("the first listed proxy has no port")?;
+    let username = first["credentials"]["username"]
+        .as_str()
+        .context("the discovery API gave the first proxy no credentials (the demo's token may get proxies/credentials)")?;
+    let password = first["credentials"]["password"]
+        .as_str()
+        .context("the first proxy's credentials have no password")?;
     println!(
-        "  {}/{}: {ip}:{port}",
+        "  {}/{}: {ip}:{port}, username {username}",
         first["namespace"].as_str().unwrap_or_default(),
         first["name"].as_str().unwrap_or_default()
     );
-    request_through(stack, ip, port).await?;
+    request_through(stack, ip, port, (username, password)).await?;
 
     let edited = stack
         .edit_docs
@@ -278,10 +325,12 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
         );
         println!("  old instance {old_id} is gone, and its proxy on port {old_port} with it");
     }
+    let (username, password) = credentials_of(stack, &edited_key).await?;
     request_through(
         stack,
         now.ip.as_deref().unwrap_or_default(),
         u16::try_from(new_port).unwrap_or_default(),
+        (&username, &password),
     )
     .await?;
 

@@ -24,6 +24,16 @@
 //! already taken on 127.0.0.1. An instance with no user data at all (one planted through
 //! the control surface, say) asked for nothing: it runs without a proxy, logged at info.
 //!
+//! # Credentials
+//!
+//! The same way, in tinyproxy's syntax: every line of the user data that, trimmed, reads
+//! `BasicAuth USER PASSWORD` (three words) adds a user. With at least one, the proxy
+//! requires Basic proxy authentication as one of them: tinyproxy gets the lines in its
+//! config (it answers a request without or with wrong credentials with 407, or 401), the
+//! built-in proxy answers it with `407 Proxy Authentication Required`. Without any, the
+//! proxy is open to 127.0.0.1, as before. The operator's template
+//! (`BasicAuth {{egress.username}} {{egress.password}}`) renders exactly such a line.
+//!
 //! # Which proxy
 //!
 //! [`ProxyKind::Auto`] runs tinyproxy when it is installed (`tinyproxy -d -c FILE`, with
@@ -99,6 +109,22 @@ pub fn port_from_user_data(user_data: Option<&[u8]>) -> Result<u16, PortError> {
         };
     }
     Err(PortError::Missing)
+}
+
+/// The users (`BasicAuth USER PASSWORD` lines) an instance's user data asks its proxy to
+/// require; see "Credentials" in the module docs. Lines with another number of words are
+/// not a user (tinyproxy would refuse them; here the proxy just stays open to the others).
+pub fn basic_auth_from_user_data(user_data: Option<&[u8]>) -> Vec<(String, String)> {
+    let text = String::from_utf8_lossy(user_data.unwrap_or_default());
+    text.lines()
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words[..] {
+                ["BasicAuth", user, pass] => Some((user.to_string(), pass.to_string())),
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 /// The forward proxies of the instances of one or more emulators, keyed by instance ID.
@@ -206,7 +232,8 @@ impl RealProxies {
                 return LOOPBACK;
             }
         };
-        match self.spawn(id, port) {
+        let users = basic_auth_from_user_data(user_data);
+        match self.spawn(id, port, users) {
             Ok(running) => {
                 tracing::info!(
                     instance = id,
@@ -253,30 +280,37 @@ impl RealProxies {
         self.lock().iter().map(|(id, r)| (id.clone(), r.port())).collect()
     }
 
-    fn spawn(&self, id: &str, port: u16) -> Result<Running, String> {
+    fn spawn(&self, id: &str, port: u16, users: Vec<(String, String)>) -> Result<Running, String> {
         // tinyproxy would fail to bind a taken port and exit, and a readiness check would
         // then find the other listener; ask first. The built-in proxy binds for real here.
         let listener = TcpListener::bind((LOOPBACK, port))
             .map_err(|e| format!("port {port} on 127.0.0.1 is not available: {e}"))?;
         match &self.kind {
-            Resolved::Builtin => BuiltinProxy::start(listener, id).map(Running::Builtin),
+            Resolved::Builtin => BuiltinProxy::start(listener, id, users).map(Running::Builtin),
             Resolved::Tinyproxy(bin) => {
                 drop(listener);
-                self.spawn_tinyproxy(bin, id, port)
+                self.spawn_tinyproxy(bin, id, port, &users)
             }
         }
     }
 
-    fn spawn_tinyproxy(&self, bin: &Path, id: &str, port: u16) -> Result<Running, String> {
+    fn spawn_tinyproxy(
+        &self,
+        bin: &Path,
+        id: &str,
+        port: u16,
+        users: &[(String, String)],
+    ) -> Result<Running, String> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| format!("creating {}: {e}", self.dir.display()))?;
         let safe: String =
             id.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
         let conf = self.dir.join(format!("tinyproxy-{safe}-{port}.conf"));
+        let auth: String = users.iter().map(|(u, p)| format!("BasicAuth {u} {p}\n")).collect();
         std::fs::write(
             &conf,
             format!(
-                "Port {port}\nListen 127.0.0.1\nAllow 127.0.0.1\nLogLevel Error\nMaxClients 100\nTimeout 120\n"
+                "Port {port}\nListen 127.0.0.1\nAllow 127.0.0.1\nLogLevel Error\nMaxClients 100\nTimeout 120\n{auth}"
             ),
         )
         .map_err(|e| format!("writing {}: {e}", conf.display()))?;
@@ -328,7 +362,18 @@ struct BuiltinProxy {
 const MAX_HEAD: usize = 16 * 1024;
 
 impl BuiltinProxy {
-    fn start(listener: TcpListener, id: &str) -> Result<BuiltinProxy, String> {
+    fn start(
+        listener: TcpListener,
+        id: &str,
+        users: Vec<(String, String)>,
+    ) -> Result<BuiltinProxy, String> {
+        // `Basic base64(user:password)` for each user: what a client's header must carry.
+        let accepted: Arc<Vec<String>> = Arc::new(
+            users
+                .iter()
+                .map(|(u, p)| data_encoding::BASE64.encode(format!("{u}:{p}").as_bytes()))
+                .collect(),
+        );
         listener.set_nonblocking(true).map_err(|e| format!("non-blocking listener: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -354,7 +399,7 @@ impl BuiltinProxy {
                             if !peer.ip().is_loopback() {
                                 continue;
                             }
-                            tokio::spawn(serve(stream));
+                            tokio::spawn(serve(stream, accepted.clone()));
                         }
                     };
                     tokio::select! {
@@ -389,8 +434,30 @@ async fn reply(stream: &mut tokio::net::TcpStream, status: &str) {
         .await;
 }
 
-/// One client connection: a CONNECT tunnel or one absolute-URI HTTP request.
-async fn serve(mut client: tokio::net::TcpStream) {
+/// Whether the request head's `Proxy-Authorization` carries Basic credentials of one of
+/// the `accepted` users (each `base64(user:password)`); anything passes when there are none.
+fn authorized(head: &str, accepted: &[String]) -> bool {
+    if accepted.is_empty() {
+        return true;
+    }
+    head.split("\r\n").skip(1).any(|line| {
+        let Some((name, value)) = line.split_once(':') else {
+            return false;
+        };
+        if !name.trim().eq_ignore_ascii_case("proxy-authorization") {
+            return false;
+        }
+        let mut words = value.split_whitespace();
+        let (Some(scheme), Some(token), None) = (words.next(), words.next(), words.next()) else {
+            return false;
+        };
+        scheme.eq_ignore_ascii_case("basic") && accepted.iter().any(|a| a == token)
+    })
+}
+
+/// One client connection: a CONNECT tunnel or one absolute-URI HTTP request, once the
+/// client has shown credentials, when the proxy requires them.
+async fn serve(mut client: tokio::net::TcpStream, accepted: Arc<Vec<String>>) {
     let mut buf = Vec::with_capacity(1024);
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -413,6 +480,14 @@ async fn serve(mut client: tokio::net::TcpStream) {
     let [method, target, version] = parts[..] else {
         return reply(&mut client, "400 Bad Request").await;
     };
+    if !authorized(&head, &accepted) {
+        let _ = client
+            .write_all(
+                b"HTTP/1.1 407 Proxy Authentication Required\r\nproxy-authenticate: Basic realm=\"proxy\"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            )
+            .await;
+        return;
+    }
     if method == "CONNECT" {
         let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await else {
             return reply(&mut client, "502 Bad Gateway").await;

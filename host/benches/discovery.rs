@@ -76,6 +76,7 @@ async fn seed(client: &kube::Client) {
                     secret_key_ref: None,
                 },
                 port: 3128,
+                auth: Default::default(),
             },
         );
         p.metadata.namespace = Some(ns.clone());

@@ -460,6 +460,7 @@ mod tests {
                     secret_key_ref: None,
                 },
                 port: 3128,
+                auth: Default::default(),
             },
         );
         p.metadata.namespace = Some("default".into());
@@ -662,6 +663,7 @@ mod tests {
                     secret_key_ref: None,
                 },
                 port: 1,
+                auth: Default::default(),
             },
         );
         p.metadata.namespace = Some("kube-public".into());

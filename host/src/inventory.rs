@@ -718,6 +718,7 @@ mod tests {
                 placement: Default::default(),
                 cloud_init: CloudInit::default(),
                 port: 3128,
+                auth: Default::default(),
             },
         );
         assert_eq!(running_view(&p, "a"), None, "no status");

@@ -234,6 +234,7 @@ mod tests {
                 placement: Default::default(),
                 cloud_init: Default::default(),
                 port: 3128,
+                auth: Default::default(),
             },
         );
         p.metadata.namespace = Some("ns".into());

@@ -83,10 +83,10 @@ pub const RULES: &[Rule] = &[
     Rule {
         group: "",
         resource: "secrets",
-        verbs: &["get", "list", "watch"],
+        verbs: &["get", "list", "watch", "create", "delete"],
         names: &[],
         scope: Scope::Cluster,
-        why: "reconciler: a Proxy's cloudInit.secretKeyRef (get, in the Proxy's namespace, only referenced Secrets, once per change); list and watch are metadata-only (PartialObjectMetadata: names and resourceVersions, no values) to know when a Secret changed",
+        why: "reconciler: a Proxy's cloudInit.secretKeyRef and credentials Secret (get, in the Proxy's namespace, only referenced Secrets, once per change); list and watch are metadata-only (PartialObjectMetadata: names and resourceVersions, no values) to know when a Secret changed; create and delete: the Secret of a Proxy's generated credentials (spec.auth.type Generated), owned by the Proxy; discovery API: get of a Proxy's credentials Secret, only for callers allowed get on proxies/credentials",
     },
     Rule {
         group: "events.k8s.io",
@@ -284,24 +284,29 @@ mod tests {
         assert!(allowing(RULES, &call("", "namespaces", "list", None, None), "x").is_none());
     }
 
-    /// Secrets: `get` reads a referenced cloud-init Secret; `list` and `watch` are there for
-    /// the metadata-only watch (like cert-manager's), which tells the reconciler when a
-    /// Secret changed so that it does not GET it on every reconcile. That watch asks for
-    /// `PartialObjectMetadata` and gets no values; RBAC cannot tell a metadata list from a
-    /// full one, so the role does allow a full list in principle: the code only ever reads
-    /// values by GET, and only of Secrets a Proxy references (controller/secret_cache.rs).
-    /// Nothing else about Secrets is allowed: no writes.
+    /// Secrets: `get` reads a referenced cloud-init or credentials Secret; `list` and
+    /// `watch` are there for the metadata-only watch (like cert-manager's), which tells the
+    /// reconciler when a Secret changed so that it does not GET it on every reconcile. That
+    /// watch asks for `PartialObjectMetadata` and gets no values; RBAC cannot tell a
+    /// metadata list from a full one, so the role does allow a full list in principle: the
+    /// code only ever reads values by GET, and only of Secrets a Proxy references
+    /// (controller/secret_cache.rs). `create` and `delete` are for the Secret of a Proxy's
+    /// generated credentials, which the operator creates once and deletes with the Proxy
+    /// (only one the Proxy owns: controller/reconcile.rs). No Secret is ever changed: no
+    /// update or patch (a user's Secret stays theirs), no deletecollection.
     #[test]
-    fn secrets_are_read_and_watched_never_written() {
+    fn secrets_are_read_watched_created_and_deleted_never_changed() {
         let secrets = |verb, ns, name| call("", "secrets", verb, ns, name);
         for allowed in [
             secrets("get", Some("a"), Some("s")),
             secrets("list", None, None),
             secrets("watch", None, None),
+            secrets("create", Some("a"), None),
+            secrets("delete", Some("a"), Some("s")),
         ] {
             assert!(allowing(RULES, &allowed, "x").is_some(), "{allowed:?}");
         }
-        for verb in ["create", "update", "patch", "delete", "deletecollection"] {
+        for verb in ["update", "patch", "deletecollection"] {
             assert!(
                 allowing(RULES, &secrets(verb, Some("a"), Some("s")), "x").is_none(),
                 "{verb}"

@@ -14,6 +14,9 @@ mod demo;
 mod docs;
 mod e2e;
 mod moto;
+// A check of the root manifest, run by the tests only.
+#[cfg(test)]
+mod profile;
 mod scale;
 mod test;
 mod wasm_opt;

@@ -201,3 +201,101 @@ async fn no_port_or_taken_port_runs_without_a_proxy() {
     assert_eq!((a, b), (LOOPBACK, LOOPBACK), "still running, at 127.0.0.1");
     assert!(proxies.listening().is_empty(), "{:?}", proxies.listening());
 }
+
+#[test]
+fn users_come_from_basic_auth_lines() {
+    type Case<'a> = (Option<&'a str>, &'a [(&'a str, &'a str)]);
+    let cases: &[Case<'_>] = &[
+        (None, &[]),
+        (Some("#cloud-config\nPort 3128\n"), &[]),
+        (Some("      BasicAuth alice s3cret\n"), &[("alice", "s3cret")]),
+        (Some("BasicAuth a b\n\tBasicAuth  c  d \r\n"), &[("a", "b"), ("c", "d")]),
+        // Not three words, or not the directive: not a user.
+        (Some("BasicAuth alice\nBasicAuth a b c\n# BasicAuth x y\nBasicAuthX x y\n"), &[]),
+    ];
+    for (input, want) in cases {
+        let got = basic_auth_from_user_data(input.map(str::as_bytes));
+        let want: Vec<(String, String)> =
+            want.iter().map(|(u, p)| (u.to_string(), p.to_string())).collect();
+        assert_eq!(got, want, "user data {input:?}");
+    }
+}
+
+/// The status line of a CONNECT through the proxy on `proxy_port`, with `auth` as the
+/// `Proxy-Authorization` value if given.
+async fn connect_status(proxy_port: u16, target_port: u16, auth: Option<String>) -> String {
+    let mut s = TcpStream::connect((LOOPBACK, proxy_port)).await.unwrap();
+    let auth = auth.map(|a| format!("Proxy-Authorization: {a}\r\n")).unwrap_or_default();
+    s.write_all(
+        format!(
+            "CONNECT 127.0.0.1:{target_port} HTTP/1.1\r\nHost: 127.0.0.1:{target_port}\r\n{auth}\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n") {
+        match s.read(&mut b).await {
+            Ok(1) => head.push(b[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&head).trim().to_string()
+}
+
+fn basic(user: &str, pass: &str) -> String {
+    format!("Basic {}", data_encoding::BASE64.encode(format!("{user}:{pass}").as_bytes()))
+}
+
+/// A proxy whose user data has a `BasicAuth` line lets through exactly the clients that
+/// send those credentials.
+async fn requires_credentials(proxies: Arc<RealProxies>) {
+    let echo = echo_server().await;
+    let port = free_port();
+    let ud = format!(
+        "#cloud-config\nwrite_files:\n  - content: |\n      Port {port}\n      BasicAuth alice s3cret\n"
+    );
+    let p = proxies.clone();
+    tokio::task::spawn_blocking(move || p.start("i-1", Some(ud.as_bytes()))).await.unwrap();
+    assert_eq!(proxies.port_of("i-1"), Some(port));
+    for (auth, ok) in [
+        (None, false),
+        (Some(basic("alice", "wrong")), false),
+        (Some(basic("bob", "s3cret")), false),
+        (Some("Bearer s3cret".to_string()), false),
+        (Some(basic("alice", "s3cret")), true),
+    ] {
+        let status = connect_status(port, echo, auth.clone()).await;
+        let code = status.split(' ').nth(1).unwrap_or_default().to_string();
+        if ok {
+            assert_eq!(code, "200", "{auth:?}: {status}");
+        } else {
+            assert!(code == "407" || code == "401", "{auth:?}: {status}");
+        }
+    }
+    let p = proxies.clone();
+    tokio::task::spawn_blocking(move || p.stop("i-1")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn builtin_proxy_requires_the_credentials_of_the_user_data() {
+    let proxies = RealProxies::new(ProxyKind::Builtin);
+    requires_credentials(proxies.clone()).await;
+    // And says 407, as a proxy should (tinyproxy says 401 to wrong credentials).
+    let echo = echo_server().await;
+    let port = free_port();
+    let ud = format!("Port {port}\nBasicAuth u p\n");
+    let p = proxies.clone();
+    tokio::task::spawn_blocking(move || p.start("i-2", Some(ud.as_bytes()))).await.unwrap();
+    assert!(connect_status(port, echo, None).await.starts_with("HTTP/1.1 407 "));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tinyproxy_requires_the_credentials_of_the_user_data() {
+    let Some(bin) = tinyproxy_or_skip() else {
+        return;
+    };
+    requires_credentials(RealProxies::new(ProxyKind::Tinyproxy(bin))).await;
+}

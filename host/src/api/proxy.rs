@@ -59,6 +59,62 @@ pub struct ProxySpec {
     /// TCP port the proxy listens on, on the instance's IP.
     #[schemars(range(min = 1, max = 65535))]
     pub port: i32,
+    /// Who may use the proxy. Absent: credentials the operator generates.
+    #[serde(default, skip_serializing_if = "ProxyAuth::is_default")]
+    pub auth: ProxyAuth,
+}
+
+/// How the proxy admits clients. The operator hands the values to the cloud-init through
+/// the template placeholders (`{{egress.username}}`, `{{egress.password}}`,
+/// `{{egress.allowedClients}}`), probes the proxy with the credentials, and gives them out
+/// through the discovery API only to callers allowed `get` on `proxies/credentials`.
+///
+/// Why a default of generated credentials: an open forward proxy on a public IP is found by
+/// scanners within hours and used for abuse, on the user's bill. Open is possible, but only
+/// when asked for by name (`type: None`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[x_kube(
+    validation = Rule::new("(has(self.type) && self.type == 'Secret') == has(self.secretName)")
+        .message("secretName is set exactly when type is Secret")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyAuth {
+    /// `Generated` (the default): a random username and password from the operator, kept
+    /// in the Secret `<proxy name>-credentials` (keys `username` and `password`) that the
+    /// operator creates in the Proxy's namespace and deletes with the Proxy; deleting that
+    /// Secret rotates them (and so replaces the instance). `Secret`: the keys `username` and
+    /// `password` of the Secret `secretName` in the Proxy's namespace, which the user owns.
+    /// `None`: no credentials; the proxy is open to whoever can reach it, unless
+    /// `allowedClients` restricts it.
+    #[serde(default, rename = "type")]
+    pub type_: AuthType,
+    /// With `type: Secret`: the Secret holding `username` and `password`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: Option<String>,
+    /// Client networks allowed to use the proxy (CIDRs such as `203.0.113.0/24`, or single
+    /// addresses), rendered into the cloud-init by `{{egress.allowedClients}}`: for clients
+    /// that cannot send proxy credentials, such as headless browsers, with or without
+    /// credentials.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_clients: Vec<String>,
+}
+
+impl ProxyAuth {
+    /// Whether this is the default (generated credentials, no allow-list): not serialized,
+    /// so a Proxy written before `auth` existed reads back the same.
+    pub fn is_default(&self) -> bool {
+        *self == ProxyAuth::default()
+    }
+}
+
+/// Where a proxy's credentials come from; see [`ProxyAuth::type_`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum AuthType {
+    #[default]
+    Generated,
+    Secret,
+    None,
 }
 
 /// Placement of the instance, handed to the provider one to one. Changing any field

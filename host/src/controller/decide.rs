@@ -76,6 +76,9 @@ pub mod event {
     pub const PROVIDER_NOT_CONFIGURED: &str = "ProviderNotConfigured";
     pub const CLOUD_INIT_UNAVAILABLE: &str = "CloudInitUnavailable";
     pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// An instance was created for a Proxy with `spec.auth.type: None` and no
+    /// `allowedClients`: said once per instance, as a warning, because it is open.
+    pub const OPEN_PROXY: &str = "OpenProxy";
 }
 
 /// The spec's inputs as far as they could be resolved this reconcile.
@@ -126,6 +129,8 @@ pub struct Observed {
     /// A list of this provider is under way and no fresh one exists yet (just after start,
     /// or a reload): it will answer for every Running Proxy at once.
     pub list_pending: bool,
+    /// `spec.auth` asks for neither credentials nor an allow-list: the proxy is open.
+    pub open: bool,
 }
 
 impl Observed {
@@ -358,6 +363,9 @@ impl Decision {
         self.events.push(event);
         self
     }
+    fn event_if(self, cond: bool, event: impl FnOnce() -> EventNote) -> Self {
+        if cond { self.event(event()) } else { self }
+    }
     /// Publishes `event` only when the Provisioned reason changes to `to`: a condition that
     /// stays the same on every retry is not news.
     fn event_on_transition(self, o: &Observed, to: &str, event: EventNote) -> Self {
@@ -533,6 +541,16 @@ fn after_create(o: &Observed, r: &Result<String, ProviderError>, t: &Timings) ->
                     event::CREATED,
                     format!("created instance {id}"),
                 ))
+                .event_if(o.open, || {
+                    EventNote::warning(
+                        event::OPEN_PROXY,
+                        format!(
+                            "instance {id} runs an open proxy: spec.auth.type is None and \
+                             spec.auth.allowedClients is empty, so anyone who can reach it \
+                             may use it"
+                        ),
+                    )
+                })
         }
         Err(e) => provider_failure(o, e, t),
     }
@@ -796,6 +814,7 @@ mod tests {
             ip: Some("192.0.2.1".into()),
             listed: None,
             list_pending: false,
+            open: false,
         }
     }
 
@@ -1016,6 +1035,23 @@ mod tests {
                         s.address = Some(None);
                     })
                     .events(&[event::CREATED]),
+            ),
+            (
+                "Create of an open proxy: a warning says so",
+                with(|o| {
+                    o.provider_id = None;
+                    o.open = true;
+                }),
+                Some(Answer::Created(Ok(ID.into()))),
+                want(Next::Requeue(t.provisioning_poll))
+                    .cond(false, reason::PROVISIONING)
+                    .status(|s| {
+                        s.provider_id = Some(Some(ID.into()));
+                        s.spec_hash = Some(Some("h1".into()));
+                        s.state = Some(None);
+                        s.address = Some(None);
+                    })
+                    .events(&[event::CREATED, event::OPEN_PROXY]),
             ),
             (
                 "Create: quota is a condition and a slow retry, not an error",

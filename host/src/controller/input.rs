@@ -94,6 +94,7 @@ mod tests {
             placement: Placement::default(),
             cloud_init: CloudInit::default(),
             port,
+            auth: Default::default(),
         };
         assert_eq!(port(&spec(3128)), Ok(3128));
         assert_eq!(port(&spec(65535)), Ok(65535));

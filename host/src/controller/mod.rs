@@ -3,6 +3,7 @@
 //! Decisions are pure ([`decide()`], [`spec_hash()`], [`status::apply`]) and table-tested;
 //! the Kubernetes and provider calls live in a thin shell around them.
 
+pub mod auth;
 pub mod decide;
 pub mod events;
 pub mod input;
@@ -10,10 +11,11 @@ pub mod secret_cache;
 pub mod secrets;
 mod spec_hash;
 pub mod status;
+pub mod template;
 pub mod turns;
 
 pub use decide::{Answer, Call, Decision, Input, Next, Observed, Timings, decide};
-pub use spec_hash::spec_hash;
+pub use spec_hash::{keyed as keyed_spec_hash, spec_hash};
 mod reconcile;
 
 pub use reconcile::{

@@ -2,14 +2,17 @@
 //! and removes the finalizer, and makes the provider calls. No branching on outcomes here;
 //! that is all in `decide.rs`.
 
+use super::auth::{self, Credentials};
 use super::decide::{
     Answer, Call, CondView, Decision, DeletePurpose, EventNote, Failure, GetPurpose, Input, Next,
     Observed, Timings, decide,
 };
 use super::secret_cache::SecretCache;
+use super::secrets::CloudInitError;
 use super::secrets::SecretKey;
+use super::template;
 use super::turns::Turns;
-use super::{input, secret_cache, spec_hash, status};
+use super::{input, keyed_spec_hash, secret_cache, spec_hash, status};
 use crate::api::{Proxy, ProxyStatus, condition};
 use crate::cache::{ProxyCache, ProxyFeed, trim_for_cache};
 use crate::inventory::Inventory;
@@ -80,7 +83,7 @@ impl Settings {
 pub enum ReconcileError {
     #[error(transparent)]
     Provider(#[from] ProviderError),
-    #[error("reading the cloud-init Secret: {0}")]
+    #[error("resolving the Proxy's inputs (cloud-init and credentials Secrets): {0}")]
     CloudInit(String),
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
@@ -112,12 +115,19 @@ pub struct HealthHook {
 }
 
 impl HealthHook {
-    fn spec(&self, proxy: SocketAddr, allow_internal: bool) -> ProbeSpec {
+    /// The probe of one proxy; with its credentials when it has any, so the CONNECT (and
+    /// the egress check through its tunnel) passes a proxy that requires them.
+    fn spec(
+        &self,
+        proxy: SocketAddr,
+        allow_internal: bool,
+        credentials: Option<&Credentials>,
+    ) -> ProbeSpec {
         ProbeSpec {
             proxy,
             allow_internal,
             target: self.target.clone(),
-            auth: None,
+            auth: credentials.map(|c| (c.username.clone(), c.password.clone())),
             egress_echo: self.egress_echo.clone(),
             timeout: self.timeout,
             tls: self.tls.clone(),
@@ -539,10 +549,11 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action, R
     result
 }
 
-/// The cloud-init and port the provider gets.
+/// The cloud-init and port the provider gets, and the credentials the probe sends.
 struct Resolved {
     cloud_init: Vec<u8>,
     port: u16,
+    credentials: Option<Credentials>,
 }
 
 struct Shell<'a> {
@@ -619,7 +630,7 @@ impl<'a> Shell<'a> {
             if !change.is_empty() || self.health_view(&status).is_some() {
                 status = self.write_status(&status, &change).await?;
             }
-            self.sync_health(&status, deleting);
+            self.sync_health(&status, deleting, resolved.as_ref());
             for e in events {
                 self.publish(e).await;
             }
@@ -634,6 +645,9 @@ impl<'a> Shell<'a> {
                     return Ok(Action::requeue(timings.requeue_now));
                 }
                 Next::ReleaseFinalizer => {
+                    // Not left to owner-reference garbage collection alone: the Secret
+                    // goes before the Proxy does, even where nothing collects garbage.
+                    self.delete_generated_secret().await?;
                     self.remove_finalizer().await?;
                     info!("finalizer released");
                     return Ok(Action::await_change());
@@ -672,56 +686,255 @@ impl<'a> Shell<'a> {
         )
     }
 
-    /// Cloud-init bytes and port, and the [`Input`] decide sees.
+    /// Cloud-init bytes (the template rendered), port and credentials, and the [`Input`]
+    /// decide sees.
     async fn resolve(&self) -> (Input, Option<Resolved>) {
         let spec = &self.proxy.spec;
         let port = match input::port(spec) {
             Ok(p) => p,
             Err(message) => return (Input::Invalid { message }, None),
         };
+        let access = auth::access(&spec.auth, &self.name);
         let source = input::source(&spec.cloud_init);
-        let referenced = match &source {
-            Ok(input::Source::Secret { name, .. }) => Some(*name),
-            _ => None,
-        };
+        let mut referenced = vec![];
+        if let Ok(input::Source::Secret { name, .. }) = &source {
+            referenced.push(*name);
+        }
+        if let Some(name) = access.as_ref().ok().and_then(|a| a.source.secret_name())
+            && !referenced.contains(&name)
+        {
+            referenced.push(name);
+        }
         self.ctx
             .secrets
-            .reference(&self.namespace, &self.name, referenced);
-        let cloud_init = match source {
+            .reference(&self.namespace, &self.name, &referenced);
+        let access = match access {
+            Ok(a) => a,
+            Err(e) => {
+                return (
+                    Input::Invalid {
+                        message: e.to_string(),
+                    },
+                    None,
+                );
+            }
+        };
+        let template = match source {
             Err(message) => return (Input::Invalid { message }, None),
             Ok(input::Source::Inline(text)) => text.as_bytes().to_vec(),
             Ok(input::Source::Secret { name, key }) => {
                 let secret = SecretKey::new(&self.namespace, name);
                 match self.ctx.secrets.read(&self.ctx.client, &secret, key).await {
                     Ok(bytes) => bytes,
-                    Err(e) if e.is_unavailable() => {
-                        return (
-                            Input::Unavailable {
-                                message: e.to_string(),
-                            },
-                            None,
-                        );
-                    }
-                    Err(e) => {
-                        return (
-                            Input::Unreadable {
-                                message: e.to_string(),
-                            },
-                            None,
-                        );
-                    }
+                    Err(e) => return (unavailable(&e, e.to_string()), None),
                 }
             }
         };
+        let (credentials, key) = match self.credentials(&access.source).await {
+            Ok(Some((c, key))) => (Some(c), key),
+            Ok(None) => (None, None),
+            Err(input) => return (input, None),
+        };
+        let values = template::Values {
+            port,
+            name: &self.name,
+            credentials: credentials
+                .as_ref()
+                .map(|c| (c.username.as_str(), c.password.as_str())),
+            allowed_clients: &access.allowed_clients,
+        };
+        let rendered = match template::render(&template, &values) {
+            Ok(r) => r,
+            Err(e) => {
+                return (
+                    Input::Invalid {
+                        message: e.to_string(),
+                    },
+                    None,
+                );
+            }
+        };
+        let cloud_init = rendered.bytes.clone();
         // Every call of this provider scrubs this document from then on, not only Create.
         if let Some(p) = &self.provider {
             p.remember_cloud_init(&cloud_init);
         }
-        let hash = spec_hash(&spec.placement, &cloud_init, port);
+        let mut hash = spec_hash(&spec.placement, &cloud_init, port);
+        if rendered.has_credentials() {
+            // Never an unkeyed hash of a password into the status (see `keyed`).
+            hash = keyed_spec_hash(&hash, key.as_deref().unwrap_or_default());
+        }
         (
             Input::Resolved { hash },
-            Some(Resolved { cloud_init, port }),
+            Some(Resolved {
+                cloud_init,
+                port,
+                credentials,
+            }),
         )
+    }
+
+    /// The Proxy's credentials and the UID of the Secret they are in; for
+    /// `type: Generated`, the Secret is created first when it does not exist.
+    async fn credentials(
+        &self,
+        source: &auth::Source,
+    ) -> Result<Option<(Credentials, Option<String>)>, Input> {
+        let Some(name) = source.secret_name() else {
+            return Ok(None);
+        };
+        let field = source.field();
+        let key = SecretKey::new(&self.namespace, name);
+        let held = match self.ctx.secrets.read_all(&self.ctx.client, &key).await {
+            Ok(h) => h,
+            Err(CloudInitError::NotFound { .. })
+                if matches!(source, auth::Source::Generated(_)) =>
+            {
+                match self.create_generated_secret(name).await? {
+                    Generated::Created(c, uid) => return Ok(Some((c, uid))),
+                    Generated::Exists(held) => held,
+                }
+            }
+            Err(CloudInitError::NotFound { .. }) => {
+                return Err(Input::Unavailable {
+                    message: format!("Secret {key} not found ({field})"),
+                });
+            }
+            Err(e) => return Err(unavailable(&e, format!("{e} ({field})"))),
+        };
+        if matches!(source, auth::Source::Generated(_))
+            && held.controller.as_deref() != Some(self.uid.as_str())
+        {
+            return Err(Input::Invalid {
+                message: format!(
+                    "Secret {key} exists and is not owned by this Proxy, so it cannot hold \
+                     the credentials the operator generates for it (spec.auth.type \
+                     Generated); delete or rename that Secret, or use it with \
+                     spec.auth.type Secret and spec.auth.secretName"
+                ),
+            });
+        }
+        // A Secret the user can fix by editing it: a condition, retried (its change
+        // re-runs this Proxy at once).
+        let credentials = auth::from_values(
+            &key.to_string(),
+            field,
+            held.value(auth::USERNAME_KEY),
+            held.value(auth::PASSWORD_KEY),
+        )
+        .map_err(|e| Input::Unavailable {
+            message: e.to_string(),
+        })?;
+        Ok(Some((credentials, held.uid.clone())))
+    }
+
+    /// Creates the Secret of generated credentials, owned by the Proxy (so it goes with it
+    /// wherever owner references are collected) and labelled with its name.
+    async fn create_generated_secret(&self, name: &str) -> Result<Generated, Input> {
+        let credentials = auth::generate().map_err(|e| Input::Unreadable {
+            message: format!("generating credentials: the random number generator failed: {e}"),
+        })?;
+        let secret = k8s_openapi::api::core::v1::Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some([(auth::PROXY_LABEL.to_string(), self.name.clone())].into()),
+                owner_references: Some(vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        api_version: Proxy::api_version(&()).into_owned(),
+                        kind: Proxy::kind(&()).into_owned(),
+                        name: self.name.clone(),
+                        uid: self.uid.clone(),
+                        controller: Some(true),
+                        block_owner_deletion: None,
+                    },
+                ]),
+                ..Default::default()
+            },
+            type_: Some("Opaque".into()),
+            string_data: Some(
+                [
+                    (auth::USERNAME_KEY.to_string(), credentials.username.clone()),
+                    (auth::PASSWORD_KEY.to_string(), credentials.password.clone()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let api: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(self.ctx.client.clone(), &self.namespace);
+        match api.create(&kube::api::PostParams::default(), &secret).await {
+            Ok(created) => {
+                info!(secret = name, "generated the Proxy's credentials");
+                self.ctx.secrets.hold(&created);
+                Ok(Generated::Created(credentials, created.metadata.uid))
+            }
+            // Created meanwhile (by the reconcile before this one, whose answer the Secret
+            // watch has not shown yet, or by hand): read it.
+            Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(name).await {
+                Ok(Some(found)) => {
+                    self.ctx.secrets.hold(&found);
+                    let rv = found.metadata.resource_version.clone().unwrap_or_default();
+                    Ok(Generated::Exists(Arc::new(
+                        super::secrets::Held::at_version(&found, rv),
+                    )))
+                }
+                Ok(None) => Err(Input::Unreadable {
+                    message: format!(
+                        "Secret {}/{name} (spec.auth.type Generated) was created and deleted \
+                         meanwhile; retrying",
+                        self.namespace
+                    ),
+                }),
+                Err(e) => Err(Input::Unreadable {
+                    message: format!("reading Secret {}/{name}: {e}", self.namespace),
+                }),
+            },
+            Err(e) => Err(Input::Unreadable {
+                message: format!(
+                    "creating Secret {}/{name} (spec.auth.type Generated): {e}",
+                    self.namespace
+                ),
+            }),
+        }
+    }
+
+    /// Deletes the Secret of generated credentials, if there is one and this Proxy owns
+    /// it (a user's Secret of the same name stays).
+    async fn delete_generated_secret(&self) -> Result<(), ReconcileError> {
+        let name = auth::generated_secret_name(&self.name);
+        let api: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(self.ctx.client.clone(), &self.namespace);
+        let Some(secret) = api.get_opt(&name).await? else {
+            return Ok(());
+        };
+        let owned = secret
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true) && o.uid == self.uid);
+        if !owned {
+            return Ok(());
+        }
+        let params = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: secret.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => {
+                info!(
+                    secret = name.as_str(),
+                    "deleted the Proxy's generated credentials"
+                );
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn call(&self, call: Call, resolved: Option<&Resolved>) -> Answer {
@@ -882,19 +1095,31 @@ impl<'a> Shell<'a> {
         (!(same && fresh)).then_some(view)
     }
 
-    /// Registers the running address with the probe engine, or stops probing it.
-    fn sync_health(&self, status: &ProxyStatus, deleting: bool) {
+    /// Registers the running address with the probe engine, or stops probing it. Without
+    /// resolved inputs this reconcile (a credentials Secret briefly unreadable), the probe
+    /// keeps the credentials it had.
+    fn sync_health(&self, status: &ProxyStatus, deleting: bool, resolved: Option<&Resolved>) {
         let Some(hook) = &self.ctx.health else { return };
         let allow_internal = self
             .provider
             .as_ref()
             .is_some_and(|p| p.private_addresses_allowed());
         match Self::running_at(status).filter(|_| !deleting) {
-            Some(addr) => hook.engine.upsert(
-                &self.health_key(),
-                hook.spec(addr, allow_internal),
-                &addr.ip().to_string(),
-            ),
+            Some(addr) => {
+                let key = self.health_key();
+                let credentials = match resolved {
+                    Some(r) => r.credentials.clone(),
+                    None => hook
+                        .engine
+                        .credentials(&key)
+                        .map(|(username, password)| Credentials { username, password }),
+                };
+                hook.engine.upsert(
+                    &key,
+                    hook.spec(addr, allow_internal, credentials.as_ref()),
+                    &addr.ip().to_string(),
+                )
+            }
             None => hook.engine.remove(&self.health_key()),
         }
     }
@@ -1001,6 +1226,12 @@ pub fn observe(
         ip: status.ip.clone().filter(|s| !s.is_empty()),
         listed,
         list_pending,
+        open: proxy
+            .metadata
+            .name
+            .as_deref()
+            .and_then(|name| auth::access(&proxy.spec.auth, name).ok())
+            .is_some_and(|a| a.is_open()),
         provisioned: status
             .conditions
             .iter()
@@ -1010,6 +1241,24 @@ pub fn observe(
                 reason: c.reason.clone(),
                 observed_generation: c.observed_generation,
             }),
+    }
+}
+
+/// What creating the Secret of generated credentials came to.
+enum Generated {
+    /// Created, with these credentials, as the Secret with this UID.
+    Created(Credentials, Option<String>),
+    /// It existed already (its owner is still to be checked).
+    Exists(Arc<super::secrets::Held>),
+}
+
+/// A Secret that could not be read: a condition when the user can fix it (missing Secret
+/// or key), else an API failure retried with backoff.
+fn unavailable(e: &CloudInitError, message: String) -> Input {
+    if e.is_unavailable() {
+        Input::Unavailable { message }
+    } else {
+        Input::Unreadable { message }
     }
 }
 
@@ -1055,6 +1304,7 @@ mod tests {
                 placement: Default::default(),
                 cloud_init: CloudInit::default(),
                 port: 8080,
+                auth: Default::default(),
             },
         );
         p.metadata.generation = Some(3);
@@ -1111,6 +1361,7 @@ mod tests {
                 placement: Default::default(),
                 cloud_init: CloudInit::default(),
                 port: 8080,
+                auth: Default::default(),
             },
         );
         base.metadata.generation = Some(1);
@@ -1159,6 +1410,7 @@ mod tests {
                 placement: Default::default(),
                 cloud_init: CloudInit::default(),
                 port: 8080,
+                auth: Default::default(),
             },
         );
         p.metadata.managed_fields = Some(vec![ManagedFieldsEntry {

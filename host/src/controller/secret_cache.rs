@@ -72,8 +72,9 @@ struct State {
     /// The Proxies (by name, in the Secret's namespace) that reference each Secret, as of
     /// their last reconcile or the last prune.
     refs: HashMap<SecretKey, BTreeSet<String>>,
-    /// The reverse: (namespace, Proxy name) -> the Secret it references.
-    by_proxy: HashMap<(String, String), SecretKey>,
+    /// The reverse: (namespace, Proxy name) -> the Secrets it references (cloud-init,
+    /// credentials).
+    by_proxy: HashMap<(String, String), Vec<SecretKey>>,
     /// One gate per Secret, held across plan, GET and record.
     gates: HashMap<SecretKey, Arc<tokio::sync::Mutex<()>>>,
 }
@@ -84,14 +85,16 @@ impl State {
     }
 
     fn unreference(&mut self, namespace: &str, proxy: &str) {
-        if let Some(old) = self
+        let old = self
             .by_proxy
             .remove(&(namespace.to_string(), proxy.to_string()))
-            && let Some(r) = self.refs.get_mut(&old)
-        {
-            r.remove(proxy);
-            if r.is_empty() {
-                self.refs.remove(&old);
+            .unwrap_or_default();
+        for key in old {
+            if let Some(r) = self.refs.get_mut(&key) {
+                r.remove(proxy);
+                if r.is_empty() {
+                    self.refs.remove(&key);
+                }
             }
         }
     }
@@ -167,19 +170,41 @@ impl SecretCache {
         }
     }
 
-    /// Records which Secret (by name, in its own namespace) the Proxy `namespace/proxy`
-    /// references now, None for inline cloud-init.
-    pub fn reference(&self, namespace: &str, proxy: &str, secret: Option<&str>) {
+    /// Records which Secrets (by name, in its own namespace) the Proxy `namespace/proxy`
+    /// references now: its cloud-init Secret, if any, and its credentials Secret, if any.
+    pub fn reference(&self, namespace: &str, proxy: &str, secrets: &[&str]) {
         let mut st = self.state();
         st.unreference(namespace, proxy);
-        if let Some(name) = secret {
-            let key = SecretKey::new(namespace, name);
+        let keys: Vec<SecretKey> = secrets
+            .iter()
+            .map(|name| SecretKey::new(namespace, *name))
+            .collect();
+        for key in &keys {
             st.refs
                 .entry(key.clone())
                 .or_default()
                 .insert(proxy.to_string());
+        }
+        if !keys.is_empty() {
             st.by_proxy
-                .insert((namespace.to_string(), proxy.to_string()), key);
+                .insert((namespace.to_string(), proxy.to_string()), keys);
+        }
+    }
+
+    /// Keeps `secret` as read (the answer of a create, say) for as long as the watch shows
+    /// its resourceVersion, when some Proxy references it.
+    pub fn hold(&self, secret: &Secret) {
+        let (Some(namespace), Some(name), Some(held)) = (
+            secret.metadata.namespace.as_deref(),
+            secret.metadata.name.as_deref(),
+            Held::from_secret(secret),
+        ) else {
+            return;
+        };
+        let key = SecretKey::new(namespace, name);
+        let mut st = self.state();
+        if st.watch.is_some() && st.referenced(&key) {
+            st.held.insert(key, Arc::new(held));
         }
     }
 
@@ -196,6 +221,18 @@ impl SecretCache {
         secret: &SecretKey,
         key: &str,
     ) -> Result<Vec<u8>, CloudInitError> {
+        let held = self.read_all(client, secret).await?;
+        secrets::value(secret, &held, key)
+    }
+
+    /// The whole of `secret` (every key, its UID and owner): from the held copy when the
+    /// watch confirms it, otherwise from one GET (whose answer is then held, if a watch is
+    /// attached). An answer without a resourceVersion is used once and not held.
+    pub async fn read_all(
+        &self,
+        client: &kube::Client,
+        secret: &SecretKey,
+    ) -> Result<Arc<Held>, CloudInitError> {
         let gate = self
             .state()
             .gates
@@ -212,7 +249,7 @@ impl SecretCache {
             plan
         };
         match plan {
-            Plan::Use(held) => secrets::value(secret, &held, key),
+            Plan::Use(held) => Ok(held),
             Plan::NotFound => Err(CloudInitError::NotFound {
                 secret: secret.clone(),
             }),
@@ -224,28 +261,25 @@ impl SecretCache {
                         debug!(
                             secret = %secret,
                             resource_version = held.as_ref().map(|h| h.resource_version.as_str()),
-                            "cloud-init Secret read"
+                            "Secret read"
                         );
-                        let value =
-                            match &held {
-                                Some(h) => secrets::value(secret, h, key),
-                                None => crate::controller::input::secret_value(&s, key).ok_or_else(
-                                    || CloudInitError::NoKey {
-                                        secret: secret.clone(),
-                                        key: key.to_string(),
-                                    },
-                                ),
-                            };
                         let mut st = self.state();
                         match held {
-                            Some(h) if st.watch.is_some() && st.referenced(secret) => {
-                                st.held.insert(secret.clone(), Arc::new(h));
+                            Some(h) => {
+                                let h = Arc::new(h);
+                                if st.watch.is_some() && st.referenced(secret) {
+                                    st.held.insert(secret.clone(), h.clone());
+                                } else {
+                                    st.held.remove(secret);
+                                }
+                                Ok(h)
                             }
-                            _ => {
+                            None => {
                                 st.held.remove(secret);
+                                // No version to confirm it by later: used this once.
+                                Ok(Arc::new(Held::at_version(&s, String::new())))
                             }
                         }
-                        value
                     }
                     Ok(None) => {
                         self.state().held.remove(secret);
@@ -321,18 +355,23 @@ impl SecretCache {
         let mut refs: HashMap<SecretKey, BTreeSet<String>> = HashMap::new();
         let mut by_proxy = HashMap::new();
         for p in proxies.state() {
-            let (Some(namespace), Some(name), Some(r)) = (
-                p.metadata.namespace.as_deref(),
-                p.metadata.name.as_deref(),
-                p.spec.cloud_init.secret_key_ref.as_ref(),
-            ) else {
+            let (Some(namespace), Some(name)) =
+                (p.metadata.namespace.as_deref(), p.metadata.name.as_deref())
+            else {
                 continue;
             };
-            let key = SecretKey::new(namespace, &r.name);
-            refs.entry(key.clone())
-                .or_default()
-                .insert(name.to_string());
-            by_proxy.insert((namespace.to_string(), name.to_string()), key);
+            let keys: Vec<SecretKey> = referenced_secrets(&p)
+                .into_iter()
+                .map(|s| SecretKey::new(namespace, s))
+                .collect();
+            for key in &keys {
+                refs.entry(key.clone())
+                    .or_default()
+                    .insert(name.to_string());
+            }
+            if !keys.is_empty() {
+                by_proxy.insert((namespace.to_string(), name.to_string()), keys);
+            }
         }
         let mut st = self.state();
         st.refs = refs;
@@ -346,6 +385,23 @@ impl SecretCache {
         gates.retain(|k, g| refs.contains_key(k) || Arc::strong_count(g) > 1);
         before - held.len()
     }
+}
+
+/// The Secrets (names, in the Proxy's namespace) a Proxy's reconcile reads: its cloud-init
+/// Secret and its credentials Secret (see [`super::auth`]), as far as the spec names them.
+pub fn referenced_secrets(p: &Proxy) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(r) = &p.spec.cloud_init.secret_key_ref {
+        out.push(r.name.clone());
+    }
+    if let Some(name) = &p.metadata.name
+        && let Ok(access) = super::auth::access(&p.spec.auth, name)
+        && let Some(s) = access.source.secret_name()
+        && !out.iter().any(|o| o == s)
+    {
+        out.push(s.to_string());
+    }
+    out
 }
 
 /// Keeps what the cache reads of a Secret's metadata: namespace, name, resourceVersion and
@@ -432,6 +488,7 @@ mod tests {
                     }),
                 },
                 port: 3128,
+                auth: Default::default(),
             },
         );
         p.metadata.namespace = Some(ns.into());
@@ -475,10 +532,10 @@ mod tests {
         let (mark, synced) = crate::cache::channel();
         let _attached = cache.attach(store, synced);
         mark.observe::<SecretMeta>(&Ok(watcher::Event::InitDone));
-        cache.reference("a", "p1", Some("shared"));
-        cache.reference("a", "p2", Some("shared"));
-        cache.reference("a", "p3", Some("own"));
-        cache.reference("b", "p1", Some("shared"));
+        cache.reference("a", "p1", &["shared"]);
+        cache.reference("a", "p2", &["shared"]);
+        cache.reference("a", "p3", &["own"]);
+        cache.reference("b", "p1", &["shared"]);
 
         let mut apply = |ev: watcher::Event<SecretMeta>| {
             writer.apply_watcher_event(&ev);
@@ -490,8 +547,8 @@ mod tests {
         );
         assert!(apply(watcher::Event::Apply(meta("a", "unrelated", "6"))).is_empty());
         // p2 now uses inline cloud-init; p3 switched to the shared Secret.
-        cache.reference("a", "p2", None);
-        cache.reference("a", "p3", Some("shared"));
+        cache.reference("a", "p2", &[]);
+        cache.reference("a", "p3", &["shared"]);
         assert_eq!(
             apply(watcher::Event::Delete(meta("a", "shared", "8"))).len(),
             2

@@ -54,6 +54,12 @@ pub enum Seen<'a> {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Held {
     pub resource_version: String,
+    /// The Secret's UID.
+    pub uid: Option<String>,
+    /// The UID of its controller owner (`ownerReferences` with `controller: true`): tells
+    /// the credentials Secret the operator generated for a Proxy from a user's Secret that
+    /// happens to have the same name.
+    pub controller: Option<String>,
     /// Key -> value, `data` over `stringData` (see [`super::input::secret_value`]).
     data: BTreeMap<String, Vec<u8>>,
 }
@@ -62,6 +68,8 @@ impl std::fmt::Debug for Held {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Held")
             .field("resource_version", &self.resource_version)
+            .field("uid", &self.uid)
+            .field("controller", &self.controller)
             .field("keys", &self.data.keys().collect::<Vec<_>>())
             .finish()
     }
@@ -71,6 +79,8 @@ impl Held {
     pub fn new(resource_version: impl Into<String>, data: BTreeMap<String, Vec<u8>>) -> Self {
         Held {
             resource_version: resource_version.into(),
+            uid: None,
+            controller: None,
             data,
         }
     }
@@ -79,6 +89,12 @@ impl Held {
     /// confirmed fresh, so it is not kept).
     pub fn from_secret(secret: &k8s_openapi::api::core::v1::Secret) -> Option<Self> {
         let rv = secret.metadata.resource_version.clone()?;
+        Some(Self::at_version(secret, rv))
+    }
+
+    /// What a GET returned, labelled with `resource_version` (empty for an answer without
+    /// one, which is then used once and never held).
+    pub fn at_version(secret: &k8s_openapi::api::core::v1::Secret, rv: String) -> Self {
         let mut data: BTreeMap<String, Vec<u8>> = secret
             .string_data
             .iter()
@@ -88,7 +104,16 @@ impl Held {
         for (k, v) in secret.data.iter().flatten() {
             data.insert(k.clone(), v.0.clone());
         }
-        Some(Held::new(rv, data))
+        let mut held = Held::new(rv, data);
+        held.uid = secret.metadata.uid.clone();
+        held.controller = secret
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.clone());
+        held
     }
 
     /// The value of `key`.

@@ -32,9 +32,42 @@ pub fn spec_hash(placement: &Placement, cloud_init: &[u8], port: u16) -> String 
     hex::encode(h.finalize())
 }
 
+/// Domain separator of [`keyed`].
+const KEYED_DOMAIN: &[u8] = b"egress.proxy-operator.dev/spec-hash/keyed/v1\n";
+
+/// The spec hash of a cloud-init that carries credentials, bound to `key` (the UID of the
+/// Secret holding them) before it goes into the status.
+///
+/// Why: the status is readable by everyone who may read the Proxy, and the template is in
+/// its spec, so an unkeyed hash of the rendered bytes would let them test guesses of a
+/// weak password (one a user put in their own Secret) offline. Bound to the Secret's UID,
+/// which only those who may read the Secret (and so the password anyway) can see, the hash
+/// confirms nothing. Generated passwords (190 bits) could not be guessed either way.
+/// Recreating the Secret changes its UID and so replaces the instance, like an edit does.
+pub fn keyed(spec_hash: &str, key: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(KEYED_DOMAIN);
+    h.update((key.len() as u64).to_be_bytes());
+    h.update(key.as_bytes());
+    h.update(spec_hash.as_bytes());
+    hex::encode(h.finalize())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keyed_hashes_depend_on_the_key_and_the_hash() {
+        let a = keyed("h1", "uid-1");
+        assert_eq!(a.len(), 64);
+        assert_eq!(a, keyed("h1", "uid-1"));
+        assert_ne!(a, keyed("h1", "uid-2"));
+        assert_ne!(a, keyed("h2", "uid-1"));
+        assert_ne!(a, "h1");
+        // Moving bytes between key and hash must not collide.
+        assert_ne!(keyed("1h", "uid-"), keyed("h", "uid-1"));
+    }
 
     fn placement(region: &str, zone: &str, machine_type: &str, image: &str) -> Placement {
         Placement {

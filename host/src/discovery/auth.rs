@@ -264,26 +264,7 @@ impl Authenticator {
         namespace: &str,
         name: Option<&str>,
     ) -> Result<(), AuthError> {
-        let mut h = Sha256::new();
-        h.update(who.token);
-        for part in [verb, namespace, name.unwrap_or("")] {
-            h.update((part.len() as u64).to_le_bytes());
-            h.update(part.as_bytes());
-        }
-        let key: Key = h.finalize().into();
-        let access = self
-            .access
-            .get_or_review(key, || {
-                review_access(
-                    self.client.clone(),
-                    who.user.clone(),
-                    verb,
-                    namespace.to_string(),
-                    name.map(str::to_string),
-                )
-                .boxed()
-            })
-            .await?;
+        let access = self.review(who, verb, None, namespace, name).await?;
         if access.allowed {
             return Ok(());
         }
@@ -304,6 +285,62 @@ impl Authenticator {
             ),
             reason: access.reason.to_string(),
         })
+    }
+}
+
+impl Authenticator {
+    /// Whether `who` may `verb` the `subresource` of proxies in `namespace` ("" = all
+    /// namespaces), or of the one named `name`: a yes or no, not a refusal (a caller not
+    /// allowed `get` on `proxies/credentials` still gets its answer, without them).
+    pub async fn allows(
+        &self,
+        who: &Identity,
+        verb: &'static str,
+        subresource: &'static str,
+        namespace: &str,
+        name: Option<&str>,
+    ) -> Result<bool, AuthError> {
+        Ok(self
+            .review(who, verb, Some(subresource), namespace, name)
+            .await?
+            .allowed)
+    }
+
+    async fn review(
+        &self,
+        who: &Identity,
+        verb: &'static str,
+        subresource: Option<&'static str>,
+        namespace: &str,
+        name: Option<&str>,
+    ) -> Result<Access, AuthError> {
+        let mut h = Sha256::new();
+        h.update(who.token);
+        // Length-prefixed, so `get` + `credentials` never shares a key with another split;
+        // the subresource is appended only when there is one, so the keys of plain
+        // reviews stay what they were.
+        let mut parts = vec![verb, namespace, name.unwrap_or("")];
+        if let Some(sub) = subresource {
+            parts.push(sub);
+        }
+        for part in parts {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        let key: Key = h.finalize().into();
+        self.access
+            .get_or_review(key, || {
+                review_access(
+                    self.client.clone(),
+                    who.user.clone(),
+                    verb,
+                    subresource,
+                    namespace.to_string(),
+                    name.map(str::to_string),
+                )
+                .boxed()
+            })
+            .await
     }
 }
 
@@ -357,6 +394,7 @@ async fn review_access(
     client: kube::Client,
     user: Arc<UserInfo>,
     verb: &'static str,
+    subresource: Option<&'static str>,
     namespace: String,
     name: Option<String>,
 ) -> Result<Access, AuthError> {
@@ -371,6 +409,7 @@ async fn review_access(
                 group: Some(GROUP.to_string()),
                 version: Some(VERSION.to_string()),
                 resource: Some(RESOURCE.to_string()),
+                subresource: subresource.map(str::to_string),
                 namespace: (!namespace.is_empty()).then(|| namespace.clone()),
                 name: name.clone(),
                 ..Default::default()
@@ -396,6 +435,7 @@ async fn review_access(
     tracing::debug!(
         user = user.username.as_deref(),
         verb,
+        subresource,
         namespace,
         name,
         allowed = status.allowed,

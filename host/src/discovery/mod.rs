@@ -13,9 +13,12 @@
 //!   and provider ([`status_page`]); the page itself carries no data when auth is on.
 //!
 //! Auth is TokenReview + SubjectAccessReview ([`auth`]); [`Auth::DisabledInsecure`] turns
-//! it off for local development and says so loudly. See docs/discovery.md.
+//! it off for local development and says so loudly. A Proxy's credentials come with it only
+//! for callers also allowed `get` on `proxies/credentials` ([`credentials`]); with auth off,
+//! never. See docs/discovery.md.
 
 pub mod auth;
+pub mod credentials;
 pub mod openapi;
 pub mod pick;
 pub mod query;
@@ -67,6 +70,8 @@ struct Shared {
     auth: Option<Authenticator>,
     picker: pick::Picker,
     rendered: render::RenderCache,
+    /// Reads credentials Secrets for callers allowed them; None with auth off.
+    credentials: Option<credentials::CredentialStore>,
 }
 
 /// The discovery API over `cache` (fill it with [`proxy_reflector`], or any reflector of
@@ -82,8 +87,16 @@ pub fn router_with_providers(
     providers: Option<Store<ProviderHealth>>,
     auth: Auth,
 ) -> Router {
+    let mut store = None;
     let auth = match auth {
-        Auth::Kubernetes(client, settings) => Some(Authenticator::new(client, settings)),
+        Auth::Kubernetes(client, settings) => {
+            store = Some(credentials::CredentialStore::new(
+                client.clone(),
+                settings.ttl,
+                settings.max_entries,
+            ));
+            Some(Authenticator::new(client, settings))
+        }
         Auth::DisabledInsecure => {
             tracing::warn!(
                 "!!! DISCOVERY API AUTHENTICATION IS DISABLED !!! Anyone who can reach its \
@@ -100,6 +113,7 @@ pub fn router_with_providers(
         auth,
         picker: pick::Picker::default(),
         rendered: render::RenderCache::default(),
+        credentials: store,
     });
     Router::new()
         .route("/v1/proxies", get(list))
@@ -291,14 +305,52 @@ impl Shared {
         ))
     }
 
+    /// Whether `who` gets credentials for proxies in `namespace` ("" = every namespace), or
+    /// for the one named `name`: never with auth off.
+    async fn may_see_credentials(
+        &self,
+        who: &Option<Identity>,
+        namespace: &str,
+        name: Option<&str>,
+    ) -> Result<bool, ApiError> {
+        match (&self.auth, who, &self.credentials) {
+            (Some(a), Some(who), Some(_)) => Ok(a
+                .allows(who, "get", credentials::SUBRESOURCE, namespace, name)
+                .await?),
+            _ => Ok(false),
+        }
+    }
+
+    /// `items` as comma-separated JSON objects, with their credentials (never cached:
+    /// the pre-rendered JSON is shared by every caller).
+    async fn write_with_credentials(&self, items: &[Arc<Proxy>], out: &mut Vec<u8>) {
+        let Some(store) = &self.credentials else {
+            return self.rendered.write_items(items, out, &self.store);
+        };
+        for (i, p) in items.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            let creds = store.of(p).await;
+            serde_json::to_writer(
+                &mut *out,
+                &credentials::WithCredentials {
+                    view: view::ProxyView::of(p),
+                    credentials: creds.as_deref(),
+                },
+            )
+            .expect("writing JSON to a Vec cannot fail");
+        }
+    }
+
     /// The common path of the collection endpoints: authenticate, parse the filters,
     /// authorise `list` in their namespace, and return the matching Ready proxies (in no
-    /// particular order).
+    /// particular order), with the caller and the namespace it asked about.
     async fn ready_matching(
         &self,
         headers: &HeaderMap,
         query: Result<Query<Vec<(String, String)>>, QueryRejection>,
-    ) -> Result<Vec<Arc<Proxy>>, ApiError> {
+    ) -> Result<Matching, ApiError> {
         let who = self.authenticate(headers).await?;
         let Query(pairs) = query.map_err(|e| {
             ApiError::new(
@@ -315,18 +367,42 @@ impl Shared {
         )
         .await?;
         self.check_synced()?;
-        Ok(self
-            .store
-            .state_filter(|p| filters.matches(p) && view::readiness(p).is_ok()))
+        Ok(Matching {
+            hits: self
+                .store
+                .state_filter(|p| filters.matches(p) && view::readiness(p).is_ok()),
+            namespace: filters.namespace.unwrap_or_default(),
+            who,
+        })
     }
 
-    /// One Proxy as a JSON answer.
-    fn one(&self, p: &Arc<Proxy>) -> Response {
+    /// One Proxy as a JSON answer, with its credentials when `who` may see them in
+    /// `namespace` ("" = all), or for the Proxy `name` there.
+    async fn one(
+        &self,
+        who: &Option<Identity>,
+        p: &Arc<Proxy>,
+        namespace: &str,
+        name: Option<&str>,
+    ) -> Result<Response, ApiError> {
         let mut body = Vec::with_capacity(256);
-        self.rendered
-            .write_items(std::slice::from_ref(p), &mut body, &self.store);
-        json_response(StatusCode::OK, body)
+        if self.may_see_credentials(who, namespace, name).await? {
+            self.write_with_credentials(std::slice::from_ref(p), &mut body)
+                .await;
+        } else {
+            self.rendered
+                .write_items(std::slice::from_ref(p), &mut body, &self.store);
+        }
+        Ok(json_response(StatusCode::OK, body))
     }
+}
+
+/// What the collection endpoints found, and for whom.
+struct Matching {
+    hits: Vec<Arc<Proxy>>,
+    /// The `namespace` filter, "" for all.
+    namespace: String,
+    who: Option<Identity>,
 }
 
 /// Answers `{"items": [...]}`, sorted by namespace/name (schema `ProxyList`).
@@ -335,14 +411,28 @@ async fn list(
     headers: HeaderMap,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Response {
-    let mut hits = match s.ready_matching(&headers, query).await {
-        Ok(hits) => hits,
+    let Matching {
+        mut hits,
+        namespace,
+        who,
+    } = match s.ready_matching(&headers, query).await {
+        Ok(m) => m,
+        Err(e) => return e.into_response(),
+    };
+    // Credentials in a list only for callers allowed them in the whole namespace (or
+    // cluster) asked about; a grant for single Proxies shows in their own answers.
+    let with_credentials = match s.may_see_credentials(&who, &namespace, None).await {
+        Ok(b) => b,
         Err(e) => return e.into_response(),
     };
     hits.sort_unstable_by(|a, b| view::sort_key(a).cmp(&view::sort_key(b)));
     let mut body = Vec::with_capacity(16 + hits.len() * 256);
     body.extend_from_slice(br#"{"items":["#);
-    s.rendered.write_items(&hits, &mut body, &s.store);
+    if with_credentials {
+        s.write_with_credentials(&hits, &mut body).await;
+    } else {
+        s.rendered.write_items(&hits, &mut body, &s.store);
+    }
     body.extend_from_slice(b"]}");
     json_response(StatusCode::OK, body)
 }
@@ -352,14 +442,22 @@ async fn pick(
     headers: HeaderMap,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Response {
-    let hits = match s.ready_matching(&headers, query).await {
+    let Matching {
+        hits,
+        who,
+        namespace,
+    } = match s.ready_matching(&headers, query).await {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
     match s.picker.pick(&hits, s.store.len(), || s.store.state()) {
         Some(p) => {
             tracing::debug!(proxy = %view::display_name(p), "picked");
-            s.one(p)
+            // Like a list: credentials for callers allowed them where they picked from (one
+            // cached review per namespace, not one per proxy handed out).
+            s.one(&who, p, &namespace, None)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
         }
         None => ApiError::new(StatusCode::NOT_FOUND, "no Ready proxy matches the filters")
             .into_response(),
@@ -390,7 +488,7 @@ async fn get_one(
         s.check_synced()?;
         let key = ObjectRef::<Proxy>::new(&name).within(&namespace);
         match s.store.get(&key) {
-            Some(p) => Ok(s.one(&p)),
+            Some(p) => s.one(&who, &p, &namespace, Some(&name)).await,
             None => Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!("proxy {namespace}/{name} not found"),

@@ -50,7 +50,7 @@ pub fn document() -> Value {
         "info": {
             "title": "proxy-operator discovery API",
             "version": "v1",
-            "description": "Read-only view of the egress proxies the operator runs, answered from its informer cache (no API-server call per request).\n\nAuthentication is a Kubernetes bearer token (e.g. a service-account token), checked with a TokenReview; authorisation is a SubjectAccessReview for `list` (collection and pick) or `get` (one Proxy) on `proxies` in API group `egress.proxy-operator.dev`, in the requested namespace, or across all namespaces when no `namespace` filter is given. Answers are cached for a few seconds per token.",
+            "description": "Read-only view of the egress proxies the operator runs, answered from its informer cache (no API-server call per request).\n\nAuthentication is a Kubernetes bearer token (e.g. a service-account token), checked with a TokenReview; authorisation is a SubjectAccessReview for `list` (collection and pick) or `get` (one Proxy) on `proxies` in API group `egress.proxy-operator.dev`, in the requested namespace, or across all namespaces when no `namespace` filter is given. Answers are cached for a few seconds per token.\n\nCredentials: a Proxy's `credentials` (the username and password its proxy requires) are included only for callers a SubjectAccessReview also allows `get` on the subresource `proxies/credentials`: for one Proxy (get, pick) on that Proxy, for a list in the requested namespace (or all namespaces). Every other caller gets `ip` and `port` only. With authentication disabled, credentials are never included.",
             "license": {"name": "Apache-2.0"}
         },
         "security": [{"bearerAuth": []}],
@@ -167,7 +167,18 @@ pub fn document() -> Value {
                         "state": {"type": "string", "nullable": true, "description": "Instance state: Provisioning, Running, Stopped or Terminated."},
                         "reason": {"type": "string", "description": "Only when not Ready: why, as a CamelCase word (the Ready condition's reason, or Deleting, NotReconciled, NoAddress)."},
                         "message": {"type": "string", "description": "Only when not Ready, and when there is one: a human-readable explanation."},
-                        "lastProbe": {"allOf": [{"$ref": "#/components/schemas/LastProbe"}], "nullable": true}
+                        "lastProbe": {"allOf": [{"$ref": "#/components/schemas/LastProbe"}], "nullable": true},
+                        "credentials": {"$ref": "#/components/schemas/Credentials"}
+                    }
+                },
+                "Credentials": {
+                    "type": "object",
+                    "required": ["username", "password"],
+                    "additionalProperties": false,
+                    "description": "Only for callers allowed `get` on `proxies/credentials`, and only for a Proxy that has credentials (`spec.auth.type` Generated or Secret). Send them as Basic proxy authentication (`Proxy-Authorization`, or `http://username:password@ip:port`).",
+                    "properties": {
+                        "username": {"type": "string"},
+                        "password": {"type": "string", "format": "password"}
                     }
                 },
                 "LastProbe": {

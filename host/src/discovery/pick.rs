@@ -95,6 +95,7 @@ mod tests {
                 placement: Placement::default(),
                 cloud_init: CloudInit::default(),
                 port: 3128,
+                auth: Default::default(),
             },
         );
         p.metadata.namespace = Some("default".into());

@@ -343,6 +343,7 @@ mod tests {
                     secret_key_ref: None,
                 },
                 port: 3128,
+                auth: Default::default(),
             },
         );
         p.metadata.namespace = Some("team-a".into());

@@ -147,6 +147,15 @@ impl ProbeEngine {
         }
     }
 
+    /// The credentials `key` is probed with, if any.
+    pub fn credentials(&self, key: &str) -> Option<(String, String)> {
+        self.targets
+            .lock()
+            .expect("health targets lock")
+            .get(key)
+            .and_then(|e| e.spec.auth.clone())
+    }
+
     pub fn remove(&self, key: &str) {
         self.targets
             .lock()

@@ -1342,6 +1342,9 @@ impl Env {
     }
 }
 
+/// A spec whose cloud-init is the key `user-data` of the Secret `name`. Without
+/// credentials: their Secrets go through the same cache (held, read once per change), and
+/// the tests of cloud-init Secrets count cloud-init Secrets only; credentials.rs covers them.
 fn from_secret(name: &str) -> ProxySpec {
     let mut s = spec("z1");
     s.cloud_init = CloudInit {
@@ -1350,6 +1353,10 @@ fn from_secret(name: &str) -> ProxySpec {
             name: name.into(),
             key: "user-data".into(),
         }),
+    };
+    s.auth = api::ProxyAuth {
+        type_: api::AuthType::None,
+        ..Default::default()
     };
     s
 }

@@ -68,6 +68,7 @@ async fn cloud_init_from_a_secret_never_reaches_logs() {
                 }),
             },
             port: 3128,
+            auth: Default::default(),
         },
     );
     p.metadata.namespace = Some("default".into());

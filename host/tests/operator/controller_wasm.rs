@@ -100,6 +100,7 @@ async fn proxy_lifecycle_through_the_example_plugin() {
                 secret_key_ref: None,
             },
             port: 3128,
+            auth: Default::default(),
         },
     );
     p.metadata.namespace = Some("default".into());
@@ -239,6 +240,7 @@ async fn fault_injection_run_through_the_wasm_plugin() {
                     secret_key_ref: None,
                 },
                 port: i32::from(tp.addr.port()),
+                auth: Default::default(),
             },
         );
         p.metadata.namespace = Some("default".into());

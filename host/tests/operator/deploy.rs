@@ -143,6 +143,7 @@ fn default_overlay_renders_valid_hardened_manifests() {
     let mut want = vec![
         "ClusterRole proxy-operator",
         "ClusterRole proxy-operator-discovery-reader",
+        "ClusterRole proxy-operator-proxy-user",
         "ClusterRoleBinding proxy-operator",
         "ConfigMap proxy-operator-plugins",
         "ConfigMap proxy-operator-providers",
@@ -496,5 +497,92 @@ fn shipped_manifests_fit_the_pod() {
         "lower limits.concurrency or limits.memoryMib, or raise the pod's memory limit".to_string(),
     ] {
         assert!(err.contains(&needle), "{err:?} lacks {needle:?}");
+    }
+}
+
+/// Every shipped cloud-init (the documents in config/samples/cloud-init/, every provider
+/// sample, the demo's Proxies) renders with the operator's template: no unknown
+/// placeholder, nothing of `{{egress.` left, still YAML with `#cloud-config` first. The
+/// tinyproxy ones configure the port and the credentials where the emulators' real-proxy
+/// mode (which reads them as a machine would) finds them.
+#[test]
+fn cloud_init_samples_render() {
+    use egress_emulators::real_proxy::{basic_auth_from_user_data, port_from_user_data};
+    use proxy_operator::controller::template::{self, Placeholder, Values};
+    let clients = vec!["203.0.113.0/24".to_string(), "2001:db8::/32".to_string()];
+    let values = |port| Values {
+        port,
+        name: "sample",
+        credentials: Some(("u1234", "p5678")),
+        allowed_clients: &clients,
+    };
+    let mut docs: Vec<(String, String)> = Vec::new();
+    for entry in std::fs::read_dir(root().join("config/samples/cloud-init")).unwrap() {
+        let path = entry.unwrap().path();
+        docs.push((
+            path.display().to_string(),
+            std::fs::read_to_string(&path).unwrap(),
+        ));
+    }
+    assert_eq!(docs.len(), 3, "{docs:?}");
+    let mut proxies = Vec::new();
+    for dir in ["config/samples", "config/samples/demo"] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "yaml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for doc in serde_yaml::Deserializer::from_str(&text) {
+                let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+                if v["kind"] == "Proxy" {
+                    let p: Proxy = serde_json::from_value(v).unwrap();
+                    proxies.push((path.display().to_string(), p));
+                }
+            }
+        }
+    }
+    assert!(proxies.len() >= 10, "{}", proxies.len());
+    for (path, p) in &proxies {
+        let ci = p.spec.cloud_init.inline.clone().unwrap();
+        assert!(
+            ci.contains("BasicAuth {{egress.username}} {{egress.password}}"),
+            "{path}: the sample Proxy {} requires no credentials",
+            p.metadata.name.as_deref().unwrap_or_default()
+        );
+        docs.push((path.clone(), ci));
+    }
+    for (path, doc) in docs {
+        let r = template::render(doc.as_bytes(), &values(31999))
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        let text = String::from_utf8(r.bytes).unwrap();
+        assert!(!text.contains("{{egress."), "{path}");
+        assert!(text.starts_with("#cloud-config\n"), "{path}");
+        let yaml: Value = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(yaml.is_object(), "{path}");
+        if r.used.contains(&Placeholder::Password) && doc.contains("BasicAuth") {
+            assert_eq!(
+                port_from_user_data(Some(text.as_bytes())),
+                Ok(31999),
+                "{path}"
+            );
+            assert_eq!(
+                basic_auth_from_user_data(Some(text.as_bytes())),
+                [("u1234".to_string(), "p5678".to_string())],
+                "{path}"
+            );
+        }
+        if path.contains("squid") {
+            assert!(
+                text.contains("http_port 31999\n") && text.contains("'p5678' | htpasswd"),
+                "{path}"
+            );
+        }
+        if path.contains("allowlist") {
+            assert!(
+                text.contains("for c in 203.0.113.0/24 2001:db8::/32;"),
+                "{path}"
+            );
+        }
     }
 }

@@ -207,6 +207,7 @@ impl Env {
                     secret_key_ref: None,
                 },
                 port: 3128,
+                auth: Default::default(),
             },
         );
         p.metadata.namespace = Some(s.ns.into());
@@ -843,9 +844,11 @@ async fn reviews_are_cached_per_token_within_the_ttl() {
 
     // One TokenReview per token (alice, and the wrong one: negative answers are cached
     // too); one SubjectAccessReview per distinct (verb, namespace, name): list at the
-    // cluster scope, list in team-a (collection and pick share it), get team-a/a1.
+    // cluster scope, list in team-a (collection and pick share it), get team-a/a1; and
+    // whether alice may have credentials: in team-a (collection and pick share it), for
+    // team-a/a1 (the refused cluster-scope list never gets that far).
     assert_eq!(env.reviews("tokenreviews"), 2);
-    assert_eq!(env.reviews("subjectaccessreviews"), 3);
+    assert_eq!(env.reviews("subjectaccessreviews"), 5);
     // Nothing else reached the API server: answers come from the watch cache.
     let other: Vec<_> = env
         .api
@@ -870,7 +873,7 @@ async fn reviews_are_cached_per_token_within_the_ttl() {
         200
     );
     assert_eq!(env.reviews("tokenreviews"), 3);
-    assert_eq!(env.reviews("subjectaccessreviews"), 4);
+    assert_eq!(env.reviews("subjectaccessreviews"), 7);
 }
 
 #[tokio::test]
@@ -1114,4 +1117,176 @@ async fn answers_match_the_openapi_schemas() {
         let a = call(env.addr, &format!("/v1/proxies?{p}="), Some(ADMIN)).await;
         assert_eq!(a.status, 200, "{p}");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Credentials
+
+const CAROL: &str = "carol-token-0123456789";
+const DAVE: &str = "dave-token-0123456789";
+
+/// A Secret with `username` and `password`, as the operator generates for a Proxy.
+async fn put_credentials(client: &kube::Client, ns: &str, name: &str, user: &str, pass: &str) {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), ns);
+    let s = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "stringData": {"username": user, "password": pass},
+    }))
+    .unwrap();
+    secrets.create(&PostParams::default(), &s).await.unwrap();
+}
+
+/// Callers get `ip:port`; the credentials only those a SubjectAccessReview allows `get` on
+/// `proxies/credentials`: carol in team-a, dave for the Proxy a1 only (so a1's own answer,
+/// not lists or picks). A Proxy with `spec.auth.type: None` has none to give. Every
+/// review of the credentials permission names the subresource.
+#[tokio::test]
+async fn credentials_only_for_callers_allowed_proxies_credentials() {
+    let env = standard_env().await;
+    env.api.add_token(CAROL, UserInfo::new("carol"));
+    env.api.add_token(DAVE, UserInfo::new("dave"));
+    for user in ["carol", "dave"] {
+        env.api.allow(AccessRule {
+            users: vec![user.into()],
+            verbs: vec!["get".into(), "list".into()],
+            resources: vec!["proxies".into()],
+            namespaces: vec!["team-a".into()],
+            ..Default::default()
+        });
+    }
+    env.api.allow(AccessRule {
+        users: vec!["carol".into()],
+        verbs: vec!["get".into()],
+        api_groups: vec![api::GROUP.into()],
+        resources: vec!["proxies/credentials".into()],
+        namespaces: vec!["team-a".into()],
+        ..Default::default()
+    });
+    env.api.allow(AccessRule {
+        users: vec!["dave".into()],
+        verbs: vec!["get".into()],
+        resources: vec!["proxies/credentials".into()],
+        namespaces: vec!["team-a".into()],
+        names: vec!["a1".into()],
+        ..Default::default()
+    });
+    for (name, user, pass) in [
+        ("a1", "u-a1", "p-a1"),
+        ("a2", "u-a2", "p-a2"),
+        ("a3", "u-a3", "p-a3"),
+    ] {
+        put_credentials(
+            &env.client,
+            "team-a",
+            &format!("{name}-credentials"),
+            user,
+            pass,
+        )
+        .await;
+    }
+    // a3 is open: no credentials even for carol.
+    let proxies: Api<Proxy> = Api::namespaced(env.client.clone(), "team-a");
+    proxies
+        .patch(
+            "a3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"auth": {"type": "None"}}})),
+        )
+        .await
+        .unwrap();
+    // The spec change reaches the discovery cache: carol stops getting a3's credentials.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let a = call(env.addr, "/v1/proxies/team-a/a3", Some(CAROL)).await;
+        if a.status == 200 && a.body.get("credentials").is_none() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{a:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let creds = |name: &str, a: &Value| -> Value {
+        a.get("credentials").cloned().unwrap_or_else(|| {
+            assert!(a.get("ip").is_some(), "{name}: {a}");
+            Value::Null
+        })
+    };
+    let pair = |u: &str, p: &str| json!({"username": u, "password": p});
+
+    // One Proxy.
+    for (token, name, want) in [
+        (CAROL, "a1", pair("u-a1", "p-a1")),
+        (CAROL, "a2", pair("u-a2", "p-a2")),
+        (CAROL, "a3", Value::Null),
+        (DAVE, "a1", pair("u-a1", "p-a1")),
+        (DAVE, "a2", Value::Null),
+        (ALICE, "a1", Value::Null),
+        (ADMIN, "a1", Value::Null),
+    ] {
+        let a = call(env.addr, &format!("/v1/proxies/team-a/{name}"), Some(token)).await;
+        assert_eq!(a.status, 200, "{a:?}");
+        assert_eq!(a.body["ip"], json!("192.0.2.10"), "{token} {name}");
+        assert_eq!(creds(name, &a.body), want, "{token} {name}");
+    }
+
+    // A list and a pick in team-a: credentials for carol, not for dave (allowed one Proxy
+    // only) nor alice.
+    let a = call(env.addr, "/v1/proxies?namespace=team-a", Some(CAROL)).await;
+    let items = a.body["items"].as_array().unwrap().clone();
+    assert_eq!(
+        items.iter().map(|i| creds("", i)).collect::<Vec<_>>(),
+        [pair("u-a1", "p-a1"), pair("u-a2", "p-a2"), Value::Null]
+    );
+    for token in [DAVE, ALICE] {
+        let a = call(env.addr, "/v1/proxies?namespace=team-a", Some(token)).await;
+        assert!(
+            a.body["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|i| i.get("credentials").is_none()),
+            "{token}: {a:?}"
+        );
+        let a = call(env.addr, "/v1/proxies:pick?namespace=team-a", Some(token)).await;
+        assert!(
+            a.status == 200 && a.body.get("credentials").is_none(),
+            "{a:?}"
+        );
+    }
+    let a = call(
+        env.addr,
+        "/v1/proxies:pick?namespace=team-a&zone=fsn1",
+        Some(CAROL),
+    )
+    .await;
+    assert_eq!(creds("pick", &a.body), pair("u-a1", "p-a1"));
+    // Outside the namespace carol may read credentials in: a 403 for the list itself.
+    assert_eq!(call(env.addr, "/v1/proxies", Some(CAROL)).await.status, 403);
+
+    // (The reviews name the subresource: alice may `get` proxies in team-a, so a review
+    // without it would have given her the credentials.)
+    // The status page never shows them.
+    let page = support::http::get(env.addr, "/status/fragment", Some(ADMIN)).await;
+    assert_eq!(page.status, 200);
+    for secret in ["u-a1", "p-a1", "u-a2", "p-a2"] {
+        assert!(!page.body.contains(secret), "{secret} on the status page");
+    }
+}
+
+/// With authentication disabled, nobody is known to be allowed credentials: none are
+/// handed out.
+#[tokio::test]
+async fn credentials_are_never_given_with_auth_disabled() {
+    let env = Env::start_with(|_| Auth::DisabledInsecure).await;
+    env.add(&seed("team-a", "a1", "hetzner", "eu", "fsn1"))
+        .await;
+    put_credentials(&env.client, "team-a", "a1-credentials", "u", "p").await;
+    let a = env
+        .until("/v1/proxies/team-a/a1", |a| a.status == 200)
+        .await;
+    assert!(a.body.get("credentials").is_none(), "{a:?}");
+    let a = call(env.addr, "/v1/proxies", None).await;
+    assert!(
+        a.body["items"][0].get("ip").is_some() && a.body["items"][0].get("credentials").is_none(),
+        "{a:?}"
+    );
 }

@@ -13,6 +13,7 @@ mod support;
 mod controller;
 mod controller_logs;
 mod controller_wasm;
+mod credentials;
 mod deploy;
 mod discovery;
 mod leader;

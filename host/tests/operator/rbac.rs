@@ -98,6 +98,8 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
     api.add_token(ADMIN_TOKEN, UserInfo::new("test-admin"));
     api.add_token(READER_TOKEN, UserInfo::new("reader"));
     api.allow(AccessRule::user("reader", ["get", "list"], ["proxies"]));
+    // The reader may use the proxies too, so discovery reads a credentials Secret.
+    api.allow(AccessRule::user("reader", ["get"], ["proxies/credentials"]));
     let admin = client_with_token(&api, addr, ADMIN_TOKEN).await;
 
     // The cluster as installed: CRDs, the operator's namespace, a cloud-init Secret that
@@ -274,6 +276,16 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
     .await;
     let a = support::http::get(discovery_addr, "/v1/proxies", Some(READER_TOKEN)).await;
     assert_eq!(a.status, 200, "{a:?}");
+    let a = support::http::get(
+        discovery_addr,
+        "/v1/proxies/default/from-secret",
+        Some(READER_TOKEN),
+    )
+    .await;
+    assert!(
+        a.status == 200 && a.body.contains(r#""credentials":{"username""#),
+        "{a:?}"
+    );
 
     // Deletion: the finalizer comes off once the instance is gone.
     proxies
@@ -368,21 +380,42 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
     );
 
     // Secrets are listed and watched for their metadata only (no values), and read one by
-    // one only where a Proxy references them.
+    // one only where a Proxy references them (cloud-init, credentials); the operator
+    // creates the Secrets of generated credentials and deletes the one of the Proxy deleted.
+    let generated = ["inline-credentials", "from-secret-credentials"];
     for r in operator_requests(&api)
         .iter()
         .filter(|r| r.resource.as_deref() == Some("secrets"))
     {
+        let name = r.name.as_deref().unwrap_or_default();
         match r.verb.as_str() {
             "list" | "watch" => assert!(r.metadata_only, "{r:?}"),
-            "get" => assert_eq!(
-                (r.namespace.as_deref(), r.name.as_deref()),
-                (Some("default"), Some("user-data")),
+            "get" => assert!(
+                r.namespace.as_deref() == Some("default")
+                    && (name == "user-data" || generated.contains(&name)),
+                "{r:?}"
+            ),
+            // A create is a POST to the collection: the name is in the body.
+            "create" => assert_eq!(r.namespace.as_deref(), Some("default"), "{r:?}"),
+            "delete" => assert_eq!(
+                (r.namespace.as_deref(), name),
+                (Some("default"), "inline-credentials"),
                 "{r:?}"
             ),
             _ => panic!("{r:?}"),
         }
     }
+    assert_eq!(
+        api.objects("secrets")
+            .iter()
+            .filter_map(|s| s["metadata"]["name"].as_str().map(String::from))
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from([
+            "from-secret-credentials".to_string(),
+            "user-data".to_string()
+        ]),
+        "one generated Secret per Proxy, the deleted Proxy's gone"
+    );
 
     // The Role (namespaced) really is only used in the operator's namespace.
     for r in RULES.iter().filter(|r| r.scope == Scope::OperatorNamespace) {

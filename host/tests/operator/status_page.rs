@@ -73,6 +73,7 @@ async fn start(auth_on: bool) -> Env {
                     secret_key_ref: None,
                 },
                 port: 3128,
+                auth: Default::default(),
             },
         );
         proxies.create(&PostParams::default(), &p).await.unwrap();

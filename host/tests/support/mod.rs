@@ -274,6 +274,7 @@ pub fn fake_spec(zone: &str) -> proxy_operator::api::ProxySpec {
             secret_key_ref: None,
         },
         port: 3128,
+        auth: Default::default(),
     }
 }
 

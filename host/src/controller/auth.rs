@@ -1,0 +1,478 @@
+//! `spec.auth`: which credentials a Proxy has and where they live, checked and turned into
+//! what the template and the probe need. Pure, table-tested; the Secret reads and the
+//! create are in `reconcile.rs`.
+//!
+//! The credentials always live in a Secret (keys `username` and `password`): one the
+//! operator generates (`type: Generated`, the default) or one the user names
+//! (`type: Secret`). The reconciler, the probe and the discovery API all read them from
+//! there, and nothing else keeps them but memory.
+
+use crate::api::{AuthType, ProxyAuth};
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::net::IpAddr;
+
+/// The keys of a credentials Secret.
+pub const USERNAME_KEY: &str = "username";
+pub const PASSWORD_KEY: &str = "password";
+/// Suffix of the name of a generated credentials Secret.
+pub const GENERATED_SUFFIX: &str = "-credentials";
+/// Label on every Secret the operator generates, naming the Proxy it belongs to.
+pub const PROXY_LABEL: &str = "egress.proxy-operator.dev/proxy";
+
+/// Where the credentials of one Proxy come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The operator's Secret of this name; created when missing.
+    Generated(String),
+    /// The user's Secret of this name; a missing one is a condition, retried.
+    Secret(String),
+    /// No credentials.
+    None,
+}
+
+impl Source {
+    /// The Secret the credentials are in, if any.
+    pub fn secret_name(&self) -> Option<&str> {
+        match self {
+            Source::Generated(n) | Source::Secret(n) => Some(n),
+            Source::None => None,
+        }
+    }
+
+    /// The field a problem with the Secret is reported under.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Source::Generated(_) => "spec.auth.type",
+            Source::Secret(_) | Source::None => "spec.auth.secretName",
+        }
+    }
+}
+
+/// `spec.auth`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Access {
+    pub source: Source,
+    /// Canonical CIDRs (`addr/prefix`, host bits zero).
+    pub allowed_clients: Vec<String>,
+}
+
+impl Access {
+    /// No credentials and no allow-list: anyone who reaches `ip:port` may use the proxy.
+    pub fn is_open(&self) -> bool {
+        self.source == Source::None && self.allowed_clients.is_empty()
+    }
+}
+
+/// Why `spec.auth` cannot work as written. Names the field and the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("spec.auth.secretName is required with spec.auth.type Secret")]
+    SecretNameMissing,
+    #[error("spec.auth.secretName {0:?} is set but spec.auth.type is not Secret")]
+    SecretNameUnused(String),
+    #[error("spec.auth.secretName {0:?} is not a valid Secret name (lowercase DNS subdomain)")]
+    SecretNameInvalid(String),
+    #[error("spec.auth.allowedClients[{index}] {value:?}: {why}")]
+    Cidr {
+        index: usize,
+        value: String,
+        why: String,
+    },
+}
+
+/// Checks `spec.auth` of the Proxy `proxy_name`.
+pub fn access(auth: &ProxyAuth, proxy_name: &str) -> Result<Access, AuthError> {
+    let source = match (auth.type_, &auth.secret_name) {
+        (AuthType::Secret, None) => return Err(AuthError::SecretNameMissing),
+        (AuthType::Secret, Some(n)) if !is_dns_subdomain(n) => {
+            return Err(AuthError::SecretNameInvalid(n.clone()));
+        }
+        (AuthType::Secret, Some(n)) => Source::Secret(n.clone()),
+        (_, Some(n)) => return Err(AuthError::SecretNameUnused(n.clone())),
+        (AuthType::Generated, None) => Source::Generated(generated_secret_name(proxy_name)),
+        (AuthType::None, None) => Source::None,
+    };
+    let allowed_clients = auth
+        .allowed_clients
+        .iter()
+        .enumerate()
+        .map(|(index, value)| {
+            canonical_cidr(value).map_err(|why| AuthError::Cidr {
+                index,
+                value: value.clone(),
+                why,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Access {
+        source,
+        allowed_clients,
+    })
+}
+
+/// `203.0.113.0/24` as written, a single address as `/32` (`/128`); host bits must be zero,
+/// since tinyproxy and squid disagree on what they mean.
+pub fn canonical_cidr(value: &str) -> Result<String, String> {
+    let (addr, prefix) = match value.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (value, None),
+    };
+    let ip: IpAddr = addr
+        .parse()
+        .map_err(|_| "not an IP address or CIDR such as 203.0.113.0/24".to_string())?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let prefix: u32 = match prefix {
+        None => max,
+        Some(p) => match p.parse::<u32>() {
+            Ok(n) if n <= max && !p.starts_with('+') && (p == "0" || !p.starts_with('0')) => n,
+            _ => return Err(format!("prefix length {p:?} is not in 0..={max}")),
+        },
+    };
+    let network = match ip {
+        IpAddr::V4(v4) => {
+            let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+            IpAddr::from((u32::from(v4) & mask).to_be_bytes())
+        }
+        IpAddr::V6(v6) => {
+            let mask = u128::MAX.checked_shl(128 - prefix).unwrap_or(0);
+            IpAddr::from((u128::from(v6) & mask).to_be_bytes())
+        }
+    };
+    if network != ip {
+        return Err(format!(
+            "host bits are set; the network is {network}/{prefix}"
+        ));
+    }
+    Ok(format!("{ip}/{prefix}"))
+}
+
+/// The name of the Secret the operator generates for the Proxy `proxy_name`:
+/// `<name>-credentials`, or, when that would be longer than a Secret name may be, the
+/// name cut short plus a hash of the whole name (so two long names never share one).
+pub fn generated_secret_name(proxy_name: &str) -> String {
+    const MAX: usize = 253;
+    if proxy_name.len() + GENERATED_SUFFIX.len() <= MAX {
+        return format!("{proxy_name}{GENERATED_SUFFIX}");
+    }
+    let digest = hex::encode(&Sha256::digest(proxy_name.as_bytes())[..4]);
+    let keep = MAX - GENERATED_SUFFIX.len() - digest.len() - 1;
+    let mut head = &proxy_name[..keep];
+    // A DNS subdomain's parts end in an alphanumeric.
+    head = head.trim_end_matches(['-', '.']);
+    format!("{head}-{digest}{GENERATED_SUFFIX}")
+}
+
+/// Kubernetes' `IsDNS1123Subdomain`, which object names (a Secret's, a Proxy's) must pass:
+/// at most 253 characters, dot-separated parts of lowercase letters, digits and `-` that
+/// start and end alphanumeric (no per-part length limit, unlike DNS).
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// A username and password. `Debug` prints neither.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Credentials(<redacted>)")
+    }
+}
+
+/// Length of a generated username and password, in characters of [`ALPHABET`]: 24 and
+/// 32 characters, about 143 and 190 bits.
+const USERNAME_LEN: usize = 24;
+const PASSWORD_LEN: usize = 32;
+/// Letters and digits only: no character needs quoting in YAML, a shell, a tinyproxy or
+/// squid config line or a URL, and none starts an option (`-`) of `htpasswd`.
+const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+
+/// Fresh credentials from the operating system's random number generator.
+pub fn generate() -> Result<Credentials, getrandom::Error> {
+    Ok(Credentials {
+        username: random_string(USERNAME_LEN)?,
+        password: random_string(PASSWORD_LEN)?,
+    })
+}
+
+fn random_string(len: usize) -> Result<String, getrandom::Error> {
+    // Rejection sampling: only bytes below the largest multiple of the alphabet's size are
+    // used, so every character is equally likely.
+    let limit = (256 / ALPHABET.len() * ALPHABET.len()) as u8;
+    let mut out = String::with_capacity(len);
+    let mut buf = [0u8; 64];
+    while out.len() < len {
+        getrandom::fill(&mut buf)?;
+        for b in buf.iter().filter(|b| **b < limit) {
+            if out.len() == len {
+                break;
+            }
+            out.push(ALPHABET[usize::from(*b) % ALPHABET.len()] as char);
+        }
+    }
+    Ok(out)
+}
+
+/// Why a credentials Secret's values cannot be used. Names the Secret and key, never the
+/// value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialsError {
+    #[error("Secret {secret} ({field}) has no key {key:?}")]
+    NoKey {
+        secret: String,
+        field: &'static str,
+        key: &'static str,
+    },
+    #[error("Secret {secret} ({field}) key {key:?} {why}")]
+    Bad {
+        secret: String,
+        field: &'static str,
+        key: &'static str,
+        why: &'static str,
+    },
+}
+
+/// The credentials in a Secret's `username` and `password` values: non-empty UTF-8 without
+/// control characters or blanks (they go into config lines and the `Proxy-Authorization`
+/// header), and a username without `:` (Basic authentication splits on the first one).
+pub fn from_values(
+    secret: &str,
+    field: &'static str,
+    username: Option<&[u8]>,
+    password: Option<&[u8]>,
+) -> Result<Credentials, CredentialsError> {
+    let check = |key: &'static str, v: Option<&[u8]>| -> Result<String, CredentialsError> {
+        let bad = |why| CredentialsError::Bad {
+            secret: secret.to_string(),
+            field,
+            key,
+            why,
+        };
+        let v = v.ok_or_else(|| CredentialsError::NoKey {
+            secret: secret.to_string(),
+            field,
+            key,
+        })?;
+        let s = std::str::from_utf8(v).map_err(|_| bad("is not UTF-8"))?;
+        if s.is_empty() {
+            return Err(bad("is empty"));
+        }
+        if s.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(bad("contains whitespace or control characters"));
+        }
+        if key == USERNAME_KEY && s.contains(':') {
+            return Err(bad("contains ':', which Basic authentication cannot carry"));
+        }
+        Ok(s.to_string())
+    };
+    Ok(Credentials {
+        username: check(USERNAME_KEY, username)?,
+        password: check(PASSWORD_KEY, password)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth(type_: AuthType, secret: Option<&str>, clients: &[&str]) -> ProxyAuth {
+        ProxyAuth {
+            type_,
+            secret_name: secret.map(String::from),
+            allowed_clients: clients.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn spec_auth_is_checked_with_errors_naming_field_and_value() {
+        use AuthType::*;
+        let ok = |source, clients: &[&str]| {
+            Ok(Access {
+                source,
+                allowed_clients: clients.iter().map(|s| s.to_string()).collect(),
+            })
+        };
+        let cases: Vec<(ProxyAuth, Result<Access, &str>)> = vec![
+            (
+                ProxyAuth::default(),
+                ok(Source::Generated("px-credentials".into()), &[]),
+            ),
+            (
+                auth(Secret, Some("mine"), &[]),
+                ok(Source::Secret("mine".into()), &[]),
+            ),
+            (auth(None, Option::None, &[]), ok(Source::None, &[])),
+            (
+                auth(
+                    None,
+                    Option::None,
+                    &["203.0.113.7", "2001:db8::/32", "0.0.0.0/0"],
+                ),
+                ok(
+                    Source::None,
+                    &["203.0.113.7/32", "2001:db8::/32", "0.0.0.0/0"],
+                ),
+            ),
+            (
+                auth(Secret, Option::None, &[]),
+                Err("spec.auth.secretName is required with spec.auth.type Secret"),
+            ),
+            (
+                auth(Generated, Some("x"), &[]),
+                Err("spec.auth.secretName \"x\" is set but spec.auth.type is not Secret"),
+            ),
+            (
+                auth(Secret, Some("Bad_Name"), &[]),
+                Err("spec.auth.secretName \"Bad_Name\" is not a valid Secret name"),
+            ),
+            (
+                auth(Generated, Option::None, &["10.0.0.0/8", "10.1.2.3/8"]),
+                Err(
+                    "spec.auth.allowedClients[1] \"10.1.2.3/8\": host bits are set; the network is 10.0.0.0/8",
+                ),
+            ),
+            (
+                auth(Generated, Option::None, &["example.com"]),
+                Err("spec.auth.allowedClients[0] \"example.com\": not an IP address"),
+            ),
+            (
+                auth(Generated, Option::None, &["10.0.0.0/33"]),
+                Err(
+                    "spec.auth.allowedClients[0] \"10.0.0.0/33\": prefix length \"33\" is not in 0..=32",
+                ),
+            ),
+            (
+                auth(Generated, Option::None, &["10.0.0.0/08"]),
+                Err("spec.auth.allowedClients[0] \"10.0.0.0/08\": prefix length"),
+            ),
+        ];
+        for (a, want) in cases {
+            match (access(&a, "px"), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{a:?}"),
+                (Err(got), Err(want)) => {
+                    assert!(got.to_string().starts_with(want), "{a:?}: {got}")
+                }
+                (got, want) => panic!("{a:?}: {got:?} vs {want:?}"),
+            }
+        }
+        assert!(
+            access(&auth(None, Option::None, &[]), "px")
+                .unwrap()
+                .is_open()
+        );
+        assert!(
+            !access(&auth(None, Option::None, &["10.0.0.0/8"]), "px")
+                .unwrap()
+                .is_open()
+        );
+        assert!(!access(&ProxyAuth::default(), "px").unwrap().is_open());
+    }
+
+    #[test]
+    fn generated_secret_names_fit_and_differ() {
+        assert_eq!(generated_secret_name("a"), "a-credentials");
+        let long_a = format!("{}a", "x".repeat(252));
+        let long_b = format!("{}b", "x".repeat(252));
+        let (a, b) = (
+            generated_secret_name(&long_a),
+            generated_secret_name(&long_b),
+        );
+        assert_ne!(a, b);
+        for n in [&a, &b] {
+            assert!(n.len() <= 253 && is_dns_subdomain(n), "{n}");
+            assert!(n.ends_with(GENERATED_SUFFIX));
+        }
+        // A cut that would end in '-' or '.' is trimmed to stay a valid name.
+        let dashes = format!(
+            "{}{}",
+            "x".repeat(230),
+            "-".repeat(10) + "y".repeat(13).as_str()
+        );
+        assert!(is_dns_subdomain(&generated_secret_name(&dashes)));
+    }
+
+    #[test]
+    fn generated_credentials_are_long_random_and_plain() {
+        let a = generate().unwrap();
+        let b = generate().unwrap();
+        assert_eq!((a.username.len(), a.password.len()), (24, 32));
+        assert_ne!(a, b);
+        for s in [&a.username, &a.password, &b.username, &b.password] {
+            assert!(s.bytes().all(|c| ALPHABET.contains(&c)), "{s}");
+        }
+        assert_eq!(format!("{a:?}"), "Credentials(<redacted>)");
+        // Every character of the alphabet turns up, and none dominates (a bias in the
+        // sampling would show here long before it mattered).
+        let mut counts = [0usize; 256];
+        for _ in 0..200 {
+            for c in generate().unwrap().password.bytes() {
+                counts[usize::from(c)] += 1;
+            }
+        }
+        for c in ALPHABET {
+            let n = counts[usize::from(*c)];
+            assert!((30..=200).contains(&n), "{} seen {n} times", *c as char);
+        }
+    }
+
+    #[test]
+    fn secret_values_are_checked_without_printing_them() {
+        let f = "spec.auth.secretName";
+        assert_eq!(
+            from_values("ns/s", f, Some(b"alice"), Some(b"pa:ss")).unwrap(),
+            Credentials {
+                username: "alice".into(),
+                password: "pa:ss".into()
+            }
+        );
+        for (u, p, want) in [
+            (
+                None,
+                Some(&b"SENTINEL"[..]),
+                "Secret ns/s (spec.auth.secretName) has no key \"username\"",
+            ),
+            (
+                Some(&b"a"[..]),
+                None,
+                "Secret ns/s (spec.auth.secretName) has no key \"password\"",
+            ),
+            (
+                Some(&b""[..]),
+                Some(&b"SENTINEL"[..]),
+                "key \"username\" is empty",
+            ),
+            (
+                Some(&b"a:b"[..]),
+                Some(&b"SENTINEL"[..]),
+                "key \"username\" contains ':'",
+            ),
+            (
+                Some(&b"a"[..]),
+                Some(&b"SENTINEL\n"[..]),
+                "key \"password\" contains whitespace",
+            ),
+            (
+                Some(&b"a"[..]),
+                Some(&b"SENTINEL\xff"[..]),
+                "key \"password\" is not UTF-8",
+            ),
+        ] {
+            let err = from_values("ns/s", f, u, p).unwrap_err().to_string();
+            assert!(err.contains(want), "{err}");
+            assert!(!err.contains("SENTINEL"), "{err}");
+        }
+    }
+}
