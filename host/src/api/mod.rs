@@ -10,8 +10,8 @@ mod schema;
 
 pub use provider_health::{ProviderHealth, ProviderHealthSpec, ProviderHealthStatus, TargetHealth};
 pub use proxy::{
-    ANNOTATION_SKIP_CLEANUP, AuthType, CloudInit, LastProbe, Placement, Proxy, ProxyAuth,
-    ProxySpec, ProxyStatus, SecretKeyRef,
+    ANNOTATION_SKIP_CLEANUP, AuthType, CloudInit, LABEL_POOL, LastProbe, Placement, Proxy,
+    ProxyAuth, ProxySpec, ProxyStatus, SecretKeyRef,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

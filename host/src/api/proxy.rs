@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 /// MinAge, unless its marks are removed on the backend.
 pub const ANNOTATION_SKIP_CLEANUP: &str = "egress.proxy-operator.dev/skip-cleanup";
 
+/// On a Proxy a ProxyPool created: the pool's name. The pool finds its Proxies by this
+/// label (and its owner reference); the discovery API's `pool` filter matches on it.
+pub const LABEL_POOL: &str = "egress.proxy-operator.dev/pool";
+
 /// What the user asks for: a forward proxy on an instance of one configured provider.
 // The repeated `printcolumn(...)` arguments are distinct columns, not duplicates.
 #[allow(clippy::duplicated_attributes)]
