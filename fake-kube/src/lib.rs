@@ -10,10 +10,10 @@
 //! What it models, because operators depend on it: discovery; built-in kinds (Namespace,
 //! Secret, ConfigMap, Event in core/v1 and events.k8s.io/v1, Lease, CustomResourceDefinition)
 //! and custom resources registered by creating a CRD; every verb including watch with
-//! resume, bookmarks and 410 Gone; resourceVersion conflicts; the status subresource and
-//! generation rules; finalizers and deletionTimestamp; server-side apply with field
-//! ownership; schema pruning and validation of custom resources; namespace, CRD and
-//! owner-reference cleanup; programmable TokenReview and SubjectAccessReview answers.
+//! resume, bookmarks and 410 Gone; resourceVersion conflicts; the status and scale
+//! subresources and generation rules; finalizers and deletionTimestamp; server-side apply
+//! with field ownership; schema pruning and validation of custom resources; namespace, CRD
+//! and owner-reference cleanup; programmable TokenReview and SubjectAccessReview answers.
 //! See `README.md` in this crate for kubectl usage and the known gaps.
 
 mod auth;
@@ -22,6 +22,7 @@ mod managed;
 mod patch;
 mod protobuf;
 mod registry;
+mod scale;
 mod schema;
 mod selector;
 mod server;

@@ -44,6 +44,10 @@ pub enum Scope {
     Main { exclude_status: bool },
     /// The `/status` subresource: only `status`.
     Status,
+    /// The `/scale` subresource of a custom resource. Its one writable field,
+    /// `specReplicasPath`, is under `spec` (CRD validation sees to that), and its entries
+    /// name the parent's field as the real server's scale handler maps them.
+    Scale,
 }
 
 impl Scope {
@@ -51,6 +55,7 @@ impl Scope {
         match self {
             Scope::Main { .. } => "",
             Scope::Status => "status",
+            Scope::Scale => "scale",
         }
     }
 
@@ -58,6 +63,7 @@ impl Scope {
         match (self, key) {
             (_, "apiVersion" | "kind") => false,
             (Scope::Status, k) => k == "status",
+            (Scope::Scale, k) => k == "spec",
             (
                 Scope::Main {
                     exclude_status: true,

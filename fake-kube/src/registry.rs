@@ -4,6 +4,7 @@
 //! their CustomResourceDefinition, so discovery-driven clients (kubectl, kube's
 //! `Discovery`, dynamic `ApiResource` lookups) see exactly what a cluster would show.
 
+use crate::scale::ScalePaths;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
@@ -28,6 +29,8 @@ pub struct ResourceType {
     pub short_names: Vec<String>,
     pub categories: Vec<String>,
     pub status_subresource: bool,
+    /// `subresources.scale` per served version that declares one (custom resources only).
+    pub scale: BTreeMap<String, ScalePaths>,
     /// Whether the kind keeps `metadata.generation` (custom resources and CRDs do;
     /// ConfigMaps, Secrets, Leases and Namespaces do not on a real cluster).
     pub has_generation: bool,
@@ -54,6 +57,7 @@ impl ResourceType {
             short_names: vec![],
             categories: vec![],
             status_subresource: false,
+            scale: BTreeMap::new(),
             has_generation: false,
             return_deleted_object: false,
             storage: Storage::Stored,
@@ -80,6 +84,11 @@ impl ResourceType {
 
     pub fn schema(&self, version: &str) -> Option<&Value> {
         self.schemas.get(version)
+    }
+
+    /// The scale subresource served in `version`, if the CRD declares one there.
+    pub fn scale(&self, version: &str) -> Option<&ScalePaths> {
+        self.scale.get(version)
     }
 
     fn verbs(&self) -> Vec<&'static str> {
@@ -348,6 +357,19 @@ impl Registry {
                     "verbs": ["get", "patch", "update"],
                 }));
             }
+            // The scale subresource has its own kind, which kubectl's scale client reads
+            // from here to know what `/scale` answers with.
+            if t.scale(version).is_some() {
+                resources.push(json!({
+                    "name": format!("{}/scale", t.plural),
+                    "singularName": "",
+                    "namespaced": t.namespaced,
+                    "group": "autoscaling",
+                    "version": "v1",
+                    "kind": "Scale",
+                    "verbs": ["get", "patch", "update"],
+                }));
+            }
         }
         if resources.is_empty() {
             return None;
@@ -523,11 +545,22 @@ pub fn type_from_crd(crd: &Value) -> Result<ResourceType, Vec<(String, String)>>
             "Invalid value: must have exactly one version marked as storage version".into(),
         ));
     }
+    for (i, v) in versions.iter().enumerate() {
+        if let Some(paths) = ScalePaths::from_crd_version(v) {
+            errs.extend(
+                paths
+                    .validate()
+                    .into_iter()
+                    .map(|(f, m)| (format!("spec.versions[{i}].subresources.scale.{f}"), m)),
+            );
+        }
+    }
     if !errs.is_empty() {
         return Err(errs);
     }
     let mut served: Vec<String> = Vec::new();
     let mut status_subresource = false;
+    let mut scale = BTreeMap::new();
     let mut schemas = BTreeMap::new();
     let mut printer_columns = BTreeMap::new();
     for v in &versions {
@@ -541,6 +574,9 @@ pub fn type_from_crd(crd: &Value) -> Result<ResourceType, Vec<(String, String)>>
         }
         if v.pointer("/subresources/status").is_some() {
             status_subresource = true;
+        }
+        if let Some(paths) = ScalePaths::from_crd_version(v) {
+            scale.insert(vname.clone(), paths);
         }
         if let Some(schema) = v.pointer("/schema/openAPIV3Schema") {
             schemas.insert(vname.clone(), schema.clone());
@@ -575,6 +611,7 @@ pub fn type_from_crd(crd: &Value) -> Result<ResourceType, Vec<(String, String)>>
         short_names: strings("/names/shortNames"),
         categories: strings("/names/categories"),
         status_subresource,
+        scale,
         has_generation: true,
         return_deleted_object: true,
         storage: Storage::Stored,

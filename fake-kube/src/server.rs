@@ -373,6 +373,7 @@ async fn resource_request(
             exclude_status: rt.status_subresource,
         },
         Some("status") if rt.status_subresource => Scope::Status,
+        Some("scale") if rt.scale(&rp.version).is_some() => Scope::Scale,
         Some(_) => {
             return Err(ApiError::new(
                 404,
@@ -386,6 +387,9 @@ async fn resource_request(
     }
     if let Some(e) = api.take_injection(verb, &rt, rp.name.as_deref()) {
         return Err(e);
+    }
+    if scope == Scope::Scale {
+        return scale_request(api, &rt, rp, verb, q, headers, &body);
     }
     let ns = rp.namespace.as_deref();
     let view = view_of(headers);
@@ -444,15 +448,7 @@ async fn resource_request(
             Ok(json_response(200, &shown, &ctx.warnings))
         }
         "patch" => {
-            let ct = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            let ptype = PatchType::from_content_type(ct).ok_or_else(|| {
-                ApiError::unsupported_media_type(format!(
-                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {ct:?})"
-                ))
-            })?;
+            let ptype = patch_type(headers)?;
             let mut ctx = write_ctx(q, headers, &rp.version);
             let mut store = api.store();
             let (obj, created) = store.patch(
@@ -532,6 +528,81 @@ async fn resource_request(
             rt.plural
         ))),
     }
+}
+
+fn patch_type(headers: &HeaderMap) -> ApiResult<PatchType> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    PatchType::from_content_type(ct).ok_or_else(|| {
+        ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {ct:?})"
+        ))
+    })
+}
+
+/// `/scale` of a custom resource: get, update and patch of an `autoscaling/v1` Scale
+/// (what `kubectl scale` and kube's `Api::{get,patch,replace}_scale` use).
+fn scale_request(
+    api: &FakeApi,
+    rt: &ResourceType,
+    rp: &ResPath,
+    verb: &str,
+    q: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> ApiResult<Response<Body>> {
+    let paths = rt
+        .scale(&rp.version)
+        .cloned()
+        .expect("the caller routes only declared scale subresources here");
+    let ns = rp.namespace.as_deref();
+    let name = rp.name.as_deref().unwrap_or("");
+    let mut ctx = write_ctx(q, headers, &rp.version);
+    let scale = match verb {
+        "get" => {
+            let store = api.store();
+            let scale = store.get_scale(rt, ns, name, &paths)?;
+            if view_of(headers) == View::Table {
+                let doc = scale_table(rt, &rp.version, scale, q, store.resource_version());
+                return Ok(json_response(200, &doc, &[]));
+            }
+            scale
+        }
+        "update" => {
+            let obj = parse_body(body, headers)?;
+            api.store()
+                .update_scale(rt, ns, name, &paths, obj, &mut ctx)?
+        }
+        "patch" => {
+            let ptype = patch_type(headers)?;
+            api.store()
+                .patch_scale(rt, ns, name, &paths, ptype, body, &mut ctx)?
+        }
+        _ => {
+            return Err(ApiError::method_not_allowed(format!(
+                "{verb} is not supported on {}/scale",
+                rt.plural
+            )));
+        }
+    };
+    Ok(json_response(200, &scale, &ctx.warnings))
+}
+
+/// `kubectl get --subresource=scale`: the Scale as a Table with the columns the real
+/// server's scale table convertor has, instead of the parent's printer columns.
+fn scale_table(
+    rt: &ResourceType,
+    version: &str,
+    scale: Value,
+    q: &HashMap<String, String>,
+    rv: u64,
+) -> Value {
+    let mut scale_rt = rt.clone();
+    scale_rt.printer_columns =
+        std::collections::BTreeMap::from([(version.to_string(), crate::scale::table_columns())]);
+    table(&scale_rt, version, &[scale], q, rv)
 }
 
 fn delete_opts(q: &HashMap<String, String>, body: &Bytes) -> ApiResult<DeleteOpts> {

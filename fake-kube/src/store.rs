@@ -11,6 +11,7 @@ use crate::error::{ApiError, ApiResult, group_resource};
 use crate::managed::{self, Scope, Writer};
 use crate::patch;
 use crate::registry::{Registry, ResKey, ResourceType, Storage};
+use crate::scale::{self, ScalePaths};
 use crate::schema;
 use crate::selector::{FieldSelector, LabelSelector};
 use k8s_openapi::jiff;
@@ -932,6 +933,14 @@ impl Store {
             ));
         }
         let new = match scope {
+            // Only update_scale and patch_scale write through the scale subresource.
+            Scope::Scale => {
+                return Err(ApiError::new(
+                    500,
+                    "InternalError",
+                    "Internal error occurred: a scale write must go through the scale handler",
+                ));
+            }
             Scope::Status => {
                 let mut n = old.clone();
                 match body.get("status") {
@@ -1147,41 +1156,9 @@ impl Store {
         let api_version = rt.api_version(&ctx.version);
         let now = now();
         let root = Self::root_schema(rt, &ctx.version);
-        let conflict_error = |conflicts: Vec<managed::Conflict>| {
-            let n = conflicts.len();
-            let mut by_manager: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-            for c in &conflicts {
-                by_manager.entry(&c.manager).or_default().push(&c.field);
-            }
-            let parts: Vec<String> = by_manager
-                .iter()
-                .map(|(m, fields)| {
-                    if fields.len() == 1 {
-                        format!("conflict with \"{m}\": {}", fields[0])
-                    } else {
-                        format!("conflicts with \"{m}\":\n- {}", fields.join("\n- "))
-                    }
-                })
-                .collect();
-            let causes: Vec<Value> = conflicts
-                .iter()
-                .map(|c| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{}\"", c.manager), "field": c.field}))
-                .collect();
-            ApiError::new(
-                409,
-                "Conflict",
-                format!(
-                    "Apply failed with {n} conflict{}: {}",
-                    if n == 1 { "" } else { "s" },
-                    parts.join("\n")
-                ),
-            )
-            .with_details(
-                json!({"name": name, "group": rt.group, "kind": rt.plural, "causes": causes}),
-            )
-        };
+        let conflict_error = |conflicts| apply_conflict(rt, name, conflicts);
         match self.get(rt, ns, name) {
-            Err(_) if scope == Scope::Status => {
+            Err(_) if !matches!(scope, Scope::Main { .. }) => {
                 Err(ApiError::not_found(&rt.group, &rt.plural, name))
             }
             Err(_) => {
@@ -1206,8 +1183,8 @@ impl Store {
                     return Err(ApiError::stale(&rt.group, &rt.plural, name));
                 }
                 let scope = match scope {
-                    Scope::Status => Scope::Status,
                     Scope::Main { .. } => Self::main_scope(rt),
+                    other => other,
                 };
                 let w = Self::writer(ctx, &api_version, &now, scope);
                 let new =
@@ -1218,6 +1195,161 @@ impl Store {
                 ))
             }
         }
+    }
+
+    /// GET of `/scale`. A parent with no value at `specReplicasPath` has no Scale to show:
+    /// the real server answers 500 and so do we.
+    pub fn get_scale(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        paths: &ScalePaths,
+    ) -> ApiResult<Value> {
+        let obj = self.get(rt, ns, name)?;
+        match scale::scale_of(&obj, paths)? {
+            (s, true) => Ok(s),
+            (_, false) => Err(ApiError::new(
+                500,
+                "InternalError",
+                format!(
+                    "Internal error occurred: the spec replicas field \"{}\" does not exist",
+                    paths.spec_replicas
+                ),
+            )),
+        }
+    }
+
+    /// PUT of `/scale`: the body is a Scale; unlike a PUT of the parent it may leave out
+    /// `metadata.resourceVersion` (then nothing is checked).
+    pub fn update_scale(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        paths: &ScalePaths,
+        body: Value,
+        ctx: &mut WriteCtx,
+    ) -> ApiResult<Value> {
+        let old = self.get(rt, ns, name)?;
+        scale::check_identity(&body, name)?;
+        self.write_scale(rt, ns, name, paths, old, &body, ctx)
+    }
+
+    /// PATCH of `/scale`: the patch applies to the Scale the server would show, never to
+    /// the parent, so a patch can only change `spec.replicas`. Strategic merge patch is
+    /// accepted (Scale is a built-in type) even though the parent is a custom resource.
+    #[allow(clippy::too_many_arguments)]
+    pub fn patch_scale(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        paths: &ScalePaths,
+        ptype: PatchType,
+        body: &[u8],
+        ctx: &mut WriteCtx,
+    ) -> ApiResult<Value> {
+        let old = self.get(rt, ns, name)?;
+        if ptype == PatchType::Apply {
+            return self.apply_scale(rt, ns, name, paths, old, body, ctx);
+        }
+        let before = scale::scale_before_write(&old, paths)?;
+        let patched = match ptype {
+            PatchType::Json => patch::json_patch(&before, body)?,
+            PatchType::Merge => patch::merge_patch(&before, body)?,
+            _ => patch::strategic_merge_patch(&before, body)?,
+        };
+        scale::check_identity(&patched, name)?;
+        self.write_scale(rt, ns, name, paths, old, &patched, ctx)
+    }
+
+    /// Server-side apply of a Scale: the applied `spec.replicas` is owned by the manager
+    /// with subresource `scale`, and conflicts with whoever else owns the parent field.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_scale(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        paths: &ScalePaths,
+        live: Value,
+        body: &[u8],
+        ctx: &mut WriteCtx,
+    ) -> ApiResult<Value> {
+        if ctx.field_manager.as_deref().is_none_or(str::is_empty) {
+            return Err(ApiError::bad_request(
+                "PATCH, application/apply-patch+yaml: fieldManager is required for apply requests",
+            ));
+        }
+        let cfg: Value = serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+        let typed = |k: &str| {
+            cfg.get(k)
+                .and_then(Value::as_str)
+                .is_some_and(|s| !s.is_empty())
+        };
+        if !typed("apiVersion") || !typed("kind") {
+            return Err(ApiError::bad_request(
+                "apiVersion and kind must be set in an applied configuration",
+            ));
+        }
+        scale::check_identity(&cfg, name)?;
+        Self::check_scale_precondition(rt, name, &live, &cfg)?;
+        let api_version = rt.api_version(&ctx.version);
+        let parent_cfg = scale::parent_apply_config(&cfg, &api_version, &rt.kind, name, paths)?;
+        let now = now();
+        let root = Self::root_schema(rt, &ctx.version);
+        let w = Self::writer(ctx, &api_version, &now, Scope::Scale);
+        let new = managed::apply(&live, &parent_cfg, &root, &w, ctx.force)
+            .map_err(|c| apply_conflict(rt, name, c))?;
+        let stored = self.commit_update(rt, ns, name, live, new, Scope::Scale, ctx, false)?;
+        Self::scale_after_write(&stored, paths)
+    }
+
+    /// A resourceVersion in the Scale a client sent is a precondition on the parent.
+    fn check_scale_precondition(
+        rt: &ResourceType,
+        name: &str,
+        live: &Value,
+        scale: &Value,
+    ) -> ApiResult<()> {
+        match scale
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+        {
+            Some(rv) if !rv.is_empty() && Some(rv) != meta_str(live, "resourceVersion") => {
+                Err(ApiError::stale(&rt.group, &rt.plural, name))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Stores the parent with the Scale's `spec.replicas` at `specReplicasPath`: an
+    /// ordinary update from there on (validation, generation, resourceVersion, watchers).
+    #[allow(clippy::too_many_arguments)]
+    fn write_scale(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        paths: &ScalePaths,
+        old: Value,
+        scale: &Value,
+        ctx: &mut WriteCtx,
+    ) -> ApiResult<Value> {
+        let replicas = scale::replicas_of(scale, paths)?;
+        Self::check_scale_precondition(rt, name, &old, scale)?;
+        let mut new = old.clone();
+        scale::set_replicas(&mut new, &paths.spec_replicas, replicas)?;
+        let stored = self.commit_update(rt, ns, name, old, new, Scope::Scale, ctx, true)?;
+        Self::scale_after_write(&stored, paths)
+    }
+
+    fn scale_after_write(stored: &Value, paths: &ScalePaths) -> ApiResult<Value> {
+        scale::scale_of(stored, paths)
+            .map(|(s, _)| s)
+            .map_err(|e| ApiError::bad_request(e.message))
     }
 
     pub fn delete(
@@ -1598,6 +1730,39 @@ impl Store {
             rx,
         })
     }
+}
+
+/// The 409 of an apply that would take fields other managers own.
+fn apply_conflict(rt: &ResourceType, name: &str, conflicts: Vec<managed::Conflict>) -> ApiError {
+    let n = conflicts.len();
+    let mut by_manager: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for c in &conflicts {
+        by_manager.entry(&c.manager).or_default().push(&c.field);
+    }
+    let parts: Vec<String> = by_manager
+        .iter()
+        .map(|(m, fields)| {
+            if fields.len() == 1 {
+                format!("conflict with \"{m}\": {}", fields[0])
+            } else {
+                format!("conflicts with \"{m}\":\n- {}", fields.join("\n- "))
+            }
+        })
+        .collect();
+    let causes: Vec<Value> = conflicts
+        .iter()
+        .map(|c| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{}\"", c.manager), "field": c.field}))
+        .collect();
+    ApiError::new(
+        409,
+        "Conflict",
+        format!(
+            "Apply failed with {n} conflict{}: {}",
+            if n == 1 { "" } else { "s" },
+            parts.join("\n")
+        ),
+    )
+    .with_details(json!({"name": name, "group": rt.group, "kind": rt.plural, "causes": causes}))
 }
 
 enum Action {

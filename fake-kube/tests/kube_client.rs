@@ -2,6 +2,7 @@
 
 use fake_kube::{AccessRule, ApiError, FakeApi, UserInfo};
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::autoscaling::v1::{Scale, ScaleSpec};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -37,6 +38,34 @@ struct WidgetSpec {
 #[derive(Deserialize, Serialize, Clone, Debug, JsonSchema, PartialEq, Default)]
 struct WidgetStatus {
     ready: bool,
+}
+
+/// A kind with a scale subresource, as a ProxyPool has.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, JsonSchema, PartialEq)]
+#[kube(
+    group = "test.fake-kube.dev",
+    version = "v1",
+    kind = "Pool",
+    namespaced,
+    status = "PoolStatus",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    )
+)]
+struct PoolSpec {
+    #[schemars(range(min = 0))]
+    replicas: i32,
+    #[serde(default)]
+    image: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, JsonSchema, PartialEq, Default)]
+struct PoolStatus {
+    replicas: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    selector: Option<String>,
 }
 
 fn api_err(e: kube::Error) -> kube::core::Status {
@@ -414,6 +443,372 @@ async fn status_subresource_and_generation() {
         .unwrap();
     assert_eq!(r.status, Some(WidgetStatus { ready: false }));
     assert_eq!(r.spec.size, 2);
+}
+
+/// `/scale` as `kubectl scale` and an HPA use it: a Scale view of the CRD's replica paths,
+/// writes that land in the parent's spec like any update.
+#[tokio::test]
+async fn scale_subresource_round_trips() {
+    let api = FakeApi::new();
+    let client = api.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &Pool::crd())
+        .await
+        .unwrap();
+    let pools: Api<Pool> = Api::namespaced(client.clone(), "default");
+    let mut p = Pool::new(
+        "p",
+        PoolSpec {
+            replicas: 2,
+            image: "squid".into(),
+        },
+    );
+    p.metadata.namespace = Some("default".into());
+    let created = pools.create(&PostParams::default(), &p).await.unwrap();
+    pools
+        .patch_status(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 1, "selector": "app=p"}})),
+        )
+        .await
+        .unwrap();
+
+    // Discovery lists the subresource with its own kind, as kubectl's scale client needs.
+    let list = client
+        .list_api_group_resources("test.fake-kube.dev/v1")
+        .await
+        .unwrap();
+    let entry = list
+        .resources
+        .iter()
+        .find(|r| r.name == "pools/scale")
+        .expect("pools/scale is discoverable");
+    assert_eq!(
+        (
+            entry.group.as_deref(),
+            entry.version.as_deref(),
+            entry.kind.as_str()
+        ),
+        (Some("autoscaling"), Some("v1"), "Scale")
+    );
+    assert_eq!(entry.verbs, ["get", "patch", "update"]);
+
+    let s = pools.get_scale("p").await.unwrap();
+    assert_eq!(s.metadata.name.as_deref(), Some("p"));
+    assert_eq!(s.metadata.namespace.as_deref(), Some("default"));
+    assert_eq!(s.metadata.uid, created.metadata.uid);
+    assert_eq!(s.spec.as_ref().unwrap().replicas, Some(2));
+    let status = s.status.clone().unwrap();
+    assert_eq!(
+        (status.replicas, status.selector.as_deref()),
+        (1, Some("app=p"))
+    );
+
+    // A watcher started now sees the scale write as an ordinary modification.
+    let mut events = watcher(pools.clone(), watcher::Config::default()).boxed();
+    while !matches!(
+        events.try_next().await.unwrap(),
+        Some(watcher::Event::InitDone)
+    ) {}
+
+    let patched = pools
+        .patch_scale(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 5}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.spec.unwrap().replicas, Some(5));
+    let parent = pools.get("p").await.unwrap();
+    assert_eq!(parent.spec.replicas, 5);
+    assert_eq!(parent.spec.image, "squid", "the rest of spec stays");
+    assert_eq!(parent.metadata.generation, Some(2));
+    assert_eq!(
+        patched.metadata.resource_version,
+        parent.metadata.resource_version
+    );
+    assert_ne!(
+        parent.metadata.resource_version,
+        s.metadata.resource_version
+    );
+    let owner = parent
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .find(|e| e.subresource.as_deref() == Some("scale"))
+        .expect("the scale writer owns spec.replicas through the subresource");
+    assert_eq!(
+        owner.fields_v1.unwrap().0,
+        json!({"f:spec": {"f:replicas": {}}})
+    );
+    let seen = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match events.try_next().await.unwrap() {
+                Some(watcher::Event::Apply(o)) if o.spec.replicas == 5 => return o,
+                Some(_) => {}
+                None => panic!("the watch ended"),
+            }
+        }
+    })
+    .await
+    .expect("the watcher sees the scale write");
+    assert_eq!(seen.metadata.generation, Some(2));
+
+    // JSON patch and strategic merge patch apply to the Scale too.
+    let j = pools
+        .patch_scale(
+            "p",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(
+                    json!([{"op": "replace", "path": "/spec/replicas", "value": 6}]),
+                )
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(j.spec.unwrap().replicas, Some(6));
+    let sm = pools
+        .patch_scale(
+            "p",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"replicas": 7}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sm.spec.unwrap().replicas, Some(7));
+
+    // Server-side apply owns the field under the scale subresource; the earlier writers
+    // own it too, so taking it needs force, as on a cluster.
+    let err = api_err(
+        pools
+            .patch_scale(
+                "p",
+                &PatchParams::apply("autoscaler"),
+                &Patch::Apply(json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
+                                     "spec": {"replicas": 8}})),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    let applied = pools
+        .patch_scale(
+            "p",
+            &PatchParams::apply("autoscaler").force(),
+            &Patch::Apply(json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
+                                 "spec": {"replicas": 8}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied.spec.unwrap().replicas, Some(8));
+    let err = api_err(
+        pools
+            .patch(
+                "p",
+                &PatchParams::apply("someone-else"),
+                &Patch::Apply(
+                    json!({"apiVersion": "test.fake-kube.dev/v1", "kind": "Pool",
+                                     "spec": {"replicas": 1, "image": "squid"}}),
+                ),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    assert!(err.message.contains("autoscaler"), "{}", err.message);
+
+    // PUT: the current resourceVersion is a precondition; a stale one conflicts.
+    let current = pools.get_scale("p").await.unwrap();
+    let mut put = current.clone();
+    put.spec = Some(ScaleSpec { replicas: Some(3) });
+    let replaced = pools
+        .replace_scale("p", &PostParams::default(), &put)
+        .await
+        .unwrap();
+    assert_eq!(replaced.spec.unwrap().replicas, Some(3));
+    assert_eq!(pools.get("p").await.unwrap().spec.replicas, 3);
+    let err = api_err(
+        pools
+            .replace_scale("p", &PostParams::default(), &put)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    // Without a resourceVersion the write is unconditional.
+    let unconditional = Scale {
+        metadata: kube::core::ObjectMeta {
+            name: Some("p".into()),
+            ..Default::default()
+        },
+        spec: Some(ScaleSpec { replicas: Some(4) }),
+        status: None,
+    };
+    pools
+        .replace_scale("p", &PostParams::default(), &unconditional)
+        .await
+        .unwrap();
+    assert_eq!(pools.get("p").await.unwrap().spec.replicas, 4);
+
+    // The parent's schema still holds: replicas has a minimum of 0.
+    let err = api_err(
+        pools
+            .patch_scale(
+                "p",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": -1}})),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+
+    // A dry run changes nothing.
+    let dry = pools
+        .patch_scale(
+            "p",
+            &PatchParams::default().dry_run(),
+            &Patch::Merge(json!({"spec": {"replicas": 9}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(dry.spec.unwrap().replicas, Some(9));
+    assert_eq!(pools.get("p").await.unwrap().spec.replicas, 4);
+
+    // Missing object: 404.
+    let err = api_err(pools.get_scale("nope").await.unwrap_err());
+    assert_eq!((err.code, err.reason.as_str()), (404, "NotFound"));
+    let err = api_err(
+        pools
+            .patch_scale(
+                "nope",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 1}})),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 404);
+
+    // A kind without a scale subresource has no /scale.
+    let widgets = install_widget_crd(&client).await;
+    widgets
+        .create(&PostParams::default(), &widget("w", 1))
+        .await
+        .unwrap();
+    let err = api_err(widgets.get_scale("w").await.unwrap_err());
+    assert_eq!(err.code, 404);
+    assert!(
+        !client
+            .list_api_group_resources("test.fake-kube.dev/v1")
+            .await
+            .unwrap()
+            .resources
+            .iter()
+            .any(|r| r.name == "widgets/scale")
+    );
+
+    // The request log names the subresource, so RBAC checks see `pools/scale`.
+    let requests = api.requests();
+    let scale_calls: Vec<_> = requests
+        .iter()
+        .filter(|r| {
+            r.subresource.as_deref() == Some("scale") && r.resource.as_deref() == Some("pools")
+        })
+        .collect();
+    assert!(scale_calls.iter().any(|r| r.verb == "get"));
+    assert!(scale_calls.iter().any(|r| r.verb == "patch"));
+    assert!(scale_calls.iter().any(|r| r.verb == "update"));
+    assert!(
+        scale_calls
+            .iter()
+            .all(|r| r.rbac_resource().as_deref() == Some("pools/scale"))
+    );
+}
+
+/// A custom resource without a value at `specReplicasPath` has no Scale to read (500, as
+/// on a real server), but a write that sets replicas gives it one.
+#[tokio::test]
+async fn scale_of_a_resource_without_replicas() {
+    let api = FakeApi::new();
+    api.create(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "flocks.test.fake-kube.dev"},
+        "spec": {"group": "test.fake-kube.dev", "scope": "Namespaced",
+            "names": {"plural": "flocks", "singular": "flock", "kind": "Flock"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}, "scale": {
+                    "specReplicasPath": ".spec.size.wanted", "statusReplicasPath": ".status.size"}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {
+                        "image": {"type": "string"},
+                        "size": {"type": "object", "properties": {"wanted": {"type": "integer"}}}}},
+                    "status": {"type": "object", "properties": {"size": {"type": "integer"}}}}}}}]},
+    }))
+    .unwrap();
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("test.fake-kube.dev", "v1", "Flock"));
+    let flocks: Api<DynamicObject> = Api::namespaced_with(api.client(), "default", &ar);
+    let mut obj = DynamicObject::new("bare", &ar);
+    obj.data = json!({"spec": {"image": "squid"}});
+    flocks.create(&PostParams::default(), &obj).await.unwrap();
+
+    let err = api_err(flocks.get_scale("bare").await.unwrap_err());
+    assert_eq!((err.code, err.reason.as_str()), (500, "InternalError"));
+    assert!(err.message.contains(".spec.size.wanted"), "{}", err.message);
+    // A patch that does not set replicas cannot invent them.
+    let err = api_err(
+        flocks
+            .patch_scale(
+                "bare",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (400, "BadRequest"));
+    let s = flocks
+        .patch_scale(
+            "bare",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.spec.unwrap().replicas, Some(2));
+    assert_eq!(s.status.unwrap().replicas, 0, "no status yet reads as 0");
+    assert_eq!(
+        api.object("flocks", Some("default"), "bare").unwrap()["spec"],
+        json!({"image": "squid", "size": {"wanted": 2}})
+    );
+}
+
+/// The CRD's scale paths are checked as a real server checks them.
+#[tokio::test]
+async fn crd_with_bad_scale_paths_is_invalid() {
+    let api = FakeApi::new();
+    let crds: Api<CustomResourceDefinition> = Api::all(api.client());
+    let mut crd = Pool::crd();
+    let scale = crd.spec.versions[0]
+        .subresources
+        .as_mut()
+        .unwrap()
+        .scale
+        .as_mut()
+        .unwrap();
+    scale.spec_replicas_path = ".status.replicas".into();
+    let err = api_err(crds.create(&PostParams::default(), &crd).await.unwrap_err());
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    assert!(
+        err.message
+            .contains("spec.versions[0].subresources.scale.specReplicasPath"),
+        "{}",
+        err.message
+    );
 }
 
 #[tokio::test]
@@ -1102,6 +1497,26 @@ async fn reviews_answer_as_programmed() {
         true
     );
     req.data["spec"]["resourceAttributes"]["verb"] = json!("delete");
+    assert_eq!(
+        sar.create(&PostParams::default(), &req).await.unwrap().data["status"]["allowed"],
+        false
+    );
+
+    // Subresources are named `resource/subresource`, as in RBAC rules: a rule for
+    // `proxypools/scale` allows scaling but not patching the pool itself.
+    api.allow(AccessRule::user(
+        "system:serviceaccount:ns:scaler",
+        ["get", "patch"],
+        ["proxypools/scale"],
+    ));
+    req.data = json!({"spec": {"user": "system:serviceaccount:ns:scaler",
+        "resourceAttributes": {"verb": "patch", "group": "egress.proxy-operator.dev",
+            "resource": "proxypools", "subresource": "scale", "namespace": "a", "name": "p"}}});
+    assert_eq!(
+        sar.create(&PostParams::default(), &req).await.unwrap().data["status"]["allowed"],
+        true
+    );
+    req.data["spec"]["resourceAttributes"]["subresource"] = json!("");
     assert_eq!(
         sar.create(&PostParams::default(), &req).await.unwrap().data["status"]["allowed"],
         false

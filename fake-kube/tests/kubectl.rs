@@ -79,16 +79,15 @@ spec:
           status: {type: object, properties: {ready: {type: boolean}}}
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_get_create_apply_delete_watch() {
+/// A served fake and a kubectl pointed at it; None (after a loud notice) where kubectl is
+/// missing, a panic instead under `CI=true`.
+async fn start(test: &str) -> Option<(FakeApi, Kubectl, tempfile::TempDir)> {
     let Some(bin) = find_kubectl() else {
         if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("kubectl is not on PATH, and CI=true requires the kubectl test to run");
+            panic!("kubectl is not on PATH, and CI=true requires the kubectl test {test} to run");
         }
-        eprintln!(
-            "\n!!! SKIPPED kubectl_get_create_apply_delete_watch: kubectl is not on PATH !!!\n"
-        );
-        return;
+        eprintln!("\n!!! SKIPPED {test}: kubectl is not on PATH !!!\n");
+        return None;
     };
     let api = FakeApi::new();
     let addr = api.serve("127.0.0.1:0").await.unwrap();
@@ -99,6 +98,14 @@ async fn kubectl_get_create_apply_delete_watch() {
         bin,
         kubeconfig,
         cache: dir.path().join("cache"),
+    };
+    Some((api, k, dir))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_create_apply_delete_watch() {
+    let Some((api, k, dir)) = start("kubectl_get_create_apply_delete_watch").await else {
+        return;
     };
 
     let ns = k.ok(&["get", "namespaces"]).await;
@@ -216,4 +223,115 @@ async fn kubectl_get_create_apply_delete_watch() {
     k.ok(&["delete", "-f", &crd]).await;
     assert!(api.objects("gadgets.test.fake-kube.dev").is_empty());
     assert!(k.ok(&["get", "crd"]).await.is_empty());
+}
+
+const SCALABLE_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: proxypools.test.fake-kube.dev
+spec:
+  group: test.fake-kube.dev
+  scope: Namespaced
+  names: {plural: proxypools, singular: proxypool, kind: ProxyPool}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas, labelSelectorPath: .status.selector}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, properties: {replicas: {type: integer, minimum: 0}, image: {type: string}}}
+          status: {type: object, properties: {replicas: {type: integer}, selector: {type: string}}}
+"#;
+
+/// `kubectl scale` finds the scale subresource through discovery and patches it; with
+/// `--current-replicas` it reads the Scale and PUTs it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_scale_custom_resource() {
+    let Some((api, k, dir)) = start("kubectl_scale_custom_resource").await else {
+        return;
+    };
+    let crd = write(dir.path(), "crd.yaml", SCALABLE_CRD);
+    k.ok(&["apply", "-f", &crd]).await;
+    let pool = write(
+        dir.path(),
+        "pool.yaml",
+        "apiVersion: test.fake-kube.dev/v1\nkind: ProxyPool\nmetadata:\n  name: x\nspec:\n  replicas: 2\n  image: squid\n",
+    );
+    k.ok(&["apply", "-f", &pool]).await;
+
+    let out = k.ok(&["scale", "proxypool/x", "--replicas=5"]).await;
+    assert!(
+        out.contains("proxypool.test.fake-kube.dev/x scaled"),
+        "{out}"
+    );
+    let replicas = k
+        .ok(&["get", "proxypool", "x", "-o", "jsonpath={.spec.replicas}"])
+        .await;
+    assert_eq!(replicas, "5");
+    let scale = k
+        .ok(&[
+            "get",
+            "proxypool",
+            "x",
+            "--subresource=scale",
+            "-o",
+            "jsonpath={.kind} {.spec.replicas}",
+        ])
+        .await;
+    assert_eq!(scale, "Scale 5");
+    // The server's table for the subresource: desired and available replicas.
+    let table = k
+        .ok(&["get", "proxypool", "x", "--subresource=scale"])
+        .await;
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "DESIRED", "AVAILABLE", "AGE"], "{table}");
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[..3], ["x", "5", "0"], "{table}");
+    let obj = api.object("proxypools", Some("default"), "x").unwrap();
+    assert_eq!(obj["metadata"]["generation"], 2);
+    assert_eq!(obj["spec"]["image"], "squid");
+    assert!(
+        api.requests()
+            .iter()
+            .any(|r| r.verb == "patch" && r.rbac_resource().as_deref() == Some("proxypools/scale")),
+        "kubectl patched the scale subresource"
+    );
+
+    // A precondition kubectl checks against the Scale it reads, then an update.
+    k.ok(&[
+        "scale",
+        "proxypool/x",
+        "--current-replicas=5",
+        "--replicas=3",
+    ])
+    .await;
+    assert_eq!(
+        api.object("proxypools", Some("default"), "x").unwrap()["spec"]["replicas"],
+        3
+    );
+    let stale = k
+        .command(&[
+            "scale",
+            "proxypool/x",
+            "--current-replicas=5",
+            "--replicas=1",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(!stale.status.success(), "the current size is 3, not 5");
+
+    let scale_verbs: Vec<String> = api
+        .requests()
+        .iter()
+        .filter(|r| r.rbac_resource().as_deref() == Some("proxypools/scale"))
+        .map(|r| r.verb.clone())
+        .collect();
+    assert_eq!(scale_verbs, ["patch", "get", "get", "get", "update", "get"]);
 }
