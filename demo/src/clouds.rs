@@ -75,7 +75,7 @@ pub struct Cloud {
 impl Cloud {
     /// Starts `name`'s emulator and writes its credential under `secrets`.
     pub fn start(name: &'static str, kind: ProxyKind, secrets: &Path) -> Result<Cloud> {
-        let proxies = RealProxies::new(kind);
+        let proxies = RealProxies::with_own_addresses(kind);
         let real = Some(proxies.clone());
         let secret = |file: &str, value: &str| -> Result<String> {
             let path = secrets.join(file);

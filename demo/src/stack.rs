@@ -324,8 +324,10 @@ impl Stack {
         );
 
         // Emulators whose instances are real proxies.
-        let hetzner_proxies = RealProxies::new(kind_of(args));
-        let ec2_proxies = RealProxies::new(kind_of(args));
+        // Each instance on its own loopback address, as on a cloud: the pool's Proxies share
+        // one port, and a request through a proxy arrives from the proxy's own address.
+        let hetzner_proxies = RealProxies::with_own_addresses(kind_of(args));
+        let ec2_proxies = RealProxies::with_own_addresses(kind_of(args));
         let proxy_kind = hetzner_proxies.kind_name();
         let hetzner = HetznerEmulator::start(HetznerConfig {
             run_schedule: RunSchedule::After(Duration::from_secs(2)),
@@ -338,7 +340,7 @@ impl Stack {
             ..Ec2Config::default()
         });
         println!(
-            "  emulators       hetzner {}  ec2 {}  (every running instance: a real {proxy_kind} proxy on 127.0.0.1)",
+            "  emulators       hetzner {}  ec2 {}  (every running instance: a real {proxy_kind} proxy on a loopback address of its own)",
             hetzner.url(),
             ec2.url()
         );
@@ -452,7 +454,7 @@ impl Stack {
     /// The ready-to-paste line for the discovery API.
     pub fn curl_line(&self, path: &str) -> String {
         format!(
-            "curl -H \"Authorization: Bearer {}\" http://{}{path}",
+            "curl -H \"Authorization: Bearer {}\" 'http://{}{path}'",
             self.token, self.discovery
         )
     }

@@ -81,12 +81,12 @@ fn instance_exists(emu: &dyn Emulator, id: &str) -> bool {
     emu.dump().instances.iter().any(|i| i.id == id)
 }
 
-fn port_open(port: u16) -> bool {
-    std::net::TcpStream::connect_timeout(
-        &SocketAddr::from(([127, 0, 0, 1], port)),
-        Duration::from_millis(500),
-    )
-    .is_ok()
+/// Whether something answers on `ip:port` (the emulators' instances are on loopback).
+fn port_open(ip: &str, port: u16) -> bool {
+    let Ok(addr) = format!("{ip}:{port}").parse::<SocketAddr>() else {
+        return false;
+    };
+    std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
 }
 
 /// A request to the echo server through the proxy at `ip:port` with `credentials`, which
@@ -131,6 +131,48 @@ async fn request_through(
         credentials.0, credentials.1
     );
     Ok(())
+}
+
+/// Waits until the ProxyPool `key` (`namespace/name`) has all its replicas Ready, and says
+/// where they are.
+async fn pool_ready(stack: &Stack, key: &str, within: Duration) -> Result<()> {
+    let (ns, name) = key.split_once('/').unwrap_or(("default", key));
+    let resource = kube::discovery::ApiResource {
+        group: "egress.proxy-operator.dev".into(),
+        version: "v1alpha1".into(),
+        api_version: "egress.proxy-operator.dev/v1alpha1".into(),
+        kind: "ProxyPool".into(),
+        plural: "proxypools".into(),
+    };
+    let api = kube::Api::<DynamicObject>::namespaced_with(stack.client.clone(), ns, &resource);
+    let deadline = Instant::now() + within;
+    loop {
+        let pool = api
+            .get(name)
+            .await
+            .with_context(|| format!("reading ProxyPool {key}"))?;
+        let want = pool.data["spec"]["replicas"].as_i64().unwrap_or_default();
+        let ready = pool.data["status"]["readyReplicas"].as_i64().unwrap_or_default();
+        if ready == want {
+            let spread: Vec<String> = pool.data["status"]["placements"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| format!("{}: {}", p["name"].as_str().unwrap_or("?"), p["readyReplicas"]))
+                .collect();
+            println!(
+                "  ProxyPool {key}: {ready} of {want} Ready ({}); list them with ?pool={name}",
+                spread.join(", ")
+            );
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "ProxyPool {key} has {ready} of {want} Ready after {within:?}: {}",
+            pool.data["status"]
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The credentials of the Proxy `key` (`namespace/name`), from the discovery API, which
@@ -183,10 +225,16 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
         .collect();
     let names: Vec<String> = proxies.iter().map(|d| key_of(d)).collect();
 
+    let pools: Vec<String> = stack
+        .sample_docs
+        .iter()
+        .filter(|d| d["kind"] == "ProxyPool")
+        .map(key_of)
+        .collect();
     step(
         1,
         &format!(
-            "Apply the sample Proxies ({}): each goes Provisioning, Running, Healthy, Ready",
+            "Apply the sample Proxies and ProxyPool ({}): each Proxy goes Provisioning, Running, Healthy, Ready",
             samples.display()
         ),
     );
@@ -196,7 +244,7 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
         samples.display()
     );
     println!(
-        "  (each instance the plugins create in the emulators runs a real {} proxy on 127.0.0.1, on the Proxy's port)",
+        "  (each instance the plugins create in the emulators runs a real {} proxy on a loopback address of its own, on the Proxy's port)",
         stack.proxy_kind
     );
     apply(&stack.client, &stack.sample_docs).await?;
@@ -207,6 +255,9 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
                 .all(|n| v.get(n).is_some_and(|p| p.phase == "Ready"))
         })
         .await?;
+    for pool in &pools {
+        pool_ready(stack, pool, t).await?;
+    }
 
     step(2, "Ask the discovery API for Ready proxies");
     println!("  {}", stack.curl_line("/v1/proxies"));
@@ -258,11 +309,31 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
         unauthenticated.status
     );
 
-    step(
-        3,
-        "Send one real request through a proxy the discovery API returned",
-    );
-    let first = items.first().context("the discovery API listed no proxy")?;
+    let first = match pools.first() {
+        Some(pool) => {
+            let (ns, name) = pool.split_once('/').unwrap_or(("default", pool));
+            let path = format!("/v1/proxies:pick?namespace={ns}&pool={name}");
+            step(
+                3,
+                &format!(
+                    "Send one real request through a proxy of the pool {pool}, picked by the discovery API"
+                ),
+            );
+            println!("  {}", stack.curl_line(&path));
+            let a = crate::http::get(stack.discovery, &path, Some(&stack.token)).await?;
+            ensure!(a.status == 200, "GET {path} answered {}: {}", a.status, a.body);
+            serde_json::from_str::<Value>(&a.body)
+                .with_context(|| format!("GET {path} answered no JSON: {}", a.body))?
+        }
+        None => {
+            step(
+                3,
+                "Send one real request through a proxy the discovery API returned",
+            );
+            items.first().context("the discovery API listed no proxy")?.clone()
+        }
+    };
+    let first = &first;
     let ip = first["ip"]
         .as_str()
         .context("the first listed proxy has no ip")?;
@@ -318,12 +389,15 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
         !instance_exists(emu, backend_id(&old_id)),
         "the old instance {old_id} of {edited_key} still exists"
     );
-    if let Some(old_port) = before.port.and_then(|p| u16::try_from(p).ok()) {
+    if let (Some(old_ip), Some(old_port)) = (
+        before.ip.as_deref(),
+        before.port.and_then(|p| u16::try_from(p).ok()),
+    ) {
         ensure!(
-            !port_open(old_port),
-            "the old proxy port {old_port} still answers"
+            !port_open(old_ip, old_port),
+            "the old proxy {old_ip}:{old_port} still answers"
         );
-        println!("  old instance {old_id} is gone, and its proxy on port {old_port} with it");
+        println!("  old instance {old_id} is gone, and its proxy on {old_ip}:{old_port} with it");
     }
     let (username, password) = credentials_of(stack, &edited_key).await?;
     request_through(
@@ -372,9 +446,15 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
         );
         println!("  instance {id} is gone from the {provider} backend");
     }
-    if let Some(p) = gone.port.and_then(|p| u16::try_from(p).ok()) {
-        ensure!(!port_open(p), "the deleted Proxy's port {p} still answers");
-        println!("  nothing listens on its port {p} any more");
+    if let (Some(ip), Some(p)) = (
+        gone.ip.as_deref(),
+        gone.port.and_then(|p| u16::try_from(p).ok()),
+    ) {
+        ensure!(
+            !port_open(ip, p),
+            "the deleted Proxy's address {ip}:{p} still answers"
+        );
+        println!("  nothing listens on {ip}:{p} any more");
     }
 
     step(

@@ -11,6 +11,15 @@
 //!   provisioning, emulator reset) the proxy is stopped, and every proxy an emulator started
 //!   is stopped when the emulator is dropped (or when the [`RealProxies`] itself is).
 //!
+//! # Which address
+//!
+//! By default every instance gets `127.0.0.1`, so two instances need two ports. Made with
+//! [`RealProxies::with_own_addresses`], each instance gets an address of its own on the
+//! loopback network instead (`127.0.0.2`, `127.0.0.3`, ..., unique in the process), its proxy
+//! listens there and connects out from there: many instances share one port, as a
+//! ProxyPool's do, and a request through an instance's proxy arrives from that instance's
+//! address, as on a cloud. Everything stays on the loopback interface.
+//!
 //! # Which port
 //!
 //! The instance learns its port the way a real machine does: from its user data. The rule
@@ -127,11 +136,20 @@ pub fn basic_auth_from_user_data(user_data: Option<&[u8]>) -> Vec<(String, Strin
         .collect()
 }
 
+/// Loopback addresses held by running instances, across every [`RealProxies`] with own
+/// addresses in the process.
+static HELD: Mutex<std::collections::BTreeSet<Ipv4Addr>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
 /// The forward proxies of the instances of one or more emulators, keyed by instance ID.
 pub struct RealProxies {
     kind: Resolved,
     dir: PathBuf,
+    /// Each instance on its own loopback address (see [`RealProxies::with_own_addresses`]).
+    own_addresses: bool,
     running: Mutex<BTreeMap<String, Running>>,
+    /// With own addresses: each running instance's address, proxy or not.
+    addresses: Mutex<BTreeMap<String, Ipv4Addr>>,
 }
 
 #[derive(Debug, Clone)]
@@ -141,16 +159,20 @@ enum Resolved {
 }
 
 enum Running {
-    Tinyproxy { child: Child, conf: PathBuf, port: u16 },
+    Tinyproxy { child: Child, conf: PathBuf, addr: SocketAddr },
     Builtin(BuiltinProxy),
 }
 
 impl Running {
-    fn port(&self) -> u16 {
+    fn addr(&self) -> SocketAddr {
         match self {
-            Running::Tinyproxy { port, .. } => *port,
-            Running::Builtin(b) => b.addr.port(),
+            Running::Tinyproxy { addr, .. } => *addr,
+            Running::Builtin(b) => b.addr,
         }
+    }
+
+    fn port(&self) -> u16 {
+        self.addr().port()
     }
 
     fn stop(self) {
@@ -200,7 +222,45 @@ impl RealProxies {
             std::process::id(),
             NEXT_DIR.fetch_add(1, Ordering::Relaxed)
         ));
-        Arc::new(RealProxies { kind, dir, running: Mutex::new(BTreeMap::new()) })
+        Arc::new(RealProxies { kind, dir, own_addresses: false,
+            running: Mutex::new(BTreeMap::new()),
+            addresses: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Like [`RealProxies::new`], but every instance gets an address of its own on the
+    /// loopback network (127.0.0.2, 127.0.0.3, ...; Linux answers on all of 127.0.0.0/8
+    /// without configuration), as instances on a cloud each have their own IP. Many
+    /// instances can then run a proxy on the same port, as a ProxyPool's Proxies do. Nothing
+    /// leaves the machine either way.
+    pub fn with_own_addresses(kind: ProxyKind) -> Arc<RealProxies> {
+        let mut proxies = Arc::into_inner(RealProxies::new(kind)).expect("just made");
+        proxies.own_addresses = true;
+        Arc::new(proxies)
+    }
+
+    /// The address for an instance starting now: [`LOOPBACK`], or with own addresses the
+    /// lowest loopback address no instance of any emulator in this process holds (the
+    /// demo runs one set of real proxies per emulator, and two clouds' instances must not
+    /// share an address either).
+    fn address_for_new(&self) -> Ipv4Addr {
+        if !self.own_addresses {
+            return LOOPBACK;
+        }
+        let mut taken = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        let ip = (2u32..(1 << 16))
+            .map(|n| Ipv4Addr::from(0x7f00_0000 | n))
+            .find(|ip| !taken.contains(ip))
+            .unwrap_or(LOOPBACK);
+        taken.insert(ip);
+        ip
+    }
+
+    /// The address of an instance that stopped goes back to the pool.
+    fn release(&self, ip: Ipv4Addr) {
+        if self.own_addresses && ip != LOOPBACK {
+            HELD.lock().unwrap_or_else(|e| e.into_inner()).remove(&ip);
+        }
     }
 
     /// `"tinyproxy"` or `"built-in"`.
@@ -221,39 +281,47 @@ impl RealProxies {
     /// cloud-init would.
     pub fn start(&self, id: &str, user_data: Option<&[u8]>) -> Ipv4Addr {
         self.stop(id);
+        let ip = self.address_for_new();
+        if self.own_addresses {
+            self.addresses.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), ip);
+        }
         let port = match port_from_user_data(user_data) {
             Ok(p) => p,
             Err(PortError::Missing) if user_data.is_none_or(<[u8]>::is_empty) => {
                 tracing::info!(instance = id, "real-proxy mode: no user data, no proxy");
-                return LOOPBACK;
+                return ip;
             }
             Err(e) => {
                 tracing::warn!(instance = id, "real-proxy mode: no proxy started: {e}");
-                return LOOPBACK;
+                return ip;
             }
         };
         let users = basic_auth_from_user_data(user_data);
-        match self.spawn(id, port, users) {
+        match self.spawn(id, ip, port, users) {
             Ok(running) => {
                 tracing::info!(
                     instance = id,
                     port,
                     kind = self.kind_name(),
-                    "real-proxy mode: proxy listening on 127.0.0.1:{port}"
+                    "real-proxy mode: proxy listening on {ip}:{port}"
                 );
                 self.lock().insert(id.to_string(), running);
             }
             Err(e) => tracing::warn!(
                 instance = id,
                 port,
-                "real-proxy mode: no proxy started on 127.0.0.1:{port}: {e}"
+                "real-proxy mode: no proxy started on {ip}:{port}: {e}"
             ),
         }
-        LOOPBACK
+        ip
     }
 
     /// Instance `id` stopped running: stop its proxy, if it has one.
     pub fn stop(&self, id: &str) {
+        let held = self.addresses.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        if let Some(ip) = held {
+            self.release(ip);
+        }
         let running = self.lock().remove(id);
         if let Some(r) = running {
             let port = r.port();
@@ -264,6 +332,10 @@ impl RealProxies {
 
     /// Stop every proxy.
     pub fn stop_all(&self) {
+        let held = std::mem::take(&mut *self.addresses.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, ip) in held {
+            self.release(ip);
+        }
         let all = std::mem::take(&mut *self.lock());
         for (_, r) in all {
             r.stop();
@@ -280,16 +352,25 @@ impl RealProxies {
         self.lock().iter().map(|(id, r)| (id.clone(), r.port())).collect()
     }
 
-    fn spawn(&self, id: &str, port: u16, users: Vec<(String, String)>) -> Result<Running, String> {
+    fn spawn(
+        &self,
+        id: &str,
+        ip: Ipv4Addr,
+        port: u16,
+        users: Vec<(String, String)>,
+    ) -> Result<Running, String> {
         // tinyproxy would fail to bind a taken port and exit, and a readiness check would
         // then find the other listener; ask first. The built-in proxy binds for real here.
-        let listener = TcpListener::bind((LOOPBACK, port))
-            .map_err(|e| format!("port {port} on 127.0.0.1 is not available: {e}"))?;
+        let listener = TcpListener::bind((ip, port))
+            .map_err(|e| format!("port {port} on {ip} is not available: {e}"))?;
         match &self.kind {
-            Resolved::Builtin => BuiltinProxy::start(listener, id, users).map(Running::Builtin),
+            Resolved::Builtin => {
+                let egress = self.own_addresses.then_some(ip);
+                BuiltinProxy::start(listener, id, users, egress).map(Running::Builtin)
+            }
             Resolved::Tinyproxy(bin) => {
                 drop(listener);
-                self.spawn_tinyproxy(bin, id, port, &users)
+                self.spawn_tinyproxy(bin, id, SocketAddr::from((ip, port)), &users)
             }
         }
     }
@@ -298,9 +379,12 @@ impl RealProxies {
         &self,
         bin: &Path,
         id: &str,
-        port: u16,
+        addr: SocketAddr,
         users: &[(String, String)],
     ) -> Result<Running, String> {
+        let (ip, port) = (addr.ip(), addr.port());
+        // With own addresses, outgoing connections leave from the instance's address.
+        let bind = if self.own_addresses { format!("Bind {ip}\n") } else { String::new() };
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| format!("creating {}: {e}", self.dir.display()))?;
         let safe: String =
@@ -310,7 +394,7 @@ impl RealProxies {
         std::fs::write(
             &conf,
             format!(
-                "Port {port}\nListen 127.0.0.1\nAllow 127.0.0.1\nLogLevel Error\nMaxClients 100\nTimeout 120\n{auth}"
+                "Port {port}\nListen {ip}\n{bind}Allow 127.0.0.0/8\nLogLevel Error\nMaxClients 100\nTimeout 120\n{auth}"
             ),
         )
         .map_err(|e| format!("writing {}: {e}", conf.display()))?;
@@ -323,7 +407,6 @@ impl RealProxies {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("starting {}: {e}", bin.display()))?;
-        let addr = SocketAddr::from((LOOPBACK, port));
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Ok(Some(status)) = child.try_wait() {
@@ -331,7 +414,7 @@ impl RealProxies {
                 return Err(format!("tinyproxy exited at start ({status})"));
             }
             if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                return Ok(Running::Tinyproxy { child, conf, port });
+                return Ok(Running::Tinyproxy { child, conf, addr });
             }
             if Instant::now() >= deadline {
                 let _ = child.kill();
@@ -366,6 +449,7 @@ impl BuiltinProxy {
         listener: TcpListener,
         id: &str,
         users: Vec<(String, String)>,
+        egress: Option<Ipv4Addr>,
     ) -> Result<BuiltinProxy, String> {
         // `Basic base64(user:password)` for each user: what a client's header must carry.
         let accepted: Arc<Vec<String>> = Arc::new(
@@ -399,7 +483,7 @@ impl BuiltinProxy {
                             if !peer.ip().is_loopback() {
                                 continue;
                             }
-                            tokio::spawn(serve(stream, accepted.clone()));
+                            tokio::spawn(serve(stream, accepted.clone(), egress));
                         }
                     };
                     tokio::select! {
@@ -455,9 +539,31 @@ fn authorized(head: &str, accepted: &[String]) -> bool {
     })
 }
 
+/// A connection to `target` (`host:port`), from `egress` when set: with own addresses an
+/// instance's traffic leaves from its own address, as it would from a cloud instance's IP.
+async fn connect_from(
+    egress: Option<Ipv4Addr>,
+    target: &str,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let Some(ip) = egress else {
+        return tokio::net::TcpStream::connect(target).await;
+    };
+    let to = tokio::net::lookup_host(target)
+        .await?
+        .find(SocketAddr::is_ipv4)
+        .ok_or_else(|| std::io::Error::other(format!("{target}: no IPv4 address")))?;
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from((ip, 0)))?;
+    socket.connect(to).await
+}
+
 /// One client connection: a CONNECT tunnel or one absolute-URI HTTP request, once the
 /// client has shown credentials, when the proxy requires them.
-async fn serve(mut client: tokio::net::TcpStream, accepted: Arc<Vec<String>>) {
+async fn serve(
+    mut client: tokio::net::TcpStream,
+    accepted: Arc<Vec<String>>,
+    egress: Option<Ipv4Addr>,
+) {
     let mut buf = Vec::with_capacity(1024);
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -489,7 +595,7 @@ async fn serve(mut client: tokio::net::TcpStream, accepted: Arc<Vec<String>>) {
         return;
     }
     if method == "CONNECT" {
-        let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await else {
+        let Ok(mut upstream) = connect_from(egress, target).await else {
             return reply(&mut client, "502 Bad Gateway").await;
         };
         if client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err() {
@@ -511,7 +617,7 @@ async fn serve(mut client: tokio::net::TcpStream, accepted: Arc<Vec<String>>) {
     };
     let upstream_addr =
         if authority.contains(':') { authority.to_string() } else { format!("{authority}:80") };
-    let Ok(mut upstream) = tokio::net::TcpStream::connect(&upstream_addr).await else {
+    let Ok(mut upstream) = connect_from(egress, &upstream_addr).await else {
         return reply(&mut client, "502 Bad Gateway").await;
     };
     let mut out = format!("{method} {path} {version}\r\n");

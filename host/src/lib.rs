@@ -15,6 +15,7 @@ pub mod inventory;
 pub mod leader;
 pub mod metrics;
 pub mod plugin;
+pub mod pool;
 pub mod probe;
 pub mod provider;
 pub mod provider_check;

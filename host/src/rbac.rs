@@ -51,10 +51,10 @@ pub const RULES: &[Rule] = &[
     Rule {
         group: GROUP,
         resource: "proxies",
-        verbs: &["list", "watch", "patch"],
+        verbs: &["list", "watch", "patch", "create", "delete"],
         names: &[],
         scope: Scope::Cluster,
-        why: "reconciler (watch, finalizer patches), orphan GC (list), discovery API cache (list, watch)",
+        why: "reconciler (watch, finalizer patches), orphan GC (list), discovery API cache (list, watch), ProxyPool controller (create, delete the pool's Proxies)",
     },
     Rule {
         group: GROUP,
@@ -63,6 +63,22 @@ pub const RULES: &[Rule] = &[
         names: &[],
         scope: Scope::Cluster,
         why: "reconciler and health engine: conditions, IP, last probe (server-side apply)",
+    },
+    Rule {
+        group: GROUP,
+        resource: "proxypools",
+        verbs: &["list", "watch"],
+        names: &[],
+        scope: Scope::Cluster,
+        why: "ProxyPool controller: its trigger and cache",
+    },
+    Rule {
+        group: GROUP,
+        resource: "proxypools/status",
+        verbs: &["patch"],
+        names: &[],
+        scope: Scope::Cluster,
+        why: "ProxyPool controller: counts, placements, conditions (server-side apply)",
     },
     Rule {
         group: GROUP,
@@ -94,7 +110,7 @@ pub const RULES: &[Rule] = &[
         verbs: &["create", "patch"],
         names: &[],
         scope: Scope::Cluster,
-        why: "reconciler: Events on Proxies (create, then patch to count repeats)",
+        why: "reconciler and ProxyPool controller: Events on Proxies and pools (create, then patch to count repeats)",
     },
     Rule {
         group: "",

@@ -39,7 +39,12 @@ pub(crate) async fn echo_server() -> u16 {
 
 /// CONNECT through the proxy on `proxy_port` to the echo server, then GET / in the tunnel.
 pub(crate) async fn get_through_tunnel(proxy_port: u16, target_port: u16) -> String {
-    let mut s = TcpStream::connect((LOOPBACK, proxy_port)).await.unwrap();
+    get_through_tunnel_at(LOOPBACK, proxy_port, target_port).await
+}
+
+/// [`get_through_tunnel`] to a proxy on `ip`.
+async fn get_through_tunnel_at(ip: Ipv4Addr, proxy_port: u16, target_port: u16) -> String {
+    let mut s = TcpStream::connect((ip, proxy_port)).await.unwrap();
     s.write_all(
         format!(
             "CONNECT 127.0.0.1:{target_port} HTTP/1.1\r\nHost: 127.0.0.1:{target_port}\r\n\r\n"
@@ -141,6 +146,47 @@ async fn builtin_proxy_tunnels_and_stops() {
     let proxies = RealProxies::new(ProxyKind::Builtin);
     assert_eq!(proxies.kind_name(), "built-in");
     start_connect_stop(proxies).await;
+}
+
+/// With own addresses, instances share a port the way cloud instances do: each on its own
+/// loopback address, each reachable there, each one's traffic leaving from that address;
+/// a stopped instance's address is free again.
+async fn own_addresses_share_a_port(proxies: Arc<RealProxies>) {
+    let echo = echo_server().await;
+    let port = free_port();
+    let ud = format!("Port {port}\n");
+    let start = |id: &'static str| {
+        let (p, ud) = (proxies.clone(), ud.clone());
+        tokio::task::spawn_blocking(move || p.start(id, Some(ud.as_bytes())))
+    };
+    let a = start("i-a").await.unwrap();
+    let b = start("i-b").await.unwrap();
+    assert!(a != b && a != LOOPBACK && b != LOOPBACK, "{a} {b}");
+    assert!(a.is_loopback() && b.is_loopback(), "{a} {b}");
+    for ip in [a, b] {
+        let body = get_through_tunnel_at(ip, port, echo).await;
+        assert!(body.starts_with(&format!("hello from {ip} ")), "{ip}: {body}");
+    }
+    let p = proxies.clone();
+    tokio::task::spawn_blocking(move || p.stop("i-a")).await.unwrap();
+    assert!(!HELD.lock().unwrap().contains(&a), "{a} released");
+    assert!(HELD.lock().unwrap().contains(&b), "{b} still held");
+    let p = proxies.clone();
+    tokio::task::spawn_blocking(move || p.stop_all()).await.unwrap();
+    assert!(!HELD.lock().unwrap().contains(&b), "{b} released by stop_all");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn builtin_proxies_with_own_addresses_share_a_port() {
+    own_addresses_share_a_port(RealProxies::with_own_addresses(ProxyKind::Builtin)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tinyproxies_with_own_addresses_share_a_port() {
+    let Some(bin) = tinyproxy_or_skip() else {
+        return;
+    };
+    own_addresses_share_a_port(RealProxies::with_own_addresses(ProxyKind::Tinyproxy(bin))).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -6,12 +6,17 @@
 
 mod provider_health;
 mod proxy;
+mod proxy_pool;
 mod schema;
 
 pub use provider_health::{ProviderHealth, ProviderHealthSpec, ProviderHealthStatus, TargetHealth};
 pub use proxy::{
     ANNOTATION_SKIP_CLEANUP, AuthType, CloudInit, LABEL_POOL, LastProbe, Placement, Proxy,
     ProxyAuth, ProxySpec, ProxyStatus, SecretKeyRef,
+};
+pub use proxy_pool::{
+    MAX_POOL_NAME, PlacementFailure, PlacementStatus, PoolPlacement, ProxyPool, ProxyPoolSpec,
+    ProxyPoolStatus, ProxyTemplate, TemplateMetadata, pool_condition,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -36,6 +41,7 @@ pub mod condition {
 pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("egress.proxy-operator.dev_proxies.yaml", Proxy::crd()),
+        ("egress.proxy-operator.dev_proxypools.yaml", proxy_pool::crd()),
         (
             "egress.proxy-operator.dev_providerhealths.yaml",
             ProviderHealth::crd(),
@@ -115,6 +121,31 @@ mod tests {
             .collect();
         assert_eq!(columns, ["Provider", "State", "IP", "Port", "Ready", "Age"]);
         assert_eq!(ProviderHealth::crd().spec.scope, "Cluster");
+    }
+
+    /// A pool's template may change provider (the pool rolls onto new Proxies), while a
+    /// Proxy's provider stays immutable; the pool has the scale subresource.
+    #[test]
+    fn pool_schema_lets_the_template_change_provider_and_scales() {
+        let crd = proxy_pool::crd();
+        let s = schema_of(&crd);
+        let provider = &s["properties"]["spec"]["properties"]["template"]["properties"]["spec"]
+            ["properties"]["provider"];
+        assert_eq!(provider["type"], "string", "{provider}");
+        assert!(provider.get("x-kubernetes-validations").is_none(), "{provider}");
+        assert_eq!(
+            schema_of(&Proxy::crd())["properties"]["spec"]["properties"]["provider"]
+                ["x-kubernetes-validations"][0]["rule"],
+            "self == oldSelf"
+        );
+        let scale = crd.spec.versions[0]
+            .subresources
+            .as_ref()
+            .and_then(|s| s.scale.as_ref())
+            .unwrap();
+        assert_eq!(scale.spec_replicas_path, ".spec.replicas");
+        assert_eq!(scale.status_replicas_path, ".status.replicas");
+        assert_eq!(scale.label_selector_path.as_deref(), Some(".status.selector"));
     }
 
     /// Every status field survives the API server's pruning: the schema describes what the

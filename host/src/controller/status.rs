@@ -51,7 +51,7 @@ pub fn apply(
         };
         if (ip.as_ref(), port) != (current.ip.as_ref(), current.port) {
             s.last_probe = None;
-            set(
+            set_condition(
                 &mut s.conditions,
                 condition::HEALTHY,
                 "Unknown",
@@ -70,7 +70,7 @@ pub fn apply(
         message,
     }) = &change.provisioned
     {
-        set(
+        set_condition(
             &mut s.conditions,
             condition::PROVISIONED,
             if *ok { "True" } else { "False" },
@@ -104,7 +104,7 @@ pub fn apply_health(
     now: &Time,
 ) -> ProxyStatus {
     let mut s = current.clone();
-    set(
+    set_condition(
         &mut s.conditions,
         condition::HEALTHY,
         if h.healthy { "True" } else { "False" },
@@ -139,7 +139,7 @@ fn derive_ready(conditions: &mut Vec<Condition>, generation: i64, now: &Time) {
             "waiting for the first health probe".to_string(),
         ),
     };
-    set(
+    set_condition(
         conditions,
         condition::READY,
         status,
@@ -152,7 +152,7 @@ fn derive_ready(conditions: &mut Vec<Condition>, generation: i64, now: &Time) {
 
 /// Sets one condition, keeping `lastTransitionTime` unless the status flips. Conditions
 /// keep a stable order (the order they were first set in).
-fn set(
+pub fn set_condition(
     conditions: &mut Vec<Condition>,
     type_: &str,
     status: &str,
@@ -209,7 +209,7 @@ mod tests {
     }
 
     fn healthy(s: &mut ProxyStatus, status: &str) {
-        set(
+        set_condition(
             &mut s.conditions,
             condition::HEALTHY,
             status,

@@ -139,6 +139,7 @@ pub fn document() -> Value {
                 "provider": {"name": "provider", "in": "query", "required": false, "schema": {"type": "string", "maxLength": 63, "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}, "description": "Only proxies of this provider (`spec.provider`)."},
                 "region": {"name": "region", "in": "query", "required": false, "schema": {"type": "string"}, "description": "Only proxies in this region (`spec.placement.region`)."},
                 "zone": {"name": "zone", "in": "query", "required": false, "schema": {"type": "string"}, "description": "Only proxies in this zone (`spec.placement.zone`)."},
+                "pool": {"name": "pool", "in": "query", "required": false, "schema": {"type": "string", "maxLength": 63, "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}, "description": "Only proxies of this ProxyPool (the `egress.proxy-operator.dev/pool` label)."},
                 "labelSelector": {"name": "labelSelector", "in": "query", "required": false, "schema": {"type": "string"}, "example": "tier in (gold,silver),!canary", "description": "A Kubernetes label selector on the Proxy's labels: `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`, `k>N`, `k<N`, comma-separated (all must hold). A malformed one is refused with 400."}
             },
             "schemas": {

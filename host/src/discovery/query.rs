@@ -1,5 +1,5 @@
 //! The query parameters of the collection endpoints: exact-match filters on namespace,
-//! provider, region and zone, and a Kubernetes label selector. Unknown or repeated
+//! provider, region, zone and ProxyPool, and a Kubernetes label selector. Unknown or repeated
 //! parameters are refused (400) rather than ignored, so a typo (`labelselector=`) cannot
 //! silently widen an answer; an empty value means "no filter".
 
@@ -8,7 +8,14 @@ use crate::api::Proxy;
 
 /// The parameters the collection endpoints accept, in the order the OpenAPI document
 /// lists them.
-pub const PARAMETERS: [&str; 5] = ["namespace", "provider", "region", "zone", "labelSelector"];
+pub const PARAMETERS: [&str; 6] = [
+    "namespace",
+    "provider",
+    "region",
+    "zone",
+    "pool",
+    "labelSelector",
+];
 
 /// A query parameter the API refuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +32,8 @@ pub struct Filters {
     pub provider: Option<String>,
     pub region: Option<String>,
     pub zone: Option<String>,
+    /// The ProxyPool the Proxy belongs to (its [`crate::api::LABEL_POOL`] label).
+    pub pool: Option<String>,
     pub selector: LabelSelector,
 }
 
@@ -63,17 +72,17 @@ impl Filters {
                 continue;
             }
             match name.as_str() {
-                "namespace" | "provider" => {
+                "namespace" | "provider" | "pool" => {
                     if !is_dns_label(value) {
                         return Err(bad(format!(
                             "invalid {name} {value:?}: must be a DNS-1123 label (lower-case \
                              alphanumerics and '-', at most 63 characters)"
                         )));
                     }
-                    let slot = if name == "namespace" {
-                        &mut f.namespace
-                    } else {
-                        &mut f.provider
+                    let slot = match name.as_str() {
+                        "namespace" => &mut f.namespace,
+                        "provider" => &mut f.provider,
+                        _ => &mut f.pool,
                     };
                     *slot = Some(value.clone());
                 }
@@ -100,6 +109,13 @@ impl Filters {
         ) && eq(&self.provider, &p.spec.provider)
             && eq(&self.region, &p.spec.placement.region)
             && eq(&self.zone, &p.spec.placement.zone)
+            && self.pool.as_deref().is_none_or(|want| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(crate::api::LABEL_POOL))
+                    .is_some_and(|have| have == want)
+            })
             && self.selector.matches(p.metadata.labels.as_ref())
     }
 }
@@ -107,6 +123,19 @@ impl Filters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pool_matches_the_pool_label_only() {
+        let f = q(&[("pool", "web")]).unwrap();
+        let mut p = Proxy::new("p", serde_json::from_value(serde_json::json!({
+            "provider": "hz", "placement": {}, "cloudInit": {"inline": ""}, "port": 3128
+        })).unwrap());
+        assert!(!f.matches(&p), "no label: not in the pool");
+        p.metadata.labels = Some([(crate::api::LABEL_POOL.to_string(), "web".to_string())].into());
+        assert!(f.matches(&p));
+        p.metadata.labels = Some([(crate::api::LABEL_POOL.to_string(), "web2".to_string())].into());
+        assert!(!f.matches(&p));
+    }
 
     fn q(pairs: &[(&str, &str)]) -> Result<Filters, BadParameter> {
         let owned: Vec<(String, String)> = pairs
@@ -128,6 +157,9 @@ mod tests {
         assert_eq!(f.region.as_deref(), Some("eu"));
         assert!(!f.selector.is_empty());
         assert!(q(&[("namespace", "")]).unwrap().namespace.is_none());
+        assert_eq!(q(&[("pool", "web")]).unwrap().pool.as_deref(), Some("web"));
+        let e = q(&[("pool", "Web!")]).unwrap_err();
+        assert_eq!((e.parameter.as_str(), e.value.as_str()), ("pool", "Web!"));
 
         let e = q(&[("labelselector", "x")]).unwrap_err();
         assert_eq!(e.parameter, "labelselector");

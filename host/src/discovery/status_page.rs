@@ -94,6 +94,15 @@ pub fn fragment(proxies: &Store<Proxy>, providers: Option<&Store<ProviderHealth>
     )
 }
 
+/// `namespace/pool` of a Proxy a ProxyPool made.
+fn pool_of(p: &Proxy) -> Option<String> {
+    let pool = p.metadata.labels.as_ref()?.get(crate::api::LABEL_POOL)?;
+    Some(format!(
+        "{}/{pool}",
+        p.metadata.namespace.as_deref().unwrap_or("")
+    ))
+}
+
 /// [`fragment`] over plain lists, at `now` (seconds since the epoch).
 pub fn fragment_at(
     proxies: &[Arc<Proxy>],
@@ -101,7 +110,13 @@ pub fn fragment_at(
     now: i64,
 ) -> String {
     let mut proxies: Vec<&Arc<Proxy>> = proxies.iter().collect();
-    proxies.sort_by(|a, b| view::sort_key(a).cmp(&view::sort_key(b)));
+    // Grouped by ProxyPool (namespace/pool), pools first, then the Proxies of no pool.
+    proxies.sort_by(|a, b| {
+        (pool_of(a).is_none(), pool_of(a), view::sort_key(a))
+            .cmp(&(pool_of(b).is_none(), pool_of(b), view::sort_key(b)))
+    });
+    let pooled = proxies.iter().any(|p| pool_of(p).is_some());
+    let mut group: Option<Option<String>> = None;
     let ready = proxies
         .iter()
         .filter(|p| view::readiness(p).is_ok())
@@ -120,7 +135,25 @@ pub fn fragment_at(
              <th>State</th><th>Healthy</th><th>Latency</th><th>Provider</th>\
              <th>Placement</th><th>Age</th></tr></thead><tbody>",
         );
-        for p in proxies {
+        for p in &proxies {
+            let this = pool_of(p);
+            if pooled && group.as_ref() != Some(&this) {
+                let members = proxies.iter().filter(|q| pool_of(q) == this);
+                let (n, ready) = members.fold((0, 0), |(n, r), q| {
+                    (n + 1, r + usize::from(view::readiness(q).is_ok()))
+                });
+                let title = match &this {
+                    Some(pool) => format!("Pool {pool}"),
+                    None => "Not in a pool".to_string(),
+                };
+                let _ = write!(
+                    out,
+                    r#"<tr class="pool" data-pool="{}"><th colspan="9">{} <small>{ready} of {n} Ready</small></th></tr>"#,
+                    escape(this.as_deref().unwrap_or("")),
+                    escape(&title)
+                );
+                group = Some(this);
+            }
             let v = ProxyView::of(p);
             let _ = write!(
                 out,
@@ -359,6 +392,34 @@ mod tests {
             .unwrap(),
         );
         Arc::new(p)
+    }
+
+    #[test]
+    fn proxies_are_grouped_by_pool_with_their_counts() {
+        let in_pool = |name: &str, pool: &str, ready: bool| {
+            let mut p = (*proxy(name, ready)).clone();
+            p.metadata.labels = Some([(crate::api::LABEL_POOL.to_string(), pool.to_string())].into());
+            Arc::new(p)
+        };
+        let html = fragment_at(
+            &[
+                proxy("alone", true),
+                in_pool("web-b", "web", false),
+                in_pool("api-a", "api", true),
+                in_pool("web-a", "web", true),
+            ],
+            None,
+            NOW,
+        );
+        let order: Vec<&str> = ["data-pool=\"team-a/api\"", "team-a/api-a", "data-pool=\"team-a/web\"", "team-a/web-a", "team-a/web-b", "data-pool=\"\"", "team-a/alone"]
+            .into_iter()
+            .collect();
+        let at: Vec<usize> = order.iter().map(|s| html.find(s).unwrap_or_else(|| panic!("{s} missing: {html}"))).collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "grouped in order: {html}");
+        assert!(html.contains("Pool team-a/web <small>1 of 2 Ready</small>"), "{html}");
+        assert!(html.contains("Not in a pool <small>1 of 1 Ready</small>"), "{html}");
+        // No pools, no group rows.
+        assert!(!fragment_at(&[proxy("alone", true)], None, NOW).contains("class=\"pool\""));
     }
 
     #[test]

@@ -149,6 +149,7 @@ fn default_overlay_renders_valid_hardened_manifests() {
         "ConfigMap proxy-operator-providers",
         "CustomResourceDefinition providerhealths.egress.proxy-operator.dev",
         "CustomResourceDefinition proxies.egress.proxy-operator.dev",
+        "CustomResourceDefinition proxypools.egress.proxy-operator.dev",
         "Deployment proxy-operator",
         "Namespace egress-system",
         "PodDisruptionBudget proxy-operator",

@@ -18,6 +18,7 @@ mod deploy;
 mod discovery;
 mod leader;
 mod operations_doc;
+mod pool;
 mod probe;
 mod rbac;
 mod run;

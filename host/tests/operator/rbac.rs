@@ -13,7 +13,10 @@ use fake_kube::{AccessRule, FakeApi, RequestRecord, UserInfo};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use proxy_operator::api::{self, CloudInit, Proxy, ProxySpec, SecretKeyRef};
+use kube::ResourceExt;
+use proxy_operator::api::{
+    self, CloudInit, Proxy, ProxyPool, ProxyPoolSpec, ProxySpec, ProxyTemplate, SecretKeyRef,
+};
 use proxy_operator::controller::{self, Context, HealthHook};
 use proxy_operator::discovery::{self, Auth, AuthSettings};
 use proxy_operator::gc::{GcMetrics, GcSettings, Sweeper};
@@ -245,6 +248,62 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
     })
     .await;
 
+    // A ProxyPool of one: the pool controller creates its Proxy, writes the pool's status,
+    // and deletes the Proxy again on a scale to zero.
+    let (pool_cache, feed, pool_reflect) = proxy_operator::cache::watch_proxies(op.clone());
+    let pool_reflect = tokio::spawn(pool_reflect);
+    let pool_controller = tokio::spawn(proxy_operator::pool::run(
+        op.clone(),
+        pool_cache,
+        feed,
+        Default::default(),
+        std::future::pending::<()>(),
+    ));
+    let pools: Api<ProxyPool> = Api::namespaced(admin.clone(), "default");
+    let pool = ProxyPool::new(
+        "pool",
+        ProxyPoolSpec {
+            replicas: 1,
+            min_ready: None,
+            max_surge: None,
+            max_age: None,
+            max_age_jitter_percent: None,
+            placement_backoff: None,
+            template: ProxyTemplate {
+                metadata: None,
+                spec: spec(CloudInit {
+                    inline: Some("#cloud-config\n".into()),
+                    secret_key_ref: None,
+                }),
+            },
+            placements: Vec::new(),
+        },
+    );
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let of_pool = |p: &Proxy| p.labels().get(api::LABEL_POOL).map(String::as_str) == Some("pool");
+    eventually("the pool's Proxy and the pool's status", || async {
+        api.objects_of::<Proxy>().iter().any(of_pool)
+            && api
+                .objects_of::<ProxyPool>()
+                .iter()
+                .any(|p| p.status.as_ref().is_some_and(|s| s.replicas == 1))
+    })
+    .await;
+    pools
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .unwrap();
+    eventually("the pool's Proxy deleted, its instance and Secret with it", || async {
+        !api.objects_of::<Proxy>().iter().any(of_pool)
+    })
+    .await;
+    pool_controller.abort();
+    pool_reflect.abort();
+
     // Orphan GC, one sweep; the provider health monitor, one round and its publication.
     let mut registry_metrics = prometheus_client::registry::Registry::default();
     let sweeper = Sweeper::new(
@@ -383,6 +442,8 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
     // one only where a Proxy references them (cloud-init, credentials); the operator
     // creates the Secrets of generated credentials and deletes the one of the Proxy deleted.
     let generated = ["inline-credentials", "from-secret-credentials"];
+    // The pool's Proxy (`pool-<5 characters>`) has generated credentials too.
+    let pooled = |n: &str| n.starts_with("pool-") && n.ends_with("-credentials");
     for r in operator_requests(&api)
         .iter()
         .filter(|r| r.resource.as_deref() == Some("secrets"))
@@ -392,14 +453,14 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
             "list" | "watch" => assert!(r.metadata_only, "{r:?}"),
             "get" => assert!(
                 r.namespace.as_deref() == Some("default")
-                    && (name == "user-data" || generated.contains(&name)),
+                    && (name == "user-data" || generated.contains(&name) || pooled(name)),
                 "{r:?}"
             ),
             // A create is a POST to the collection: the name is in the body.
             "create" => assert_eq!(r.namespace.as_deref(), Some("default"), "{r:?}"),
-            "delete" => assert_eq!(
-                (r.namespace.as_deref(), name),
-                (Some("default"), "inline-credentials"),
+            "delete" => assert!(
+                r.namespace.as_deref() == Some("default")
+                    && (name == "inline-credentials" || pooled(name)),
                 "{r:?}"
             ),
             _ => panic!("{r:?}"),

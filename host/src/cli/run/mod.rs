@@ -4,8 +4,8 @@
 //!
 //! On every replica: the reload loop, the discovery API with `/metrics`, `/healthz` and
 //! `/readyz`, and the Proxy and ProviderHealth caches. On the elected leader only: the
-//! reconciler (with the probe engine and the inventory inside it), orphan GC and the
-//! provider checks, started on every gain of leadership and cancelled on its loss.
+//! reconciler (with the probe engine and the inventory inside it), the ProxyPool
+//! controller, orphan GC and the provider checks, started on every gain of leadership and cancelled on its loss.
 
 mod args;
 
@@ -84,7 +84,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .with_inventory(inventory.clone())
     .with_health(health_hook(&args, &metrics)?)
     .with_metrics(metrics.reconcile.clone())
-    .with_proxy_cache(cache.clone(), proxy_feed);
+    .with_proxy_cache(cache.clone(), proxy_feed.clone());
+    let pool_settings = proxy_operator::pool::PoolSettings {
+        instance_name: args.pod_name.clone(),
+        ..Default::default()
+    };
+    let pool_cache = cache.clone();
     let gc_settings = GcSettings {
         interval: args.gc_interval,
         min_age: args.gc_min_age,
@@ -146,6 +151,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 let (ctx, monitor) = (ctx.clone(), monitor.clone());
                 let (client, registry, readiness) =
                     (client.clone(), registry.clone(), readiness.clone());
+                let pools = proxy_operator::pool::run(
+                    client.clone(),
+                    pool_cache.clone(),
+                    proxy_feed.clone(),
+                    pool_settings.clone(),
+                    term.clone().cancelled_owned(),
+                );
                 async move {
                     tracing::info!("leading: starting the reconciler, GC and health checks");
                     tokio::join!(
@@ -153,6 +165,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                         // metadata watch of cloud-init Secrets (see controller::secret_cache):
                         // all of them stop with leadership, and the Secret data held goes.
                         controller::run(ctx, term.clone().cancelled_owned()),
+                        // ProxyPools: create and delete Proxies, never a provider call.
+                        pools,
                         sweeper.run(term.cancelled()),
                         publish_rounds(
                             &monitor,

@@ -1,0 +1,286 @@
+//! `ProxyPool`: N Proxies from one template, spread over placements, rotated by age.
+//!
+//! A pool owns its Proxies the way a ReplicaSet owns Pods (owner reference with
+//! `controller: true`, the [`super::LABEL_POOL`] label). It never calls a provider: it creates
+//! and deletes Proxy objects, and the Proxy reconciler, with its request budget, does the rest.
+
+use super::proxy::{Placement, ProxySpec};
+use super::schema;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The longest pool name: its Proxies are named `<pool>-<5 characters>`, and the name is a
+/// label value on each of them (at most 63 characters).
+pub const MAX_POOL_NAME: usize = 57;
+
+/// What the user asks for: `replicas` Ready proxies like `template`, over `placements`.
+// The repeated `printcolumn(...)` arguments are distinct columns, not duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "egress.proxy-operator.dev",
+    version = "v1alpha1",
+    kind = "ProxyPool",
+    namespaced,
+    status = "ProxyPoolStatus",
+    shortname = "pxp",
+    category = "egress",
+    derive = "PartialEq",
+    doc = "A set of interchangeable Proxies kept at a size, spread over placements and rotated by age.",
+    validation = Rule::new("size(self.metadata.name) <= 57")
+        .message("a ProxyPool name is at most 57 characters: its Proxies are named <pool>-<5 characters>"),
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(name = "Updated", type_ = "integer", json_path = ".status.updatedReplicas"),
+    printcolumn(name = "Available", type_ = "integer", json_path = ".status.availableReplicas"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyPoolSpec {
+    /// How many Proxies the pool keeps (not counting the surge during rotation).
+    #[schemars(range(min = 0, max = 10000))]
+    pub replicas: i32,
+    /// Rotation and scale-down never take the number of Ready Proxies below this (capped at
+    /// `replicas`). Absent: `replicas`, so with a surge a rotation never lowers capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub min_ready: Option<i32>,
+    /// How many Proxies over `replicas` may exist while old ones are replaced. Absent: a
+    /// quarter of `replicas`, rounded up, at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_surge: Option<i32>,
+    /// Replace each Proxy when it gets older than this (a duration such as `6h`, `90m`),
+    /// new one Ready first. Each Proxy's own limit is this minus up to `maxAgeJitterPercent`
+    /// percent, fixed per Proxy, so a pool created at once does not rotate at once. Absent:
+    /// no rotation by age.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub max_age: Option<Duration>,
+    /// See `maxAge`. Absent: 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 90))]
+    pub max_age_jitter_percent: Option<i32>,
+    /// How long a placement is skipped after one of its Proxies failed with a quota or
+    /// permanent error (a duration, e.g. `10m`). Absent: 10 minutes.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub placement_backoff: Option<Duration>,
+    /// The Proxies to make. Its `placement` (and `provider`) is the default that each entry
+    /// of `placements` overrides field by field.
+    pub template: ProxyTemplate,
+    /// Where to spread the Proxies, by weight. Empty: everything on the template's own
+    /// placement.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placements: Vec<PoolPlacement>,
+}
+
+/// The ProxyPool CRD. The template embeds a Proxy spec, whose schema says `provider` is
+/// immutable (`self == oldSelf`): right for a Proxy, whose instance cannot move, wrong for
+/// the template, whose change rolls the pool onto new Proxies. That one rule is taken out
+/// of the template's copy.
+pub fn crd() -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use kube::CustomResourceExt;
+    let mut crd = ProxyPool::crd();
+    for version in &mut crd.spec.versions {
+        let provider = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut()?.get_mut("spec"))
+            .and_then(|s| s.properties.as_mut()?.get_mut("template"))
+            .and_then(|s| s.properties.as_mut()?.get_mut("spec"))
+            .and_then(|s| s.properties.as_mut()?.get_mut("provider"));
+        if let Some(provider) = provider {
+            provider.x_kubernetes_validations = None;
+            provider.description = Some(
+                "Name of a provider in the operator's providers file; a placement may name another."
+                    .into(),
+            );
+        }
+    }
+    crd
+}
+
+/// The Proxy a pool makes: labels and annotations for it, and its spec.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyTemplate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<TemplateMetadata>,
+    pub spec: ProxySpec,
+}
+
+/// Labels and annotations copied onto each Proxy the pool creates.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct TemplateMetadata {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// One place to put Proxies: the template's provider and placement with these fields
+/// replaced where set.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolPlacement {
+    /// Names the placement in the status and on its Proxies (annotation
+    /// `egress.proxy-operator.dev/placement`). Absent: the values set, joined by `/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub name: Option<String>,
+    /// Another provider than the template's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Share of the pool relative to the other placements. Absent: 1. Zero: no new Proxies
+    /// here (the ones already here stay until rotated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub weight: Option<i32>,
+}
+
+impl PoolPlacement {
+    /// The name the status and the Proxies use.
+    pub fn display_name(&self) -> String {
+        if let Some(n) = &self.name {
+            return n.clone();
+        }
+        let parts: Vec<&str> = [
+            &self.provider,
+            &self.region,
+            &self.zone,
+            &self.machine_type,
+            &self.image,
+        ]
+        .into_iter()
+        .filter_map(|v| v.as_deref().filter(|s| !s.is_empty()))
+        .collect();
+        if parts.is_empty() {
+            "default".into()
+        } else {
+            parts.join("/")
+        }
+    }
+
+    /// The template's spec with this placement's fields put in.
+    pub fn apply(&self, template: &ProxySpec) -> ProxySpec {
+        let mut spec = template.clone();
+        let set = |field: &mut String, value: &Option<String>| {
+            if let Some(v) = value {
+                field.clone_from(v);
+            }
+        };
+        set(&mut spec.provider, &self.provider);
+        let Placement {
+            region,
+            zone,
+            machine_type,
+            image,
+        } = &mut spec.placement;
+        set(region, &self.region);
+        set(zone, &self.zone);
+        set(machine_type, &self.machine_type);
+        set(image, &self.image);
+        spec
+    }
+}
+
+/// What the pool controller last observed and decided.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyPoolStatus {
+    /// Proxies of this pool not being deleted.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Of those, how many are Ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Of those, how many match the current template and placements.
+    #[serde(default)]
+    pub updated_replicas: i32,
+    /// Ready, up to date and not due for rotation: the Proxies that will stay.
+    #[serde(default)]
+    pub available_replicas: i32,
+    /// The label selector of the pool's Proxies, for the scale subresource (and `kubectl
+    /// get proxies -l`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Per placement: how many Proxies, how many Ready, and whether it is skipped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placements: Vec<PlacementStatus>,
+    /// Available, Progressing and PlacementsFailing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::conditions")]
+    pub conditions: Vec<Condition>,
+}
+
+/// One placement's share of the pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementStatus {
+    pub name: String,
+    #[serde(default)]
+    pub replicas: i32,
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Set while the placement is skipped: why, and until when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing: Option<PlacementFailure>,
+}
+
+/// Why a placement is skipped.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementFailure {
+    /// The failed Proxy's Provisioned reason: QuotaExceeded, PermanentError, ...
+    pub reason: String,
+    pub message: String,
+    #[schemars(schema_with = "schema::time")]
+    pub since: Time,
+    /// New Proxies go here again from this time on.
+    #[schemars(schema_with = "schema::time")]
+    pub retry_after: Time,
+}
+
+/// Condition types on a ProxyPool.
+pub mod pool_condition {
+    /// At least `minReady` Proxies are Ready.
+    pub const AVAILABLE: &str = "Available";
+    /// Proxies are being created, replaced or removed.
+    pub const PROGRESSING: &str = "Progressing";
+    /// At least one placement is skipped after quota or permanent errors.
+    pub const PLACEMENTS_FAILING: &str = "PlacementsFailing";
+}

@@ -1,0 +1,794 @@
+//! What a ProxyPool should do next, decided from what it observes: pure, so every rule
+//! (fill, scale down, rotation with surge, the `minReady` floor, placement back-off and
+//! weighted spreading) is a table row in the tests below.
+//!
+//! The rules, in the order they apply:
+//! 1. A Proxy whose provisioning failed with a quota, permanent or not-configured error
+//!    marks its placement failing for `placementBackoff` and is deleted: it would never
+//!    become Ready, and the pool fills from the other placements meanwhile.
+//! 2. A Proxy is *stale* when its spec no longer matches its placement applied to the
+//!    template, its placement is gone, or it is older than its own age limit (`maxAge`
+//!    minus a jitter fixed by its UID). The others are *fresh*.
+//! 3. Fresh Proxies over `replicas` are deleted (scale down): not Ready ones first, then
+//!    from the placement most over its share, youngest first.
+//! 4. Stale Proxies are deleted: not Ready ones at once, Ready ones oldest first while the
+//!    Ready count stays at or above `minReady`.
+//! 5. Proxies are created until `replicas` are fresh, with at most `replicas + maxSurge`
+//!    alive at once, each on the usable placement furthest below its weighted share.
+
+use crate::api::{
+    PlacementFailure, PlacementStatus, PoolPlacement, ProxyPoolSpec, ProxyPoolStatus, ProxySpec,
+    pool_condition,
+};
+use crate::controller::decide::reason as proxy_reason;
+use crate::controller::status::set_condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// `maxAgeJitterPercent` when absent.
+pub const DEFAULT_JITTER_PERCENT: i32 = 10;
+/// `placementBackoff` when absent.
+pub const DEFAULT_PLACEMENT_BACKOFF: Duration = Duration::from_secs(10 * 60);
+
+/// Provisioned reasons that say "this placement cannot take a Proxy now": the Proxy
+/// reconciler would retry (quota) or wait for a spec change (permanent) forever.
+pub const PLACEMENT_FAILURES: [&str; 3] = [
+    proxy_reason::QUOTA_EXCEEDED,
+    proxy_reason::PERMANENT_ERROR,
+    proxy_reason::PROVIDER_NOT_CONFIGURED,
+];
+
+/// One Proxy of the pool, as far as the plan cares.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Child {
+    pub name: String,
+    pub uid: String,
+    pub created: Timestamp,
+    /// Its deletion has started.
+    pub deleting: bool,
+    /// Its Ready condition is True.
+    pub ready: bool,
+    pub spec: ProxySpec,
+    /// The placement annotation it was created with.
+    pub placement: Option<String>,
+    /// Provisioned=False with one of [`PLACEMENT_FAILURES`]: (reason, message).
+    pub failure: Option<(String, String)>,
+}
+
+/// Why the plan deletes a Proxy (the event says it, counted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DeleteWhy {
+    PlacementFailed,
+    ScaleDown,
+    Outdated,
+    Expired,
+}
+
+impl DeleteWhy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeleteWhy::PlacementFailed => "placement failed",
+            DeleteWhy::ScaleDown => "scale down",
+            DeleteWhy::Outdated => "template or placement changed",
+            DeleteWhy::Expired => "older than maxAge",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Deletion {
+    pub name: String,
+    pub uid: String,
+    pub why: DeleteWhy,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Creation {
+    pub placement: String,
+    pub spec: ProxySpec,
+}
+
+/// What to do, and the status to write afterwards.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub delete: Vec<Deletion>,
+    pub create: Vec<Creation>,
+    pub status: ProxyPoolStatus,
+    /// Placements that started failing in this plan: (name, reason, message), for events.
+    pub newly_failing: Vec<(String, String, String)>,
+    /// When to look again if nothing changes before: the next Proxy to expire, the next
+    /// placement to come out of back-off.
+    pub requeue: Option<Duration>,
+}
+
+/// The spec with its defaults resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resolved {
+    pub replicas: usize,
+    pub min_ready: usize,
+    pub max_surge: usize,
+    pub max_age: Option<Duration>,
+    pub jitter_percent: u32,
+    pub backoff: Duration,
+    /// (name, weight, spec) per placement, in spec order.
+    pub placements: Vec<(String, u32, ProxySpec)>,
+}
+
+/// A spec the plan cannot work from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("spec.placements[{index}]: the name {name:?} is used twice (name the entries)")]
+    DuplicatePlacement { index: usize, name: String },
+    #[error("spec.placements[{index}].name: {name:?} is not a valid annotation value")]
+    BadPlacementName { index: usize, name: String },
+}
+
+impl Resolved {
+    pub fn from_spec(spec: &ProxyPoolSpec) -> Result<Resolved, SpecError> {
+        let replicas = usize::try_from(spec.replicas).unwrap_or(0);
+        let count = |v: Option<i32>, default: usize| {
+            v.map_or(default, |v| usize::try_from(v).unwrap_or(0))
+        };
+        let default_surge = replicas.div_ceil(4).max(1);
+        let defaults = [PoolPlacement::default()];
+        let list: &[PoolPlacement] = if spec.placements.is_empty() {
+            &defaults
+        } else {
+            &spec.placements
+        };
+        let mut placements: Vec<(String, u32, ProxySpec)> = Vec::with_capacity(list.len());
+        for (index, p) in list.iter().enumerate() {
+            let name = p.display_name();
+            if name.len() > 253 || name.chars().any(char::is_control) {
+                return Err(SpecError::BadPlacementName { index, name });
+            }
+            if placements.iter().any(|(n, ..)| *n == name) {
+                return Err(SpecError::DuplicatePlacement { index, name });
+            }
+            let weight = u32::try_from(p.weight.unwrap_or(1)).unwrap_or(0);
+            placements.push((name, weight, p.apply(&spec.template.spec)));
+        }
+        Ok(Resolved {
+            replicas,
+            min_ready: count(spec.min_ready, replicas).min(replicas),
+            max_surge: count(spec.max_surge, default_surge),
+            max_age: spec.max_age,
+            jitter_percent: u32::try_from(
+                spec.max_age_jitter_percent
+                    .unwrap_or(DEFAULT_JITTER_PERCENT)
+                    .clamp(0, 90),
+            )
+            .unwrap_or(0),
+            backoff: spec.placement_backoff.unwrap_or(DEFAULT_PLACEMENT_BACKOFF),
+            placements,
+        })
+    }
+
+    /// A Proxy's own age limit: `maxAge` minus up to `jitter_percent` percent, the share
+    /// fixed by its UID (so it survives restarts and differs between Proxies).
+    pub fn age_limit(&self, uid: &str) -> Option<Duration> {
+        let max = self.max_age?;
+        let digest = Sha256::digest(uid.as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        let unit = u64::from_be_bytes(first) as f64 / (u64::MAX as f64 + 1.0);
+        let cut = max.as_secs_f64() * f64::from(self.jitter_percent) / 100.0 * unit;
+        Some(max.saturating_sub(Duration::from_secs_f64(cut)))
+    }
+}
+
+fn age(now: Timestamp, created: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(created)).unwrap_or(Duration::ZERO)
+}
+
+fn at(now: Timestamp, after: Duration) -> Time {
+    let after = SignedDuration::try_from(after).unwrap_or(SignedDuration::MAX);
+    Time(now.saturating_add(after).unwrap_or(Timestamp::MAX))
+}
+
+/// The plan for a pool named `pool` with `spec`, its last `status`, at `generation`, given
+/// its Proxies `children`, at `now`.
+pub fn plan(
+    pool: &str,
+    spec: &Resolved,
+    status: &ProxyPoolStatus,
+    generation: i64,
+    children: &[Child],
+    now: Timestamp,
+) -> Plan {
+    let now_time = Time(now);
+    let index_of = |name: &str| spec.placements.iter().position(|(n, ..)| n == name);
+
+    // Placement back-off carried over from the status, expired entries dropped.
+    let mut failing: BTreeMap<String, PlacementFailure> = status
+        .placements
+        .iter()
+        .filter_map(|p| Some((p.name.clone(), p.failing.clone()?)))
+        .filter(|(name, f)| index_of(name).is_some() && f.retry_after.0 > now)
+        .collect();
+
+    let mut delete: Vec<Deletion> = Vec::new();
+    let mut newly_failing = Vec::new();
+    let mut alive: Vec<&Child> = Vec::new();
+    for c in children.iter().filter(|c| !c.deleting) {
+        if let (Some((reason, message)), Some(p)) = (&c.failure, &c.placement)
+            && index_of(p).is_some()
+        {
+            let retry_after = at(now, spec.backoff);
+            let since = match failing.get(p) {
+                Some(f) => f.since.clone(),
+                None => {
+                    newly_failing.push((p.clone(), reason.clone(), message.clone()));
+                    now_time.clone()
+                }
+            };
+            failing.insert(
+                p.clone(),
+                PlacementFailure {
+                    reason: reason.clone(),
+                    message: message.clone(),
+                    since,
+                    retry_after,
+                },
+            );
+            delete.push(deletion(c, DeleteWhy::PlacementFailed));
+            continue;
+        }
+        alive.push(c);
+    }
+
+    let stale_why = |c: &Child| -> Option<DeleteWhy> {
+        let fits = c
+            .placement
+            .as_deref()
+            .and_then(index_of)
+            .is_some_and(|i| spec.placements[i].2 == c.spec);
+        if !fits {
+            return Some(DeleteWhy::Outdated);
+        }
+        let limit = spec.age_limit(&c.uid)?;
+        (age(now, c.created) >= limit).then_some(DeleteWhy::Expired)
+    };
+    let (mut stale, mut fresh): (Vec<&Child>, Vec<&Child>) =
+        alive.into_iter().partition(|c| stale_why(c).is_some());
+
+    // Scale down: the fresh Proxies over `replicas`.
+    while fresh.len() > spec.replicas {
+        let victim = scale_down_victim(spec, &fresh);
+        let c = fresh.remove(victim);
+        delete.push(deletion(c, DeleteWhy::ScaleDown));
+    }
+
+    // Rotation: stale ones go, never taking Ready below minReady.
+    let mut ready = fresh.iter().chain(&stale).filter(|c| c.ready).count();
+    stale.sort_by_key(|c| (c.ready, c.created, c.name.clone()));
+    let mut kept_stale: Vec<&Child> = Vec::new();
+    for c in stale {
+        if c.ready {
+            if ready == 0 || ready - 1 < spec.min_ready {
+                kept_stale.push(c);
+                continue;
+            }
+            ready -= 1;
+        }
+        delete.push(deletion(c, stale_why(c).unwrap_or(DeleteWhy::Outdated)));
+    }
+
+    // Fill: fresh up to `replicas`, alive up to `replicas + maxSurge`.
+    let alive_now = fresh.len() + kept_stale.len();
+    let need = spec.replicas.saturating_sub(fresh.len());
+    let room = (spec.replicas + spec.max_surge).saturating_sub(alive_now);
+    let mut per_placement: Vec<usize> = spec
+        .placements
+        .iter()
+        .map(|(name, ..)| {
+            fresh
+                .iter()
+                .filter(|c| c.placement.as_deref() == Some(name.as_str()))
+                .count()
+        })
+        .collect();
+    let mut create = Vec::new();
+    for _ in 0..need.min(room) {
+        let Some(i) = next_placement(spec, &per_placement, &failing) else {
+            break;
+        };
+        per_placement[i] += 1;
+        let (name, _, proxy) = &spec.placements[i];
+        create.push(Creation {
+            placement: name.clone(),
+            spec: proxy.clone(),
+        });
+    }
+    let unplaced = need.min(room) - create.len();
+
+    // Status, after the plan's actions.
+    let ready_fresh = fresh.iter().filter(|c| c.ready).count();
+    let ready_all = ready_fresh + kept_stale.iter().filter(|c| c.ready).count();
+    let young = |c: &&&Child| {
+        spec.age_limit(&c.uid)
+            .is_none_or(|limit| age(now, c.created) < limit)
+    };
+    let placements = spec
+        .placements
+        .iter()
+        .map(|(name, ..)| {
+            let here = |c: &&&Child| c.placement.as_deref() == Some(name.as_str());
+            let stays = || fresh.iter().chain(&kept_stale).filter(here);
+            PlacementStatus {
+                name: name.clone(),
+                replicas: count(stays().count() + create.iter().filter(|c| c.placement == *name).count()),
+                ready_replicas: count(stays().filter(|c| c.ready).count()),
+                failing: failing.get(name).cloned(),
+            }
+        })
+        .collect();
+    let mut next = ProxyPoolStatus {
+        replicas: count(alive_now + create.len()),
+        ready_replicas: count(ready_all),
+        updated_replicas: count(fresh.len() + create.len()),
+        available_replicas: count(fresh.iter().filter(|c| c.ready).filter(young).count()),
+        selector: Some(format!("{}={pool}", crate::api::LABEL_POOL)),
+        observed_generation: Some(generation),
+        placements,
+        conditions: status.conditions.clone(),
+    };
+    let min_ready = spec.min_ready;
+    let (ok, reason) = if ready_all >= min_ready {
+        ("True", "MinimumReady")
+    } else {
+        ("False", "BelowMinimumReady")
+    };
+    set_condition(
+        &mut next.conditions,
+        pool_condition::AVAILABLE,
+        ok,
+        reason,
+        &format!("{ready_all} of {} Proxies Ready (minReady {min_ready})", spec.replicas),
+        generation,
+        &now_time,
+    );
+    let (status_, reason, message) = progress(spec, &fresh, &kept_stale, &create, &delete, unplaced);
+    set_condition(
+        &mut next.conditions,
+        pool_condition::PROGRESSING,
+        status_,
+        reason,
+        &message,
+        generation,
+        &now_time,
+    );
+    let (status_, reason, message) = if failing.is_empty() {
+        ("False", "AllPlacementsUsable", String::new())
+    } else {
+        let list: Vec<String> = failing
+            .iter()
+            .map(|(n, f)| format!("{n}: {} until {} ({})", f.reason, f.retry_after.0, f.message))
+            .collect();
+        ("True", "PlacementsSkipped", list.join("; "))
+    };
+    set_condition(
+        &mut next.conditions,
+        pool_condition::PLACEMENTS_FAILING,
+        status_,
+        reason,
+        &message,
+        generation,
+        &now_time,
+    );
+
+    let expiries = fresh.iter().filter_map(|c| {
+        let limit = spec.age_limit(&c.uid)?;
+        Some(limit.saturating_sub(age(now, c.created)))
+    });
+    let backoffs = failing
+        .values()
+        .map(|f| Duration::try_from(f.retry_after.0.duration_since(now)).unwrap_or(Duration::ZERO));
+    let requeue = expiries.chain(backoffs).min();
+
+    Plan {
+        delete,
+        create,
+        status: next,
+        newly_failing,
+        requeue,
+    }
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+fn deletion(c: &Child, why: DeleteWhy) -> Deletion {
+    Deletion {
+        name: c.name.clone(),
+        uid: c.uid.clone(),
+        why,
+    }
+}
+
+/// The Progressing condition: True while there is work, False once `replicas` fresh
+/// Proxies are all Ready, or when nothing can be placed.
+fn progress(
+    spec: &Resolved,
+    fresh: &[&Child],
+    kept_stale: &[&Child],
+    create: &[Creation],
+    delete: &[Deletion],
+    unplaced: usize,
+) -> (&'static str, &'static str, String) {
+    if unplaced > 0 && create.is_empty() {
+        return (
+            "False",
+            "NoPlacementAvailable",
+            format!("{unplaced} Proxies wait for a placement: every placement is failing or has weight 0"),
+        );
+    }
+    let not_ready = fresh.iter().filter(|c| !c.ready).count();
+    if !kept_stale.is_empty() || delete.iter().any(|d| d.why >= DeleteWhy::Outdated) {
+        let waiting = kept_stale.len();
+        return (
+            "True",
+            "Rotating",
+            format!("replacing Proxies; {waiting} old ones wait for their replacements to be Ready"),
+        );
+    }
+    if !create.is_empty() || !delete.is_empty() || not_ready > 0 || fresh.len() != spec.replicas {
+        return (
+            "True",
+            "Scaling",
+            format!("{} of {} Proxies Ready", fresh.len() - not_ready, spec.replicas),
+        );
+    }
+    (
+        "False",
+        "Stable",
+        format!("all {} Proxies Ready and up to date", spec.replicas),
+    )
+}
+
+/// Which fresh Proxy goes on a scale down: a not Ready one if any; else one from the
+/// placement most over its weighted share; the youngest there.
+fn scale_down_victim(spec: &Resolved, fresh: &[&Child]) -> usize {
+    let over = |c: &Child| -> (u64, u64) {
+        // (count, weight) of its placement, compared as count/weight.
+        let Some(i) = c
+            .placement
+            .as_deref()
+            .and_then(|n| spec.placements.iter().position(|(p, ..)| p == n))
+        else {
+            return (u64::MAX, 1);
+        };
+        let n = fresh
+            .iter()
+            .filter(|o| o.placement == c.placement)
+            .count() as u64;
+        (n, u64::from(spec.placements[i].1.max(1)))
+    };
+    let mut best = 0;
+    for i in 1..fresh.len() {
+        let (a, b) = (fresh[i], fresh[best]);
+        let better = match (a.ready, b.ready) {
+            (false, true) => true,
+            (true, false) => false,
+            _ => {
+                let ((na, wa), (nb, wb)) = (over(a), over(b));
+                let (x, y) = (u128::from(na) * u128::from(wb), u128::from(nb) * u128::from(wa));
+                x > y || (x == y && (a.created, &a.name) > (b.created, &b.name))
+            }
+        };
+        if better {
+            best = i;
+        }
+    }
+    best
+}
+
+/// The usable placement furthest below its weighted share: least (count + 1) / weight,
+/// ties to the earlier entry. None when every placement is failing or has weight 0.
+fn next_placement(
+    spec: &Resolved,
+    counts: &[usize],
+    failing: &BTreeMap<String, PlacementFailure>,
+) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (i, (name, weight, _)) in spec.placements.iter().enumerate() {
+        if *weight == 0 || failing.contains_key(name) {
+            continue;
+        }
+        let better = match best {
+            None => true,
+            Some(b) => {
+                let wb = u128::from(spec.placements[b].1);
+                let load = |n: usize, w: u128| (n as u128 + 1) * w;
+                load(counts[i], wb) < load(counts[b], u128::from(*weight))
+            }
+        };
+        if better {
+            best = Some(i);
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{CloudInit, Placement, ProxyTemplate};
+
+    const NOW: i64 = 1_800_000_000;
+
+    fn template() -> ProxySpec {
+        ProxySpec {
+            provider: "hz".into(),
+            placement: Placement {
+                region: "eu".into(),
+                zone: String::new(),
+                machine_type: "cx22".into(),
+                image: "debian".into(),
+            },
+            cloud_init: CloudInit {
+                inline: Some("#cloud-config".into()),
+                secret_key_ref: None,
+            },
+            port: 3128,
+            auth: Default::default(),
+        }
+    }
+
+    /// A pool spec: `replicas`, placements named by zone with weights.
+    fn pool(replicas: i32, zones: &[(&str, i32)]) -> ProxyPoolSpec {
+        ProxyPoolSpec {
+            replicas,
+            min_ready: None,
+            max_surge: None,
+            max_age: None,
+            max_age_jitter_percent: None,
+            placement_backoff: None,
+            template: ProxyTemplate {
+                metadata: None,
+                spec: template(),
+            },
+            placements: zones
+                .iter()
+                .map(|(z, w)| PoolPlacement {
+                    zone: Some((*z).into()),
+                    weight: Some(*w),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    fn resolved(spec: &ProxyPoolSpec) -> Resolved {
+        Resolved::from_spec(spec).unwrap()
+    }
+
+    /// A Proxy in placement `zone`, `age` seconds old, up to date with the template.
+    fn child(name: &str, zone: &str, ready: bool, age: i64) -> Child {
+        let mut spec = template();
+        if zone != "default" {
+            spec.placement.zone = zone.into();
+        }
+        Child {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            created: Timestamp::from_second(NOW - age).unwrap(),
+            deleting: false,
+            ready,
+            spec,
+            placement: Some(zone.into()),
+            failure: None,
+        }
+    }
+
+    fn now() -> Timestamp {
+        Timestamp::from_second(NOW).unwrap()
+    }
+
+    fn run(spec: &ProxyPoolSpec, children: &[Child]) -> Plan {
+        plan("web", &resolved(spec), &ProxyPoolStatus::default(), 1, children, now())
+    }
+
+    fn created(p: &Plan) -> Vec<&str> {
+        p.create.iter().map(|c| c.placement.as_str()).collect()
+    }
+
+    fn deleted(p: &Plan) -> Vec<(&str, DeleteWhy)> {
+        p.delete.iter().map(|d| (d.name.as_str(), d.why)).collect()
+    }
+
+    fn cond<'a>(p: &'a Plan, type_: &str) -> (&'a str, &'a str) {
+        let c = p.status.conditions.iter().find(|c| c.type_ == type_).unwrap();
+        (c.status.as_str(), c.reason.as_str())
+    }
+
+    #[test]
+    fn fills_by_weight_and_spreads() {
+        // (replicas, placements, expected placements of the new Proxies)
+        let cases: &[(i32, &[(&str, i32)], &[&str])] = &[
+            (3, &[("a", 1), ("b", 1)], &["a", "b", "a"]),
+            (4, &[("a", 3), ("b", 1)], &["a", "a", "a", "b"]),
+            (3, &[("a", 0), ("b", 1)], &["b", "b", "b"]),
+            (2, &[], &["default", "default"]),
+            (0, &[("a", 1)], &[]),
+        ];
+        for (replicas, zones, want) in cases {
+            let p = run(&pool(*replicas, zones), &[]);
+            assert_eq!(created(&p), *want, "replicas {replicas} over {zones:?}");
+            assert!(p.delete.is_empty());
+        }
+        // The new Proxies' spec is the template with the placement put in.
+        let p = run(&pool(1, &[("b", 1)]), &[]);
+        assert_eq!(p.create[0].spec.placement.zone, "b");
+        assert_eq!(p.create[0].spec.placement.region, "eu");
+    }
+
+    #[test]
+    fn a_full_ready_pool_is_left_alone() {
+        let spec = pool(2, &[("a", 1), ("b", 1)]);
+        let p = run(&spec, &[child("x", "a", true, 10), child("y", "b", true, 10)]);
+        assert!(p.create.is_empty() && p.delete.is_empty());
+        assert_eq!(cond(&p, pool_condition::PROGRESSING), ("False", "Stable"));
+        assert_eq!(cond(&p, pool_condition::AVAILABLE), ("True", "MinimumReady"));
+        assert_eq!(cond(&p, pool_condition::PLACEMENTS_FAILING), ("False", "AllPlacementsUsable"));
+        let s = &p.status;
+        assert_eq!((s.replicas, s.ready_replicas, s.updated_replicas, s.available_replicas), (2, 2, 2, 2));
+        assert_eq!(s.selector.as_deref(), Some("egress.proxy-operator.dev/pool=web"));
+        assert_eq!(p.requeue, None, "no maxAge, nothing in back-off: no timer");
+    }
+
+    #[test]
+    fn scale_down_removes_not_ready_then_the_most_loaded_placement_youngest_first() {
+        let spec = pool(2, &[("a", 1), ("b", 1)]);
+        let children = [
+            child("a-old", "a", true, 300),
+            child("a-young", "a", true, 100),
+            child("a-mid", "a", true, 200),
+            child("b-1", "b", true, 300),
+            child("b-sick", "b", false, 300),
+        ];
+        let p = run(&spec, &children);
+        assert_eq!(
+            deleted(&p),
+            [
+                ("b-sick", DeleteWhy::ScaleDown),
+                ("a-young", DeleteWhy::ScaleDown),
+                ("a-mid", DeleteWhy::ScaleDown)
+            ]
+        );
+        assert!(p.create.is_empty());
+        assert_eq!(p.status.replicas, 2);
+    }
+
+    #[test]
+    fn rotation_surges_first_and_never_drops_below_min_ready() {
+        // (minReady, maxSurge, children (name, ready, age s), want deleted, want created)
+        type Case<'a> = (Option<i32>, Option<i32>, &'a [(&'a str, bool, i64)], &'a [&'a str], usize);
+        let cases: &[Case] = &[
+            // Both expired and Ready, minReady 2 (default): one new first, nobody goes.
+            (None, None, &[("o1", true, 700), ("o2", true, 650)], &[], 1),
+            // The new one is Ready: the oldest expired goes, another new one comes.
+            (None, None, &[("o1", true, 700), ("o2", true, 650), ("n1", true, 5)], &["o1"], 1),
+            // An expired one that is not Ready goes at once.
+            (None, None, &[("o1", false, 700), ("o2", true, 650)], &["o1"], 2),
+            // minReady 1: one Ready expired may go before its replacement is Ready.
+            (Some(1), None, &[("o1", true, 700), ("o2", true, 650)], &["o1"], 2),
+            // No surge and minReady = replicas: rotation cannot start.
+            (None, Some(0), &[("o1", true, 700), ("o2", true, 650)], &[], 0),
+            // Young ones stay.
+            (None, None, &[("y1", true, 100), ("y2", true, 200)], &[], 0),
+        ];
+        for (min_ready, surge, kids, want_deleted, want_created) in cases {
+            let mut spec = pool(2, &[("a", 1)]);
+            spec.min_ready = *min_ready;
+            spec.max_surge = *surge;
+            spec.max_age = Some(Duration::from_secs(600));
+            spec.max_age_jitter_percent = Some(0);
+            let children: Vec<Child> =
+                kids.iter().map(|(n, r, age)| child(n, "a", *r, *age)).collect();
+            let p = run(&spec, &children);
+            let names: Vec<&str> = p.delete.iter().map(|d| d.name.as_str()).collect();
+            assert_eq!(names, *want_deleted, "{kids:?} minReady {min_ready:?} surge {surge:?}");
+            assert!(p.delete.iter().all(|d| d.why == DeleteWhy::Expired));
+            assert_eq!(p.create.len(), *want_created, "{kids:?}");
+            // The floor: Ready Proxies left after the deletions.
+            let ready_left = children
+                .iter()
+                .filter(|c| c.ready && !names.contains(&c.name.as_str()))
+                .count();
+            let floor = min_ready.map_or(2, |m| m as usize).min(2);
+            let ready_before = children.iter().filter(|c| c.ready).count();
+            assert!(ready_left >= floor.min(ready_before), "{kids:?}: below minReady");
+        }
+    }
+
+    #[test]
+    fn a_changed_template_or_removed_placement_makes_proxies_outdated() {
+        let spec = pool(2, &[("a", 1)]);
+        let mut changed = child("c", "a", false, 10);
+        changed.spec.port = 8080;
+        let gone = child("g", "zz", false, 10);
+        let p = run(&spec, &[changed, gone]);
+        assert_eq!(deleted(&p), [("c", DeleteWhy::Outdated), ("g", DeleteWhy::Outdated)]);
+        assert_eq!(created(&p), ["a", "a"]);
+        assert_eq!(cond(&p, pool_condition::PROGRESSING), ("True", "Rotating"));
+    }
+
+    #[test]
+    fn a_failing_placement_is_skipped_for_the_backoff_then_used_again() {
+        let spec = pool(2, &[("a", 1), ("b", 1)]);
+        let mut failed = child("f", "a", false, 10);
+        failed.failure = Some(("QuotaExceeded".into(), "server limit reached".into()));
+        let p = run(&spec, &[failed, child("b1", "b", true, 10)]);
+        assert_eq!(deleted(&p), [("f", DeleteWhy::PlacementFailed)]);
+        assert_eq!(created(&p), ["b"], "filled from the other placement");
+        assert_eq!(p.newly_failing, [("a".to_string(), "QuotaExceeded".to_string(), "server limit reached".to_string())]);
+        let failing = p.status.placements[0].failing.clone().unwrap();
+        assert_eq!(failing.retry_after.0, now().saturating_add(SignedDuration::from_secs(600)).unwrap());
+        assert_eq!(cond(&p, pool_condition::PLACEMENTS_FAILING), ("True", "PlacementsSkipped"));
+        assert_eq!(p.requeue, Some(Duration::from_secs(600)), "back when the back-off ends");
+
+        // Within the back-off, from the status: still skipped, not announced again.
+        let later = plan("web", &resolved(&spec), &p.status, 1, &[child("b1", "b", true, 10)], now());
+        assert_eq!(created(&later), ["b"]);
+        assert!(later.newly_failing.is_empty());
+        // After it: used again.
+        let after = Timestamp::from_second(NOW + 601).unwrap();
+        let again = plan("web", &resolved(&spec), &p.status, 1, &[child("b1", "b", true, 10)], after);
+        assert_eq!(created(&again), ["a"]);
+        assert!(again.status.placements.iter().all(|s| s.failing.is_none()));
+    }
+
+    #[test]
+    fn nothing_to_place_on_says_so() {
+        let spec = pool(1, &[("a", 1)]);
+        let mut failed = child("f", "a", false, 10);
+        failed.failure = Some(("PermanentError".into(), "image unknown".into()));
+        let p = run(&spec, &[failed]);
+        assert!(p.create.is_empty());
+        assert_eq!(cond(&p, pool_condition::PROGRESSING), ("False", "NoPlacementAvailable"));
+        assert_eq!(cond(&p, pool_condition::AVAILABLE), ("False", "BelowMinimumReady"));
+    }
+
+    #[test]
+    fn proxies_being_deleted_do_not_count() {
+        let spec = pool(1, &[("a", 1)]);
+        let mut going = child("g", "a", true, 10);
+        going.deleting = true;
+        let p = run(&spec, &[going]);
+        assert_eq!(created(&p), ["a"]);
+        assert!(p.delete.is_empty());
+    }
+
+    #[test]
+    fn age_limits_are_jittered_per_proxy_and_stable() {
+        let mut spec = pool(1, &[]);
+        spec.max_age = Some(Duration::from_secs(1000));
+        let r = resolved(&spec);
+        let limits: Vec<Duration> = (0..50).map(|i| r.age_limit(&format!("u{i}")).unwrap()).collect();
+        assert!(limits.iter().all(|l| *l > Duration::from_secs(900) && *l <= Duration::from_secs(1000)));
+        assert!(limits.iter().any(|l| *l != limits[0]), "spread out");
+        assert_eq!(r.age_limit("u0"), r.age_limit("u0"));
+        // The next expiry is when the plan looks again.
+        let c = child("x", "default", true, 100);
+        let limit = r.age_limit(&c.uid).unwrap();
+        let p = plan("web", &r, &ProxyPoolStatus::default(), 1, &[c], now());
+        assert_eq!(p.requeue, Some(limit - Duration::from_secs(100)));
+    }
+
+    #[test]
+    fn specs_it_cannot_work_from_name_the_field() {
+        let spec = pool(1, &[("a", 1), ("a", 2)]);
+        let e = Resolved::from_spec(&spec).unwrap_err();
+        assert_eq!(e.to_string(), "spec.placements[1]: the name \"a\" is used twice (name the entries)");
+        let r = resolved(&pool(8, &[]));
+        assert_eq!((r.min_ready, r.max_surge), (8, 2), "defaults: minReady = replicas, surge a quarter");
+        let mut s = pool(2, &[]);
+        s.min_ready = Some(5);
+        assert_eq!(resolved(&s).min_ready, 2, "minReady is capped at replicas");
+    }
+}

@@ -1,0 +1,468 @@
+//! The kube side of the pool controller: triggers, reading the cache, creating and deleting
+//! Proxies, the status write and events.
+
+use super::ANNOTATION_PLACEMENT;
+use super::plan::{self, Child, Creation, Deletion, PLACEMENT_FAILURES, Resolved};
+use crate::api::{
+    LABEL_POOL, MAX_POOL_NAME, ProxyPool, ProxyPoolStatus, condition, pool_condition,
+};
+use crate::api::Proxy;
+use crate::cache::{ProxyCache, ProxyFeed};
+use crate::controller::FIELD_MANAGER;
+use crate::controller::events::Events;
+use crate::controller::status::set_condition;
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Event, EventType, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{Instrument, info, warn};
+
+/// How the pool controller runs.
+#[derive(Clone, Debug)]
+pub struct PoolSettings {
+    /// A pool with nothing due is looked at again after this long anyway (no provider call,
+    /// no API call unless something changed).
+    pub resync: Duration,
+    /// How long to wait for the Proxy cache to show a create or delete.
+    pub cache_wait: Duration,
+    /// Pools reconciled at once.
+    pub concurrency: u16,
+    /// This replica's name, for Events.
+    pub instance_name: Option<String>,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        PoolSettings {
+            resync: Duration::from_secs(5 * 60),
+            cache_wait: Duration::from_secs(10),
+            concurrency: 4,
+            instance_name: None,
+        }
+    }
+}
+
+struct Ctx {
+    client: kube::Client,
+    proxies: ProxyCache,
+    /// The controller's own cache of pools: a pass waits until it shows the status the pass
+    /// wrote, since the next pass reads the placements' back-off from there.
+    pools: kube::runtime::reflector::Store<ProxyPool>,
+    events: Events,
+    settings: PoolSettings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("creating Proxy {name}: {source}")]
+    Create {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting Proxy {name}: {source}")]
+    Delete {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing the status: {0}")]
+    Status(#[source] kube::Error),
+    #[error("no random numbers for a Proxy name: {0}")]
+    Random(getrandom::Error),
+}
+
+/// Runs the pool controller until `shutdown`: triggered by pools and by changes of the
+/// Proxies they own (through the process's Proxy cache and its feed).
+pub async fn run(
+    client: kube::Client,
+    proxies: ProxyCache,
+    feed: Arc<ProxyFeed>,
+    settings: PoolSettings,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let pools: Api<ProxyPool> = Api::all(client.clone());
+    let children = feed.subscribe().filter_map(|p| async move {
+        let owner = p
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true) && o.kind == "ProxyPool")?;
+        Some(ObjectRef::<ProxyPool>::new(&owner.name).within(&p.namespace()?))
+    });
+    let events = Events::new(
+        client.clone(),
+        Reporter {
+            controller: "proxy-operator".into(),
+            instance: settings.instance_name.clone(),
+        },
+    );
+    let concurrency = settings.concurrency;
+    let controller = Controller::new(pools, watcher::Config::default());
+    let ctx = Arc::new(Ctx {
+        client,
+        proxies,
+        pools: controller.store(),
+        events,
+        settings,
+    });
+    controller
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .reconcile_on(children)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+}
+
+fn error_policy(pool: Arc<ProxyPool>, err: &PoolError, _: Arc<Ctx>) -> Action {
+    warn!(
+        pool.namespace = pool.namespace().unwrap_or_default(),
+        pool.name = pool.name_any(),
+        error = %err,
+        "pool reconcile failed"
+    );
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// The Proxies `pool` owns, from the cache.
+fn children_of(store: &kube::runtime::reflector::Store<Proxy>, pool: &ProxyPool) -> Vec<Child> {
+    let (Some(ns), Some(uid)) = (pool.namespace(), pool.uid()) else {
+        return Vec::new();
+    };
+    store
+        .state()
+        .iter()
+        .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|p| p.owner_references().iter().any(|o| o.uid == uid))
+        .map(|p| child(p))
+        .collect()
+}
+
+fn child(p: &Proxy) -> Child {
+    let failure = p
+        .condition(condition::PROVISIONED)
+        .filter(|c| c.status == "False" && PLACEMENT_FAILURES.contains(&c.reason.as_str()))
+        .map(|c| (c.reason.clone(), c.message.clone()));
+    Child {
+        name: p.name_any(),
+        uid: p.uid().unwrap_or_default(),
+        created: p
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or_else(k8s_openapi::jiff::Timestamp::now, |t| t.0),
+        deleting: p.metadata.deletion_timestamp.is_some(),
+        ready: p
+            .condition(condition::READY)
+            .is_some_and(|c| c.status == "True"),
+        spec: p.spec.clone(),
+        placement: p.annotations().get(ANNOTATION_PLACEMENT).cloned(),
+        failure,
+    }
+}
+
+async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Ctx>) -> Result<Action, PoolError> {
+    let span = tracing::info_span!(
+        "pool",
+        pool.namespace = %pool.namespace().unwrap_or_default(),
+        pool.name = %pool.name_any()
+    );
+    reconcile_pool(pool, ctx).instrument(span).await
+}
+
+async fn reconcile_pool(pool: Arc<ProxyPool>, ctx: Arc<Ctx>) -> Result<Action, PoolError> {
+    if pool.metadata.deletion_timestamp.is_some() {
+        // Its Proxies go through Kubernetes garbage collection (owner references).
+        return Ok(Action::await_change());
+    }
+    if !ctx.proxies.synced.is_synced() {
+        ctx.proxies.synced.wait().await;
+    }
+    let name = pool.name_any();
+    let ns = pool.namespace().unwrap_or_default();
+    let generation = pool.metadata.generation.unwrap_or(0);
+    let current = pool.status.clone().unwrap_or_default();
+    let now = k8s_openapi::jiff::Timestamp::now();
+
+    let resolved = match Resolved::from_spec(&pool.spec) {
+        Ok(r) if name.len() <= MAX_POOL_NAME => r,
+        Ok(_) => {
+            let message = format!(
+                "metadata.name: {name:?} is longer than {MAX_POOL_NAME} characters (its Proxies are named <pool>-<5 characters>)"
+            );
+            write_invalid(&ctx, &pool, &current, generation, &message).await?;
+            return Ok(Action::await_change());
+        }
+        Err(e) => {
+            write_invalid(&ctx, &pool, &current, generation, &e.to_string()).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let children = children_of(&ctx.proxies.store, &pool);
+    let plan = plan::plan(&name, &resolved, &current, generation, &children, now);
+
+    let proxies: Api<Proxy> = Api::namespaced(ctx.client.clone(), &ns);
+    let deleted = futures::future::join_all(plan.delete.iter().map(|d| delete(&proxies, d))).await;
+    let created =
+        futures::future::join_all(plan.create.iter().map(|c| create(&proxies, &pool, c))).await;
+    let mut waits = Vec::new();
+    for r in deleted {
+        if let Some(w) = r? {
+            waits.push(w);
+        }
+    }
+    for r in created {
+        waits.push(r?);
+    }
+    announce(&ctx, &pool, &plan).await;
+    if !plan.create.is_empty() || !plan.delete.is_empty() {
+        info!(
+            created = plan.create.len(),
+            deleted = plan.delete.len(),
+            replicas = resolved.replicas,
+            "pool changed"
+        );
+    }
+
+    if plan.status != current {
+        write_status(&ctx, &pool, &plan.status).await?;
+        waits.push(Wait::PoolWritten(pool.resource_version()));
+    }
+
+    // The next decision must see what this one did.
+    if !caught_up(&ctx, &pool, &waits).await {
+        warn!("the Proxy cache did not show this pass's changes in time; looking again");
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let next = plan
+        .requeue
+        .map_or(ctx.settings.resync, |d| d.min(ctx.settings.resync));
+    // A Proxy expires at its limit, not one tick before it.
+    Ok(Action::requeue(next + Duration::from_millis(50)))
+}
+
+/// A change the caches must show before the next pass: a Proxy created (present, by UID)
+/// or deleted (gone or being deleted), the pool's status written (its resourceVersion no
+/// longer the one the pass started from).
+enum Wait {
+    Created(String, String),
+    Deleted(String),
+    PoolWritten(Option<String>),
+}
+
+async fn caught_up(ctx: &Ctx, pool: &ProxyPool, waits: &[Wait]) -> bool {
+    let deadline = Instant::now() + ctx.settings.cache_wait;
+    let ns = pool.namespace().unwrap_or_default();
+    let ns = ns.as_str();
+    loop {
+        let done = waits.iter().all(|w| match w {
+            Wait::PoolWritten(before) => ctx
+                .pools
+                .get(&ObjectRef::from_obj(pool))
+                .is_none_or(|p| p.resource_version() != *before),
+            Wait::Created(name, uid) => ctx
+                .proxies
+                .store
+                .get(&ObjectRef::new(name).within(ns))
+                .is_some_and(|p| p.uid().as_deref() == Some(uid.as_str())),
+            Wait::Deleted(name) => ctx
+                .proxies
+                .store
+                .get(&ObjectRef::new(name).within(ns))
+                .is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        });
+        if done {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn delete(proxies: &Api<Proxy>, d: &Deletion) -> Result<Option<Wait>, PoolError> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(d.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match proxies.delete(&d.name, &params).await {
+        Ok(_) => Ok(Some(Wait::Deleted(d.name.clone()))),
+        // Gone already, or another object of that name now (the precondition).
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(None),
+        Err(source) => Err(PoolError::Delete {
+            name: d.name.clone(),
+            source,
+        }),
+    }
+}
+
+/// Lower-case consonants and digits, as Kubernetes' generated names use: no words, no
+/// look-alikes.
+const SUFFIX_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+fn suffix() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 5];
+    getrandom::fill(&mut bytes)?;
+    Ok(bytes
+        .iter()
+        .map(|b| SUFFIX_ALPHABET[usize::from(*b) % SUFFIX_ALPHABET.len()] as char)
+        .collect())
+}
+
+/// The Proxy for `c`, owned by `pool`.
+fn proxy_for(pool: &ProxyPool, c: &Creation, name: String) -> Proxy {
+    let meta = pool.spec.template.metadata.clone().unwrap_or_default();
+    let mut labels = meta.labels;
+    labels.insert(LABEL_POOL.into(), pool.name_any());
+    let mut annotations = meta.annotations;
+    annotations.insert(ANNOTATION_PLACEMENT.into(), c.placement.clone());
+    Proxy {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: pool.namespace(),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: Some(vec![OwnerReference {
+                api_version: ProxyPool::api_version(&()).into(),
+                kind: ProxyPool::kind(&()).into(),
+                name: pool.name_any(),
+                uid: pool.uid().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            ..ObjectMeta::default()
+        },
+        spec: c.spec.clone(),
+        status: None,
+    }
+}
+
+async fn create(proxies: &Api<Proxy>, pool: &ProxyPool, c: &Creation) -> Result<Wait, PoolError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let name = format!("{}-{}", pool.name_any(), suffix().map_err(PoolError::Random)?);
+        match proxies
+            .create(&PostParams::default(), &proxy_for(pool, c, name.clone()))
+            .await
+        {
+            Ok(p) => return Ok(Wait::Created(name, p.uid().unwrap_or_default())),
+            // A name taken by chance: draw another.
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < 5 => continue,
+            Err(source) => return Err(PoolError::Create { name, source }),
+        }
+    }
+}
+
+/// One Event per kind of change in a pass (counted per placement or reason), and one per
+/// placement that starts failing: a pool of a thousand does not make a thousand Events.
+async fn announce(ctx: &Ctx, pool: &ProxyPool, plan: &plan::Plan) {
+    let regarding = pool.object_ref(&());
+    let mut notes: Vec<Event> = Vec::new();
+    if !plan.create.is_empty() {
+        let mut per: BTreeMap<&str, usize> = BTreeMap::new();
+        for c in &plan.create {
+            *per.entry(c.placement.as_str()).or_default() += 1;
+        }
+        notes.push(event(
+            EventType::Normal,
+            "Created",
+            format!("created {} Proxies ({})", plan.create.len(), tally(&per)),
+        ));
+    }
+    if !plan.delete.is_empty() {
+        let mut per: BTreeMap<&str, usize> = BTreeMap::new();
+        for d in &plan.delete {
+            *per.entry(d.why.as_str()).or_default() += 1;
+        }
+        notes.push(event(
+            EventType::Normal,
+            "Deleted",
+            format!("deleting {} Proxies ({})", plan.delete.len(), tally(&per)),
+        ));
+    }
+    for (placement, reason, message) in &plan.newly_failing {
+        notes.push(event(
+            EventType::Warning,
+            "PlacementFailing",
+            format!("placement {placement} skipped for now: {reason}: {message}"),
+        ));
+    }
+    for e in notes {
+        if let Err(err) = ctx.events.publish(&e, &regarding).await {
+            warn!(error = %err, "publishing a pool Event failed");
+        }
+    }
+}
+
+fn tally(per: &BTreeMap<&str, usize>) -> String {
+    per.iter()
+        .map(|(k, n)| format!("{k}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn event(type_: EventType, reason: &str, note: String) -> Event {
+    Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: None,
+    }
+}
+
+/// A spec the controller cannot act on: Progressing=False, InvalidSpec, and nothing else
+/// changes (the Proxies there are stay).
+async fn write_invalid(
+    ctx: &Ctx,
+    pool: &ProxyPool,
+    current: &ProxyPoolStatus,
+    generation: i64,
+    message: &str,
+) -> Result<(), PoolError> {
+    let mut status = current.clone();
+    status.observed_generation = Some(generation);
+    set_condition(
+        &mut status.conditions,
+        pool_condition::PROGRESSING,
+        "False",
+        "InvalidSpec",
+        message,
+        generation,
+        &Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    if status == *current {
+        return Ok(());
+    }
+    write_status(ctx, pool, &status).await
+}
+
+/// The whole status, with server-side apply under the operator's field manager.
+async fn write_status(ctx: &Ctx, pool: &ProxyPool, status: &ProxyPoolStatus) -> Result<(), PoolError> {
+    let patch = serde_json::json!({
+        "apiVersion": ProxyPool::api_version(&()),
+        "kind": ProxyPool::kind(&()),
+        "status": status,
+    });
+    Api::<ProxyPool>::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default())
+        .patch_status(
+            &pool.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await
+        .map_err(PoolError::Status)?;
+    Ok(())
+}
