@@ -152,13 +152,21 @@ async fn pool_ready(stack: &Stack, key: &str, within: Duration) -> Result<()> {
             .await
             .with_context(|| format!("reading ProxyPool {key}"))?;
         let want = pool.data["spec"]["replicas"].as_i64().unwrap_or_default();
-        let ready = pool.data["status"]["readyReplicas"].as_i64().unwrap_or_default();
+        let ready = pool.data["status"]["readyReplicas"]
+            .as_i64()
+            .unwrap_or_default();
         if ready == want {
             let spread: Vec<String> = pool.data["status"]["placements"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|p| format!("{}: {}", p["name"].as_str().unwrap_or("?"), p["readyReplicas"]))
+                .map(|p| {
+                    format!(
+                        "{}: {}",
+                        p["name"].as_str().unwrap_or("?"),
+                        p["readyReplicas"]
+                    )
+                })
                 .collect();
             println!(
                 "  ProxyPool {key}: {ready} of {want} Ready ({}); list them with ?pool={name}",
@@ -321,7 +329,12 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
             );
             println!("  {}", stack.curl_line(&path));
             let a = crate::http::get(stack.discovery, &path, Some(&stack.token)).await?;
-            ensure!(a.status == 200, "GET {path} answered {}: {}", a.status, a.body);
+            ensure!(
+                a.status == 200,
+                "GET {path} answered {}: {}",
+                a.status,
+                a.body
+            );
             serde_json::from_str::<Value>(&a.body)
                 .with_context(|| format!("GET {path} answered no JSON: {}", a.body))?
         }
@@ -330,7 +343,10 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
                 3,
                 "Send one real request through a proxy the discovery API returned",
             );
-            items.first().context("the discovery API listed no proxy")?.clone()
+            items
+                .first()
+                .context("the discovery API listed no proxy")?
+                .clone()
         }
     };
     let first = &first;

@@ -222,7 +222,10 @@ impl RealProxies {
             std::process::id(),
             NEXT_DIR.fetch_add(1, Ordering::Relaxed)
         ));
-        Arc::new(RealProxies { kind, dir, own_addresses: false,
+        Arc::new(RealProxies {
+            kind,
+            dir,
+            own_addresses: false,
             running: Mutex::new(BTreeMap::new()),
             addresses: Mutex::new(BTreeMap::new()),
         })

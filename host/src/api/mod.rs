@@ -41,7 +41,10 @@ pub mod condition {
 pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("egress.proxy-operator.dev_proxies.yaml", Proxy::crd()),
-        ("egress.proxy-operator.dev_proxypools.yaml", proxy_pool::crd()),
+        (
+            "egress.proxy-operator.dev_proxypools.yaml",
+            proxy_pool::crd(),
+        ),
         (
             "egress.proxy-operator.dev_providerhealths.yaml",
             ProviderHealth::crd(),
@@ -129,13 +132,16 @@ mod tests {
     fn pool_schema_lets_the_template_change_provider_and_scales() {
         let crd = proxy_pool::crd();
         let s = schema_of(&crd);
-        let provider = &s["properties"]["spec"]["properties"]["template"]["properties"]["spec"]
-            ["properties"]["provider"];
+        let provider = &s["properties"]["spec"]["properties"]["template"]["properties"]["spec"]["properties"]
+            ["provider"];
         assert_eq!(provider["type"], "string", "{provider}");
-        assert!(provider.get("x-kubernetes-validations").is_none(), "{provider}");
+        assert!(
+            provider.get("x-kubernetes-validations").is_none(),
+            "{provider}"
+        );
         assert_eq!(
-            schema_of(&Proxy::crd())["properties"]["spec"]["properties"]["provider"]
-                ["x-kubernetes-validations"][0]["rule"],
+            schema_of(&Proxy::crd())["properties"]["spec"]["properties"]["provider"]["x-kubernetes-validations"]
+                [0]["rule"],
             "self == oldSelf"
         );
         let scale = crd.spec.versions[0]
@@ -145,7 +151,10 @@ mod tests {
             .unwrap();
         assert_eq!(scale.spec_replicas_path, ".spec.replicas");
         assert_eq!(scale.status_replicas_path, ".status.replicas");
-        assert_eq!(scale.label_selector_path.as_deref(), Some(".status.selector"));
+        assert_eq!(
+            scale.label_selector_path.as_deref(),
+            Some(".status.selector")
+        );
     }
 
     /// Every status field survives the API server's pruning: the schema describes what the

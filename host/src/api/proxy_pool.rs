@@ -100,7 +100,8 @@ pub struct ProxyPoolSpec {
 /// immutable (`self == oldSelf`): right for a Proxy, whose instance cannot move, wrong for
 /// the template, whose change rolls the pool onto new Proxies. That one rule is taken out
 /// of the template's copy.
-pub fn crd() -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+pub fn crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     use kube::CustomResourceExt;
     let mut crd = ProxyPool::crd();
     for version in &mut crd.spec.versions {

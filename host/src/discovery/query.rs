@@ -127,9 +127,13 @@ mod tests {
     #[test]
     fn pool_matches_the_pool_label_only() {
         let f = q(&[("pool", "web")]).unwrap();
-        let mut p = Proxy::new("p", serde_json::from_value(serde_json::json!({
-            "provider": "hz", "placement": {}, "cloudInit": {"inline": ""}, "port": 3128
-        })).unwrap());
+        let mut p = Proxy::new(
+            "p",
+            serde_json::from_value(serde_json::json!({
+                "provider": "hz", "placement": {}, "cloudInit": {"inline": ""}, "port": 3128
+            }))
+            .unwrap(),
+        );
         assert!(!f.matches(&p), "no label: not in the pool");
         p.metadata.labels = Some([(crate::api::LABEL_POOL.to_string(), "web".to_string())].into());
         assert!(f.matches(&p));

@@ -112,8 +112,11 @@ pub fn fragment_at(
     let mut proxies: Vec<&Arc<Proxy>> = proxies.iter().collect();
     // Grouped by ProxyPool (namespace/pool), pools first, then the Proxies of no pool.
     proxies.sort_by(|a, b| {
-        (pool_of(a).is_none(), pool_of(a), view::sort_key(a))
-            .cmp(&(pool_of(b).is_none(), pool_of(b), view::sort_key(b)))
+        (pool_of(a).is_none(), pool_of(a), view::sort_key(a)).cmp(&(
+            pool_of(b).is_none(),
+            pool_of(b),
+            view::sort_key(b),
+        ))
     });
     let pooled = proxies.iter().any(|p| pool_of(p).is_some());
     let mut group: Option<Option<String>> = None;
@@ -398,7 +401,8 @@ mod tests {
     fn proxies_are_grouped_by_pool_with_their_counts() {
         let in_pool = |name: &str, pool: &str, ready: bool| {
             let mut p = (*proxy(name, ready)).clone();
-            p.metadata.labels = Some([(crate::api::LABEL_POOL.to_string(), pool.to_string())].into());
+            p.metadata.labels =
+                Some([(crate::api::LABEL_POOL.to_string(), pool.to_string())].into());
             Arc::new(p)
         };
         let html = fragment_at(
@@ -411,13 +415,36 @@ mod tests {
             None,
             NOW,
         );
-        let order: Vec<&str> = ["data-pool=\"team-a/api\"", "team-a/api-a", "data-pool=\"team-a/web\"", "team-a/web-a", "team-a/web-b", "data-pool=\"\"", "team-a/alone"]
-            .into_iter()
+        let order: Vec<&str> = [
+            "data-pool=\"team-a/api\"",
+            "team-a/api-a",
+            "data-pool=\"team-a/web\"",
+            "team-a/web-a",
+            "team-a/web-b",
+            "data-pool=\"\"",
+            "team-a/alone",
+        ]
+        .into_iter()
+        .collect();
+        let at: Vec<usize> = order
+            .iter()
+            .map(|s| {
+                html.find(s)
+                    .unwrap_or_else(|| panic!("{s} missing: {html}"))
+            })
             .collect();
-        let at: Vec<usize> = order.iter().map(|s| html.find(s).unwrap_or_else(|| panic!("{s} missing: {html}"))).collect();
-        assert!(at.windows(2).all(|w| w[0] < w[1]), "grouped in order: {html}");
-        assert!(html.contains("Pool team-a/web <small>1 of 2 Ready</small>"), "{html}");
-        assert!(html.contains("Not in a pool <small>1 of 1 Ready</small>"), "{html}");
+        assert!(
+            at.windows(2).all(|w| w[0] < w[1]),
+            "grouped in order: {html}"
+        );
+        assert!(
+            html.contains("Pool team-a/web <small>1 of 2 Ready</small>"),
+            "{html}"
+        );
+        assert!(
+            html.contains("Not in a pool <small>1 of 1 Ready</small>"),
+            "{html}"
+        );
         // No pools, no group rows.
         assert!(!fragment_at(&[proxy("alone", true)], None, NOW).contains("class=\"pool\""));
     }

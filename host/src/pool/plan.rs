@@ -129,9 +129,8 @@ pub enum SpecError {
 impl Resolved {
     pub fn from_spec(spec: &ProxyPoolSpec) -> Result<Resolved, SpecError> {
         let replicas = usize::try_from(spec.replicas).unwrap_or(0);
-        let count = |v: Option<i32>, default: usize| {
-            v.map_or(default, |v| usize::try_from(v).unwrap_or(0))
-        };
+        let count =
+            |v: Option<i32>, default: usize| v.map_or(default, |v| usize::try_from(v).unwrap_or(0));
         let default_surge = replicas.div_ceil(4).max(1);
         let defaults = [PoolPlacement::default()];
         let list: &[PoolPlacement] = if spec.placements.is_empty() {
@@ -320,7 +319,9 @@ pub fn plan(
             let stays = || fresh.iter().chain(&kept_stale).filter(here);
             PlacementStatus {
                 name: name.clone(),
-                replicas: count(stays().count() + create.iter().filter(|c| c.placement == *name).count()),
+                replicas: count(
+                    stays().count() + create.iter().filter(|c| c.placement == *name).count(),
+                ),
                 ready_replicas: count(stays().filter(|c| c.ready).count()),
                 failing: failing.get(name).cloned(),
             }
@@ -347,11 +348,15 @@ pub fn plan(
         pool_condition::AVAILABLE,
         ok,
         reason,
-        &format!("{ready_all} of {} Proxies Ready (minReady {min_ready})", spec.replicas),
+        &format!(
+            "{ready_all} of {} Proxies Ready (minReady {min_ready})",
+            spec.replicas
+        ),
         generation,
         &now_time,
     );
-    let (status_, reason, message) = progress(spec, &fresh, &kept_stale, &create, &delete, unplaced);
+    let (status_, reason, message) =
+        progress(spec, &fresh, &kept_stale, &create, &delete, unplaced);
     set_condition(
         &mut next.conditions,
         pool_condition::PROGRESSING,
@@ -366,7 +371,12 @@ pub fn plan(
     } else {
         let list: Vec<String> = failing
             .iter()
-            .map(|(n, f)| format!("{n}: {} until {} ({})", f.reason, f.retry_after.0, f.message))
+            .map(|(n, f)| {
+                format!(
+                    "{n}: {} until {} ({})",
+                    f.reason, f.retry_after.0, f.message
+                )
+            })
             .collect();
         ("True", "PlacementsSkipped", list.join("; "))
     };
@@ -424,7 +434,9 @@ fn progress(
         return (
             "False",
             "NoPlacementAvailable",
-            format!("{unplaced} Proxies wait for a placement: every placement is failing or has weight 0"),
+            format!(
+                "{unplaced} Proxies wait for a placement: every placement is failing or has weight 0"
+            ),
         );
     }
     let not_ready = fresh.iter().filter(|c| !c.ready).count();
@@ -433,14 +445,20 @@ fn progress(
         return (
             "True",
             "Rotating",
-            format!("replacing Proxies; {waiting} old ones wait for their replacements to be Ready"),
+            format!(
+                "replacing Proxies; {waiting} old ones wait for their replacements to be Ready"
+            ),
         );
     }
     if !create.is_empty() || !delete.is_empty() || not_ready > 0 || fresh.len() != spec.replicas {
         return (
             "True",
             "Scaling",
-            format!("{} of {} Proxies Ready", fresh.len() - not_ready, spec.replicas),
+            format!(
+                "{} of {} Proxies Ready",
+                fresh.len() - not_ready,
+                spec.replicas
+            ),
         );
     }
     (
@@ -462,10 +480,7 @@ fn scale_down_victim(spec: &Resolved, fresh: &[&Child]) -> usize {
         else {
             return (u64::MAX, 1);
         };
-        let n = fresh
-            .iter()
-            .filter(|o| o.placement == c.placement)
-            .count() as u64;
+        let n = fresh.iter().filter(|o| o.placement == c.placement).count() as u64;
         (n, u64::from(spec.placements[i].1.max(1)))
     };
     let mut best = 0;
@@ -476,7 +491,10 @@ fn scale_down_victim(spec: &Resolved, fresh: &[&Child]) -> usize {
             (true, false) => false,
             _ => {
                 let ((na, wa), (nb, wb)) = (over(a), over(b));
-                let (x, y) = (u128::from(na) * u128::from(wb), u128::from(nb) * u128::from(wa));
+                let (x, y) = (
+                    u128::from(na) * u128::from(wb),
+                    u128::from(nb) * u128::from(wa),
+                );
                 x > y || (x == y && (a.created, &a.name) > (b.created, &b.name))
             }
         };
@@ -590,7 +608,14 @@ mod tests {
     }
 
     fn run(spec: &ProxyPoolSpec, children: &[Child]) -> Plan {
-        plan("web", &resolved(spec), &ProxyPoolStatus::default(), 1, children, now())
+        plan(
+            "web",
+            &resolved(spec),
+            &ProxyPoolStatus::default(),
+            1,
+            children,
+            now(),
+        )
     }
 
     fn created(p: &Plan) -> Vec<&str> {
@@ -602,14 +627,20 @@ mod tests {
     }
 
     fn cond<'a>(p: &'a Plan, type_: &str) -> (&'a str, &'a str) {
-        let c = p.status.conditions.iter().find(|c| c.type_ == type_).unwrap();
+        let c = p
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap();
         (c.status.as_str(), c.reason.as_str())
     }
 
     #[test]
     fn fills_by_weight_and_spreads() {
-        // (replicas, placements, expected placements of the new Proxies)
-        let cases: &[(i32, &[(&str, i32)], &[&str])] = &[
+        /// (replicas, placements (zone, weight), expected placements of the new Proxies)
+        type Case<'a> = (i32, &'a [(&'a str, i32)], &'a [&'a str]);
+        let cases: &[Case] = &[
             (3, &[("a", 1), ("b", 1)], &["a", "b", "a"]),
             (4, &[("a", 3), ("b", 1)], &["a", "a", "a", "b"]),
             (3, &[("a", 0), ("b", 1)], &["b", "b", "b"]),
@@ -630,14 +661,34 @@ mod tests {
     #[test]
     fn a_full_ready_pool_is_left_alone() {
         let spec = pool(2, &[("a", 1), ("b", 1)]);
-        let p = run(&spec, &[child("x", "a", true, 10), child("y", "b", true, 10)]);
+        let p = run(
+            &spec,
+            &[child("x", "a", true, 10), child("y", "b", true, 10)],
+        );
         assert!(p.create.is_empty() && p.delete.is_empty());
         assert_eq!(cond(&p, pool_condition::PROGRESSING), ("False", "Stable"));
-        assert_eq!(cond(&p, pool_condition::AVAILABLE), ("True", "MinimumReady"));
-        assert_eq!(cond(&p, pool_condition::PLACEMENTS_FAILING), ("False", "AllPlacementsUsable"));
+        assert_eq!(
+            cond(&p, pool_condition::AVAILABLE),
+            ("True", "MinimumReady")
+        );
+        assert_eq!(
+            cond(&p, pool_condition::PLACEMENTS_FAILING),
+            ("False", "AllPlacementsUsable")
+        );
         let s = &p.status;
-        assert_eq!((s.replicas, s.ready_replicas, s.updated_replicas, s.available_replicas), (2, 2, 2, 2));
-        assert_eq!(s.selector.as_deref(), Some("egress.proxy-operator.dev/pool=web"));
+        assert_eq!(
+            (
+                s.replicas,
+                s.ready_replicas,
+                s.updated_replicas,
+                s.available_replicas
+            ),
+            (2, 2, 2, 2)
+        );
+        assert_eq!(
+            s.selector.as_deref(),
+            Some("egress.proxy-operator.dev/pool=web")
+        );
         assert_eq!(p.requeue, None, "no maxAge, nothing in back-off: no timer");
     }
 
@@ -667,18 +718,48 @@ mod tests {
     #[test]
     fn rotation_surges_first_and_never_drops_below_min_ready() {
         // (minReady, maxSurge, children (name, ready, age s), want deleted, want created)
-        type Case<'a> = (Option<i32>, Option<i32>, &'a [(&'a str, bool, i64)], &'a [&'a str], usize);
+        type Case<'a> = (
+            Option<i32>,
+            Option<i32>,
+            &'a [(&'a str, bool, i64)],
+            &'a [&'a str],
+            usize,
+        );
         let cases: &[Case] = &[
             // Both expired and Ready, minReady 2 (default): one new first, nobody goes.
             (None, None, &[("o1", true, 700), ("o2", true, 650)], &[], 1),
             // The new one is Ready: the oldest expired goes, another new one comes.
-            (None, None, &[("o1", true, 700), ("o2", true, 650), ("n1", true, 5)], &["o1"], 1),
+            (
+                None,
+                None,
+                &[("o1", true, 700), ("o2", true, 650), ("n1", true, 5)],
+                &["o1"],
+                1,
+            ),
             // An expired one that is not Ready goes at once.
-            (None, None, &[("o1", false, 700), ("o2", true, 650)], &["o1"], 2),
+            (
+                None,
+                None,
+                &[("o1", false, 700), ("o2", true, 650)],
+                &["o1"],
+                2,
+            ),
             // minReady 1: one Ready expired may go before its replacement is Ready.
-            (Some(1), None, &[("o1", true, 700), ("o2", true, 650)], &["o1"], 2),
+            (
+                Some(1),
+                None,
+                &[("o1", true, 700), ("o2", true, 650)],
+                &["o1"],
+                2,
+            ),
             // No surge and minReady = replicas: rotation cannot start.
-            (None, Some(0), &[("o1", true, 700), ("o2", true, 650)], &[], 0),
+            (
+                None,
+                Some(0),
+                &[("o1", true, 700), ("o2", true, 650)],
+                &[],
+                0,
+            ),
             // Young ones stay.
             (None, None, &[("y1", true, 100), ("y2", true, 200)], &[], 0),
         ];
@@ -688,11 +769,16 @@ mod tests {
             spec.max_surge = *surge;
             spec.max_age = Some(Duration::from_secs(600));
             spec.max_age_jitter_percent = Some(0);
-            let children: Vec<Child> =
-                kids.iter().map(|(n, r, age)| child(n, "a", *r, *age)).collect();
+            let children: Vec<Child> = kids
+                .iter()
+                .map(|(n, r, age)| child(n, "a", *r, *age))
+                .collect();
             let p = run(&spec, &children);
             let names: Vec<&str> = p.delete.iter().map(|d| d.name.as_str()).collect();
-            assert_eq!(names, *want_deleted, "{kids:?} minReady {min_ready:?} surge {surge:?}");
+            assert_eq!(
+                names, *want_deleted,
+                "{kids:?} minReady {min_ready:?} surge {surge:?}"
+            );
             assert!(p.delete.iter().all(|d| d.why == DeleteWhy::Expired));
             assert_eq!(p.create.len(), *want_created, "{kids:?}");
             // The floor: Ready Proxies left after the deletions.
@@ -702,7 +788,10 @@ mod tests {
                 .count();
             let floor = min_ready.map_or(2, |m| m as usize).min(2);
             let ready_before = children.iter().filter(|c| c.ready).count();
-            assert!(ready_left >= floor.min(ready_before), "{kids:?}: below minReady");
+            assert!(
+                ready_left >= floor.min(ready_before),
+                "{kids:?}: below minReady"
+            );
         }
     }
 
@@ -713,7 +802,10 @@ mod tests {
         changed.spec.port = 8080;
         let gone = child("g", "zz", false, 10);
         let p = run(&spec, &[changed, gone]);
-        assert_eq!(deleted(&p), [("c", DeleteWhy::Outdated), ("g", DeleteWhy::Outdated)]);
+        assert_eq!(
+            deleted(&p),
+            [("c", DeleteWhy::Outdated), ("g", DeleteWhy::Outdated)]
+        );
         assert_eq!(created(&p), ["a", "a"]);
         assert_eq!(cond(&p, pool_condition::PROGRESSING), ("True", "Rotating"));
     }
@@ -726,19 +818,52 @@ mod tests {
         let p = run(&spec, &[failed, child("b1", "b", true, 10)]);
         assert_eq!(deleted(&p), [("f", DeleteWhy::PlacementFailed)]);
         assert_eq!(created(&p), ["b"], "filled from the other placement");
-        assert_eq!(p.newly_failing, [("a".to_string(), "QuotaExceeded".to_string(), "server limit reached".to_string())]);
+        assert_eq!(
+            p.newly_failing,
+            [(
+                "a".to_string(),
+                "QuotaExceeded".to_string(),
+                "server limit reached".to_string()
+            )]
+        );
         let failing = p.status.placements[0].failing.clone().unwrap();
-        assert_eq!(failing.retry_after.0, now().saturating_add(SignedDuration::from_secs(600)).unwrap());
-        assert_eq!(cond(&p, pool_condition::PLACEMENTS_FAILING), ("True", "PlacementsSkipped"));
-        assert_eq!(p.requeue, Some(Duration::from_secs(600)), "back when the back-off ends");
+        assert_eq!(
+            failing.retry_after.0,
+            now()
+                .saturating_add(SignedDuration::from_secs(600))
+                .unwrap()
+        );
+        assert_eq!(
+            cond(&p, pool_condition::PLACEMENTS_FAILING),
+            ("True", "PlacementsSkipped")
+        );
+        assert_eq!(
+            p.requeue,
+            Some(Duration::from_secs(600)),
+            "back when the back-off ends"
+        );
 
         // Within the back-off, from the status: still skipped, not announced again.
-        let later = plan("web", &resolved(&spec), &p.status, 1, &[child("b1", "b", true, 10)], now());
+        let later = plan(
+            "web",
+            &resolved(&spec),
+            &p.status,
+            1,
+            &[child("b1", "b", true, 10)],
+            now(),
+        );
         assert_eq!(created(&later), ["b"]);
         assert!(later.newly_failing.is_empty());
         // After it: used again.
         let after = Timestamp::from_second(NOW + 601).unwrap();
-        let again = plan("web", &resolved(&spec), &p.status, 1, &[child("b1", "b", true, 10)], after);
+        let again = plan(
+            "web",
+            &resolved(&spec),
+            &p.status,
+            1,
+            &[child("b1", "b", true, 10)],
+            after,
+        );
         assert_eq!(created(&again), ["a"]);
         assert!(again.status.placements.iter().all(|s| s.failing.is_none()));
     }
@@ -750,8 +875,14 @@ mod tests {
         failed.failure = Some(("PermanentError".into(), "image unknown".into()));
         let p = run(&spec, &[failed]);
         assert!(p.create.is_empty());
-        assert_eq!(cond(&p, pool_condition::PROGRESSING), ("False", "NoPlacementAvailable"));
-        assert_eq!(cond(&p, pool_condition::AVAILABLE), ("False", "BelowMinimumReady"));
+        assert_eq!(
+            cond(&p, pool_condition::PROGRESSING),
+            ("False", "NoPlacementAvailable")
+        );
+        assert_eq!(
+            cond(&p, pool_condition::AVAILABLE),
+            ("False", "BelowMinimumReady")
+        );
     }
 
     #[test]
@@ -769,8 +900,14 @@ mod tests {
         let mut spec = pool(1, &[]);
         spec.max_age = Some(Duration::from_secs(1000));
         let r = resolved(&spec);
-        let limits: Vec<Duration> = (0..50).map(|i| r.age_limit(&format!("u{i}")).unwrap()).collect();
-        assert!(limits.iter().all(|l| *l > Duration::from_secs(900) && *l <= Duration::from_secs(1000)));
+        let limits: Vec<Duration> = (0..50)
+            .map(|i| r.age_limit(&format!("u{i}")).unwrap())
+            .collect();
+        assert!(
+            limits
+                .iter()
+                .all(|l| *l > Duration::from_secs(900) && *l <= Duration::from_secs(1000))
+        );
         assert!(limits.iter().any(|l| *l != limits[0]), "spread out");
         assert_eq!(r.age_limit("u0"), r.age_limit("u0"));
         // The next expiry is when the plan looks again.
@@ -784,9 +921,16 @@ mod tests {
     fn specs_it_cannot_work_from_name_the_field() {
         let spec = pool(1, &[("a", 1), ("a", 2)]);
         let e = Resolved::from_spec(&spec).unwrap_err();
-        assert_eq!(e.to_string(), "spec.placements[1]: the name \"a\" is used twice (name the entries)");
+        assert_eq!(
+            e.to_string(),
+            "spec.placements[1]: the name \"a\" is used twice (name the entries)"
+        );
         let r = resolved(&pool(8, &[]));
-        assert_eq!((r.min_ready, r.max_surge), (8, 2), "defaults: minReady = replicas, surge a quarter");
+        assert_eq!(
+            (r.min_ready, r.max_surge),
+            (8, 2),
+            "defaults: minReady = replicas, surge a quarter"
+        );
         let mut s = pool(2, &[]);
         s.min_ready = Some(5);
         assert_eq!(resolved(&s).min_ready, 2, "minReady is capped at replicas");

@@ -3,10 +3,10 @@
 
 use super::ANNOTATION_PLACEMENT;
 use super::plan::{self, Child, Creation, Deletion, PLACEMENT_FAILURES, Resolved};
+use crate::api::Proxy;
 use crate::api::{
     LABEL_POOL, MAX_POOL_NAME, ProxyPool, ProxyPoolStatus, condition, pool_condition,
 };
-use crate::api::Proxy;
 use crate::cache::{ProxyCache, ProxyFeed};
 use crate::controller::FIELD_MANAGER;
 use crate::controller::events::Events;
@@ -352,7 +352,11 @@ async fn create(proxies: &Api<Proxy>, pool: &ProxyPool, c: &Creation) -> Result<
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let name = format!("{}-{}", pool.name_any(), suffix().map_err(PoolError::Random)?);
+        let name = format!(
+            "{}-{}",
+            pool.name_any(),
+            suffix().map_err(PoolError::Random)?
+        );
         match proxies
             .create(&PostParams::default(), &proxy_for(pool, c, name.clone()))
             .await
@@ -450,7 +454,11 @@ async fn write_invalid(
 }
 
 /// The whole status, with server-side apply under the operator's field manager.
-async fn write_status(ctx: &Ctx, pool: &ProxyPool, status: &ProxyPoolStatus) -> Result<(), PoolError> {
+async fn write_status(
+    ctx: &Ctx,
+    pool: &ProxyPool,
+    status: &ProxyPoolStatus,
+) -> Result<(), PoolError> {
     let patch = serde_json::json!({
         "apiVersion": ProxyPool::api_version(&()),
         "kind": ProxyPool::kind(&()),

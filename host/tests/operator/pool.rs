@@ -11,8 +11,8 @@ use egress_emulators::real_proxy::{ProxyKind, RealProxies};
 use fake_kube::FakeApi;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use proxy_operator::api::{
     self, CloudInit, LABEL_POOL, Placement, PoolPlacement, Proxy, ProxyPool, ProxyPoolSpec,
     ProxySpec, ProxyTemplate, condition, pool_condition,
@@ -228,8 +228,14 @@ fn kubectl() -> Option<std::path::PathBuf> {
 async fn kubectl_scale(kubeconfig: &std::path::Path, bin: &std::path::Path, n: usize) {
     let out = tokio::process::Command::new(bin)
         .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["scale", "proxypool/web", &format!("--replicas={n}"), "-n", NS])
+        .arg(kubeconfig)
+        .args([
+            "scale",
+            "proxypool/web",
+            &format!("--replicas={n}"),
+            "-n",
+            NS,
+        ])
         .output()
         .await
         .unwrap();
@@ -269,7 +275,11 @@ async fn a_pool_rotates_without_dropping_below_min_ready_and_scales() {
     let pool = env.pool("web");
     let status = pool.status.clone().unwrap();
     assert_eq!(
-        (status.replicas, status.ready_replicas, status.updated_replicas),
+        (
+            status.replicas,
+            status.ready_replicas,
+            status.updated_replicas
+        ),
         (20, 20, 20),
         "{status:?}"
     );
@@ -278,7 +288,11 @@ async fn a_pool_rotates_without_dropping_below_min_ready_and_scales() {
         .iter()
         .map(|p| (p.name.clone(), p.replicas))
         .collect();
-    assert_eq!(spread, [("fsn1".into(), 10), ("nbg1".into(), 10)], "spread by weight");
+    assert_eq!(
+        spread,
+        [("fsn1".into(), 10), ("nbg1".into(), 10)],
+        "spread by weight"
+    );
 
     // A full rotation, sampled every second.
     let original: BTreeSet<String> = env.members("web").iter().map(|p| p.name_any()).collect();
@@ -377,7 +391,12 @@ async fn a_placement_with_quota_errors_is_skipped_and_the_pool_fills_elsewhere()
         .unwrap();
     env.settled("web", 3, Duration::from_secs(60)).await;
     for p in env.members("web") {
-        assert_eq!(p.spec.provider, "hz-b", "{} on the full placement", p.name_any());
+        assert_eq!(
+            p.spec.provider,
+            "hz-b",
+            "{} on the full placement",
+            p.name_any()
+        );
     }
     let status = env.pool("web").status.unwrap();
     let full = status.placements.iter().find(|p| p.name == "full").unwrap();
@@ -391,8 +410,15 @@ async fn a_placement_with_quota_errors_is_skipped_and_the_pool_fills_elsewhere()
         .iter()
         .find(|c| c.type_ == pool_condition::PLACEMENTS_FAILING)
         .unwrap();
-    assert_eq!((cond.status.as_str(), cond.reason.as_str()), ("True", "PlacementsSkipped"));
-    assert!(cond.message.starts_with("full: QuotaExceeded until "), "{}", cond.message);
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_str()),
+        ("True", "PlacementsSkipped")
+    );
+    assert!(
+        cond.message.starts_with("full: QuotaExceeded until "),
+        "{}",
+        cond.message
+    );
     let warned = env.api.objects_of::<Event>().into_iter().any(|e| {
         e.reason.as_deref() == Some("PlacementFailing")
             && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("ProxyPool")

@@ -12,8 +12,8 @@ use crate::support;
 use fake_kube::{AccessRule, FakeApi, RequestRecord, UserInfo};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use proxy_operator::api::{
     self, CloudInit, Proxy, ProxyPool, ProxyPoolSpec, ProxySpec, ProxyTemplate, SecretKeyRef,
 };
@@ -297,9 +297,10 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
         )
         .await
         .unwrap();
-    eventually("the pool's Proxy deleted, its instance and Secret with it", || async {
-        !api.objects_of::<Proxy>().iter().any(of_pool)
-    })
+    eventually(
+        "the pool's Proxy deleted, its instance and Secret with it",
+        || async { !api.objects_of::<Proxy>().iter().any(of_pool) },
+    )
     .await;
     pool_controller.abort();
     pool_reflect.abort();
