@@ -89,6 +89,19 @@ fn port_open(ip: &str, port: u16) -> bool {
     std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
 }
 
+/// The address (`ip:port`) `view` had, once nothing answers there (an error naming `what`
+/// if something still does); None when it had no address.
+fn address_gone(view: &crate::watch::View, what: &str) -> Result<Option<String>> {
+    let (Some(ip), Some(port)) = (
+        view.ip.as_deref(),
+        view.port.and_then(|p| u16::try_from(p).ok()),
+    ) else {
+        return Ok(None);
+    };
+    ensure!(!port_open(ip, port), "{what} {ip}:{port} still answers");
+    Ok(Some(format!("{ip}:{port}")))
+}
+
 /// A request to the echo server through the proxy at `ip:port` with `credentials`, which
 /// must answer with the proxy's own address; and, to show the proxy is not open, the same
 /// request without them, which it must refuse.
@@ -405,15 +418,8 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
         !instance_exists(emu, backend_id(&old_id)),
         "the old instance {old_id} of {edited_key} still exists"
     );
-    if let (Some(old_ip), Some(old_port)) = (
-        before.ip.as_deref(),
-        before.port.and_then(|p| u16::try_from(p).ok()),
-    ) {
-        ensure!(
-            !port_open(old_ip, old_port),
-            "the old proxy {old_ip}:{old_port} still answers"
-        );
-        println!("  old instance {old_id} is gone, and its proxy on {old_ip}:{old_port} with it");
+    if let Some(addr) = address_gone(&before, "the old proxy")? {
+        println!("  old instance {old_id} is gone, and its proxy on {addr} with it");
     }
     let (username, password) = credentials_of(stack, &edited_key).await?;
     request_through(
@@ -462,15 +468,8 @@ pub async fn run(stack: &Stack, args: &Args, started: Instant) -> Result<()> {
         );
         println!("  instance {id} is gone from the {provider} backend");
     }
-    if let (Some(ip), Some(p)) = (
-        gone.ip.as_deref(),
-        gone.port.and_then(|p| u16::try_from(p).ok()),
-    ) {
-        ensure!(
-            !port_open(ip, p),
-            "the deleted Proxy's address {ip}:{p} still answers"
-        );
-        println!("  nothing listens on {ip}:{p} any more");
+    if let Some(addr) = address_gone(&gone, "the deleted Proxy's address")? {
+        println!("  nothing listens on {addr} any more");
     }
 
     step(

@@ -96,6 +96,25 @@ pub struct ProxyPoolSpec {
     pub placements: Vec<PoolPlacement>,
 }
 
+impl ProxyPoolSpec {
+    /// `replicas` Proxies of `spec`, every other field at its default.
+    pub fn new(replicas: i32, spec: ProxySpec) -> Self {
+        ProxyPoolSpec {
+            replicas,
+            min_ready: None,
+            max_surge: None,
+            max_age: None,
+            max_age_jitter_percent: None,
+            placement_backoff: None,
+            template: ProxyTemplate {
+                metadata: None,
+                spec,
+            },
+            placements: Vec::new(),
+        }
+    }
+}
+
 /// The ProxyPool CRD. The template embeds a Proxy spec, whose schema says `provider` is
 /// immutable (`self == oldSelf`): right for a Proxy, whose instance cannot move, wrong for
 /// the template, whose change rolls the pool onto new Proxies. That one rule is taken out

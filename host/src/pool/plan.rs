@@ -535,7 +535,7 @@ fn next_placement(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{CloudInit, Placement, ProxyTemplate};
+    use crate::api::{CloudInit, Placement};
 
     const NOW: i64 = 1_800_000_000;
 
@@ -560,16 +560,6 @@ mod tests {
     /// A pool spec: `replicas`, placements named by zone with weights.
     fn pool(replicas: i32, zones: &[(&str, i32)]) -> ProxyPoolSpec {
         ProxyPoolSpec {
-            replicas,
-            min_ready: None,
-            max_surge: None,
-            max_age: None,
-            max_age_jitter_percent: None,
-            placement_backoff: None,
-            template: ProxyTemplate {
-                metadata: None,
-                spec: template(),
-            },
             placements: zones
                 .iter()
                 .map(|(z, w)| PoolPlacement {
@@ -578,6 +568,7 @@ mod tests {
                     ..Default::default()
                 })
                 .collect(),
+            ..ProxyPoolSpec::new(replicas, template())
         }
     }
 

@@ -13,9 +13,7 @@ use fake_kube::FakeApi;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, PostParams};
-use proxy_operator::api::{
-    self, AuthType, CloudInit, Placement, Proxy, ProxyAuth, ProxySpec, condition,
-};
+use proxy_operator::api::{self, AuthType, Proxy, ProxyAuth, ProxySpec, condition};
 use proxy_operator::controller::{self, Context, HealthHook};
 use proxy_operator::probe::{EngineConfig, ProbeEngine, ProbeMetrics, Thresholds};
 use proxy_operator::provider::{Instrumented, Provider, ProviderMetrics};
@@ -122,19 +120,8 @@ impl Env {
         let mut p = Proxy::new(
             name,
             ProxySpec {
-                provider: "hz".into(),
-                placement: Placement {
-                    region: "fsn1".into(),
-                    zone: String::new(),
-                    machine_type: "cpx11".into(),
-                    image: "ubuntu".into(),
-                },
-                cloud_init: CloudInit {
-                    inline: Some(cloud_init.into()),
-                    secret_key_ref: None,
-                },
-                port: i32::from(port),
                 auth,
+                ..support::hetzner_spec(cloud_init, port)
             },
         );
         p.metadata.namespace = Some("default".into());

@@ -14,8 +14,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use proxy_operator::api::{
-    self, CloudInit, LABEL_POOL, Placement, PoolPlacement, Proxy, ProxyPool, ProxyPoolSpec,
-    ProxySpec, ProxyTemplate, condition, pool_condition,
+    self, LABEL_POOL, PoolPlacement, Proxy, ProxyPool, ProxyPoolSpec, condition, pool_condition,
 };
 use proxy_operator::controller::{self, Context, HealthHook};
 use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
@@ -127,31 +126,8 @@ impl Env {
 
     fn spec(&self, replicas: i32, placements: Vec<PoolPlacement>) -> ProxyPoolSpec {
         ProxyPoolSpec {
-            replicas,
-            min_ready: None,
-            max_surge: None,
-            max_age: None,
-            max_age_jitter_percent: None,
-            placement_backoff: None,
-            template: ProxyTemplate {
-                metadata: None,
-                spec: ProxySpec {
-                    provider: "hz".into(),
-                    placement: Placement {
-                        region: "fsn1".into(),
-                        zone: String::new(),
-                        machine_type: "cpx11".into(),
-                        image: "ubuntu".into(),
-                    },
-                    cloud_init: CloudInit {
-                        inline: Some(CLOUD_INIT.into()),
-                        secret_key_ref: None,
-                    },
-                    port: i32::from(self.port),
-                    auth: Default::default(),
-                },
-            },
             placements,
+            ..ProxyPoolSpec::new(replicas, support::hetzner_spec(CLOUD_INIT, self.port))
         }
     }
 

@@ -15,7 +15,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use proxy_operator::api::{
-    self, CloudInit, Proxy, ProxyPool, ProxyPoolSpec, ProxySpec, ProxyTemplate, SecretKeyRef,
+    self, CloudInit, Proxy, ProxyPool, ProxyPoolSpec, ProxySpec, SecretKeyRef,
 };
 use proxy_operator::controller::{self, Context, HealthHook};
 use proxy_operator::discovery::{self, Auth, AuthSettings};
@@ -262,22 +262,13 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
     let pools: Api<ProxyPool> = Api::namespaced(admin.clone(), "default");
     let pool = ProxyPool::new(
         "pool",
-        ProxyPoolSpec {
-            replicas: 1,
-            min_ready: None,
-            max_surge: None,
-            max_age: None,
-            max_age_jitter_percent: None,
-            placement_backoff: None,
-            template: ProxyTemplate {
-                metadata: None,
-                spec: spec(CloudInit {
-                    inline: Some("#cloud-config\n".into()),
-                    secret_key_ref: None,
-                }),
-            },
-            placements: Vec::new(),
-        },
+        ProxyPoolSpec::new(
+            1,
+            spec(CloudInit {
+                inline: Some("#cloud-config\n".into()),
+                secret_key_ref: None,
+            }),
+        ),
     );
     pools.create(&PostParams::default(), &pool).await.unwrap();
     let of_pool = |p: &Proxy| p.labels().get(api::LABEL_POOL).map(String::as_str) == Some("pool");

@@ -278,6 +278,27 @@ pub fn fake_spec(zone: &str) -> proxy_operator::api::ProxySpec {
     }
 }
 
+/// A Proxy spec for the Hetzner plugin registered as `hz` against its emulator (location
+/// fsn1, cpx11, ubuntu), with inline `cloud_init` and `port`: the end-to-end tests' Proxy.
+pub fn hetzner_spec(cloud_init: &str, port: u16) -> proxy_operator::api::ProxySpec {
+    use proxy_operator::api::{CloudInit, Placement, ProxySpec};
+    ProxySpec {
+        provider: "hz".into(),
+        placement: Placement {
+            region: "fsn1".into(),
+            zone: String::new(),
+            machine_type: "cpx11".into(),
+            image: "ubuntu".into(),
+        },
+        cloud_init: CloudInit {
+            inline: Some(cloud_init.into()),
+            secret_key_ref: None,
+        },
+        port: i32::from(port),
+        auth: Default::default(),
+    }
+}
+
 /// Controller settings with polls and backoff shrunk to tens of milliseconds, so the
 /// loops' tests converge in seconds.
 pub fn fast_settings(
