@@ -43,6 +43,13 @@
 //! proxy is open to 127.0.0.1, as before. The operator's template
 //! (`BasicAuth {{egress.username}} {{egress.password}}`) renders exactly such a line.
 //!
+//! # Which clients
+//!
+//! Every line that, trimmed, reads `Allow NETWORK` (an address or a CIDR, tinyproxy's
+//! syntax) restricts the proxy to clients from those networks; others get `403`. Without
+//! any, every client on loopback may use it. The operator's
+//! `Allow {{egress.allowedClients}}` renders such a line for one network.
+//!
 //! # Which proxy
 //!
 //! [`ProxyKind::Auto`] runs tinyproxy when it is installed (`tinyproxy -d -c FILE`, with
@@ -132,6 +139,51 @@ pub fn basic_auth_from_user_data(user_data: Option<&[u8]>) -> Vec<(String, Strin
                 ["BasicAuth", user, pass] => Some((user.to_string(), pass.to_string())),
                 _ => None,
             }
+        })
+        .collect()
+}
+
+/// A client network of an `Allow` line: an address and a prefix length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Network {
+    pub addr: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+impl Network {
+    /// `203.0.113.0/24`, `2001:db8::/32` or a single address.
+    fn parse(s: &str) -> Option<Network> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a.parse::<std::net::IpAddr>().ok()?, Some(p.parse::<u8>().ok()?)),
+            None => (s.parse().ok()?, None),
+        };
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = prefix.unwrap_or(max);
+        (prefix <= max).then_some(Network { addr, prefix })
+    }
+
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr::{V4, V6};
+        let (net, ip, bits) = match (self.addr, ip) {
+            (V4(n), V4(i)) => (u128::from(u32::from(n)), u128::from(u32::from(i)), 32),
+            (V6(n), V6(i)) => (u128::from(n), u128::from(i), 128),
+            _ => return false,
+        };
+        let host_bits = bits - u32::from(self.prefix);
+        host_bits >= bits || (net >> host_bits) == (ip >> host_bits)
+    }
+}
+
+/// The client networks (`Allow NETWORK` lines, tinyproxy's syntax) an instance's user data
+/// lets use its proxy. None: every client (on loopback) may. Lines whose value is not an
+/// address or network are left out, as tinyproxy would refuse to start with them (here
+/// the proxy runs with the others).
+pub fn allowed_clients_from_user_data(user_data: Option<&[u8]>) -> Vec<Network> {
+    let text = String::from_utf8_lossy(user_data.unwrap_or_default());
+    text.lines()
+        .filter_map(|line| match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["Allow", value] => Network::parse(value),
+            _ => None,
         })
         .collect()
 }
@@ -300,7 +352,8 @@ impl RealProxies {
             }
         };
         let users = basic_auth_from_user_data(user_data);
-        match self.spawn(id, ip, port, users) {
+        let clients = allowed_clients_from_user_data(user_data);
+        match self.spawn(id, ip, port, users, clients) {
             Ok(running) => {
                 tracing::info!(
                     instance = id,
@@ -361,6 +414,7 @@ impl RealProxies {
         ip: Ipv4Addr,
         port: u16,
         users: Vec<(String, String)>,
+        clients: Vec<Network>,
     ) -> Result<Running, String> {
         // tinyproxy would fail to bind a taken port and exit, and a readiness check would
         // then find the other listener; ask first. The built-in proxy binds for real here.
@@ -369,11 +423,11 @@ impl RealProxies {
         match &self.kind {
             Resolved::Builtin => {
                 let egress = self.own_addresses.then_some(ip);
-                BuiltinProxy::start(listener, id, users, egress).map(Running::Builtin)
+                BuiltinProxy::start(listener, id, users, clients, egress).map(Running::Builtin)
             }
             Resolved::Tinyproxy(bin) => {
                 drop(listener);
-                self.spawn_tinyproxy(bin, id, SocketAddr::from((ip, port)), &users)
+                self.spawn_tinyproxy(bin, id, SocketAddr::from((ip, port)), &users, &clients)
             }
         }
     }
@@ -384,10 +438,17 @@ impl RealProxies {
         id: &str,
         addr: SocketAddr,
         users: &[(String, String)],
+        clients: &[Network],
     ) -> Result<Running, String> {
         let (ip, port) = (addr.ip(), addr.port());
         // With own addresses, outgoing connections leave from the instance's address.
         let bind = if self.own_addresses { format!("Bind {ip}\n") } else { String::new() };
+        // The user data's client networks, or every loopback client.
+        let allow: String = if clients.is_empty() {
+            "Allow 127.0.0.0/8\n".into()
+        } else {
+            clients.iter().map(|n| format!("Allow {}/{}\n", n.addr, n.prefix)).collect()
+        };
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| format!("creating {}: {e}", self.dir.display()))?;
         let safe: String =
@@ -397,7 +458,7 @@ impl RealProxies {
         std::fs::write(
             &conf,
             format!(
-                "Port {port}\nListen {ip}\n{bind}Allow 127.0.0.0/8\nLogLevel Error\nMaxClients 100\nTimeout 120\n{auth}"
+                "Port {port}\nListen {ip}\n{bind}{allow}LogLevel Error\nMaxClients 100\nTimeout 120\n{auth}"
             ),
         )
         .map_err(|e| format!("writing {}: {e}", conf.display()))?;
@@ -452,6 +513,7 @@ impl BuiltinProxy {
         listener: TcpListener,
         id: &str,
         users: Vec<(String, String)>,
+        clients: Vec<Network>,
         egress: Option<Ipv4Addr>,
     ) -> Result<BuiltinProxy, String> {
         // `Basic base64(user:password)` for each user: what a client's header must carry.
@@ -486,7 +548,10 @@ impl BuiltinProxy {
                             if !peer.ip().is_loopback() {
                                 continue;
                             }
-                            tokio::spawn(serve(stream, accepted.clone(), egress));
+                            // Like tinyproxy: a client outside the Allow networks gets 403.
+                            let allowed =
+                                clients.is_empty() || clients.iter().any(|n| n.contains(peer.ip()));
+                            tokio::spawn(serve(stream, accepted.clone(), allowed, egress));
                         }
                     };
                     tokio::select! {
@@ -565,6 +630,7 @@ async fn connect_from(
 async fn serve(
     mut client: tokio::net::TcpStream,
     accepted: Arc<Vec<String>>,
+    allowed: bool,
     egress: Option<Ipv4Addr>,
 ) {
     let mut buf = Vec::with_capacity(1024);
@@ -581,6 +647,9 @@ async fn serve(
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     };
+    if !allowed {
+        return reply(&mut client, "403 Forbidden").await;
+    }
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
     let rest = buf[head_end..].to_vec();
     let mut lines = head.split("\r\n");

@@ -345,3 +345,54 @@ async fn tinyproxy_requires_the_credentials_of_the_user_data() {
     };
     requires_credentials(RealProxies::new(ProxyKind::Tinyproxy(bin))).await;
 }
+
+#[test]
+fn client_networks_come_from_allow_lines() {
+    let net = |s: &str| Network::parse(s).unwrap();
+    let cases: &[(&str, &[&str])] = &[
+        ("Port 3128\n", &[]),
+        ("      Allow 203.0.113.0/24\n  Allow 127.0.0.1\n", &["203.0.113.0/24", "127.0.0.1/32"]),
+        ("Allow 2001:db8::/32\n", &["2001:db8::/32"]),
+        // Not one network, or not the directive: left out.
+        ("Allow\nAllow a b\nAllow 10.0.0.0/33\nAllow example.com\n# Allow 10.0.0.1\n", &[]),
+    ];
+    for (input, want) in cases {
+        let got = allowed_clients_from_user_data(Some(input.as_bytes()));
+        let want: Vec<Network> = want.iter().map(|s| net(s)).collect();
+        assert_eq!(got, want, "user data {input:?}");
+    }
+    let lan = net("203.0.113.0/24");
+    assert!(lan.contains("203.0.113.77".parse().unwrap()));
+    assert!(!lan.contains("203.0.114.1".parse().unwrap()));
+    assert!(!lan.contains("::1".parse().unwrap()));
+    assert!(net("0.0.0.0/0").contains("198.51.100.1".parse().unwrap()));
+}
+
+/// A proxy whose user data has `Allow` lines serves clients from those networks only
+/// (the tests' client is 127.0.0.1), as tinyproxy does.
+async fn serves_allowed_clients_only(proxies: Arc<RealProxies>) {
+    let echo = echo_server().await;
+    for (allow, want) in [("127.0.0.1", "200"), ("127.0.0.0/8", "200"), ("192.0.2.0/24", "403")] {
+        let port = free_port();
+        let ud = format!("Port {port}\nAllow {allow}\n");
+        let p = proxies.clone();
+        tokio::task::spawn_blocking(move || p.start("i-1", Some(ud.as_bytes()))).await.unwrap();
+        let status = connect_status(port, echo, None).await;
+        assert_eq!(status.split(' ').nth(1), Some(want), "Allow {allow}: {status}");
+        let p = proxies.clone();
+        tokio::task::spawn_blocking(move || p.stop("i-1")).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn builtin_proxy_serves_allowed_clients_only() {
+    serves_allowed_clients_only(RealProxies::new(ProxyKind::Builtin)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tinyproxy_serves_allowed_clients_only() {
+    let Some(bin) = tinyproxy_or_skip() else {
+        return;
+    };
+    serves_allowed_clients_only(RealProxies::new(ProxyKind::Tinyproxy(bin))).await;
+}

@@ -304,6 +304,52 @@ async fn credentials_lifecycle(kind: ProxyKind) {
     );
 }
 
+/// `spec.auth.allowedClients` instead of credentials: the template's `Allow` line makes
+/// the instance's proxy serve those networks only. The probe (from 127.0.0.1) goes through
+/// when 127.0.0.1 is allowed, and is refused (403, TunnelRefused) when only another
+/// network is.
+async fn allowed_clients_lifecycle(kind: ProxyKind) {
+    let Some(env) = Env::start(kind).await else {
+        return;
+    };
+    const ALLOW: &str = "#cloud-config\nwrite_files:\n  - content: |\n      Port {{egress.port}}\n      Allow {{egress.allowedClients}}\n";
+    let auth = |cidr: &str| ProxyAuth {
+        type_: AuthType::None,
+        secret_name: None,
+        allowed_clients: vec![cidr.into()],
+    };
+    env.create("local", ALLOW, auth("127.0.0.1/32")).await;
+    env.wait_cond("local", condition::READY, "True", "Ready")
+        .await;
+    env.create("elsewhere", ALLOW, auth("192.0.2.0/24")).await;
+    env.wait_cond("elsewhere", condition::HEALTHY, "False", "TunnelRefused")
+        .await;
+    let user_data: Vec<String> = env
+        .hz
+        .dump()
+        .instances
+        .iter()
+        .map(|i| String::from_utf8_lossy(&i.user_data).into_owned())
+        .collect();
+    assert!(
+        user_data.iter().any(|u| u.contains("Allow 192.0.2.0/24\n")),
+        "the allow-list was rendered into the user data: {user_data:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_clients_through_tinyproxy() {
+    let Some(bin) = support::tinyproxy::tinyproxy_bin() else {
+        return;
+    };
+    allowed_clients_lifecycle(ProxyKind::Tinyproxy(bin)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_clients_through_the_builtin_proxy() {
+    allowed_clients_lifecycle(ProxyKind::Builtin).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_credentials_through_tinyproxy_basic_auth() {
     let Some(bin) = support::tinyproxy::tinyproxy_bin() else {
