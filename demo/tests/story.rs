@@ -26,12 +26,43 @@ const READY_AT_THE_END: [&str; 7] = [
 
 use support::skip;
 
-fn port_open(port: u16) -> bool {
-    std::net::TcpStream::connect_timeout(
-        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-        Duration::from_millis(300),
-    )
-    .is_ok()
+/// Whether something answers at `addr` (`ip:port`).
+fn open(addr: &str) -> bool {
+    let addr: std::net::SocketAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
+    std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
+}
+
+/// The `ip:port` the closing line gives the Proxy `name`.
+fn address_of(closing: &str, name: &str) -> String {
+    closing
+        .split(&format!("demo/{name} at "))
+        .nth(1)
+        .and_then(|s| s.split([',', ' ']).next())
+        .map(String::from)
+        .unwrap_or_else(|| panic!("no address of {name} in: {closing}"))
+}
+
+/// Sends the demo SIGINT when the test ends before it does (a failed assertion), so the
+/// demo still stops its operator, emulators and their proxies: a killed demo would leave
+/// tinyproxy processes on the ports the next run needs.
+struct InterruptOnDrop(Option<u32>);
+
+impl InterruptOnDrop {
+    /// Ctrl-C, as a terminal sends it to the driver; once.
+    fn interrupt(&mut self) {
+        if let Some(pid) = self.0.take() {
+            // SAFETY: a plain syscall on our own child's PID, not yet reaped.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGINT);
+            }
+        }
+    }
+}
+
+impl Drop for InterruptOnDrop {
+    fn drop(&mut self) {
+        self.interrupt();
+    }
 }
 
 #[test]
@@ -47,6 +78,7 @@ fn the_story_completes_and_ctrl_c_stops_everything() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut guard = InterruptOnDrop(Some(child.id()));
     let started = Instant::now();
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<String>();
@@ -70,7 +102,6 @@ fn the_story_completes_and_ctrl_c_stops_everything() {
                 }
             }
             Err(e) => {
-                let _ = child.kill();
                 panic!(
                     "no line with {what:?} ({e}); output so far:\n{}",
                     seen.join("\n")
@@ -97,6 +128,12 @@ fn the_story_completes_and_ctrl_c_stops_everything() {
         assert!(all.contains(phase), "no {phase} line in:\n{all}");
     }
     assert!(all.contains("GC deleted the orphan"), "{all}");
+    // The pool of two is Ready, and the request goes through one of its proxies.
+    assert!(all.contains("ProxyPool demo/edge: 2 of 2 Ready"), "{all}");
+    assert!(
+        all.contains("Send one real request through a proxy of the pool demo/edge"),
+        "{all}"
+    );
     // The closing line names every Proxy left Ready: one on each cloud of `--clouds all`.
     let ready = all
         .lines()
@@ -104,13 +141,18 @@ fn the_story_completes_and_ctrl_c_stops_everything() {
         .unwrap_or_else(|| panic!("no closing line in:\n{all}"));
     for name in READY_AT_THE_END {
         assert!(
-            ready.contains(&format!("demo/{name} at 127.0.0.1:")),
+            // Each instance has a loopback address of its own (127.0.0.2, ...).
+            ready.contains(&format!("demo/{name} at 127.0.0.")),
             "{name} is not Ready at the end: {ready}"
         );
     }
+    let listening = [
+        address_of(ready, "ec2-eu-west-1"),
+        address_of(ready, "hetzner-fsn1"),
+    ];
     assert!(
-        port_open(31282) && port_open(31284),
-        "the Ready proxies listen"
+        listening.iter().all(|a| open(a)),
+        "the Ready proxies listen: {listening:?}"
     );
     // The kubectl line the demo prints works against its control plane, READY column included.
     match Command::new("kubectl")
@@ -142,11 +184,7 @@ fn the_story_completes_and_ctrl_c_stops_everything() {
         )),
     }
 
-    // Ctrl-C, as a terminal sends it to the driver.
-    // SAFETY: a plain syscall on our own child's PID.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGINT);
-    }
+    guard.interrupt();
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -172,7 +210,7 @@ fn the_story_completes_and_ctrl_c_stops_everything() {
         "the operator (pid {operator_pid}) still runs"
     );
     assert!(
-        !port_open(31282) && !port_open(31284),
-        "proxies still listen after the demo stopped"
+        !listening.iter().any(|a| open(a)),
+        "proxies still listen after the demo stopped: {listening:?}"
     );
 }

@@ -298,14 +298,20 @@ impl RealProxies {
     /// lowest loopback address no instance of any emulator in this process holds (the
     /// demo runs one set of real proxies per emulator, and two clouds' instances must not
     /// share an address either).
-    fn address_for_new(&self) -> Ipv4Addr {
+    ///
+    /// With a `port`, an address where something else (a proxy another process left
+    /// behind) already listens on it is skipped too.
+    fn address_for_new(&self, port: Option<u16>) -> Ipv4Addr {
         if !self.own_addresses {
             return LOOPBACK;
         }
         let mut taken = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        let free = |ip: &Ipv4Addr| port.is_none_or(|p| TcpListener::bind((*ip, p)).is_ok());
         let ip = (2u32..(1 << 16))
             .map(|n| Ipv4Addr::from(0x7f00_0000 | n))
-            .find(|ip| !taken.contains(ip))
+            .filter(|ip| !taken.contains(ip))
+            .take(1024)
+            .find(free)
             .unwrap_or(LOOPBACK);
         taken.insert(ip);
         ip
@@ -336,11 +342,12 @@ impl RealProxies {
     /// cloud-init would.
     pub fn start(&self, id: &str, user_data: Option<&[u8]>) -> Ipv4Addr {
         self.stop(id);
-        let ip = self.address_for_new();
+        let wanted = port_from_user_data(user_data);
+        let ip = self.address_for_new(wanted.as_ref().ok().copied());
         if self.own_addresses {
             self.addresses.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), ip);
         }
-        let port = match port_from_user_data(user_data) {
+        let port = match wanted {
             Ok(p) => p,
             Err(PortError::Missing) if user_data.is_none_or(<[u8]>::is_empty) => {
                 tracing::info!(instance = id, "real-proxy mode: no user data, no proxy");
