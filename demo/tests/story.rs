@@ -91,7 +91,7 @@ fn the_story_completes_and_ctrl_c_stops_everything() {
         }
     });
     let mut seen = Vec::new();
-    let mut wait_for = |what: &str, seen: &mut Vec<String>| loop {
+    let wait_for = |what: &str, seen: &mut Vec<String>| loop {
         let left = Duration::from_secs(180).saturating_sub(started.elapsed());
         match rx.recv_timeout(left) {
             Ok(line) => {
