@@ -67,7 +67,10 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
 
-    crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
+    crate::build_plugins::run(&crate::build_plugins::Args {
+        configmap: None,
+        providers_only: false,
+    })?;
 
     let ws = crate::workspace()?;
     let plugin_dir = ws.target_dir.join("plugins");
