@@ -5,10 +5,7 @@
 use anyhow::{Context, Result, bail};
 
 pub fn run() -> Result<()> {
-    crate::build_plugins::run(&crate::build_plugins::Args {
-        configmap: None,
-        providers_only: false,
-    })?;
+    crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
     let ws = crate::workspace()?;
     let json = ws.target_dir.join("bench-runtime.json");
     let out = crate::cargo()

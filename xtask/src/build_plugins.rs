@@ -25,11 +25,6 @@ pub struct Args {
     /// --server-side -k config/release` deploys both in place of the empty placeholder.
     #[arg(long, value_name = "FILE")]
     pub configmap: Option<PathBuf>,
-    /// Only the providers (what the operator ships), not the testing plugins: all the demo
-    /// needs, and a cold build's worth of compiling less (the wrapper `broken` rebuilds
-    /// hetzner with other features).
-    #[arg(long)]
-    pub providers_only: bool,
 }
 
 /// One plugin crate found in the workspace.
@@ -49,10 +44,7 @@ pub struct Plugin {
 pub fn run(args: &Args) -> Result<()> {
     ensure_target()?;
     let ws = crate::workspace()?;
-    let plugins: Vec<Plugin> = find_plugins(&ws.root, &ws.packages)
-        .into_iter()
-        .filter(|p| !(args.providers_only && p.testing))
-        .collect();
+    let plugins = find_plugins(&ws.root, &ws.packages);
     ensure!(
         !plugins.is_empty(),
         "no plugin crates under providers-wasm/"
@@ -161,9 +153,7 @@ pub fn run(args: &Args) -> Result<()> {
     // A plugin whose crate was removed must not linger where the host loads plugins.
     let keep: Vec<&Path> = built.iter().map(|(_, path)| path.as_path()).collect();
     remove_wasm_files_except(&out_dir, &keep)?;
-    if !args.providers_only {
-        remove_wasm_files_except(&out_dir.join("testing"), &keep)?;
-    }
+    remove_wasm_files_except(&out_dir.join("testing"), &keep)?;
     let _ = std::fs::remove_dir_all(&stage);
 
     if let Some(file) = &args.configmap {

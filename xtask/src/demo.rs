@@ -34,28 +34,14 @@ const BUILD_ARGS: &[&str] = &[
 ];
 
 pub fn run(args: &Args) -> Result<()> {
-    // The providers (wasm32) and the two binaries (native) build at the same time: they
-    // share no compiled crate, cargo locks each profile's directory on its own, and on a
-    // cold 2-core machine one build's serial stretches (a build script, a plugin's LTO
-    // link) leave a core the other can use.
-    let plugins = std::thread::spawn(|| {
-        crate::build_plugins::run(&crate::build_plugins::Args {
-            configmap: None,
-            providers_only: true,
-        })
-    });
+    crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
     let ws = crate::workspace()?;
     println!("building the operator and the demo driver (debug profile)");
     let status = crate::cargo()
         .current_dir(&ws.root)
         .args(BUILD_ARGS)
         .status()
-        .context("running cargo build");
-    let plugins = plugins
-        .join()
-        .map_err(|_| anyhow::anyhow!("the plugin build panicked"))?;
-    plugins.context("building the providers")?;
-    let status = status?;
+        .context("running cargo build")?;
     if !status.success() {
         bail!("building the binaries failed ({status})");
     }

@@ -67,10 +67,7 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
 
-    crate::build_plugins::run(&crate::build_plugins::Args {
-        configmap: None,
-        providers_only: false,
-    })?;
+    crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
 
     let ws = crate::workspace()?;
     let plugin_dir = ws.target_dir.join("plugins");
