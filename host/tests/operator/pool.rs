@@ -14,7 +14,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use proxy_operator::api::{
-    self, LABEL_POOL, PoolPlacement, Proxy, ProxyPool, ProxyPoolSpec, condition, pool_condition,
+    self, LABEL_POOL, PoolPlacement, Proxy, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, condition,
+    pool_condition,
 };
 use proxy_operator::controller::{self, Context, HealthHook};
 use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
@@ -159,6 +160,22 @@ impl Env {
             .expect("the pool exists")
     }
 
+    /// Waits (up to 10 s) until the pool's status counts `n` Ready Proxies, and returns it.
+    async fn status_at(&self, pool: &str, n: usize) -> ProxyPoolStatus {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = self.pool(pool).status.unwrap_or_default();
+            if status.ready_replicas == n as i32 {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pool {pool}: status not at {n} Ready: {status:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits (up to `within`) for exactly `n` members, all Ready.
     async fn settled(&self, pool: &str, n: usize, within: Duration) {
         let deadline = Instant::now() + within;
@@ -248,8 +265,8 @@ async fn a_pool_rotates_without_dropping_below_min_ready_and_scales() {
         .await
         .unwrap();
     env.settled("web", 20, Duration::from_secs(90)).await;
-    let pool = env.pool("web");
-    let status = pool.status.clone().unwrap();
+    // The pool's status follows its Proxies' a pass later.
+    let status = env.status_at("web", 20).await;
     assert_eq!(
         (
             status.replicas,
@@ -339,11 +356,7 @@ async fn a_pool_rotates_without_dropping_below_min_ready_and_scales() {
             }
         }
         env.settled("web", n, Duration::from_secs(60)).await;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while env.pool("web").status.unwrap_or_default().ready_replicas != n as i32 {
-            assert!(Instant::now() < deadline, "status not at {n}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        env.status_at("web", n).await;
     }
 }
 
@@ -366,6 +379,7 @@ async fn a_placement_with_quota_errors_is_skipped_and_the_pool_fills_elsewhere()
         .await
         .unwrap();
     env.settled("web", 3, Duration::from_secs(60)).await;
+    let status = env.status_at("web", 3).await;
     for p in env.members("web") {
         assert_eq!(
             p.spec.provider,
@@ -374,7 +388,6 @@ async fn a_placement_with_quota_errors_is_skipped_and_the_pool_fills_elsewhere()
             p.name_any()
         );
     }
-    let status = env.pool("web").status.unwrap();
     let full = status.placements.iter().find(|p| p.name == "full").unwrap();
     let failing = full
         .failing
