@@ -17,6 +17,7 @@ pub mod turns;
 pub use decide::{Answer, Call, Decision, Input, Next, Observed, Timings, decide};
 pub use spec_hash::{keyed as keyed_spec_hash, spec_hash};
 mod reconcile;
+pub(crate) use reconcile::{CONDITION_MESSAGE_MAX, EVENT_NOTE_MAX, truncate};
 
 pub use reconcile::{
     Context, FIELD_MANAGER, FINALIZER, HealthHook, ReconcileError, ReconcileMetrics, Settings,

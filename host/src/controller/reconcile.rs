@@ -47,8 +47,8 @@ pub const FIELD_MANAGER: &str = "proxy-operator";
 /// the reconcile then just comes back after RequeueNow.
 const MAX_STEPS: usize = 6;
 /// Events carry at most 1 kB of note; conditions get a generous but bounded message.
-const EVENT_NOTE_MAX: usize = 1024;
-const CONDITION_MESSAGE_MAX: usize = 4096;
+pub(crate) const EVENT_NOTE_MAX: usize = 1024;
+pub(crate) const CONDITION_MESSAGE_MAX: usize = 4096;
 
 /// What the reconciler is configured with.
 #[derive(Debug, Clone)]
@@ -1267,7 +1267,7 @@ fn now() -> Time {
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary.
-fn truncate(s: &mut String, max: usize) {
+pub(crate) fn truncate(s: &mut String, max: usize) {
     if s.len() > max {
         let mut end = max;
         while !s.is_char_boundary(end) {

@@ -307,10 +307,6 @@ pub fn plan(
     // Status, after the plan's actions.
     let ready_fresh = fresh.iter().filter(|c| c.ready).count();
     let ready_all = ready_fresh + kept_stale.iter().filter(|c| c.ready).count();
-    let young = |c: &&&Child| {
-        spec.age_limit(&c.uid)
-            .is_none_or(|limit| age(now, c.created) < limit)
-    };
     let placements = spec
         .placements
         .iter()
@@ -331,7 +327,8 @@ pub fn plan(
         replicas: count(alive_now + create.len()),
         ready_replicas: count(ready_all),
         updated_replicas: count(fresh.len() + create.len()),
-        available_replicas: count(fresh.iter().filter(|c| c.ready).filter(young).count()),
+        // Fresh ones are young by definition: not due for rotation.
+        available_replicas: count(ready_fresh),
         selector: Some(format!("{}={pool}", crate::api::LABEL_POOL)),
         observed_generation: Some(generation),
         placements,
@@ -378,7 +375,11 @@ pub fn plan(
                 )
             })
             .collect();
-        ("True", "PlacementsSkipped", list.join("; "))
+        // Each message is a Proxy's (at most 4 KiB); many placements must still fit the
+        // condition, or the API server would refuse the whole status.
+        let mut message = list.join("; ");
+        crate::controller::truncate(&mut message, crate::controller::CONDITION_MESSAGE_MAX);
+        ("True", "PlacementsSkipped", message)
     };
     set_condition(
         &mut next.conditions,
@@ -857,6 +858,34 @@ mod tests {
         );
         assert_eq!(created(&again), ["a"]);
         assert!(again.status.placements.iter().all(|s| s.failing.is_none()));
+    }
+
+    #[test]
+    fn many_failing_placements_still_fit_the_condition() {
+        let zones: Vec<(String, i32)> = (0..20).map(|i| (format!("z{i}"), 1)).collect();
+        let refs: Vec<(&str, i32)> = zones.iter().map(|(z, w)| (z.as_str(), *w)).collect();
+        let spec = pool(20, &refs);
+        let children: Vec<Child> = zones
+            .iter()
+            .map(|(z, _)| {
+                let mut c = child(&format!("f-{z}"), z, false, 10);
+                c.failure = Some(("QuotaExceeded".into(), "x".repeat(4000)));
+                c
+            })
+            .collect();
+        let p = run(&spec, &children);
+        let c = p
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == pool_condition::PLACEMENTS_FAILING)
+            .unwrap();
+        assert!(c.message.len() <= 4096, "{} bytes", c.message.len());
+        assert!(
+            c.message.starts_with("z0: QuotaExceeded until "),
+            "{}",
+            &c.message[..40]
+        );
     }
 
     #[test]

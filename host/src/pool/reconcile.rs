@@ -417,7 +417,9 @@ fn tally(per: &BTreeMap<&str, usize>) -> String {
         .join(", ")
 }
 
-fn event(type_: EventType, reason: &str, note: String) -> Event {
+fn event(type_: EventType, reason: &str, mut note: String) -> Event {
+    // A provider's message can be longer than an Event note may be.
+    crate::controller::truncate(&mut note, crate::controller::EVENT_NOTE_MAX);
     Event {
         type_,
         reason: reason.into(),
