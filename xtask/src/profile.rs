@@ -1,20 +1,34 @@
-//! The dev profile's unoptimised exceptions, checked against the dependency graph.
+//! The dev profile's per-crate optimisation levels, checked against the dependency graph.
 //!
-//! Dependencies build at `opt-level = 3` (wasmtime's compiler at 0 turns a 0.5 s plugin
-//! compile into many seconds), except the crates named with `opt-level = 0` under
-//! `[profile.dev.package]` in the root Cargo.toml: proc macros and what only they use,
-//! whose optimisation was 40% of a cold build's CPU time. The list names crates, so it can
-//! go wrong two ways as dependencies move: a name that matches nothing any more (a cold
-//! build slower again, silently), or a crate that some binary now links (the operator or
-//! the tests slower at run time). [`check`] catches both.
+//! Dependencies build at `opt-level = 1` (fast enough for the operator, the emulators and
+//! the tests, and much cheaper to compile than 3), with two kinds of exception named under
+//! `[profile.dev.package]` in the root Cargo.toml: `opt-level = 3` for the plugin
+//! compiler's hot path (cranelift's code generator and register allocator: lower, a plugin
+//! compile in the tests takes seconds instead of half of one), and `opt-level = 0` for proc
+//! macros and what only they use (they expand in milliseconds either way). The lists name
+//! crates, so they can go wrong as dependencies move: a name that matches nothing any more
+//! (a cold build slower again, or a compile slower, silently), an unoptimised crate that
+//! some binary now links (slower at run time), an optimised one no binary links (build
+//! time for nothing). [`check`] catches all three.
 
 use anyhow::{Context, Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The `name` or `name@version` specs the root manifest builds at `opt-level = 0`.
-pub fn unoptimised_specs(manifest: &str) -> Result<Vec<String>> {
+/// The `[profile.dev.package]` exceptions to the dependencies' `"*"` level, by name or
+/// `name@version`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Exceptions {
+    /// `opt-level = 0`: crates that only run inside the compiler.
+    pub unoptimised: Vec<String>,
+    /// `opt-level = 3`: the plugin compiler's hot path.
+    pub optimised: Vec<String>,
+}
+
+/// Reads the exceptions from the root manifest; any other kind of entry is an error, so
+/// that nothing escapes the check.
+pub fn exceptions(manifest: &str) -> Result<Exceptions> {
     let mut in_table = false;
-    let mut specs = Vec::new();
+    let mut found = Exceptions::default();
     for line in manifest.lines() {
         let line = line.trim();
         if line.starts_with('[') {
@@ -31,15 +45,16 @@ pub fn unoptimised_specs(manifest: &str) -> Result<Vec<String>> {
         if key == "*" {
             continue;
         }
-        if value.replace(' ', "") != "{opt-level=0}" {
-            bail!(
-                "[profile.dev.package]: {key:?} = {}: only `{{ opt-level = 0 }}` exceptions are expected here",
+        match value.replace(' ', "").as_str() {
+            "{opt-level=0}" => found.unoptimised.push(key.to_string()),
+            "{opt-level=3}" => found.optimised.push(key.to_string()),
+            _ => bail!(
+                "[profile.dev.package]: {key:?} = {}: only `{{ opt-level = 0 }}` and `{{ opt-level = 3 }}` exceptions are expected here",
                 value.trim()
-            );
+            ),
         }
-        specs.push(key.to_string());
     }
-    Ok(specs)
+    Ok(found)
 }
 
 /// A package of the resolved graph, as the check needs it.
@@ -144,14 +159,16 @@ fn matches(spec: &str, p: &Package) -> bool {
     }
 }
 
-/// Every spec matches at least one package, and none matches a linked one.
+/// Every unoptimised spec matches a compile-time package and no linked one; every
+/// optimised spec matches a linked package (optimising what no binary runs only costs
+/// build time).
 pub fn check(
-    specs: &[String],
+    exceptions: &Exceptions,
     linked: &BTreeSet<Package>,
     compile_time: &BTreeSet<Package>,
 ) -> Result<()> {
     let mut problems = Vec::new();
-    for spec in specs {
+    for spec in &exceptions.unoptimised {
         let slow: Vec<String> = linked
             .iter()
             .filter(|p| matches(spec, p))
@@ -165,6 +182,13 @@ pub fn check(
         } else if !compile_time.iter().any(|p| matches(spec, p)) {
             problems.push(format!(
                 "{spec:?} matches no package of the build any more: remove it from the list"
+            ));
+        }
+    }
+    for spec in &exceptions.optimised {
+        if !linked.iter().any(|p| matches(spec, p)) {
+            problems.push(format!(
+                "{spec:?} is optimised but matches no package a binary links: remove it from the list"
             ));
         }
     }
@@ -189,17 +213,33 @@ mod tests {
         }
     }
 
-    /// The real manifest against the real graph: what keeps the list honest as
+    fn specs(s: &[&str]) -> Vec<String> {
+        s.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// The real manifest against the real graph: what keeps the lists honest as
     /// dependencies move.
     #[test]
-    fn the_unoptimised_crates_only_run_inside_the_compiler() {
+    fn the_exceptions_match_what_the_binaries_link() {
         let ws = crate::workspace().unwrap();
         let manifest = std::fs::read_to_string(ws.root.join("Cargo.toml")).unwrap();
-        let specs = unoptimised_specs(&manifest).unwrap();
+        let exceptions = exceptions(&manifest).unwrap();
         assert!(
-            specs.iter().any(|s| s == "syn"),
-            "the list is read: {specs:?}"
+            exceptions.unoptimised.iter().any(|s| s == "syn"),
+            "the list is read: {exceptions:?}"
         );
+        // At the dependencies' level 1, a plugin compile in the tests takes several times
+        // as long: cranelift's code generator and register allocator must stay at 3.
+        for hot in [
+            "cranelift-codegen",
+            "regalloc2",
+            "wasmtime-internal-cranelift",
+        ] {
+            assert!(
+                exceptions.optimised.iter().any(|s| s == hot),
+                "{hot} is optimised: {exceptions:?}"
+            );
+        }
         let out =
             std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
                 .current_dir(&ws.root)
@@ -217,30 +257,24 @@ mod tests {
             linked.iter().any(|p| p.name == "wasmtime"),
             "the graph is read"
         );
-        check(&specs, &linked, &compile_time).unwrap();
+        check(&exceptions, &linked, &compile_time).unwrap();
     }
 
     #[test]
-    fn a_linked_or_vanished_crate_is_named() {
+    fn a_linked_vanished_or_unlinked_crate_is_named() {
         let linked = BTreeSet::from([package("serde", "1.0.0"), package("wasmparser", "0.254.2")]);
         let compile_time =
             BTreeSet::from([package("syn", "2.0.1"), package("wasmparser", "0.262.0")]);
-        let specs = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert!(
-            check(
-                &specs(&["syn", "wasmparser@0.262.0"]),
-                &linked,
-                &compile_time
-            )
-            .is_ok()
-        );
-        let err = check(
-            &specs(&["serde", "wasmparser", "gone"]),
-            &linked,
-            &compile_time,
-        )
-        .unwrap_err()
-        .to_string();
+        let good = Exceptions {
+            unoptimised: specs(&["syn", "wasmparser@0.262.0"]),
+            optimised: specs(&["wasmparser@0.254.2"]),
+        };
+        assert!(check(&good, &linked, &compile_time).is_ok());
+        let bad = Exceptions {
+            unoptimised: specs(&["serde", "wasmparser", "gone"]),
+            optimised: specs(&["syn", "also-gone"]),
+        };
+        let err = check(&bad, &linked, &compile_time).unwrap_err().to_string();
         assert!(
             err.contains("\"serde\" is unoptimised but linked into a binary (serde@1.0.0)"),
             "{err}"
@@ -252,17 +286,24 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("\"gone\" matches no package"), "{err}");
+        assert!(
+            err.contains("\"syn\" is optimised but matches no package a binary links"),
+            "{err}"
+        );
+        assert!(err.contains("\"also-gone\" is optimised"), "{err}");
     }
 
     #[test]
     fn reads_only_the_dev_package_table() {
-        let manifest = "[profile.dev]\ndebug = 1\n[profile.dev.package]\n\"*\" = { opt-level = 3 }\n# c\nsyn = { opt-level = 0 }\n\"wit-parser@0.262.0\" = {opt-level=0}\n[profile.plugin]\nx = 1\n";
+        let manifest = "[profile.dev]\ndebug = 1\n[profile.dev.package]\n\"*\" = { opt-level = 1 }\n# c\nsyn = { opt-level = 0 }\n\"wit-parser@0.262.0\" = {opt-level=0}\nregalloc2 = { opt-level = 3 }\n[profile.plugin]\nx = 1\n";
         assert_eq!(
-            unoptimised_specs(manifest).unwrap(),
-            ["syn", "wit-parser@0.262.0"]
+            exceptions(manifest).unwrap(),
+            Exceptions {
+                unoptimised: specs(&["syn", "wit-parser@0.262.0"]),
+                optimised: specs(&["regalloc2"]),
+            }
         );
-        let err =
-            unoptimised_specs("[profile.dev.package]\nsyn = { opt-level = 1 }\n").unwrap_err();
+        let err = exceptions("[profile.dev.package]\nsyn = { opt-level = 1 }\n").unwrap_err();
         assert!(
             err.to_string().contains("\"syn\" = { opt-level = 1 }"),
             "{err}"
