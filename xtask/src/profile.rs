@@ -3,8 +3,8 @@
 //! Dependencies build at `opt-level = 1` (fast enough for the operator, the emulators and
 //! the tests, and much cheaper to compile than 3), with two kinds of exception named under
 //! `[profile.dev.package]` in the root Cargo.toml: `opt-level = 3` for the plugin
-//! compiler's hot path (cranelift's code generator and register allocator: lower, a plugin
-//! compile in the tests takes seconds instead of half of one), and `opt-level = 0` for proc
+//! compiler's hot path (cranelift's code generator and register allocator: at 0, a plugin
+//! compile in the tests took seconds instead of half of one), and `opt-level = 0` for proc
 //! macros and what only they use (they expand in milliseconds either way). The lists name
 //! crates, so they can go wrong as dependencies move: a name that matches nothing any more
 //! (a cold build slower again, or a compile slower, silently), an unoptimised crate that
