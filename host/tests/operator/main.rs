@@ -15,6 +15,7 @@ mod controller_logs;
 mod controller_wasm;
 mod credentials;
 mod deploy;
+mod harness;
 mod discovery;
 mod leader;
 mod operations_doc;

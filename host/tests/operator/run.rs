@@ -6,154 +6,15 @@
 
 use crate::support;
 
+use super::harness::{
+    fake_cluster, free_port, providers_yaml, start_operator, start_operator_with_env, wait_for,
+};
 use egress_emulators::example::ExampleBackend;
-use fake_kube::FakeApi;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
-use proxy_operator::api::{self, ProviderHealth, Proxy};
+use proxy_operator::api::{ProviderHealth, Proxy};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-struct Operator {
-    child: Child,
-    addr: std::net::SocketAddr,
-    log: std::path::PathBuf,
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            eprintln!("--- proxy-operator log ---\n{log}--- end of log ---");
-        }
-    }
-}
-
-impl Operator {
-    /// (status, body); status 0 while nothing listens.
-    async fn get(&self, path: &str) -> (u16, String) {
-        match support::http::try_get(self.addr, path).await {
-            Some(a) => (a.status, a.body),
-            None => (0, "connection refused".into()),
-        }
-    }
-}
-
-async fn wait_for<T>(what: &str, within: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            start.elapsed() < within,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn providers_yaml(backend: &ExampleBackend, token: &Path, extra: &str) -> String {
-    format!(
-        "providers:\n- name: ex\n  plugin: example.wasm\n  additionalHosts: ['{url}']\n  allowPrivateAddresses: true\n  \
-         limits: {{timeout: 60s}}\n  secrets: {{token: {secret}}}\n  \
-         config: {{endpoint: '{url}', regions: [r1]}}\n{extra}",
-        url = backend.url(),
-        secret = token.display()
-    )
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The in-memory API with the operator's CRDs, served on loopback; a client and a
-/// kubeconfig (in `dir`) for it.
-async fn fake_cluster(dir: &Path) -> (FakeApi, kube::Client, std::path::PathBuf) {
-    let fake = FakeApi::new();
-    let client = fake.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for (_, crd) in api::crds() {
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-    }
-    let api_addr = fake.serve("127.0.0.1:0").await.unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    fake.write_kubeconfig(api_addr, &kubeconfig).unwrap();
-    (fake, client, kubeconfig)
-}
-
-/// Starts `proxy-operator run` against the fake API at `kubeconfig`, with fast loops, the
-/// discovery API without auth, its log in `dir/operator.log`; `extra` flags are appended.
-fn start_operator(
-    plugin_dir: &Path,
-    providers: &Path,
-    kubeconfig: &Path,
-    dir: &Path,
-    extra: &[&str],
-) -> Operator {
-    start_operator_with_env(plugin_dir, providers, kubeconfig, dir, extra, &[])
-}
-
-/// [`start_operator`], with `env` added to its environment.
-fn start_operator_with_env(
-    plugin_dir: &Path,
-    providers: &Path,
-    kubeconfig: &Path,
-    dir: &Path,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> Operator {
-    let listen = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let log = dir.join("operator.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
-        .args([
-            "run",
-            "--installation",
-            "run-test",
-            "--leader-election=false",
-        ])
-        .arg("--plugin-dir")
-        .arg(plugin_dir)
-        .arg("--providers")
-        .arg(providers)
-        .arg("--plugin-cache-dir")
-        .arg(support::cache_dir())
-        .arg("--plugin-scratch-dir")
-        .arg(dir.join("scratch"))
-        .args([
-            "--listen",
-            &listen.to_string(),
-            "--discovery-insecure-no-auth",
-        ])
-        .args([
-            "--reload-interval",
-            "200ms",
-            "--provider-check-interval",
-            "300ms",
-        ])
-        .args(["--provisioning-poll", "100ms", "--requeue-now", "50ms"])
-        .args(extra)
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("starting proxy-operator run");
-    Operator {
-        child,
-        addr: listen,
-        log,
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_replica_reports_readiness_metrics_reload_errors_and_stops_within_its_grace() {
