@@ -10,6 +10,7 @@ pub mod discovery;
 pub mod endpoints;
 pub mod fdlimit;
 pub mod gc;
+pub mod http_server;
 pub mod installation;
 pub mod inventory;
 pub mod leader;

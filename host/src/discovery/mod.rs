@@ -161,19 +161,14 @@ pub fn provider_health_reflector(
     (store, fut)
 }
 
-/// Serves `router` on `listener` (with TCP_NODELAY) until `shutdown` completes.
+/// Serves `router` on `listener` until `shutdown` completes, under the default
+/// connection limits ([`crate::http_server`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    crate::http_server::serve(listener, router, shutdown, Default::default()).await
 }
 
 // ---------------------------------------------------------------------------------------

@@ -43,6 +43,8 @@ impl Drop for Operator {
     }
 }
 
+// Not every test uses every accessor.
+#[allow(dead_code)]
 impl Operator {
     /// (status, body); status 0 while nothing listens.
     pub async fn get(&self, path: &str) -> (u16, String) {

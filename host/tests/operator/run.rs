@@ -7,13 +7,12 @@
 use crate::support;
 
 use super::harness::{
-    fake_cluster, free_port, providers_yaml, start_operator, start_operator_with_env, wait_for,
+    fake_cluster, providers_yaml, start_operator, start_operator_with_env, wait_for,
 };
 use egress_emulators::example::ExampleBackend;
 use kube::api::{Api, PostParams};
 use proxy_operator::api::{ProviderHealth, Proxy};
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -76,6 +76,17 @@ pub struct Args {
     /// Where the discovery API, /metrics, /healthz and /readyz listen.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub listen: std::net::SocketAddr,
+    /// Connections the HTTP port holds open at once; more are closed at once.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub http_max_connections: u32,
+    /// Connections the HTTP port holds open at once from one client address, so one
+    /// client cannot take the places the kubelet's probes and Prometheus need.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub http_max_connections_per_client: u32,
+    /// Time a client has to send a request's headers, and to start the next request on a
+    /// kept-alive connection.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub http_header_timeout: Duration,
     /// Serve the discovery API without authentication (local development only).
     #[arg(long)]
     pub discovery_insecure_no_auth: bool,

@@ -117,8 +117,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     tracing::info!(addr = %args.listen, "serving the discovery API, /metrics, /healthz, /readyz");
-    let server =
-        proxy_operator::discovery::serve(listener, router, shutdown.clone().cancelled_owned());
+    let server = proxy_operator::http_server::serve(
+        listener,
+        router,
+        shutdown.clone().cancelled_owned(),
+        proxy_operator::http_server::Limits {
+            max_connections: args.http_max_connections as usize,
+            max_per_client: args.http_max_connections_per_client as usize,
+            header_timeout: args.http_header_timeout,
+        },
+    );
 
     let reload_run = reloader.run(args.reload_interval, shutdown.clone(), serving);
     let reflect = {
