@@ -14,6 +14,7 @@ pub mod compiler;
 mod engine;
 mod fs;
 mod http;
+mod interfaces;
 mod load;
 mod metrics;
 mod output;
