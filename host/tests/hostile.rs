@@ -802,6 +802,16 @@ async fn peak_during(
     attack: &str,
     measure: fn() -> u64,
 ) -> (ProviderError, u64) {
+    let (result, peak) = peak_while(p.get(attack), measure).await;
+    (result.expect_err("the attack is stopped"), peak)
+}
+
+/// Awaits `work` while sampling `measure` every 2 ms; returns its output and the largest
+/// sample above the one taken before.
+async fn peak_while<T>(
+    work: impl std::future::Future<Output = T>,
+    measure: fn() -> u64,
+) -> (T, u64) {
     let before = measure();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
@@ -815,11 +825,10 @@ async fn peak_during(
             peak.max(measure())
         })
     };
-    let result = p.get(attack).await;
+    let result = work.await;
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let peak = sampler.await.unwrap();
-    let e = result.expect_err("the attack is stopped");
-    (e, peak.saturating_sub(before))
+    (result, peak.saturating_sub(before))
 }
 
 /// What the sandbox's caps promise about the host process itself: a plugin cannot take
@@ -894,22 +903,10 @@ async fn a_reply_cannot_make_the_host_copy_more_than_the_lift_bound() {
         );
     }
 
-    let before = support::process::resident_bytes(std::process::id());
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let done = done.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut peak = 0;
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(support::process::resident_bytes(std::process::id()));
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            peak.max(support::process::resident_bytes(std::process::id()))
-        })
-    };
-    let result = p.list_by_tag("alias-list:2000:65536").await;
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    let grew = sampler.await.unwrap().saturating_sub(before);
+    let (result, grew) = peak_while(p.list_by_tag("alias-list:2000:65536"), || {
+        support::process::resident_bytes(std::process::id())
+    })
+    .await;
     let e = result.expect_err("the aliased list is refused");
     assert_eq!(e.class, Class::Transient, "{e}");
     assert!(e.message.contains("MAX_LIFT_BYTES = 2.5 MiB"), "{e}");
