@@ -24,3 +24,4 @@ mod probe;
 mod rbac;
 mod run;
 mod status_page;
+mod threat_network;

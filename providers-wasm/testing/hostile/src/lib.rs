@@ -35,7 +35,8 @@
 //!   the error code.
 //! - `check`: leaks the secret in a target's message and details.
 //! - `list-by-tag(installation)`: `alias-list:<n>:<bytes>` returns `n` instances whose
-//!   strings all point at one `<bytes>`-long string (3 x n x bytes if copied whole).
+//!   strings all point at one `<bytes>`-long string (3 x n x bytes if copied whole); any
+//!   other installation runs the config's `"list"` attack, if any, else lists nothing.
 
 use egress_guest_sdk::http::{HeaderError, HttpError, Method, Request};
 use egress_guest_sdk::*;
@@ -581,7 +582,14 @@ impl Provider for Hostile {
                     bytes.parse().unwrap_or(64 * 1024),
                 ))
             }
-            _ => Ok(Vec::new()),
+            // From the config, for an operator that lists with its own installation.
+            _ => match serde_json::from_str::<serde_json::Value>(&config())
+                .ok()
+                .and_then(|c| c.get("list")?.as_str().map(String::from))
+            {
+                Some(attack) if attack.starts_with("alias-list:") => Self::list_by_tag(&attack),
+                _ => Ok(Vec::new()),
+            },
         }
     }
 
