@@ -347,9 +347,17 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
             trap: None,
         },
         Case {
+            attack: "huge-id:1048576".into(),
+            limits: "fuel: 100000000000",
+            expect: Expect::Rejected("instance.id is 1048576 bytes long, more than 256"),
+            within: s(5),
+            trap: None,
+        },
+        Case {
+            // Past what the host copies out of a guest at all: refused before the copy.
             attack: "huge-id:8388608".into(),
             limits: "fuel: 100000000000",
-            expect: Expect::Rejected("instance.id is 8388608 bytes long, more than 256"),
+            expect: Expect::Limit("MAX_LIFT_BYTES = 2.5 MiB"),
             within: s(5),
             trap: None,
         },
@@ -794,6 +802,16 @@ async fn peak_during(
     attack: &str,
     measure: fn() -> u64,
 ) -> (ProviderError, u64) {
+    let (result, peak) = peak_while(p.get(attack), measure).await;
+    (result.expect_err("the attack is stopped"), peak)
+}
+
+/// Awaits `work` while sampling `measure` every 2 ms; returns its output and the largest
+/// sample above the one taken before.
+async fn peak_while<T>(
+    work: impl std::future::Future<Output = T>,
+    measure: fn() -> u64,
+) -> (T, u64) {
     let before = measure();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
@@ -807,11 +825,10 @@ async fn peak_during(
             peak.max(measure())
         })
     };
-    let result = p.get(attack).await;
+    let result = work.await;
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let peak = sampler.await.unwrap();
-    let e = result.expect_err("the attack is stopped");
-    (e, peak.saturating_sub(before))
+    (result, peak.saturating_sub(before))
 }
 
 /// What the sandbox's caps promise about the host process itself: a plugin cannot take
@@ -860,4 +877,50 @@ async fn descriptors_and_memory_of_the_host_stay_bounded_under_attack() {
         "resident memory grew by {} MiB during the fields flood",
         grew >> 20
     );
+}
+
+/// A `list-by-tag` reply whose strings all point at the same 64 KiB of guest memory: 2,000
+/// instances ask the host to copy 3 x 2,000 x 64 KiB = 375 MiB. The host stops copying at
+/// `MAX_LIFT_BYTES` and fails the call naming that bound, and the process grows by less
+/// than the host side the fit counts for one call (before the bound it grew by 96 to
+/// 128 MiB: wasmtime's default hostcall fuel, 128 MiB, was the only limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_cannot_make_the_host_copy_more_than_the_lift_bound() {
+    let _dir = plugins_or_skip!();
+    let _one = ONE_AT_A_TIME.lock().await;
+    let server = support::TestServer::start().await;
+    let rt = support::runtime();
+    let p = support::provider(&rt, "hostile.wasm", &support::hostile_yaml(server.port, "")).await;
+    // Warm up: the first calls set up what every call shares (pool slot, caches). A list
+    // of the same length with 8-byte strings passes the lift (the reply rules then refuse
+    // its "IP addresses").
+    p.get("ok").await.unwrap();
+    let small = p.list_by_tag("alias-list:2000:8").await;
+    if let Err(e) = &small {
+        assert!(
+            !e.message.contains("MAX_LIFT_BYTES"),
+            "2,000 x 3 x 8 bytes: {e}"
+        );
+    }
+
+    let (result, grew) = peak_while(p.list_by_tag("alias-list:2000:65536"), || {
+        support::process::resident_bytes(std::process::id())
+    })
+    .await;
+    let e = result.expect_err("the aliased list is refused");
+    assert_eq!(e.class, Class::Transient, "{e}");
+    assert!(e.message.contains("MAX_LIFT_BYTES = 2.5 MiB"), "{e}");
+    let fit = p.limits().host_bytes_per_call();
+    eprintln!(
+        "aliased list: resident memory grew by {:.1} MiB at its peak (bound {:.1} MiB, fit's host side per call {:.1} MiB)",
+        grew as f64 / (1 << 20) as f64,
+        proxy_operator::plugin::MAX_LIFT_BYTES as f64 / (1 << 20) as f64,
+        fit as f64 / (1 << 20) as f64
+    );
+    assert!(
+        grew < fit,
+        "resident memory grew by {grew} bytes during one call, more than the {fit} bytes of host side the fit counts for it"
+    );
+    // The provider keeps answering.
+    p.get("ok").await.unwrap();
 }

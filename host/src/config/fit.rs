@@ -35,6 +35,12 @@ pub const RESPONSE_BUFFER_BYTES: u64 = 512 * KIB;
 /// allocator: RSS +3.0 MiB), so 1 MiB of stack plus 1 MiB covers it with margin.
 pub const STORE_OVERHEAD_BYTES: u64 = 2 * MIB;
 
+/// What one reply (or one host call's arguments) may make the host copy out of a guest
+/// before it is checked: [`crate::plugin::MAX_LIFT_BYTES`], counted as wasmtime counts it
+/// (string bytes plus each list element's host size, as header fields are counted at their
+/// accounting size).
+pub const LIFT_BYTES: u64 = crate::plugin::MAX_LIFT_BYTES as u64;
+
 /// `/tmp` room kept for the compile cache, per plugin file the providers file names. The
 /// cache writes one artifact (`*.cwasm`) per plugin version; measured for the shipped
 /// plugins: hetzner.wasm 310 KiB -> 1.05 MiB, ec2.wasm 336 KiB -> 1.16 MiB. 4 MiB each
@@ -55,13 +61,16 @@ impl Limits {
     ///   chunk taken from the guest ([`OUTGOING_BODY_CHUNK_BYTES`]) and the response bytes
     ///   buffered ahead of the guest ([`RESPONSE_BUFFER_BYTES`]);
     /// - `2 x logLines x logLineBytes`: captured stdout and stderr;
-    /// - [`STORE_OVERHEAD_BYTES`]: the Store, its instances and its stack.
+    /// - [`STORE_OVERHEAD_BYTES`]: the Store, its instances and its stack;
+    /// - [`LIFT_BYTES`]: a reply, or one host call's arguments, copied out of the guest
+    ///   before they are checked (one at a time: a call runs one host call or returns once).
     pub fn host_bytes_per_call(&self) -> u64 {
         u64::from(self.handles) * u64::from(self.http.max_header_bytes)
             + u64::from(self.http.max_in_flight)
                 * (OUTGOING_BODY_CHUNK_BYTES + RESPONSE_BUFFER_BYTES)
             + 2 * u64::from(self.log_lines) * u64::from(self.log_line_bytes)
             + STORE_OVERHEAD_BYTES
+            + LIFT_BYTES
     }
 
     /// Everything one call may hold: `memoryMib` of linear memory plus the host side.
@@ -327,6 +336,7 @@ providers:
         want += u64::from(l.http.max_in_flight) * (64 + 512) * KIB;
         want += 2 * 10 * 100;
         want += STORE_OVERHEAD_BYTES;
+        want += LIFT_BYTES;
         assert_eq!(l.host_bytes_per_call(), want);
         assert_eq!(
             l.memory_bytes_per_call(),

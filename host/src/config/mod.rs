@@ -100,7 +100,7 @@ impl Default for Limits {
         Limits {
             timeout: Duration::from_secs(60),
             fuel: 5_000_000_000,
-            // The two shipped providers at these defaults need up to about 210 MiB of
+            // The two shipped providers at these defaults need up to about 222 MiB of
             // memory and 48 MiB of /tmp (config::fit): they fit the shipped Deployment
             // (320Mi minus a 96 MiB reserve; a 64Mi /tmp).
             memory_mib: 32,

@@ -13,7 +13,7 @@
 //! `limits.http.maxInFlight` requests at once (each a socket and hyper's buffers), and at
 //! most [`OUTGOING_CHUNK_BYTES`] buffered per outgoing body.
 
-use super::policy::{AllowList, Decision, Target, address_allowed};
+use super::policy::{AllowList, Decision, Target, address_problem};
 use super::sandbox::{LimitHit, Tripwire};
 use crate::config::HttpLimits;
 use bytes::Bytes;
@@ -378,17 +378,22 @@ async fn send(
     .max(Duration::from_millis(1));
 
     let connect_deadline = tokio::time::Instant::now() + connect_timeout;
-    let addrs = resolve(host, target.port, connect_deadline).await?;
-    let vetted: Vec<SocketAddr> = addrs
-        .iter()
-        .copied()
-        .filter(|a| address_allowed(a.ip(), &explicit))
-        .collect();
-    if vetted.is_empty() {
-        tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, addresses = ?addrs, "HTTP request refused: the name resolves only to internal addresses that the allow-list does not name");
-        return Err(Error::DestinationIpProhibited);
-    }
-    let stream = connect(&vetted, connect_deadline).await?;
+    let own = super::interfaces::own_addresses().map_err(|e| {
+        tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, error = %e, "HTTP request refused: the operator's own addresses could not be listed, so the connect-time check cannot be made");
+        Error::DestinationIpProhibited
+    })?;
+    let stream = match dial(host, target.port, &explicit, &own, connect_deadline).await {
+        Ok(s) => s,
+        Err(Dial::Refused(refused)) => {
+            let refused: Vec<String> = refused
+                .iter()
+                .map(|(a, why)| format!("{}: {why}", a.ip()))
+                .collect();
+            tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, refused = ?refused, "HTTP request refused: the name resolves only to the operator's own or internal addresses, which the allow-list does not name");
+            return Err(Error::DestinationIpProhibited);
+        }
+        Err(Dial::Failed(e)) => return Err(e),
+    };
 
     let io: Box<dyn IoStream> = if target.scheme == super::policy::Scheme::Https {
         let name = match host
@@ -522,6 +527,43 @@ async fn resolve(
         return Err(Error::DestinationNotFound);
     }
     Ok(addrs)
+}
+
+/// Why [`dial`] made no connection.
+#[derive(Debug)]
+enum Dial {
+    /// Every address the name resolved to was refused, each with the reason; nothing was
+    /// dialled.
+    Refused(Vec<(SocketAddr, &'static str)>),
+    /// Resolving or connecting failed.
+    Failed(Error),
+}
+
+/// Resolves `host` and connects to the first address [`address_problem`] allows (given the
+/// allow-list's literal entries and the operator's own addresses) that answers. Addresses
+/// it refuses are never dialled.
+async fn dial(
+    host: &str,
+    port: u16,
+    explicit: &[IpAddr],
+    own: &[IpAddr],
+    deadline: tokio::time::Instant,
+) -> Result<TcpStream, Dial> {
+    let addrs = resolve(host, port, deadline).await.map_err(Dial::Failed)?;
+    let (vetted, refused): (Vec<_>, Vec<_>) = addrs
+        .into_iter()
+        .map(|a| (a, address_problem(a.ip(), explicit, own)))
+        .partition(|(_, why)| why.is_none());
+    if vetted.is_empty() {
+        return Err(Dial::Refused(
+            refused
+                .into_iter()
+                .map(|(a, why)| (a, why.unwrap_or_default()))
+                .collect(),
+        ));
+    }
+    let vetted: Vec<SocketAddr> = vetted.into_iter().map(|(a, _)| a).collect();
+    connect(&vetted, deadline).await.map_err(Dial::Failed)
 }
 
 async fn connect(addrs: &[SocketAddr], deadline: tokio::time::Instant) -> Result<TcpStream, Error> {
@@ -694,5 +736,100 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyCert {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request whose allowed name resolves to one of this machine's own addresses (not
+    /// loopback: a pod's address, public on IPv6 clusters) is never dialled, while a server
+    /// listens there; the same address named literally by the operator is.
+    #[tokio::test]
+    async fn an_own_address_is_never_dialled_unless_named_literally() {
+        let own = super::super::interfaces::read().unwrap();
+        let Some(addr) = own.iter().copied().find(|a| !a.is_loopback()) else {
+            eprintln!(
+                "!!! SKIPPING an_own_address_is_never_dialled_unless_named_literally: this machine has no non-loopback address ({own:?})"
+            );
+            return;
+        };
+        let listener = match tokio::net::TcpListener::bind((addr, 0)).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "!!! SKIPPING an_own_address_is_never_dialled_unless_named_literally: cannot listen on {addr}: {e}"
+                );
+                return;
+            }
+        };
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let server = {
+            let accepted = accepted.clone();
+            tokio::spawn(async move {
+                while listener.accept().await.is_ok() {
+                    accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            })
+        };
+        let deadline = || tokio::time::Instant::now() + Duration::from_secs(5);
+        let host = match addr {
+            IpAddr::V6(v6) => format!("[{v6}]"),
+            IpAddr::V4(v4) => v4.to_string(),
+        };
+        // What an allowed name resolving to it yields: no literal entry.
+        match dial(&host, port, &[], &own, deadline()).await {
+            Err(Dial::Refused(r)) => {
+                assert_eq!(
+                    r,
+                    vec![(
+                        SocketAddr::new(addr, port),
+                        super::super::policy::OWN_ADDRESS
+                    )]
+                );
+            }
+            other => panic!("{addr}: want Refused, got {other:?}"),
+        }
+        // The machine's host name, where it resolves to that address (a pod's /etc/hosts).
+        let name = hostname();
+        let by_name: Vec<IpAddr> = tokio::net::lookup_host((name.as_str(), port))
+            .await
+            .map(|a| a.map(|a| a.ip()).collect())
+            .unwrap_or_default();
+        if by_name.iter().any(|a| !a.is_loopback() && own.contains(a)) {
+            match dial(&name, port, &[], &own, deadline()).await {
+                Err(Dial::Refused(_)) => {}
+                other => panic!("{name}: want Refused, got {other:?}"),
+            }
+        } else {
+            eprintln!(
+                "!!! by-name variant skipped: host name {name:?} resolves to {by_name:?}, none of them a non-loopback address of this machine"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "a refused address was dialled"
+        );
+        // The operator's literal entry opens it, as it opens 127.0.0.1 for emulators.
+        dial(&host, port, &[addr], &own, deadline())
+            .await
+            .unwrap_or_else(|e| panic!("{addr} named literally: {e:?}"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+        server.abort();
+    }
+
+    fn hostname() -> String {
+        let mut buf = [0u8; 256];
+        // SAFETY: the buffer is writable for its length; gethostname NUL-terminates it
+        // when the name fits.
+        let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+        assert_eq!(r, 0, "gethostname");
+        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
     }
 }

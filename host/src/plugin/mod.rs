@@ -14,6 +14,7 @@ pub mod compiler;
 mod engine;
 mod fs;
 mod http;
+mod interfaces;
 mod load;
 mod metrics;
 mod output;
@@ -31,6 +32,7 @@ pub use engine::EngineOptions;
 pub use http::tls_config;
 pub use load::{LoadError, LoadReport, LoadedPlugin, ProviderLoadError};
 pub use metrics::{PluginMetrics, TrapKind};
+pub use reply::MAX_LIFT_BYTES;
 
 use crate::config::{Limits, ProviderEntry, ProvidersFile};
 use crate::provider::{Class, Op, ProviderError};
@@ -610,6 +612,9 @@ impl WasmProvider {
         let mut store = Store::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
         store.set_fuel(limits.fuel)?;
+        // Bounds what the guest can make the host copy out of it at once: a reply, or
+        // one host call's arguments (see `reply::MAX_LIFT_BYTES`).
+        store.set_hostcall_fuel(reply::MAX_LIFT_BYTES);
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|mut ctx| ctx.data_mut().on_tick());
         Ok(store)
@@ -713,6 +718,15 @@ fn trap_message(
     state: &CallState,
     limits: &Limits,
 ) -> (Option<TrapKind>, String) {
+    if past_lift_bound(err) {
+        return (
+            None,
+            format!(
+                "plugin handed the host more data at once than it copies out of a sandbox (MAX_LIFT_BYTES = {} MiB, counted as string bytes plus the host size of each list element, for one reply or one host call's arguments) and was stopped",
+                reply::MAX_LIFT_BYTES as f64 / (1 << 20) as f64
+            ),
+        );
+    }
     let (kind, message) = match err.downcast_ref::<Trap>() {
         Some(Trap::OutOfFuel) => (TrapKind::Fuel, format!(
             "plugin used up its fuel budget (limits.fuel = {}) and was stopped: a runaway loop or far too much work in one call",
@@ -741,6 +755,16 @@ fn trap_message(
         }
     };
     (Some(kind), message)
+}
+
+/// Whether wasmtime refused to copy a reply or a host call's arguments out of the guest
+/// because they cost more than the Store's hostcall fuel ([`reply::MAX_LIFT_BYTES`]).
+/// wasmtime's error type for it is private; its message is matched, and the hostile
+/// tests fail if it changes.
+fn past_lift_bound(err: &wasmtime::Error) -> bool {
+    const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
+    err.chain()
+        .any(|e| e.to_string().contains(HOSTCALL_FUEL_EXHAUSTED))
 }
 
 /// Builds the shared state of a provider. Used for real providers and for the anonymous

@@ -185,7 +185,7 @@ pub struct AllowList {
 pub enum Decision {
     /// Not on the allow-list.
     Denied,
-    /// Allowed; connect only to addresses that pass [`AllowList::address_allowed`].
+    /// Allowed; connect only to addresses [`address_problem`] finds nothing wrong with.
     Allowed {
         /// IP literals named by the matching entries: the only internal addresses allowed.
         explicit: Vec<IpAddr>,
@@ -236,11 +236,25 @@ impl AllowList {
     }
 }
 
-/// Whether a resolved address may be connected to: public addresses always, internal ones
-/// only when an allow-list entry names them literally.
-pub fn address_allowed(addr: IpAddr, explicit: &[IpAddr]) -> bool {
-    explicit.contains(&addr) || !is_internal(addr)
+/// Why a resolved address may not be connected to, or `None` when it may. An address an
+/// allow-list entry names literally always may (the operator opened it: emulators on
+/// 127.0.0.1, a private cloud's API). Otherwise neither one of the operator's own addresses
+/// (`own`: every address of the host's interfaces, from `plugin/interfaces.rs`), which may be
+/// public (a pod's IPv6 address) and would let a plugin reach the operator's own ports,
+/// nor an internal one ([`internal_kind`]). IPv4-mapped forms count as the IPv4 address.
+pub fn address_problem(addr: IpAddr, explicit: &[IpAddr], own: &[IpAddr]) -> Option<&'static str> {
+    if explicit.contains(&addr) {
+        return None;
+    }
+    let canonical = addr.to_canonical();
+    if own.iter().any(|o| o.to_canonical() == canonical) {
+        return Some(OWN_ADDRESS);
+    }
+    internal_kind(addr)
 }
+
+/// The reason [`address_problem`] gives for one of the operator's own addresses.
+pub const OWN_ADDRESS: &str = "one of the operator's own addresses";
 
 /// Addresses a plugin must not reach by name: the host itself, the pod and cluster
 /// networks, cloud metadata services, and anything not globally routable.
@@ -335,6 +349,12 @@ fn internal_kind_v6(ip: Ipv6Addr) -> Option<&'static str> {
 /// Why a plugin's own `default-hosts` entry cannot be used, if it cannot. A plugin may only
 /// name public DNS hosts: an IP literal or a local name would let a plugin open the way to
 /// internal addresses for itself. Only the operator's providers file can do that.
+///
+/// The connect-time check ([`address_problem`]) refuses internal addresses whatever the
+/// name; this check refuses, at load and naming the rule, names that are plainly not
+/// public, so that such a plugin never loads rather than failing at its first request.
+/// The providers file's own entries (`allowedHosts`, `additionalHosts`) are not held to it:
+/// an operator may name a Proxmox server as `pve.lan` or an emulator as `localhost`.
 pub fn plugin_default_problem(rule: &AllowRule) -> Option<&'static str> {
     let name = match &rule.host {
         HostPattern::Ip(_) => {
@@ -346,21 +366,122 @@ pub fn plugin_default_problem(rule: &AllowRule) -> Option<&'static str> {
     if last.bytes().all(|b| b.is_ascii_digit()) || last.starts_with("0x") {
         return Some("looks like a numeric address, not a DNS name");
     }
-    const LOCAL: &[&str] = &[
-        "localhost",
-        "local",
-        "internal",
-        "localdomain",
-        "home.arpa",
-        "arpa",
-    ];
-    if LOCAL
-        .iter()
-        .any(|l| name == *l || name.ends_with(&format!(".{l}")))
-    {
+    let under = |domains: &[&str]| {
+        domains
+            .iter()
+            .any(|d| name == *d || name.strip_suffix(d).is_some_and(|f| f.ends_with('.')))
+    };
+    if THIS_HOST.contains(&name) || under(&["localhost"]) {
+        return Some(
+            "names this host (localhost, localhost6, ip6-localhost, ip6-loopback or a .localhost name)",
+        );
+    }
+    if under(CLUSTER_DOMAINS) {
+        return Some(
+            "names a cluster-internal domain (Kubernetes service DNS: .svc, .cluster.local, or <service>.<namespace> of a system namespace)",
+        );
+    }
+    if under(LOCAL_DOMAINS) {
         return Some("names a local or internal domain");
     }
+    if under(WILDCARD_DNS) {
+        return Some(
+            "names a wildcard-DNS service (nip.io, sslip.io, ...), whose names resolve to any address they spell, internal ones included",
+        );
+    }
+    if embedded_internal_ip(name).is_some() {
+        return Some(
+            "spells an internal IP address in its labels (as 127.0.0.1.x, 10-0-0-1.x or 7f000001.x), which wildcard-DNS services resolve to that address",
+        );
+    }
+    if matches!(rule.host, HostPattern::Name(_)) && !name.contains('.') {
+        return Some(
+            "is a single-label name, which the pod's DNS search list resolves inside the cluster (<name>.<namespace>.svc.cluster.local, ...)",
+        );
+    }
     None
+}
+
+/// Names of the host itself in `/etc/hosts` (Debian's and Kubernetes' defaults).
+const THIS_HOST: &[&str] = &[
+    "localhost",
+    "localhost6",
+    "localhost.localdomain",
+    "localhost6.localdomain6",
+    "ip6-localhost",
+    "ip6-loopback",
+];
+
+/// Domains only a cluster's DNS answers: service DNS, and `<service>.<namespace>` of the
+/// namespaces every cluster has (the search list completes `kubernetes.default`).
+const CLUSTER_DOMAINS: &[&str] = &[
+    "svc",
+    "cluster.local",
+    "default",
+    "kube-system",
+    "kube-public",
+    "kube-node-lease",
+];
+
+/// Link-local (mDNS), private-use (RFC 6762 appendix G, RFC 8375, ICANN's `.internal`) and
+/// reverse-lookup domains.
+const LOCAL_DOMAINS: &[&str] = &[
+    "local",
+    "internal",
+    "localdomain",
+    "home.arpa",
+    "arpa",
+    "lan",
+    "intranet",
+    "corp",
+    "home",
+    "private",
+];
+
+/// Services whose every name resolves to the address it spells (`10-0-0-1.nip.io`), to
+/// loopback (`anything.lvh.me`), or to two addresses in turn (DNS rebinding: `rbndr.us`).
+const WILDCARD_DNS: &[&str] = &[
+    "nip.io",
+    "sslip.io",
+    "xip.io",
+    "traefik.me",
+    "localtest.me",
+    "lvh.me",
+    "vcap.me",
+    "lacolhost.com",
+    "localhost.direct",
+    "rbndr.us",
+    "1u.ms",
+];
+
+/// An internal address spelled in `name` the way wildcard-DNS services read names: four
+/// decimal octets in a row, separated by dots or dashes (`127.0.0.1.x`, `ip-10-0-0-1.x`);
+/// eight hex digits in one piece (`7f000001.x`, `app-c0a80101.x`); or a label that is an
+/// IPv6 address with dashes for colons (`fe80--1.x`). Only internal addresses count: a
+/// public one is no more than any public name (the connect-time check still applies).
+fn embedded_internal_ip(name: &str) -> Option<IpAddr> {
+    let tokens: Vec<&str> = name.split(['.', '-']).collect();
+    let octet = |t: &str| {
+        (!t.is_empty() && t.len() <= 3 && t.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| t.parse::<u8>().ok())
+            .flatten()
+    };
+    let quads = tokens.windows(4).filter_map(|w| {
+        let o: Vec<u8> = w.iter().filter_map(|t| octet(t)).collect();
+        (o.len() == 4).then(|| IpAddr::V4(Ipv4Addr::new(o[0], o[1], o[2], o[3])))
+    });
+    let hex = tokens.iter().filter_map(|t| {
+        let h = t.strip_prefix("0x").unwrap_or(t);
+        (h.len() == 8 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| u32::from_str_radix(h, 16).ok())
+            .flatten()
+            .map(|n| IpAddr::V4(Ipv4Addr::from(n)))
+    });
+    let v6 = name
+        .split('.')
+        .filter(|l| l.contains('-'))
+        .filter_map(|l| l.replace('-', ":").parse::<Ipv6Addr>().ok().map(IpAddr::V6));
+    quads.chain(hex).chain(v6).find(|ip| is_internal(*ip))
 }
 
 #[cfg(test)]
@@ -526,35 +647,171 @@ mod tests {
 
     #[test]
     fn plugin_defaults_only_public_dns_names() {
+        // (entry, None: usable, or a word the reason must contain: the rule it names)
         let cases = [
+            // The shipped plugins' defaults, and names that merely look odd.
             ("https://api.hetzner.cloud", None),
             ("https://*.amazonaws.com", None),
+            ("https://ec2.eu-west-1.amazonaws.com", None),
+            ("https://ec2.cn-north-1.amazonaws.com.cn", None),
+            ("https://api.digitalocean.com", None),
+            ("https://compute.googleapis.com", None),
+            ("https://oauth2.googleapis.com", None),
+            ("https://api.linode.com", None),
+            ("https://api.scaleway.com", None),
+            ("https://api.vultr.com", None),
+            ("https://deadbeef.example.com", None), // hex of a public address
+            ("https://1-2-3-4.example.com", None),  // a public address spelled out
+            ("https://ec2-52-1-2-3.compute-1.amazonaws.com", None),
+            ("https://20240101.example.com", None), // a date: 32.36.1.1
+            ("https://2a01-4f8-c17-b8f--2.example.com", None),
+            ("https://xn--80ak6aa92e.com", None), // punycode has dashes, not an address
+            ("https://local.example.com", None),  // "local" as a label, not the domain
+            ("https://svc.example.com", None),
+            // IP literals and numeric names.
             ("http://169.254.169.254:80", Some("IP address")),
             ("http://127.0.0.1:8080", Some("IP address")),
             ("http://[::1]:8080", Some("IP address")),
-            ("http://localhost:8080", Some("local")),
-            ("http://metadata.google.internal", Some("local")),
-            ("http://printer.local", Some("local")),
-            ("http://x.localhost", Some("local")),
             ("http://127.1", Some("numeric")),
             ("http://0x7f000001", Some("numeric")),
+            // The host itself.
+            ("http://localhost:8080", Some("this host")),
+            ("http://localhost6", Some("this host")),
+            ("http://ip6-localhost", Some("this host")),
+            ("http://ip6-loopback", Some("this host")),
+            ("http://localhost.localdomain", Some("this host")),
+            ("http://x.localhost", Some("this host")),
+            ("https://*.app.localhost", Some("this host")),
+            // Single labels: completed by the pod's search list.
+            ("http://metadata", Some("single-label")),
+            ("http://vm", Some("single-label")),
+            ("https://kubernetes", Some("single-label")),
+            // The cluster's own DNS.
+            ("https://kubernetes.default.svc", Some("cluster-internal")),
+            ("https://kubernetes.default", Some("cluster-internal")),
+            (
+                "https://kubernetes.default.svc.cluster.local",
+                Some("cluster-internal"),
+            ),
+            ("http://kube-dns.kube-system", Some("cluster-internal")),
+            ("http://api.ns.svc", Some("cluster-internal")),
+            ("https://*.svc.cluster.local", Some("cluster-internal")),
+            ("https://*.cluster.local", Some("cluster-internal")),
+            ("https://*.ns.svc", Some("cluster-internal")),
+            // Local and private-use domains.
+            ("http://metadata.google.internal", Some("local or internal")),
+            ("http://printer.local", Some("local or internal")),
+            ("https://*.corp.internal", Some("local or internal")),
+            ("http://router.home.arpa", Some("local or internal")),
+            ("http://1.0.0.127.in-addr.arpa", Some("local or internal")),
+            ("http://nas.lan", Some("local or internal")),
+            ("http://wiki.corp", Some("local or internal")),
+            // Wildcard DNS, whatever the name spells.
+            ("http://127.0.0.1.nip.io", Some("wildcard-DNS")),
+            ("http://10-0-0-1.sslip.io", Some("wildcard-DNS")),
+            ("http://7f000001.nip.io", Some("wildcard-DNS")),
+            ("http://1-2-3-4.nip.io", Some("wildcard-DNS")),
+            ("https://*.nip.io", Some("wildcard-DNS")),
+            ("http://anything.lvh.me", Some("wildcard-DNS")),
+            ("http://7f000001.c0a80001.rbndr.us", Some("wildcard-DNS")),
+            // Internal addresses spelled in any other name.
+            ("http://127.0.0.1.example.com", Some("internal IP")),
+            ("http://app.10.0.0.1.example.com", Some("internal IP")),
+            ("http://10-0-0-1.example.com", Some("internal IP")),
+            ("http://ip-172-16-0-9.example.com", Some("internal IP")),
+            ("http://169-254-169-254.example.com", Some("internal IP")),
+            ("http://7f000001.example.com", Some("internal IP")),
+            ("http://app-c0a80101.example.com", Some("internal IP")),
+            ("http://0x0a000001.example.com", Some("internal IP")),
+            ("http://fe80--1.example.com", Some("internal IP")),
+            ("http://0--1.example.com", Some("internal IP")),
+            ("http://fd00-ec2--254.example.com", Some("internal IP")),
+            ("https://*.10.0.0.1.example.com", Some("internal IP")),
         ];
+        let mut wrong = Vec::new();
         for (entry, want) in cases {
-            let rule: AllowRule = entry.parse().unwrap();
+            let rule: AllowRule = entry.parse().unwrap_or_else(|e| panic!("{entry}: {e}"));
             let got = plugin_default_problem(&rule);
-            match want {
-                None => assert_eq!(got, None, "{entry}"),
-                Some(w) => assert!(got.is_some_and(|g| g.contains(w)), "{entry}: {got:?}"),
+            let ok = match want {
+                None => got.is_none(),
+                Some(w) => got.is_some_and(|g| g.contains(w)),
+            };
+            if !ok {
+                wrong.push(format!("{entry}: got {got:?}, want {want:?}"));
             }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    /// The providers file's own entries are the operator's choice: each name the plugin
+    /// check refuses loads there (and still connects only to what the connect-time check
+    /// allows), so labs, emulators and private clouds keep working.
+    #[test]
+    fn the_operators_entries_may_name_internal_hosts() {
+        let names = [
+            "http://localhost:8080",
+            "http://127.0.0.1:8080",
+            "https://pve:8006",
+            "https://pve.lan:8006",
+            "https://proxmox.corp.internal:8006",
+            "http://emulator.default.svc:8080",
+            "http://10-0-0-1.nip.io",
+        ];
+        for h in names {
+            let yaml = format!(
+                "providers: [{{name: a, plugin: a.wasm, additionalHosts: ['{h}'], allowPrivateAddresses: true}}]"
+            );
+            let file = crate::config::ProvidersFile::parse(&yaml).unwrap();
+            let entry = &file.providers[0];
+            let rules = entry
+                .allow_rules(&[])
+                .unwrap_or_else(|e| panic!("{h}: {e}"));
+            assert_eq!(rules.len(), 1, "{h}");
+            let err = entry.allow_rules(&[h.to_string()]).unwrap_err();
+            assert!(
+                err.to_string().contains("the plugin's default host"),
+                "{h} as a plugin default: {err}"
+            );
         }
     }
 
     #[test]
-    fn address_allowed_only_when_listed_or_public() {
-        let lo: IpAddr = "127.0.0.1".parse().unwrap();
-        assert!(!address_allowed(lo, &[]));
-        assert!(address_allowed(lo, &[lo]));
-        assert!(!address_allowed("10.0.0.1".parse().unwrap(), &[lo]));
-        assert!(address_allowed("8.8.8.8".parse().unwrap(), &[]));
+    fn connect_only_to_listed_or_public_addresses_never_to_our_own() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let own = [
+            ip("127.0.0.1"),
+            ip("10.1.2.3"),
+            ip("2a01:4f8::7"),
+            ip("::1"),
+        ];
+        // (address, explicit entries, want)
+        let cases = [
+            ("8.8.8.8", vec![], None),
+            ("2a01:4f8::8", vec![], None), // a neighbour of ours: public, not ours
+            ("2a01:4f8::7", vec![], Some(OWN_ADDRESS)), // ours, public (IPv6 pod)
+            ("10.1.2.3", vec![], Some(OWN_ADDRESS)),
+            ("::ffff:10.1.2.3", vec![], Some(OWN_ADDRESS)), // mapped form of ours
+            ("127.0.0.1", vec![], Some(OWN_ADDRESS)),
+            ("127.0.0.2", vec![], Some("loopback")),
+            ("10.0.0.1", vec![], Some("private (RFC 1918)")),
+            (
+                "10.0.0.1",
+                vec![ip("127.0.0.1")],
+                Some("private (RFC 1918)"),
+            ),
+            // What the operator names literally is allowed, ours or not (emulators).
+            ("127.0.0.1", vec![ip("127.0.0.1")], None),
+            ("2a01:4f8::7", vec![ip("2a01:4f8::7")], None),
+            ("10.0.0.1", vec![ip("10.0.0.1")], None),
+        ];
+        for (addr, explicit, want) in cases {
+            assert_eq!(
+                address_problem(ip(addr), &explicit, &own),
+                want,
+                "{addr} explicit={explicit:?}"
+            );
+        }
+        // Without knowing our own addresses, only the ranges decide.
+        assert_eq!(address_problem(ip("2a01:4f8::7"), &[], &[]), None);
     }
 }

@@ -8,8 +8,6 @@
 
 #[macro_use]
 #[path = "../support/mod.rs"]
-mod support;
-
 mod controller;
 mod controller_logs;
 mod controller_wasm;
@@ -24,4 +22,7 @@ mod probe;
 mod rbac;
 mod run;
 mod status_page;
+mod support;
 mod threat_http;
+mod threat_network;
+

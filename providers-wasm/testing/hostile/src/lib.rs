@@ -34,6 +34,9 @@
 //!   cloud-init and the `token` secret through logs, stdout, stderr, the error message and
 //!   the error code.
 //! - `check`: leaks the secret in a target's message and details.
+//! - `list-by-tag(installation)`: `alias-list:<n>:<bytes>` returns `n` instances whose
+//!   strings all point at one `<bytes>`-long string (3 x n x bytes if copied whole); any
+//!   other installation runs the config's `"list"` attack, if any, else lists nothing.
 
 use egress_guest_sdk::http::{HeaderError, HttpError, Method, Request};
 use egress_guest_sdk::*;
@@ -353,6 +356,27 @@ fn log_flood() {
     }
 }
 
+/// `n` instances whose `id`, `ip` and `uid` all point at the same `bytes` of linear
+/// memory: the guest pays for `n` records and one string, a host that copied every string
+/// before checking would pay `3 x n x bytes`.
+fn alias_list(n: usize, bytes: usize) -> Vec<Instance> {
+    let shared: &'static mut [u8] = Box::leak(vec![b'a'; bytes].into_boxed_slice());
+    let (ptr, len) = (shared.as_mut_ptr(), shared.len());
+    // Hostile on purpose: every String claims the same leaked buffer. None is dropped in
+    // the guest: the bindings pass each one's pointer to the host and forget it (capacity
+    // equals length, so nothing is reallocated on the way).
+    let alias = || unsafe { String::from_raw_parts(ptr, len, len) };
+    (0..n)
+        .map(|_| Instance {
+            id: alias(),
+            ip: alias(),
+            state: State::Running,
+            uid: alias(),
+            created_at: None,
+        })
+        .collect()
+}
+
 fn leaked_secret() -> String {
     secret_string("token").unwrap_or_default()
 }
@@ -548,8 +572,25 @@ impl Provider for Hostile {
         Ok(())
     }
 
-    fn list_by_tag(_installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        Ok(Vec::new())
+    fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
+        let (attack, arg) = installation.split_once(':').unwrap_or((installation, ""));
+        match attack {
+            "alias-list" => {
+                let (n, bytes) = arg.split_once(':').unwrap_or((arg, "65536"));
+                Ok(alias_list(
+                    n.parse().unwrap_or(2000),
+                    bytes.parse().unwrap_or(64 * 1024),
+                ))
+            }
+            // From the config, for an operator that lists with its own installation.
+            _ => match serde_json::from_str::<serde_json::Value>(&config())
+                .ok()
+                .and_then(|c| c.get("list")?.as_str().map(String::from))
+            {
+                Some(attack) if attack.starts_with("alias-list:") => Self::list_by_tag(&attack),
+                _ => Ok(Vec::new()),
+            },
+        }
     }
 
     fn check() -> Vec<TargetStatus> {
