@@ -105,13 +105,13 @@ pub fn verdict(
     }
     for (provider, why) in &load.errors {
         let what = if provider.is_empty() {
-            "providers file".to_string()
+            "providers file failed to load; every provider keeps its current version".into()
+        } else if load.serving.contains(provider) {
+            format!("provider {provider} failed to reload; its previous version keeps serving")
         } else {
-            format!("provider {provider}")
+            format!("provider {provider} failed to load")
         };
-        body.push_str(&format!(
-            "[!] {what} failed to load (not a readiness failure): {why}\n"
-        ));
+        body.push_str(&format!("[!] {what} (not a readiness failure): {why}\n"));
     }
     body.push_str(if ready { "ready\n" } else { "not ready\n" });
     let code = if ready {
@@ -234,13 +234,30 @@ mod tests {
                 ],
             ),
             (
+                "a provider whose new version failed still serves the old one",
+                true,
+                true,
+                load(
+                    &["ec2", "hetzner"],
+                    &[(
+                        "hetzner",
+                        "provider \"hetzner\": not rebuilt within 1m (stopped while running validate-config)",
+                    )],
+                ),
+                StatusCode::OK,
+                &[
+                    "2 provider(s) serving (ec2, hetzner)",
+                    "[!] provider hetzner failed to reload; its previous version keeps serving (not a readiness failure): provider \"hetzner\": not rebuilt within 1m",
+                ],
+            ),
+            (
                 "a broken providers file is reported too",
                 true,
                 true,
                 load(&[], &[("", "providers.yaml: unknown field `limit`")]),
                 StatusCode::OK,
                 &[
-                    "[!] providers file failed to load",
+                    "[!] providers file failed to load; every provider keeps its current version (not a readiness failure): providers.yaml",
                     "0 provider(s) serving\n",
                 ],
             ),

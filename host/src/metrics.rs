@@ -154,7 +154,7 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     (
         "proxy_operator_provider_reload_errors",
         "counter",
-        &["provider"],
+        &["provider", "reason"],
     ),
 ];
 
@@ -433,6 +433,6 @@ mod tests {
             duration: Duration::from_millis(40),
         });
         m.reload.loaded("ec2");
-        m.reload.failed("ec2");
+        m.reload.failed("ec2", crate::reload::Reason::Timeout);
     }
 }

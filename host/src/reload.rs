@@ -8,13 +8,20 @@
 //! old one serving, and the error is kept for status and metrics until a later change
 //! loads cleanly.
 //!
+//! Providers rebuild independently ([`run_jobs`]): in parallel (a few at once), each within
+//! [`REBUILDS`]'s timeout, each published as it finishes. One provider cannot hold up the
+//! others: its load-time calls run on the runtime's load slot, never on its own call slots
+//! (which calls hanging on its backend may hold for their whole `limits.timeout`); a
+//! rebuild that still does not finish in time is reported (log, metric with
+//! `reason="timeout"`, `/readyz`, `ProviderHealth`) and its old version keeps serving.
+//!
 //! [`Reloader::run`] is the loop every replica runs: it polls, and hands what serves to
 //! [`Serving`], the one place that updates the provider registry the other loops read and
 //! the load report `/readyz` and the `ProviderHealth` objects show.
 
 use crate::config::{Budget, ProviderEntry, ProvidersFile};
 use crate::endpoints::{ProviderLoad, Readiness};
-use crate::plugin::{Runtime, WasmProvider};
+use crate::plugin::{LoadedPlugin, ProviderLoadError, Runtime, WasmProvider};
 use crate::provider::{Instrumented, Provider, ProviderMetrics};
 use crate::registry::{Entry, ProviderRegistry};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -22,10 +29,13 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::OnceCell;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 /// What to do with each provider after a change on disk.
@@ -79,12 +89,62 @@ struct ProviderLabel {
     provider: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    provider: String,
+    reason: &'static str,
+}
+
+/// Why a provider's new version was not loaded: the `reason` label of
+/// `proxy_operator_provider_reload_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The providers file is unreadable, does not parse or does not fit the pod
+    /// (`provider=""`).
+    File,
+    /// The plugin file is missing, is not a loadable plugin, or its `info` failed.
+    Plugin,
+    /// The entry is refused: its allow-list or TLS settings, or `validate-config`.
+    Config,
+    /// The rebuild did not finish within its timeout ([`REBUILDS`]).
+    Timeout,
+    /// The rebuild panicked (a bug in the operator).
+    Crashed,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::File => "file",
+            Reason::Plugin => "plugin",
+            Reason::Config => "config",
+            Reason::Timeout => "timeout",
+            Reason::Crashed => "crashed",
+        }
+    }
+}
+
+/// A failed rebuild: why (for the metric), and the message kept for `/readyz` and
+/// `ProviderHealth`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub reason: Reason,
+    pub message: String,
+}
+
+impl Failure {
+    fn new(reason: Reason, message: String) -> Self {
+        Failure { reason, message }
+    }
+}
+
 /// `proxy_operator_provider_reloads_total{provider}` and
-/// `proxy_operator_provider_reload_errors_total{provider}` (`provider=""` for the file).
+/// `proxy_operator_provider_reload_errors_total{provider,reason}` (`provider=""` for the
+/// file; `reason` from [`Reason`]).
 #[derive(Clone, Default)]
 pub struct ReloadMetrics {
     reloads: Family<ProviderLabel, Counter>,
-    errors: Family<ProviderLabel, Counter>,
+    errors: Family<FailureLabels, Counter>,
 }
 
 impl ReloadMetrics {
@@ -97,7 +157,7 @@ impl ReloadMetrics {
         );
         registry.register(
             "proxy_operator_provider_reload_errors",
-            "Reloads that failed (the previous version, if any, keeps serving); provider=\"\" for an unreadable providers file",
+            "Reloads that failed (the previous version, if any, keeps serving), by reason (file, plugin, config, timeout, crashed); provider=\"\" for the providers file",
             m.errors.clone(),
         );
         m
@@ -111,30 +171,137 @@ impl ReloadMetrics {
             .inc();
     }
 
-    pub(crate) fn failed(&self, provider: &str) {
+    pub(crate) fn failed(&self, provider: &str, reason: Reason) {
         self.errors
-            .get_or_create(&ProviderLabel {
+            .get_or_create(&FailureLabels {
                 provider: provider.into(),
+                reason: reason.as_str(),
             })
             .inc();
     }
 
-    pub fn errors(&self, provider: &str) -> u64 {
+    /// Failed reloads of `provider` for `reason` so far.
+    pub fn errors(&self, provider: &str, reason: Reason) -> u64 {
         self.errors
-            .get_or_create(&ProviderLabel {
+            .get_or_create(&FailureLabels {
                 provider: provider.into(),
+                reason: reason.as_str(),
             })
             .get()
     }
 }
 
-/// The outcome of a poll that found a change.
+/// How the rebuilds of one reload run ([`run_jobs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rebuilds {
+    /// Rebuilds running at once. Their plugin loads (a compile, in a child process, when
+    /// the plugin version is new) still run one at a time, and their load-time calls on
+    /// the runtime's load slot.
+    pub parallel: usize,
+    /// How long one rebuild may take, from its start: its plugin's load (read, compile or
+    /// the compile cache, `info`), `validate-config`, and the waits for the plugin load
+    /// and the load slot behind the other rebuilds running. Each load-time call stops at
+    /// `LOAD_CALL_TIMEOUT` (5 s), so the others running delay one by at most
+    /// `(parallel - 1) x 2 x 5 s` plus their compiles.
+    pub timeout: Duration,
+    /// A rebuild's outcome is published at most this long after it finished, together
+    /// with those that finished meanwhile: an edit of many providers swaps the registry
+    /// (which re-runs every Proxy) about once, and a slow one delays nobody else's.
+    pub window: Duration,
+}
+
+/// How a reload's rebuilds run.
+pub const REBUILDS: Rebuilds = Rebuilds {
+    parallel: 4,
+    timeout: Duration::from_secs(60),
+    window: Duration::from_secs(1),
+};
+
+/// Runs every job, at most `how.parallel` at once, each stopped `how.timeout` after it
+/// started (its outcome is then `timed_out(name)`), and hands the outcomes to `report` in
+/// batches: a batch closes `how.window` after its first outcome, or when every job is
+/// done. Dropping the future aborts the jobs still running.
+pub async fn run_jobs<T, F>(
+    jobs: Vec<(String, F)>,
+    how: Rebuilds,
+    timed_out: impl Fn(&str) -> Failure,
+    mut report: impl FnMut(Vec<(String, Result<T, Failure>)>),
+) where
+    T: Send + 'static,
+    F: Future<Output = Result<T, Failure>> + Send + 'static,
+{
+    let mut waiting = jobs.into_iter();
+    let mut running = JoinSet::new();
+    // By task: the job's name, for the outcome of a job that panicked.
+    let mut names = HashMap::new();
+    let mut start_next = |running: &mut JoinSet<Option<Result<T, Failure>>>,
+                          names: &mut HashMap<tokio::task::Id, String>| {
+        if let Some((name, job)) = waiting.next() {
+            let task =
+                running.spawn(async move { tokio::time::timeout(how.timeout, job).await.ok() });
+            names.insert(task.id(), name);
+        }
+    };
+    for _ in 0..how.parallel.max(1) {
+        start_next(&mut running, &mut names);
+    }
+    let mut batch = Vec::new();
+    let mut closes = None;
+    loop {
+        let joined = match closes {
+            None => running.join_next_with_id().await,
+            Some(at) => match tokio::time::timeout_at(at, running.join_next_with_id()).await {
+                Ok(joined) => joined,
+                Err(_) => {
+                    report(std::mem::take(&mut batch));
+                    closes = None;
+                    continue;
+                }
+            },
+        };
+        let Some(joined) = joined else { break };
+        let (id, outcome) = match joined {
+            Ok((id, outcome)) => (id, Ok(outcome)),
+            Err(e) => (e.id(), Err(e)),
+        };
+        let name = names.remove(&id).expect("every job's task is named");
+        let outcome = match outcome {
+            Ok(Some(outcome)) => outcome,
+            Ok(None) => Err(timed_out(&name)),
+            Err(e) => Err(Failure::new(
+                Reason::Crashed,
+                format!("provider {name:?}: the rebuild crashed: {e}"),
+            )),
+        };
+        batch.push((name, outcome));
+        closes.get_or_insert_with(|| tokio::time::Instant::now() + how.window);
+        start_next(&mut running, &mut names);
+    }
+    if !batch.is_empty() {
+        report(batch);
+    }
+}
+
+/// The outcome of a poll that found a change (or of one batch of it, see
+/// [`Reloader::poll_with`]).
 #[derive(Debug, Default)]
 pub struct Change {
     pub loaded: Vec<String>,
     pub removed: Vec<String>,
     /// Providers whose new version failed, with why; the old one (if any) still serves.
     pub failed: BTreeMap<String, String>,
+}
+
+impl Change {
+    fn is_empty(&self) -> bool {
+        self.loaded.is_empty() && self.removed.is_empty() && self.failed.is_empty()
+    }
+
+    fn absorb(&mut self, other: Change) {
+        self.loaded.extend(other.loaded);
+        self.removed.extend(other.removed);
+        self.failed.extend(other.failed);
+    }
 }
 
 pub struct Reloader {
@@ -191,14 +358,26 @@ impl Reloader {
         &self.errors
     }
 
-    /// Reads the file and plugin digests; when anything differs from the last poll, applies
-    /// the [`plan`]. `None` when nothing changed on disk.
+    /// [`Reloader::poll_with`], reporting only the whole change at the end.
     pub async fn poll(&mut self) -> Option<Change> {
+        self.poll_with(|_, _| {}).await
+    }
+
+    /// Reads the file and plugin digests; when anything differs from the last poll, applies
+    /// the [`plan`]: removes, then rebuilds what is new or changed ([`run_jobs`]). Hands
+    /// each part of the change to `publish` as it happens (the removals with the first
+    /// rebuilds to finish; a rebuild that takes long comes later, on its own), with the
+    /// reloader as it is then; returns the whole change (`loaded` sorted). `None` when
+    /// nothing changed on disk.
+    pub async fn poll_with(
+        &mut self,
+        mut publish: impl FnMut(&Reloader, &Change),
+    ) -> Option<Change> {
         let text = match std::fs::read_to_string(&self.providers_file) {
             Ok(t) => t,
             Err(e) => {
                 let why = format!("reading {}: {e}", self.providers_file.display());
-                return self.file_error(String::new(), why);
+                return self.file_error(String::new(), why, publish);
             }
         };
         let shas = plugin_digests(&self.plugin_dir, self.rt.max_plugin_bytes());
@@ -214,12 +393,12 @@ impl Reloader {
             Ok(f) => f,
             Err(e) => {
                 let why = format!("{}: {e}", self.providers_file.display());
-                return self.file_error(text, why);
+                return self.file_error(text, why, publish);
             }
         };
         if let Err(e) = crate::config::fit::check(&file, &self.budget) {
             let why = format!("{}: {e}", self.providers_file.display());
-            return self.file_error(text, why);
+            return self.file_error(text, why, publish);
         }
         self.errors.remove("");
         let current: BTreeMap<String, Source> = self
@@ -228,45 +407,111 @@ impl Reloader {
             .map(|(n, (s, _))| (n.clone(), s.clone()))
             .collect();
         let plan = plan(&current, &file, &shas);
-        let mut change = Change::default();
         for name in &plan.keep {
             // Back to what is running (a broken edit reverted): nothing is wrong any more.
             self.errors.remove(name);
         }
+        let mut unpublished = Change::default();
         for name in &plan.remove {
             self.running.remove(name);
             self.errors.remove(name);
             tracing::info!(provider = %name, "provider removed from the providers file");
-            change.removed.push(name.clone());
+            unpublished.removed.push(name.clone());
         }
-        for name in &plan.load {
-            let entry = file
-                .providers
+
+        let to_load: Vec<&ProviderEntry> = file
+            .providers
+            .iter()
+            .filter(|e| plan.load.contains(&e.name))
+            .collect();
+        let builder = Arc::new(Builder {
+            rt: self.rt.clone(),
+            plugin_dir: self.plugin_dir.clone(),
+            plugins: to_load
                 .iter()
-                .find(|e| &e.name == name)
-                .expect("planned from this file");
-            match self.build(entry, &shas).await {
-                Ok((source, p)) => {
-                    let replaced = self.running.insert(name.clone(), (source, Arc::new(p)));
-                    self.errors.remove(name);
-                    self.metrics.loaded(name);
-                    tracing::info!(provider = %name, replaced = replaced.is_some(), "provider loaded");
-                    change.loaded.push(name.clone());
-                }
-                Err(why) => {
-                    self.metrics.failed(name);
-                    let keeps = self.running.contains_key(name);
-                    tracing::error!(provider = %name, error = %why, previous_version_serving = keeps, "provider not reloaded");
-                    self.errors.insert(name.clone(), why.clone());
-                    change.failed.insert(name.clone(), why);
-                }
+                .map(|e| (e.plugin.clone(), Arc::default()))
+                .collect(),
+            plugin_load: tokio::sync::Mutex::new(()),
+        });
+        let stages: BTreeMap<String, Stage> = plan
+            .load
+            .iter()
+            .map(|n| (n.clone(), Stage::default()))
+            .collect();
+        let jobs = to_load
+            .into_iter()
+            .map(|entry| {
+                let job = rebuild(
+                    builder.clone(),
+                    entry.clone(),
+                    shas.contains_key(&entry.plugin),
+                    stages[&entry.name].clone(),
+                );
+                (entry.name.clone(), job)
+            })
+            .collect();
+        let timed_out = |name: &str| {
+            Failure::new(
+                Reason::Timeout,
+                format!(
+                    "provider {name:?}: not rebuilt within {} (stopped while {})",
+                    humantime::format_duration(REBUILDS.timeout),
+                    stages[name].get()
+                ),
+            )
+        };
+        let mut change = Change::default();
+        run_jobs(jobs, REBUILDS, timed_out, |batch| {
+            for (name, outcome) in batch {
+                self.apply(name, outcome, &mut unpublished);
             }
+            publish(self, &unpublished);
+            change.absorb(std::mem::take(&mut unpublished));
+        })
+        .await;
+        // Nothing rebuilt: what was removed or cleared still has to be published.
+        if change.is_empty() {
+            publish(self, &unpublished);
+            change.absorb(unpublished);
         }
+        change.loaded.sort();
         Some(change)
     }
 
+    /// Records one rebuild's outcome in the running set, the errors, the metrics and the log.
+    fn apply(
+        &mut self,
+        name: String,
+        outcome: Result<(Source, WasmProvider), Failure>,
+        change: &mut Change,
+    ) {
+        match outcome {
+            Ok((source, p)) => {
+                let replaced = self.running.insert(name.clone(), (source, Arc::new(p)));
+                self.errors.remove(&name);
+                self.metrics.loaded(&name);
+                tracing::info!(provider = %name, replaced = replaced.is_some(), "provider loaded");
+                change.loaded.push(name);
+            }
+            Err(Failure { reason, message }) => {
+                self.metrics.failed(&name, reason);
+                let keeps = self.running.contains_key(&name);
+                tracing::error!(
+                    provider = %name,
+                    reason = reason.as_str(),
+                    error = %message,
+                    previous_version_serving = keeps,
+                    "provider not reloaded"
+                );
+                self.errors.insert(name.clone(), message.clone());
+                change.failed.insert(name, message);
+            }
+        }
+    }
+
     /// Polls every `interval` (the first poll is the caller's, before the other loops
-    /// start) until `cancel`, and publishes every change to `serving`.
+    /// start) until `cancel`, and publishes every change to `serving` as it happens. A
+    /// poll cut short by `cancel` stops its rebuilds.
     pub async fn run(mut self, interval: Duration, cancel: CancellationToken, serving: Serving) {
         let mut tick = tokio::time::interval(interval);
         tick.tick().await;
@@ -275,64 +520,115 @@ impl Reloader {
                 _ = cancel.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if let Some(change) = self.poll().await {
-                serving.publish(&self, &change);
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = self.poll_with(|r, change| serving.publish(r, change)) => {}
             }
         }
     }
 
-    fn file_error(&mut self, text: String, why: String) -> Option<Change> {
+    fn file_error(
+        &mut self,
+        text: String,
+        why: String,
+        mut publish: impl FnMut(&Reloader, &Change),
+    ) -> Option<Change> {
         let again = self.errors.get("") == Some(&why);
         self.seen = Some((text, BTreeMap::new()));
         if again {
             return None;
         }
-        self.metrics.failed("");
+        self.metrics.failed("", Reason::File);
         tracing::error!(error = %why, "providers file not reloaded; every provider keeps its current version");
         self.errors.insert(String::new(), why.clone());
-        Some(Change {
+        let change = Change {
             failed: [(String::new(), why)].into(),
             ..Change::default()
-        })
+        };
+        publish(self, &change);
+        Some(change)
+    }
+}
+
+/// A plugin file's load, shared by every rebuild of one poll that needs it.
+type PluginLoad = Arc<OnceCell<Result<Arc<LoadedPlugin>, String>>>;
+
+/// What the rebuilds of one poll share.
+struct Builder {
+    rt: Arc<Runtime>,
+    plugin_dir: PathBuf,
+    /// Each plugin file the rebuilds need, loaded once for all the providers using it.
+    plugins: BTreeMap<String, PluginLoad>,
+    /// Held while a plugin loads: one compile at a time, as before rebuilds ran in
+    /// parallel (a compile runs cranelift in a child process, and blocks the thread it
+    /// waits on).
+    plugin_load: tokio::sync::Mutex<()>,
+}
+
+/// What a rebuild is doing, for the message when it times out.
+#[derive(Clone)]
+struct Stage(Arc<Mutex<&'static str>>);
+
+impl Default for Stage {
+    fn default() -> Self {
+        Stage(Arc::new(Mutex::new("waiting to start")))
+    }
+}
+
+impl Stage {
+    fn set(&self, what: &'static str) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = what;
     }
 
-    async fn build(
-        &self,
-        entry: &ProviderEntry,
-        shas: &BTreeMap<String, String>,
-    ) -> Result<(Source, WasmProvider), String> {
-        let sha = shas.get(&entry.plugin).ok_or_else(|| {
+    fn get(&self) -> &'static str {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Builds one provider from its entry: its plugin (loaded once per poll, see [`Builder`]),
+/// then the provider, which runs `validate-config`.
+async fn rebuild(
+    b: Arc<Builder>,
+    entry: ProviderEntry,
+    plugin_present: bool,
+    stage: Stage,
+) -> Result<(Source, WasmProvider), Failure> {
+    if !plugin_present {
+        return Err(Failure::new(
+            Reason::Plugin,
             format!(
                 "provider {:?}: plugin file {:?} is not in {}",
                 entry.name,
                 entry.plugin,
-                self.plugin_dir.display()
-            )
-        })?;
-        let plugin = self
-            .rt
-            .load_plugin(&self.plugin_dir.join(&entry.plugin))
-            .await
-            .map_err(|e| format!("provider {:?}: {e}", entry.name))?;
-        // The file may have changed between hashing and loading; record what was loaded.
-        let plugin_sha = if plugin.sha256 == *sha {
-            sha.clone()
-        } else {
-            plugin.sha256.clone()
-        };
-        let p = self
-            .rt
-            .provider(plugin, entry)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((
-            Source {
-                entry: entry.clone(),
-                plugin_sha,
-            },
-            p,
-        ))
+                b.plugin_dir.display()
+            ),
+        ));
     }
+    stage.set("waiting for its plugin to load");
+    let plugin = b.plugins[&entry.plugin]
+        .get_or_init(|| async {
+            let _one = b.plugin_load.lock().await;
+            stage.set("loading its plugin");
+            b.rt.load_plugin(&b.plugin_dir.join(&entry.plugin))
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .clone()
+        .map_err(|e| Failure::new(Reason::Plugin, format!("provider {:?}: {e}", entry.name)))?;
+    // The file may have changed since it was hashed: record what was loaded.
+    let plugin_sha = plugin.sha256.clone();
+    stage.set("running validate-config");
+    let p = b.rt.provider(plugin, &entry).await.map_err(|e| {
+        let reason = match e {
+            ProviderLoadError::MissingPlugin { .. } | ProviderLoadError::Plugin { .. } => {
+                Reason::Plugin
+            }
+            ProviderLoadError::Config { .. } | ProviderLoadError::Invalid(_) => Reason::Config,
+        };
+        Failure::new(reason, e.to_string())
+    })?;
+    Ok((Source { entry, plugin_sha }, p))
 }
 
 /// Where the reloader's results go: the registry the reconciler, GC, inventory and
@@ -359,9 +655,10 @@ impl Serving {
         }
     }
 
-    /// After a poll that found a change: the load report always; the registry's set only
-    /// when a provider was built or removed (a failed reload leaves the old version, and
-    /// announcing a swap would re-run every Proxy for nothing).
+    /// After each part of a poll's change ([`Reloader::poll_with`]): the load report
+    /// always; the registry's set only when a provider was built or removed (a failed
+    /// reload leaves the old version, and announcing a swap would re-run every Proxy for
+    /// nothing).
     pub fn publish(&self, reloader: &Reloader, change: &Change) {
         self.readiness.set_providers(load(reloader));
         if !change.loaded.is_empty() || !change.removed.is_empty() {
@@ -512,5 +809,142 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    type Outcomes = Vec<(Duration, Vec<(String, Result<u32, Failure>)>)>;
+
+    /// Runs `jobs` through [`run_jobs`]; each batch with when it was reported.
+    async fn batches(
+        jobs: Vec<(
+            &str,
+            futures::future::BoxFuture<'static, Result<u32, Failure>>,
+        )>,
+        how: Rebuilds,
+    ) -> Outcomes {
+        let started = tokio::time::Instant::now();
+        let mut got = Vec::new();
+        let jobs = jobs.into_iter().map(|(n, j)| (n.to_string(), j)).collect();
+        let timed_out = |name: &str| Failure::new(Reason::Timeout, format!("{name} timed out"));
+        run_jobs(jobs, how, timed_out, |batch| {
+            got.push((started.elapsed(), batch))
+        })
+        .await;
+        got
+    }
+
+    fn after(
+        ms: u64,
+        v: Result<u32, Failure>,
+    ) -> futures::future::BoxFuture<'static, Result<u32, Failure>> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            v
+        })
+    }
+
+    fn names(batch: &[(String, Result<u32, Failure>)]) -> Vec<&str> {
+        let mut n: Vec<&str> = batch.iter().map(|(n, _)| n.as_str()).collect();
+        n.sort();
+        n
+    }
+
+    /// The attack of issue 27: one provider's rebuild never finishes. The others are
+    /// reported together at once, and the stuck one when its timeout ends it, as a timeout.
+    #[tokio::test]
+    async fn a_rebuild_that_never_ends_times_out_and_holds_up_no_other() {
+        let how = Rebuilds {
+            parallel: 4,
+            timeout: Duration::from_secs(1),
+            window: Duration::from_millis(50),
+        };
+        let config = Failure::new(Reason::Config, "b: invalid".into());
+        let got = batches(
+            vec![
+                ("a-stuck", Box::pin(futures::future::pending())),
+                ("b-invalid", after(0, Err(config.clone()))),
+                ("c-new", after(10, Ok(3))),
+            ],
+            how,
+        )
+        .await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        let (at, first) = &got[0];
+        assert_eq!(names(first), ["b-invalid", "c-new"]);
+        assert!(*at < how.timeout, "the quick ones waited: {at:?}");
+        assert!(first.contains(&("c-new".into(), Ok(3))));
+        assert!(first.contains(&("b-invalid".into(), Err(config))));
+        let (at, second) = &got[1];
+        assert!(*at >= how.timeout, "{at:?}");
+        assert_eq!(
+            second,
+            &[(
+                "a-stuck".to_string(),
+                Err(Failure::new(Reason::Timeout, "a-stuck timed out".into()))
+            )]
+        );
+    }
+
+    /// At most `parallel` run at once, and a rebuild's timeout counts from its own start,
+    /// not from the start of the poll.
+    #[tokio::test]
+    async fn rebuilds_run_a_few_at_once_each_timed_from_its_start() {
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let job = |i: u32| -> futures::future::BoxFuture<'static, Result<u32, Failure>> {
+            let (running, most) = (running.clone(), most.clone());
+            Box::pin(async move {
+                use std::sync::atomic::Ordering::SeqCst;
+                let now = running.fetch_add(1, SeqCst) + 1;
+                most.fetch_max(now, SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                running.fetch_sub(1, SeqCst);
+                Ok(i)
+            })
+        };
+        let how = Rebuilds {
+            parallel: 2,
+            // Eight jobs of 100 ms two at a time take 400 ms: more than a job's timeout.
+            timeout: Duration::from_millis(300),
+            window: Duration::from_millis(1),
+        };
+        let got = batches(
+            ["j0", "j1", "j2", "j3", "j4", "j5", "j6", "j7"]
+                .into_iter()
+                .zip(0..)
+                .map(|(name, i)| (name, job(i)))
+                .collect(),
+            how,
+        )
+        .await;
+        let all: Vec<_> = got.into_iter().flat_map(|(_, b)| b).collect();
+        assert_eq!(all.len(), 8);
+        assert!(all.iter().all(|(_, r)| r.is_ok()), "{all:?}");
+        assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// A rebuild that panics is reported under its name, and the others still finish.
+    #[tokio::test]
+    async fn a_rebuild_that_panics_is_reported_not_lost() {
+        let how = Rebuilds {
+            parallel: 1,
+            timeout: Duration::from_secs(5),
+            window: Duration::from_millis(1),
+        };
+        let got = batches(
+            vec![
+                ("boom", Box::pin(async { panic!("a bug") })),
+                ("fine", after(0, Ok(1))),
+            ],
+            how,
+        )
+        .await;
+        let all: BTreeMap<_, _> = got.into_iter().flat_map(|(_, b)| b).collect();
+        let boom = all["boom"].as_ref().unwrap_err();
+        assert_eq!(boom.reason, Reason::Crashed);
+        assert!(
+            boom.message.contains("\"boom\"") && boom.message.contains("a bug"),
+            "{boom:?}"
+        );
+        assert_eq!(all["fine"], Ok(1));
     }
 }

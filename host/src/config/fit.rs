@@ -48,7 +48,8 @@ pub const LIFT_BYTES: u64 = crate::plugin::MAX_LIFT_BYTES as u64;
 pub const COMPILE_CACHE_BYTES_PER_PLUGIN: u64 = 4 * MIB;
 
 /// Calls that load a plugin or a provider (`info`, `validate-config`) run one at a time
-/// (startup and the reloader load sequentially), next to the providers already serving.
+/// (the plugin runtime's load slots: as many as this), next to the providers already
+/// serving.
 pub const LOAD_SLOTS: u64 = 1;
 
 impl Limits {

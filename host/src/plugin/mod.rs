@@ -126,6 +126,13 @@ pub struct Runtime {
     /// the previous generation of a provider count against the same `limits.concurrency`
     /// (what the pod's memory fit assumes). A new concurrency gets a new semaphore.
     permits: Mutex<std::collections::BTreeMap<String, (u32, Arc<Slots>)>>,
+    /// The slot every load-time call (`info`, `validate-config`) runs on, whichever provider
+    /// it is for: never a provider's own call slots, which calls waiting on a slow backend
+    /// may hold for their whole `limits.timeout` (a reload would wait behind them, at
+    /// background priority, for as long as they keep coming). As many as the pod's fit
+    /// reserves for load-time calls ([`crate::config::fit::LOAD_SLOTS`]); each call holds
+    /// one for at most [`LOAD_CALL_TIMEOUT`], so a wait for one is bounded too.
+    load_slots: Arc<Slots>,
     /// Each provider name's request budget, kept across reloads like `permits`: a reload
     /// neither refills the bucket nor forgets what the backend said. A new spec gets a new
     /// bucket.
@@ -167,6 +174,7 @@ impl Runtime {
             metrics: std::sync::OnceLock::new(),
             sensitive: sensitive::SensitiveByProvider::default(),
             permits: Mutex::default(),
+            load_slots: Slots::new(crate::config::fit::LOAD_SLOTS as usize),
             budgets: Mutex::default(),
             calls_cancelled: tokio_util::sync::CancellationToken::new(),
             _ticker: ticker,
@@ -409,7 +417,15 @@ impl WasmProvider {
         // Read here, in the caller's task: the HTTP hooks run in tasks of their own. The
         // same priority orders the wait for a call slot and for the request budget.
         let priority = crate::provider::priority::for_call(op);
-        let _permit = self.permits.acquire(priority).await;
+        // A load-time call takes the runtime's load slot, not one of the provider's: those
+        // may all be held by calls hanging on the backend (and an older generation's
+        // calls share them). It sends no request, so it never meets the budget either.
+        let slots = if op == Op::Load {
+            &self.runtime.load_slots
+        } else {
+            &self.permits
+        };
+        let _permit = slots.acquire(priority).await;
         let started = Instant::now();
         let allowance = if op == Op::Load {
             Duration::ZERO
@@ -626,7 +642,9 @@ const SHUTDOWN_REFUSED: &str =
 const SHUTDOWN_CANCELLED: &str =
     "call cancelled: the operator is shutting down and its grace period is over";
 
-/// Budget of the load-time calls (`info`, `validate-config`), which must not do I/O.
+/// Budget of the load-time calls (`info`, `validate-config`), which must not do I/O. They
+/// run on the runtime's load slot (see `Runtime::load_slots`), HTTP denied, with the
+/// entry's fuel, memory, `/tmp` and handle limits.
 pub const LOAD_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn limit_message(

@@ -40,7 +40,10 @@ impl Priority {
 
     /// The default when no [`scope`] is set: create and delete are a user's change
     /// (Urgent), `get` usually follows a Proxy in transition, `list-by-tag` and `check` are
-    /// background work. Load-time calls make no requests (`validate-config` may not dial).
+    /// background work. Load-time calls wait in neither queue: they run on the runtime's
+    /// own load slot, never a provider's call slots, and make no requests
+    /// (`validate-config` may not dial). All `Background`, they take that slot in arrival
+    /// order.
     pub fn of_op(op: Op) -> Priority {
         match op {
             Op::Create | Op::Delete => Priority::Urgent,

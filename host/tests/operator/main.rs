@@ -8,6 +8,8 @@
 
 #[macro_use]
 #[path = "../support/mod.rs"]
+mod support;
+
 mod controller;
 mod controller_logs;
 mod controller_wasm;
@@ -22,7 +24,6 @@ mod probe;
 mod rbac;
 mod run;
 mod status_page;
-mod support;
 mod threat_http;
 mod threat_network;
-
+mod threat_reload;

@@ -3,7 +3,7 @@
 
 use crate::support;
 
-use proxy_operator::reload::{ReloadMetrics, Reloader};
+use proxy_operator::reload::{Reason, ReloadMetrics, Reloader};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -60,7 +60,7 @@ async fn reloads_what_changed_and_keeps_the_old_version_when_the_new_one_breaks(
     );
     assert!(Arc::ptr_eq(&ex, &r.providers()["ex"]));
     assert!(r.errors().contains_key("ex"));
-    assert_eq!(metrics.errors("ex"), 1);
+    assert_eq!(metrics.errors("ex", Reason::Config), 1);
     assert!(
         r.poll().await.is_none(),
         "a broken version is not retried until the disk changes"
@@ -91,7 +91,7 @@ async fn reloads_what_changed_and_keeps_the_old_version_when_the_new_one_breaks(
     assert!(c.failed.contains_key(""), "{:?}", c.failed);
     assert_eq!(r.providers().len(), 2);
     assert!(r.poll().await.is_none());
-    assert_eq!(metrics.errors(""), 1);
+    assert_eq!(metrics.errors("", Reason::File), 1);
 
     // An entry removed from the file stops.
     std::fs::write(
@@ -153,7 +153,7 @@ async fn a_file_that_does_not_fit_the_pod_is_refused() {
     assert!(c.loaded.is_empty());
     assert!(Arc::ptr_eq(&ex, &r.providers()["ex"]), "the old ex serves");
     assert_eq!(r.errors()[""], *why);
-    assert_eq!(metrics.errors(""), 1);
+    assert_eq!(metrics.errors("", Reason::File), 1);
     assert!(r.poll().await.is_none(), "reported once");
 
     // Back within the budget: nothing to rebuild, the error is gone.
