@@ -24,4 +24,5 @@ mod probe;
 mod rbac;
 mod run;
 mod status_page;
+mod threat_compile;
 mod threat_http;
