@@ -924,6 +924,15 @@ mod tests {
         let e = compile(&invalid, LIMITS).await.unwrap_err();
         assert_eq!(e, CompileError::Invalid("no such type".into()));
 
+        // An artifact past its cap (16 MiB for so small a component) stops the child.
+        let flood = script(d.path(), "cat >/dev/null; exec head -c 20000000 /dev/zero");
+        let e = compile(&flood, LIMITS).await.unwrap_err();
+        assert_eq!(
+            e,
+            CompileError::Limit(LimitHit::Artifact(MIN_ARTIFACT_BYTES)),
+            "{e}"
+        );
+
         // The limits are in force in the child.
         let report = script(
             d.path(),
