@@ -68,7 +68,7 @@ pub struct RuntimeArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
     pub plugin_compile_cpu: Duration,
     /// Memory one plugin compile may take (its child process's RLIMIT_DATA; at most the
-    /// pod's memory limit minus --memory-reserve). The shipped plugins need 55-74 MiB.
+    /// pod's memory limit minus --memory-reserve). The shipped plugins need 47-70 MiB.
     #[arg(long, default_value = "128Mi", value_parser = parse_quantity)]
     pub plugin_compile_memory: u64,
     /// Wall time one plugin compile may take; then its child process is killed.

@@ -11,12 +11,12 @@
 //! exits when done, and keeps only the artifact, which it maps from the cache file.
 //!
 //! A compile is also an attack surface: its cost grows with the square of some code's size
-//! (a function of 20,000 `call_indirect`s whose results all stay live, 160 KiB, takes more
-//! than 5 minutes of CPU and 9 GB; see `tests/support/bomb.rs`). So the child runs within
-//! [`CompileLimits`], set in the child before it executes: CPU time (`RLIMIT_CPU`), private
-//! writable memory (`RLIMIT_DATA`), no core dump, and the OOM killer's first choice in the
-//! pod (`oom_score_adj` 1000, so a pod that runs out of memory loses the compile, never the
-//! operator); a wall-time deadline kills it by PID. The wait is asynchronous (the child is
+//! (a function of 20,000 `call_indirect`s whose results all stay live, 160 KiB, took more
+//! than 280 s of CPU and 8.5 GiB, still going; see `tests/support/bomb.rs`). So the child
+//! runs within [`CompileLimits`], set in the child before it executes: CPU time
+//! (`RLIMIT_CPU`), private writable memory (`RLIMIT_DATA`), no core dump, and the OOM
+//! killer's first choice in the pod (`oom_score_adj` 1000, so a pod that runs out of memory
+//! loses the compile, never the operator); a wall-time deadline kills it by PID. The wait is asynchronous (the child is
 //! driven from tokio's blocking pool), and compiles run one at a time. A child ended by a
 //! limit fails that plugin with a message naming the limit and its flag, and is never
 //! retried in this process: only a child that cannot be started at all (no such
@@ -38,16 +38,18 @@ const MIB: u64 = 1 << 20;
 
 /// What one compile child may use.
 ///
-/// Measured for every shipped plugin (`compile-plugin` of the dev-profile build, whose
-/// compiler crates are optimised as in release; 2-core machine): CPU time 0.53-0.96 s
-/// (example.wasm, 197 KB: 0.46 s; gce.wasm, 390 KB, the largest: 0.96 s plus 0.04 s
-/// system), wall time 0.25-0.52 s, peak RSS 41-59 MiB, and the least `RLIMIT_DATA` each
-/// compiles under 55-74 MiB (gce.wasm 74 MiB, ec2.wasm and hetzner.wasm 66 MiB, example.wasm
-/// 55 MiB). The build refuses a provider of 512 KiB or more (`cargo xtask build-plugins`),
-/// which by the same slope needs about 90 MiB. Hence the defaults: 20 s of CPU (20 times
-/// the largest), 128 MiB (1.7 times the largest, above the largest a provider may be),
-/// and a wall time of twice the CPU time (a single huge function compiles on one thread,
-/// so CPU time passes no faster than wall time; the rest is for a node short of CPU).
+/// Measured for every shipped plugin (`compile-plugin` of the release build, as shipped,
+/// with the Deployment's `MALLOC_ARENA_MAX=2`; 2-core machine): CPU time 0.45-0.87 s
+/// (example.wasm, 197 KB, the smallest; gce.wasm, 390 KB, the largest), wall time
+/// 0.24-0.47 s, peak RSS 30-47 MiB, and the least `RLIMIT_DATA` each compiles under
+/// 47-64 MiB (gce.wasm 64, proxmox.wasm 61, ec2.wasm 59; 70 for gce.wasm without the
+/// arena setting, and in the dev-profile build, whose compiler crates are optimised as in
+/// release: 1.05 s of CPU, 59 MiB RSS). The build refuses a provider of 512 KiB or more
+/// (`cargo xtask build-plugins`), which by the same slope needs about 85 MiB. Hence the
+/// defaults: 20 s of CPU (more than 20 times the largest), 128 MiB (1.8 times the largest,
+/// above the largest a provider may be), and a wall time of twice the CPU time (a single
+/// huge function compiles on one thread, so CPU time passes no faster than wall time; the
+/// rest is for a node short of CPU).
 ///
 /// `RLIMIT_DATA` and not `RLIMIT_AS`: the child's engine reserves the pooling allocator's
 /// address space (about 65 GB, `PROT_NONE`) as the parent's does, which no address-space
