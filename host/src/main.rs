@@ -61,13 +61,20 @@ enum Command {
     CompilePlugin(proxy_operator::plugin::compiler::ChildArgs),
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    // The operator's own child: no logging set up, no exporters; its parent reads stderr.
+    // The operator's own child: no runtime, no logging, no exporters (its memory is the
+    // compile's, within its limits); its parent reads stderr.
     if let Command::CompilePlugin(args) = &cli.command {
         std::process::exit(proxy_operator::plugin::compiler::child_main(args));
     }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     let _telemetry = proxy_operator::telemetry::init(
         &std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
         cli.log_format,

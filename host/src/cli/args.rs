@@ -1,9 +1,11 @@
 //! Argument groups several subcommands share, and their value parsers.
 
-use proxy_operator::config::{Budget, ProvidersFile};
+use proxy_operator::config::{Budget, ProvidersFile, fit};
 use proxy_operator::plugin::RuntimeOptions;
+use proxy_operator::plugin::compiler::CompileLimits;
 use proxy_operator::provider::Placement;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Where the providers come from: what the operator's Deployment mounts.
 #[derive(clap::Args)]
@@ -61,6 +63,17 @@ pub struct RuntimeArgs {
     /// refused before it is read.
     #[arg(long, default_value = "8Mi", value_parser = parse_quantity)]
     pub max_plugin_bytes: u64,
+    /// CPU time one plugin compile may take (its child process's RLIMIT_CPU, whole
+    /// seconds). The shipped plugins take under 1 s; past the limit the plugin is refused.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
+    pub plugin_compile_cpu: Duration,
+    /// Memory one plugin compile may take (its child process's RLIMIT_DATA; at most the
+    /// pod's memory limit minus --memory-reserve). The shipped plugins need 47-70 MiB.
+    #[arg(long, default_value = "128Mi", value_parser = parse_quantity)]
+    pub plugin_compile_memory: u64,
+    /// Wall time one plugin compile may take; then its child process is killed.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "40s")]
+    pub plugin_compile_timeout: Duration,
 }
 
 impl RuntimeArgs {
@@ -70,6 +83,28 @@ impl RuntimeArgs {
         let mut opts = RuntimeOptions::for_providers(file, cache, self.plugin_scratch_dir.clone());
         opts.max_plugin_bytes = self.max_plugin_bytes;
         opts.compile_in = Some(proxy_operator::plugin::compiler::Compiler::THIS_EXECUTABLE.into());
+        opts.compile_limits = CompileLimits {
+            cpu: self.plugin_compile_cpu,
+            memory_bytes: self.plugin_compile_memory,
+            wall: self.plugin_compile_timeout,
+        };
+        opts
+    }
+
+    /// [`options`](Self::options), with the compile's memory within what the pod's
+    /// `budget` leaves ([`fit::compile_memory`]); logs the compile limits.
+    pub fn options_within(&self, file: &ProvidersFile, budget: &Budget) -> RuntimeOptions {
+        let mut opts = self.options(file);
+        let (memory, capped) = fit::compile_memory(budget, self.plugin_compile_memory);
+        opts.compile_limits.memory_bytes = memory;
+        let limits = &opts.compile_limits;
+        tracing::info!(
+            cpu = %humantime::format_duration(limits.cpu),
+            memory = %fit::Mib(limits.memory_bytes),
+            memory_capped_by_the_pod = capped,
+            timeout = %humantime::format_duration(limits.wall),
+            "plugin compile limits"
+        );
         opts
     }
 }

@@ -48,7 +48,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
         Err(e) => println!("failed  {e}"),
     }
-    let rt = Runtime::new(args.runtime.options(&file))?;
+    let rt = Runtime::new(args.runtime.options_within(&file, &budget))?;
     let report = rt.load(plugin_dir, &file).await;
     for p in &report.providers {
         print_provider(p, args.check).await;

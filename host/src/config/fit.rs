@@ -181,6 +181,28 @@ pub enum FitError {
     },
 }
 
+/// The memory limit of a plugin compile child (`RLIMIT_DATA`, see
+/// `plugin::compiler::CompileLimits`): `requested` (`--plugin-compile-memory`), but never
+/// more than the pod's memory limit minus the operator's reserve, all the sandboxes could
+/// ever have. The compile is not a term of the need: it runs in place of nothing, next to
+/// the providers, and is the OOM killer's first choice in the pod (`oom_score_adj` 1000),
+/// so a pod that runs out of memory during a compile loses the compile (that plugin fails,
+/// naming the pod's memory), never the operator or a call. `(limit, capped)`: `capped`
+/// when the pod's budget lowered it.
+pub fn compile_memory(budget: &Budget, requested: u64) -> (u64, bool) {
+    match budget.memory_bytes {
+        Some(limit) => {
+            let room = limit.saturating_sub(budget.reserve_bytes);
+            if room < requested {
+                (room, true)
+            } else {
+                (requested, false)
+            }
+        }
+        None => (requested, false),
+    }
+}
+
 /// What a file needs, for the log when it fits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Need {
@@ -521,6 +543,29 @@ providers:
                 (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn compile_memory_never_exceeds_what_the_sandboxes_could_have() {
+        let budget = |memory| Budget {
+            memory_bytes: memory,
+            reserve_bytes: 96 * MIB,
+            ..Budget::default()
+        };
+        // The shipped Deployment: 320 MiB minus 96 leaves 224, above the default 128.
+        assert_eq!(
+            compile_memory(&budget(Some(320 * MIB)), 128 * MIB),
+            (128 * MIB, false)
+        );
+        assert_eq!(
+            compile_memory(&budget(Some(192 * MIB)), 128 * MIB),
+            (96 * MIB, true)
+        );
+        assert_eq!(
+            compile_memory(&budget(Some(64 * MIB)), 128 * MIB),
+            (0, true)
+        );
+        assert_eq!(compile_memory(&budget(None), 128 * MIB), (128 * MIB, false));
     }
 
     #[test]

@@ -9,12 +9,13 @@
 //! cache only accepts a directory that this process's user owns and nobody else can write
 //! to, and only ever reads files it wrote there itself (atomically, via rename).
 
-use super::compiler::Compiler;
+use super::compiler::{CompileError, CompileStats, Compiler};
 use sha2::{Digest, Sha256};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
@@ -110,35 +111,42 @@ impl ArtifactCache {
     }
 
     /// A compiled component for `bytes`, from the cache when possible, else compiled by
-    /// `compiler` (and then cached).
-    pub fn component(
+    /// `compiler` (and then cached), with what the compile used when it ran in a child.
+    pub async fn component(
         &self,
         engine: &Engine,
         compiler: &Compiler,
-        bytes: &[u8],
+        bytes: &Arc<[u8]>,
         sha256: &str,
-    ) -> wasmtime::Result<(Component, CacheOutcome)> {
+    ) -> Result<(Component, CacheOutcome, Option<CompileStats>), CompileError> {
+        let unusable = |e: wasmtime::Error| CompileError::Invalid(format!("{e:#}"));
         let Some(dir) = &self.dir else {
-            let artifact = compiler.compile(engine, bytes)?;
-            return Ok((deserialize(engine, &artifact)?, CacheOutcome::Uncached));
+            let (artifact, stats) = compiler.compile(engine, bytes.clone()).await?;
+            let component = deserialize(engine, &artifact).map_err(unusable)?;
+            return Ok((component, CacheOutcome::Uncached, stats));
         };
         let path = dir.join(format!("{sha256}-{}.cwasm", self.engine_hash));
         if path.is_file() {
             match deserialize_file(engine, &path) {
-                Ok(c) => return Ok((c, CacheOutcome::Hit)),
+                Ok(c) => return Ok((c, CacheOutcome::Hit, None)),
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "ignoring unusable cached plugin artifact")
                 }
             }
         }
-        let artifact = compiler.compile(engine, bytes)?;
+        let (artifact, stats) = compiler.compile(engine, bytes.clone()).await?;
         match store(dir, &path, &artifact) {
             // Mapped from the file: its code pages are the file's, which the kernel can
             // drop and reread, not anonymous memory of this process.
-            Ok(()) => Ok((deserialize_file(engine, &path)?, CacheOutcome::Miss)),
+            Ok(()) => {
+                drop(artifact);
+                let component = deserialize_file(engine, &path).map_err(unusable)?;
+                Ok((component, CacheOutcome::Miss, stats))
+            }
             Err(e) => {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not write plugin compile cache");
-                Ok((deserialize(engine, &artifact)?, CacheOutcome::Uncached))
+                let component = deserialize(engine, &artifact).map_err(unusable)?;
+                Ok((component, CacheOutcome::Uncached, stats))
             }
         }
     }

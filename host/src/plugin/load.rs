@@ -2,6 +2,8 @@
 
 use super::bindings::{self, WORLD_VERSION};
 use super::cache::CacheOutcome;
+use super::compiler::{CompileError, CompileStats, LimitHit};
+use super::precheck::{self, Refusal};
 use super::{Call, Reply, Runtime, WasmProvider, http, provider_shared};
 use crate::config::{Limits, ProviderEntry, ProvidersFile};
 use crate::provider::Op;
@@ -28,6 +30,8 @@ pub struct LoadedPlugin {
     pub world_version: String,
     pub info: PluginInfo,
     pub cache: CacheOutcome,
+    /// What its compile used, when it was compiled in a child process.
+    pub compile: Option<CompileStats>,
     /// Time to compile or deserialize, and to pre-link.
     pub load_time: Duration,
     pub(super) pre: bindings::ProviderPluginPre<super::CallState>,
@@ -90,8 +94,15 @@ pub enum LoadError {
     Precompiled { path: PathBuf },
     #[error("plugin {path}: {what}, not a WebAssembly component (build it for wasm32-wasip2)")]
     NotAComponent { path: PathBuf, what: &'static str },
+    #[error("plugin {path}: is not a well-formed component: {message}")]
+    Malformed { path: PathBuf, message: String },
     #[error("plugin {path}: does not compile: {message}")]
     Compile { path: PathBuf, message: String },
+    /// The compile reached one of its limits (`--plugin-compile-*`): the plugin is refused.
+    #[error("plugin {path}: {limit}")]
+    CompileLimit { path: PathBuf, limit: LimitHit },
+    #[error("plugin {path}: compile failed: {message}")]
+    CompileFailed { path: PathBuf, message: String },
     #[error(
         "plugin {path}: built for egress:provider@{found}, but this operator supports egress:provider@{supported}"
     )]
@@ -150,8 +161,10 @@ const WASM_MAGIC: &[u8] = b"\0asm";
 const ELF_MAGIC: &[u8] = b"\x7fELF";
 
 impl Runtime {
-    /// Loads one plugin file: checks it is a component, compiles it (or takes it from the
-    /// cache), checks its world version, pre-links it and reads its `info`.
+    /// Loads one plugin file: checks it is a component of the `egress:provider` world at
+    /// this host's version importing nothing the host cannot provide (before compiling:
+    /// see `precheck.rs`), compiles it within the compile limits (or takes it from the
+    /// cache), pre-links it and reads its `info`.
     pub async fn load_plugin(
         self: &Arc<Self>,
         path: &Path,
@@ -178,30 +191,38 @@ impl Runtime {
                 what: "a core WebAssembly module",
             });
         }
+        let world_version = precheck::check(&bytes).map_err(|refusal| match refusal {
+            Refusal::Malformed(message) => LoadError::Malformed { path: p(), message },
+            Refusal::NotAProvider => LoadError::NotAProvider { path: p() },
+            Refusal::Version(found) => LoadError::Version {
+                path: p(),
+                found,
+                supported: WORLD_VERSION,
+            },
+            Refusal::Import(name) => LoadError::Link {
+                path: p(),
+                message: link_message(&format!(
+                    "component imports instance `{name}`, which this host does not provide"
+                )),
+            },
+        })?;
         let sha256 = hex::encode(Sha256::digest(&bytes));
-        let (component, cache) = self
+        let bytes: Arc<[u8]> = bytes.into();
+        let (component, cache, compile) = self
             .cache
             .component(&self.engine, &self.compiler, &bytes, &sha256)
-            .map_err(|e| LoadError::Compile {
-                path: p(),
-                message: format!("{e:#}"),
+            .await
+            .map_err(|e| match e {
+                CompileError::Invalid(message) => LoadError::Compile { path: p(), message },
+                CompileError::Limit(limit) => LoadError::CompileLimit { path: p(), limit },
+                CompileError::Failed(message) => LoadError::CompileFailed { path: p(), message },
             })?;
-
-        let world_version =
-            world_version(&self.engine, &component).ok_or(LoadError::NotAProvider { path: p() })?;
-        if world_version != WORLD_VERSION {
-            return Err(LoadError::Version {
-                path: p(),
-                found: world_version,
-                supported: WORLD_VERSION,
-            });
-        }
         let instance_pre =
             self.linker
                 .instantiate_pre(&component)
                 .map_err(|e| LoadError::Link {
                     path: p(),
-                    message: link_message(&e),
+                    message: link_message(&format!("{e:#}")),
                 })?;
         let pre = bindings::ProviderPluginPre::new(instance_pre).map_err(|e| LoadError::Link {
             path: p(),
@@ -222,6 +243,7 @@ impl Runtime {
                 profile: Vec::new(),
             },
             cache,
+            compile,
             load_time,
             pre,
         };
@@ -268,6 +290,8 @@ impl Runtime {
             size = plugin.size,
             cache = ?plugin.cache,
             load_ms = plugin.load_time.as_secs_f64() * 1000.0,
+            compile_cpu_ms = plugin.compile.map(|c| c.cpu.as_millis() as u64),
+            compile_max_rss_mib = plugin.compile.map(|c| c.max_rss_bytes as f64 / (1 << 20) as f64),
             "plugin loaded"
         );
         Ok(Arc::new(plugin))
@@ -490,31 +514,8 @@ fn load_limits() -> Limits {
     }
 }
 
-/// The version of the `egress:provider` package the component exports, if any.
-fn world_version(
-    engine: &wasmtime::Engine,
-    component: &wasmtime::component::Component,
-) -> Option<String> {
-    let ty = component.component_type();
-    let mut plugin = None;
-    let mut provider = None;
-    for (name, _) in ty.exports(engine) {
-        if let Some(v) = name.strip_prefix("egress:provider/plugin@") {
-            plugin = Some(v.to_string());
-        } else if let Some(v) = name.strip_prefix("egress:provider/provider@") {
-            provider = Some(v.to_string());
-        }
-    }
-    match (plugin, provider) {
-        (Some(a), Some(b)) if a == b => Some(a),
-        (Some(a), _) | (_, Some(a)) => Some(a),
-        _ => None,
-    }
-}
-
 /// wasmtime's link error names the missing import; add what it means here.
-fn link_message(e: &wasmtime::Error) -> String {
-    let text = format!("{e:#}");
+fn link_message(text: &str) -> String {
     if text.contains("wasi:sockets") {
         format!(
             "{text} (plugins get no sockets: outbound traffic goes through wasi:http to allow-listed hosts only)"

@@ -19,6 +19,7 @@ mod load;
 mod metrics;
 mod output;
 pub mod policy;
+mod precheck;
 pub mod redact;
 mod reply;
 mod sandbox;
@@ -66,6 +67,8 @@ pub struct RuntimeOptions {
     /// compiles plugins in a child process, so that cranelift's memory and code never
     /// stay in this one (see `compiler.rs`); `None` compiles in this process.
     pub compile_in: Option<PathBuf>,
+    /// What that child may use (CPU time, memory, wall time); not applied in process.
+    pub compile_limits: compiler::CompileLimits,
 }
 
 /// Default of [`RuntimeOptions::max_plugin_bytes`]: the shipped plugins are 200-340 KiB and
@@ -104,6 +107,7 @@ impl RuntimeOptions {
             max_plugin_bytes: DEFAULT_MAX_PLUGIN_BYTES,
             shipped_budgets: true,
             compile_in: None,
+            compile_limits: compiler::CompileLimits::default(),
         }
     }
 }
@@ -154,11 +158,9 @@ impl Runtime {
         let linker = linker(&engine).map_err(|e| anyhow::anyhow!("plugin linker: {e:#}"))?;
         let ticker = engine::EpochTicker::start(&engine);
         let compiler = match opts.compile_in {
-            Some(exe) => compiler::Compiler::Child {
-                exe,
-                opts: opts.engine.clone(),
-                pooling,
-            },
+            Some(exe) => {
+                compiler::Compiler::child(exe, opts.engine.clone(), pooling, opts.compile_limits)
+            }
             None => compiler::Compiler::InProcess,
         };
         Ok(Arc::new(Runtime {

@@ -24,6 +24,7 @@ mod probe;
 mod rbac;
 mod run;
 mod status_page;
+mod threat_compile;
 mod threat_http;
 mod threat_network;
 mod threat_reload;

@@ -152,7 +152,7 @@ async fn plugins_compile_in_a_child_process() {
     };
     let exe = env!("CARGO_BIN_EXE_proxy-operator");
     let (_guard, captured) = proxy_operator::testing::capture();
-    const FELL_BACK: &str = "cannot compile plugins in a child process";
+    const FELL_BACK: &str = "cannot start the plugin compiler's child process";
     for cached in [true, false] {
         let rt = proxy_operator::plugin::Runtime::new(opts(exe, cached)).unwrap();
         let hostile = rt
@@ -176,19 +176,29 @@ async fn plugins_compile_in_a_child_process() {
 
     // A component that is valid to the loader's checks but not to the compiler.
     let bad = cache.path().join("bad.wasm");
-    let mut bytes = std::fs::read(dir.join("example.wasm")).unwrap();
-    let len = bytes.len();
-    bytes.truncate(len / 2);
-    std::fs::write(&bad, &bytes).unwrap();
+    let example = std::fs::read(dir.join("example.wasm")).unwrap();
+    std::fs::write(
+        &bad,
+        support::bomb::with_core_module(&example, &support::bomb::invalid_module()),
+    )
+    .unwrap();
     let rt = proxy_operator::plugin::Runtime::new(opts(exe, false)).unwrap();
     match rt.load_plugin(&bad).await {
         Err(LoadError::Compile { message, .. }) => {
             assert!(
-                !message.is_empty() && !message.contains("exited with"),
+                message.contains("type mismatch") && !message.contains("exited with"),
                 "{message}"
             )
         }
         other => panic!("expected a compile error, got {other:?}"),
+    }
+    // A truncated one is refused before the compile.
+    std::fs::write(&bad, &example[..example.len() / 2]).unwrap();
+    match rt.load_plugin(&bad).await {
+        Err(e @ LoadError::Malformed { .. }) => {
+            assert!(e.to_string().contains("not a well-formed component"), "{e}")
+        }
+        other => panic!("expected a malformed component, got {other:?}"),
     }
     // All of the above ran in children.
     assert!(
@@ -342,4 +352,95 @@ async fn refuses_a_plugin_file_over_the_size_limit() {
         matches!(&err, LoadError::TooLarge { size, limit, .. } if *size == (1 << 20) + 1 && *limit == 1 << 20),
         "{err:?}"
     );
+}
+
+/// A compile bomb (a real plugin with a module whose compile takes minutes and gigabytes,
+/// `support::bomb`) is refused by whichever compile limit it reaches first, each named
+/// with its flag, in seconds; and a bomb that is not a current provider is refused before
+/// it is compiled at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compile_limits_refuse_a_compile_bomb() {
+    use proxy_operator::plugin::compiler::{CompileLimits, LimitHit};
+    use std::time::{Duration, Instant};
+    let dir = plugins_or_skip!();
+    let scratch = tempfile::tempdir().unwrap();
+    let write = |name: &str, base: &str| {
+        let p = scratch.path().join(name);
+        let plugin = std::fs::read(dir.join(base)).unwrap();
+        std::fs::write(&p, support::bomb::bomb(&plugin)).unwrap();
+        p
+    };
+    let bomb = write("bomb.wasm", "example.wasm");
+    let runtime = |limits: CompileLimits| {
+        let mut o = proxy_operator::plugin::RuntimeOptions::for_providers(
+            &ProvidersFile { providers: vec![] },
+            None,
+            std::env::temp_dir().join("egress-test-scratch"),
+        );
+        o.engine.max_instances = 8;
+        o.compile_in = Some(env!("CARGO_BIN_EXE_proxy-operator").into());
+        o.compile_limits = limits;
+        proxy_operator::plugin::Runtime::new(o).unwrap()
+    };
+    let gib = 1 << 30;
+    let secs = Duration::from_secs;
+    for (name, limits, want) in [
+        (
+            "the default limits: memory first",
+            CompileLimits::default(),
+            LimitHit::Memory(CompileLimits::DEFAULT_MEMORY_BYTES),
+        ),
+        (
+            "2 s of CPU",
+            CompileLimits {
+                cpu: secs(2),
+                memory_bytes: 2 * gib,
+                wall: secs(60),
+            },
+            LimitHit::Cpu(secs(2)),
+        ),
+        (
+            "1 s of wall time",
+            CompileLimits {
+                cpu: secs(60),
+                memory_bytes: 2 * gib,
+                wall: secs(1),
+            },
+            LimitHit::Wall(secs(1)),
+        ),
+    ] {
+        let started = Instant::now();
+        let err = runtime(limits).load_plugin(&bomb).await.unwrap_err();
+        let took = started.elapsed();
+        match &err {
+            LoadError::CompileLimit { limit, .. } => assert_eq!(*limit, want, "{name}: {err}"),
+            other => panic!("{name}: expected a compile limit, got {other}"),
+        }
+        assert!(err.to_string().contains("bomb.wasm"), "{err}");
+        assert!(took < secs(15), "{name}: refused after {took:?}");
+        eprintln!("{name}: {err} (after {took:?})");
+    }
+
+    // Not a current provider, or importing sockets: refused before any compile (with a
+    // CPU limit of an hour, a compile would not end within the test).
+    let patient = runtime(CompileLimits {
+        cpu: secs(3600),
+        memory_bytes: 2 * gib,
+        wall: secs(3600),
+    });
+    for (path, needle) in [
+        (
+            write("future.wasm", "testing/future-version.wasm"),
+            "egress:provider@9.0.0",
+        ),
+        (
+            write("sockets.wasm", "testing/sockets.wasm"),
+            "wasi:sockets",
+        ),
+    ] {
+        let started = Instant::now();
+        let err = patient.load_plugin(&path).await.unwrap_err().to_string();
+        assert!(err.contains(needle), "{err}");
+        assert!(started.elapsed() < secs(1), "{:?}", started.elapsed());
+    }
 }

@@ -2,6 +2,7 @@
 //! with a shared compile cache, and a tiny HTTP server on 127.0.0.1.
 #![allow(dead_code)]
 
+pub mod bomb;
 pub mod http;
 pub mod process;
 pub mod real_cloud;

@@ -60,7 +60,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // Providers come from the reloader: a provider that fails to load is left out (its
     // Proxies report ProviderNotConfigured), the others run, and later changes on disk
     // swap the set without a restart.
-    let rt = Runtime::new(args.runtime.options(&file))?;
+    let rt = Runtime::new(args.runtime.options_within(&file, &budget))?;
     rt.set_metrics(metrics.plugin.clone());
     let mut reloader = Reloader::new(
         rt.clone(),
@@ -69,8 +69,51 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         metrics.reload.clone(),
     )
     .with_budget(budget);
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone(), args.shutdown_grace, rt));
+    tokio::spawn(ready_once_synced(cache.synced.clone(), readiness.clone()));
+
+    // Discovery API, metrics and probes on one port, serving before the first plugin load:
+    // compiling the plugins may take a while (each within its compile limits), and
+    // `/healthz` must answer meanwhile (`/readyz` says the plugins are not loaded yet).
+    let auth = if args.discovery_insecure_no_auth {
+        Auth::DisabledInsecure
+    } else {
+        Auth::Kubernetes(client.clone(), AuthSettings::default())
+    };
+    let (provider_health, reflect_health) =
+        proxy_operator::discovery::provider_health_reflector(client.clone());
+    let (metrics_gc, metrics_monitor) = (metrics.gc.clone(), metrics.monitor.clone());
+    let (metrics_reconcile, metrics_provider) =
+        (metrics.reconcile.clone(), metrics.provider.clone());
+    let health = health_hook(&args, &metrics)?;
+    let router = proxy_operator::discovery::router_with_providers(
+        cache.clone(),
+        Some(provider_health),
+        auth,
+    )
+    .merge(proxy_operator::endpoints::router(
+        Arc::new(metrics),
+        readiness.clone(),
+    ));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    tracing::info!(addr = %args.listen, "serving the discovery API, /metrics, /healthz, /readyz");
+    let server = tokio::spawn(proxy_operator::http_server::serve(
+        listener,
+        router,
+        shutdown.clone().cancelled_owned(),
+        proxy_operator::http_server::Limits {
+            max_connections: args.http_max_connections as usize,
+            max_per_client: args.http_max_connections_per_client as usize,
+            header_timeout: args.http_header_timeout,
+        },
+    ));
+
     reloader.poll().await;
-    let serving = Serving::first(&reloader, readiness.clone(), metrics.provider.clone());
+    let serving = Serving::first(&reloader, readiness.clone(), metrics_provider);
     let registry = serving.registry.clone();
 
     // Drift detection and GC share one list per provider per drift poll; a list older than
@@ -82,8 +125,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         settings(&args, installation.clone()),
     )
     .with_inventory(inventory.clone())
-    .with_health(health_hook(&args, &metrics)?)
-    .with_metrics(metrics.reconcile.clone())
+    .with_health(health)
+    .with_metrics(metrics_reconcile)
     .with_proxy_cache(cache.clone(), proxy_feed.clone());
     let pool_settings = proxy_operator::pool::PoolSettings {
         instance_name: args.pod_name.clone(),
@@ -95,38 +138,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         min_age: args.gc_min_age,
         installation,
     };
-
-    let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signal(shutdown.clone(), args.shutdown_grace, rt));
-    tokio::spawn(ready_once_synced(cache.synced.clone(), readiness.clone()));
-
-    // Discovery API, metrics and probes on one port.
-    let auth = if args.discovery_insecure_no_auth {
-        Auth::DisabledInsecure
-    } else {
-        Auth::Kubernetes(client.clone(), AuthSettings::default())
-    };
-    let (provider_health, reflect_health) =
-        proxy_operator::discovery::provider_health_reflector(client.clone());
-    let (metrics_gc, metrics_monitor) = (metrics.gc.clone(), metrics.monitor.clone());
-    let router =
-        proxy_operator::discovery::router_with_providers(cache, Some(provider_health), auth).merge(
-            proxy_operator::endpoints::router(Arc::new(metrics), readiness.clone()),
-        );
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
-    tracing::info!(addr = %args.listen, "serving the discovery API, /metrics, /healthz, /readyz");
-    let server = proxy_operator::http_server::serve(
-        listener,
-        router,
-        shutdown.clone().cancelled_owned(),
-        proxy_operator::http_server::Limits {
-            max_connections: args.http_max_connections as usize,
-            max_per_client: args.http_max_connections_per_client as usize,
-            header_timeout: args.http_header_timeout,
-        },
-    );
 
     let reload_run = reloader.run(args.reload_interval, shutdown.clone(), serving);
     let reflect = {
@@ -193,7 +204,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let (served, ..) = tokio::join!(server, leader_only, reload_run, reflect);
-    served.context("serving the discovery API")?;
+    served
+        .context("the discovery API's server task")?
+        .context("serving the discovery API")?;
     Ok(())
 }
 
