@@ -735,6 +735,12 @@ impl<'a> Shell<'a> {
             Ok(None) => (None, None),
             Err(input) => return (input, None),
         };
+        // Sensitive as values of their own, in every encoding, before anything is rendered
+        // or called: every later call of this provider, for any Proxy, is scrubbed of them
+        // and no ID it returns may hold them (not only as part of this cloud-init).
+        if let (Some(p), Some(c)) = (&self.provider, &credentials) {
+            p.remember_credentials(&c.username, &c.password);
+        }
         let values = template::Values {
             port,
             name: &self.name,
