@@ -316,10 +316,10 @@ pub fn status_for(
                 .find(|b| b.target == t.target && b.ready == t.ready)
                 .map(|b| b.last_transition_time.clone());
             TargetHealth {
+                message: published_message(check, &t),
                 target: t.target,
                 ready: t.ready,
                 reason: t.reason,
-                message: t.message,
                 details: t.details.into_iter().collect(),
                 last_transition_time: kept
                     .unwrap_or_else(|| time(check.map_or_else(SystemTime::now, |c| c.checked_at))),
@@ -334,6 +334,30 @@ pub fn status_for(
         load_error: load_error.map(str::to_string),
     }
 }
+
+/// What `ProviderHealth` says about a target besides its name, reason and details: the
+/// operator's own words, never the plugin's.
+///
+/// `ProviderHealth` is cluster-scoped and readable with `view`; a plugin's message is free
+/// text that could carry any Proxy's credentials of the provider in a form no scrubbing
+/// recognises (an encoding the redactor does not know, or a value it has not been told of
+/// yet: after a restart, the checks run before the reconciler has read every Proxy's
+/// Secret). Scrubbing and a shape check would still leave that channel open; leaving the
+/// text out closes it. The plugin's message stays in the operator's log (scrubbed), where
+/// the transition to not ready is logged with it.
+fn published_message(check: Option<&ProviderCheck>, t: &TargetStatus) -> String {
+    match check.map(|c| &c.outcome) {
+        // Made by `ProviderCheck::targets`, from the round's timeout alone.
+        Some(CheckOutcome::TimedOut(_)) => t.message.clone(),
+        _ if t.ready => String::new(),
+        _ => NOT_READY_MESSAGE.to_string(),
+    }
+}
+
+/// [`published_message`] of a target the plugin reports not ready.
+pub const NOT_READY_MESSAGE: &str = "the plugin's own message is in the operator's log \
+     (\"provider target not ready\", with this provider and target); ProviderHealth is \
+     readable cluster-wide and publishes no plugin text";
 
 /// How often an unchanged `ProviderHealth` is written anyway, so that `lastCheckTime`
 /// shows the checks are still running.
@@ -742,6 +766,46 @@ mod tests {
         publish(&client, &m.round(&list).await, &types, &BTreeMap::new()).await;
         let hz = api.get("hz").await.unwrap().status.unwrap();
         assert_eq!(hz.load_error, None);
+    }
+
+    /// ProviderHealth carries the operator's words only: a plugin's message (here holding
+    /// what could be a credential) stays out; a timed-out round's is the operator's own.
+    #[test]
+    fn published_messages_are_the_operators_own() {
+        let target = |ready: bool| TargetStatus {
+            target: "fsn1".into(),
+            ready,
+            reason: if ready { "Reachable" } else { "Unauthorized" }.into(),
+            message: "token SENTINEL-from-the-plugin refused".into(),
+            details: vec![("managed".into(), "3".into())],
+        };
+        let checked = ProviderCheck {
+            provider: "hz".into(),
+            outcome: CheckOutcome::Checked(vec![
+                target(false),
+                TargetStatus {
+                    target: "nbg1".into(),
+                    ..target(true)
+                },
+            ]),
+            checked_at: SystemTime::now(),
+            duration: Duration::from_millis(5),
+        };
+        let s = status_for(Some(&checked), "hetzner", None, None);
+        assert_eq!(s.targets[0].message, NOT_READY_MESSAGE);
+        assert_eq!(s.targets[0].reason, "Unauthorized");
+        assert_eq!(s.targets[1].message, "");
+        assert_eq!(s.targets[1].details["managed"], "3");
+        let timed_out = ProviderCheck {
+            outcome: CheckOutcome::TimedOut(Duration::from_secs(20)),
+            ..checked
+        };
+        let s = status_for(Some(&timed_out), "hetzner", None, Some(&s));
+        assert_eq!(
+            s.targets[0].message,
+            "the provider's check did not answer within 20s"
+        );
+        assert!(!format!("{s:?}").contains("SENTINEL"));
     }
 
     #[test]

@@ -10,6 +10,11 @@ use std::collections::BTreeMap;
 /// Cluster-scoped and named after the provider, so `kubectl get providerhealth` answers
 /// "can the operator reach its backends" without reading the operator's logs. Written only
 /// by the provider health monitor; the spec is empty.
+///
+/// Readable beyond any one namespace (`view` includes it), so it carries no free text from
+/// a plugin: target names, reasons and details are bounded identifiers and tokens, none
+/// holding a secret of the provider or a credential of any of its Proxies, and the
+/// message is the operator's own.
 // The repeated `printcolumn(...)` arguments are distinct columns, not duplicates.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -62,14 +67,19 @@ pub struct ProviderHealthStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetHealth {
+    /// The part of the backend (a region, a zone, `api`): 1 to 63 letters, digits, '-',
+    /// '_' or '.'; `invalid#<n>` when the plugin's name for its n-th target was not one.
     pub target: String,
     pub ready: bool,
     /// Why, in CamelCase (Reachable, Timeout, Unreachable, Unauthorized, Forbidden, APIError
-    /// or a provider-specific reason).
+    /// or a provider-specific reason; Unknown when the plugin gave none fit to publish).
     pub reason: String,
+    /// The operator's words, never the plugin's: the plugin's message is in the operator's
+    /// log only.
     #[serde(default)]
     pub message: String,
-    /// Facts useful when triaging: versions, capacity, the account in use.
+    /// Facts useful when triaging: versions, capacity, the account in use. Keys are
+    /// camelCase words, values tokens of at most 64 characters without spaces.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub details: BTreeMap<String, String>,
     /// When `ready` last changed.

@@ -6,6 +6,16 @@
 //! operator generates (`type: Generated`, the default) or one the user names
 //! (`type: Secret`). The reconciler, the probe and the discovery API all read them from
 //! there, and nothing else keeps them but memory.
+//!
+//! Which Secret may give a Proxy its credentials ([`may_use`]) is the same rule for the
+//! reconciler and the discovery API: a generated one only when the Proxy controls it, a
+//! user's one only when it carries [`CREDENTIALS_LABEL`]. The operator reads every Secret
+//! of every namespace; without the label, whoever may create a Proxy (but not read
+//! Secrets) could name any Secret with a `username` and `password` and have the operator
+//! render it into an instance's user data (a template that sends `{{egress.password}}`
+//! anywhere), or get it back from the discovery API with only `proxies/credentials`. The
+//! label is the Secret owner's consent; a SubjectAccessReview of the caller could not
+//! cover the reconciler, which does not know who wrote the Proxy.
 
 use crate::api::{AuthType, ProxyAuth};
 use sha2::{Digest, Sha256};
@@ -19,6 +29,10 @@ pub const PASSWORD_KEY: &str = "password";
 pub const GENERATED_SUFFIX: &str = "-credentials";
 /// Label on every Secret the operator generates, naming the Proxy it belongs to.
 pub const PROXY_LABEL: &str = "egress.proxy-operator.dev/proxy";
+/// Label a user's Secret must carry, with the value [`CREDENTIALS_LABEL_VALUE`], for a
+/// Proxy's `spec.auth.type: Secret` to use it (see the module docs).
+pub const CREDENTIALS_LABEL: &str = "egress.proxy-operator.dev/proxy-credentials";
+pub const CREDENTIALS_LABEL_VALUE: &str = "true";
 
 /// Where the credentials of one Proxy come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,6 +191,57 @@ fn is_dns_subdomain(s: &str) -> bool {
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
+}
+
+/// Why a Secret may not give a Proxy its credentials. Names the Secret, never a value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error(
+        "Secret {secret} exists and is not owned by this Proxy, so it cannot hold the \
+         credentials the operator generates for it (spec.auth.type Generated); delete or \
+         rename that Secret, or use it with spec.auth.type Secret and spec.auth.secretName"
+    )]
+    NotOwned { secret: String },
+    #[error(
+        "Secret {namespace}/{name} (spec.auth.secretName) lacks the label \
+         {CREDENTIALS_LABEL}: \"{CREDENTIALS_LABEL_VALUE}\"; the operator uses only Secrets \
+         labelled as meant for proxy credentials, so that a Proxy cannot copy any Secret of \
+         its namespace into an instance's user data or the discovery API; label it with \
+         `kubectl label secret -n {namespace} {name} {CREDENTIALS_LABEL}={CREDENTIALS_LABEL_VALUE}`"
+    )]
+    NotLabelled { namespace: String, name: String },
+}
+
+/// Whether a Secret's labels mark it as meant for proxy credentials.
+pub fn labelled_for_proxies(labels: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    labels
+        .and_then(|l| l.get(CREDENTIALS_LABEL))
+        .is_some_and(|v| v == CREDENTIALS_LABEL_VALUE)
+}
+
+/// Whether the Secret `namespace/name` may give the Proxy with UID `proxy_uid` its
+/// credentials from `source`: a generated one when the Proxy is its controller owner
+/// (`controller`: the UID of the Secret's controller owner), a user's one when it is
+/// `labelled` ([`labelled_for_proxies`]). The rule of the reconciler and the discovery
+/// API alike.
+pub fn may_use(
+    source: &Source,
+    namespace: &str,
+    name: &str,
+    labelled: bool,
+    controller: Option<&str>,
+    proxy_uid: &str,
+) -> Result<(), Refused> {
+    match source {
+        Source::Generated(_) if controller != Some(proxy_uid) => Err(Refused::NotOwned {
+            secret: format!("{namespace}/{name}"),
+        }),
+        Source::Secret(_) if !labelled => Err(Refused::NotLabelled {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A username and password. `Debug` prints neither.
@@ -379,6 +444,58 @@ mod tests {
                 .is_open()
         );
         assert!(!access(&ProxyAuth::default(), "px").unwrap().is_open());
+    }
+
+    /// A generated Secret only when the Proxy controls it, a user's only when labelled;
+    /// the refusals name the Secret (and the label and how to add it).
+    #[test]
+    fn a_secret_gives_credentials_only_when_meant_for_the_proxy() {
+        let generated = Source::Generated("px-credentials".into());
+        let given = Source::Secret("db".into());
+        let labels = |v: &str| {
+            std::collections::BTreeMap::from([(CREDENTIALS_LABEL.to_string(), v.to_string())])
+        };
+        assert!(labelled_for_proxies(Some(&labels("true"))));
+        assert!(!labelled_for_proxies(Some(&labels("yes"))));
+        assert!(!labelled_for_proxies(None));
+        let cases = [
+            (&generated, false, Some("uid-1"), Ok(())),
+            (
+                &generated,
+                true,
+                Some("uid-2"),
+                Err("Secret ns/px-credentials exists and is not owned by this Proxy"),
+            ),
+            (&generated, true, None, Err("not owned by this Proxy")),
+            (&given, true, None, Ok(())),
+            (&given, true, Some("uid-2"), Ok(())),
+            (
+                &given,
+                false,
+                Some("uid-1"),
+                Err(
+                    "Secret ns/db (spec.auth.secretName) lacks the label egress.proxy-operator.dev/proxy-credentials: \"true\"",
+                ),
+            ),
+        ];
+        for (source, labelled, controller, want) in cases {
+            let name = source.secret_name().unwrap();
+            let got = may_use(source, "ns", name, labelled, controller, "uid-1");
+            match (got, want) {
+                (Ok(()), Ok(())) => {}
+                (Err(e), Err(part)) => assert!(e.to_string().contains(part), "{e}"),
+                (got, want) => {
+                    panic!("{source:?} {labelled} {controller:?}: {got:?}, want {want:?}")
+                }
+            }
+        }
+        let e = may_use(&given, "ns", "db", false, None, "uid-1").unwrap_err();
+        assert!(
+            e.to_string().ends_with(
+                "`kubectl label secret -n ns db egress.proxy-operator.dev/proxy-credentials=true`"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

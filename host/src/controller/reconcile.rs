@@ -735,6 +735,12 @@ impl<'a> Shell<'a> {
             Ok(None) => (None, None),
             Err(input) => return (input, None),
         };
+        // Sensitive as values of their own, in every encoding, before anything is rendered
+        // or called: every later call of this provider, for any Proxy, is scrubbed of them
+        // and no ID it returns may hold them (not only as part of this cloud-init).
+        if let (Some(p), Some(c)) = (&self.provider, &credentials) {
+            p.remember_credentials(&c.username, &c.password);
+        }
         let values = template::Values {
             port,
             name: &self.name,
@@ -802,18 +808,27 @@ impl<'a> Shell<'a> {
             }
             Err(e) => return Err(unavailable(&e, format!("{e} ({field})"))),
         };
-        if matches!(source, auth::Source::Generated(_))
-            && held.controller.as_deref() != Some(self.uid.as_str())
-        {
-            return Err(Input::Invalid {
-                message: format!(
-                    "Secret {key} exists and is not owned by this Proxy, so it cannot hold \
-                     the credentials the operator generates for it (spec.auth.type \
-                     Generated); delete or rename that Secret, or use it with \
-                     spec.auth.type Secret and spec.auth.secretName"
-                ),
-            });
-        }
+        // Only a Secret meant for this Proxy's credentials: never adopted, never any
+        // Secret of the namespace (see `auth::may_use`). Checked before a value is read.
+        auth::may_use(
+            source,
+            &self.namespace,
+            name,
+            held.labelled_for_proxies,
+            held.controller.as_deref(),
+            &self.uid,
+        )
+        .map_err(|refused| match refused {
+            // The Proxy's own name is taken: only a spec change (or removing that
+            // Secret) helps.
+            auth::Refused::NotOwned { .. } => Input::Invalid {
+                message: refused.to_string(),
+            },
+            // Labelling the Secret fixes it, and its change re-runs this Proxy at once.
+            auth::Refused::NotLabelled { .. } => Input::Unavailable {
+                message: refused.to_string(),
+            },
+        })?;
         // A Secret the user can fix by editing it: a condition, retried (its change
         // re-runs this Proxy at once).
         let credentials = auth::from_values(

@@ -60,6 +60,9 @@ pub struct Held {
     /// the credentials Secret the operator generated for a Proxy from a user's Secret that
     /// happens to have the same name.
     pub controller: Option<String>,
+    /// Whether it carries the label that lets a Proxy's `spec.auth.type: Secret` use it
+    /// ([`super::auth::labelled_for_proxies`]).
+    pub labelled_for_proxies: bool,
     /// Key -> value, `data` over `stringData` (see [`super::input::secret_value`]).
     data: BTreeMap<String, Vec<u8>>,
 }
@@ -70,6 +73,7 @@ impl std::fmt::Debug for Held {
             .field("resource_version", &self.resource_version)
             .field("uid", &self.uid)
             .field("controller", &self.controller)
+            .field("labelled_for_proxies", &self.labelled_for_proxies)
             .field("keys", &self.data.keys().collect::<Vec<_>>())
             .finish()
     }
@@ -81,6 +85,7 @@ impl Held {
             resource_version: resource_version.into(),
             uid: None,
             controller: None,
+            labelled_for_proxies: false,
             data,
         }
     }
@@ -113,6 +118,8 @@ impl Held {
             .flatten()
             .find(|o| o.controller == Some(true))
             .map(|o| o.uid.clone());
+        held.labelled_for_proxies =
+            super::auth::labelled_for_proxies(secret.metadata.labels.as_ref());
         held
     }
 

@@ -7,6 +7,12 @@
 //! `controller::auth`), kept for a few seconds per Secret so a busy client does not turn
 //! into a GET per request, and never enter the shared pre-rendered JSON, a log line or
 //! the status page.
+//!
+//! Only from a Secret the reconciler would use too ([`auth::may_use`]): a generated one
+//! the Proxy controls, or a user's one labelled as meant for proxy credentials. Otherwise
+//! `proxies/credentials` would be `get` on any Secret of the namespace that has a
+//! `username` and a `password`: a Proxy naming it (`spec.auth.secretName`, or a Proxy
+//! whose name makes `<name>-credentials` someone else's Secret) would hand it out.
 
 use crate::api::Proxy;
 use crate::controller::auth;
@@ -35,15 +41,17 @@ impl std::fmt::Debug for CredentialsView {
 }
 
 type Entry = (Instant, Option<Arc<CredentialsView>>);
+/// (namespace, Secret name, Proxy UID).
+type Key = (String, String, String);
 
 /// Reads credentials Secrets, with a short cache.
 pub struct CredentialStore {
     client: kube::Client,
     ttl: Duration,
     max_entries: usize,
-    /// (namespace, Secret name) -> the answer and when it expires (None: no usable
-    /// credentials in it, also kept, so a broken Secret is not read per request).
-    map: Mutex<HashMap<(String, String), Entry>>,
+    /// (namespace, Secret name, Proxy UID) -> the answer and when it expires (None: no
+    /// usable credentials in it, also kept, so a broken Secret is not read per request).
+    map: Mutex<HashMap<Key, Entry>>,
 }
 
 impl CredentialStore {
@@ -61,9 +69,12 @@ impl CredentialStore {
     pub async fn of(&self, p: &Proxy) -> Option<Arc<CredentialsView>> {
         let name = p.metadata.name.as_deref()?;
         let namespace = p.metadata.namespace.as_deref()?;
+        let uid = p.metadata.uid.as_deref()?;
         let access = auth::access(&p.spec.auth, name).ok()?;
         let secret = access.source.secret_name()?.to_string();
-        let key = (namespace.to_string(), secret);
+        // Keyed by the Proxy too: whether the Secret may be used depends on who asks for
+        // it (its controller owner must be this Proxy).
+        let key = (namespace.to_string(), secret, uid.to_string());
         let now = Instant::now();
         if let Some((expires, v)) = self.lock().get(&key)
             && *expires > now
@@ -72,29 +83,7 @@ impl CredentialStore {
         }
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         let value = match api.get_opt(&key.1).await {
-            Ok(Some(s)) => {
-                let value = |k: &str| {
-                    s.data
-                        .as_ref()
-                        .and_then(|d| d.get(k))
-                        .map(|v| v.0.as_slice())
-                };
-                match auth::from_values(
-                    &format!("{}/{}", key.0, key.1),
-                    access.source.field(),
-                    value(auth::USERNAME_KEY),
-                    value(auth::PASSWORD_KEY),
-                ) {
-                    Ok(c) => Some(Arc::new(CredentialsView {
-                        username: c.username,
-                        password: c.password,
-                    })),
-                    Err(e) => {
-                        tracing::warn!(proxy = %format!("{namespace}/{name}"), error = %e, "discovery: no usable credentials");
-                        None
-                    }
-                }
-            }
+            Ok(Some(s)) => view_of(&s, &access.source, namespace, name, uid),
             Ok(None) => {
                 tracing::debug!(proxy = %format!("{namespace}/{name}"), secret = key.1.as_str(), "discovery: credentials Secret not found");
                 None
@@ -116,8 +105,56 @@ impl CredentialStore {
         value
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The credentials in `secret` for the Proxy `namespace/name` (UID `uid`), if the Secret
+/// may give them ([`auth::may_use`]) and holds usable values. Refusals and bad values are
+/// logged, naming the Secret and never a value.
+fn view_of(
+    secret: &Secret,
+    source: &auth::Source,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Option<Arc<CredentialsView>> {
+    let secret_name = secret.metadata.name.as_deref().unwrap_or_default();
+    let controller = secret
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str());
+    let labelled = auth::labelled_for_proxies(secret.metadata.labels.as_ref());
+    if let Err(refused) = auth::may_use(source, namespace, secret_name, labelled, controller, uid) {
+        // Its values are not even looked at; the Proxy's condition says the same.
+        tracing::warn!(proxy = %format!("{namespace}/{name}"), error = %refused, "discovery: credentials Secret not usable");
+        return None;
+    }
+    let value = |k: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|v| v.0.as_slice())
+    };
+    match auth::from_values(
+        &format!("{namespace}/{secret_name}"),
+        source.field(),
+        value(auth::USERNAME_KEY),
+        value(auth::PASSWORD_KEY),
+    ) {
+        Ok(c) => Some(Arc::new(CredentialsView {
+            username: c.username,
+            password: c.password,
+        })),
+        Err(e) => {
+            tracing::warn!(proxy = %format!("{namespace}/{name}"), error = %e, "discovery: no usable credentials");
+            None
+        }
     }
 }
 

@@ -373,6 +373,15 @@ impl WasmProvider {
         self.shared.sensitive.add_cloud_init(doc);
     }
 
+    /// Makes a Proxy's username and password sensitive for every later call of this
+    /// provider, each as a whole value in every encoding (see [`redact`]). The reconciler
+    /// calls it for every Proxy as soon as it has read the Proxy's credentials.
+    pub fn remember_credentials(&self, username: &str, password: &str) {
+        self.shared
+            .sensitive
+            .add_credentials(username.as_bytes(), password.as_bytes());
+    }
+
     /// Whether instance addresses may be internal (loopback, private, link-local): from the
     /// provider entry's `allowPrivateAddresses`, for labs, emulators and private clouds.
     pub fn private_addresses_allowed(&self) -> bool {

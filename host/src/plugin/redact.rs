@@ -7,9 +7,10 @@
 //! scrubbed here before it reaches a log, a span, an event or a status.
 //!
 //! What counts as sensitive is decided per provider, not per call (see
-//! [`super::sensitive`]): every secret the host has handed to the provider and the cloud-init
-//! of every Proxy the operator has seen for it. For each value the redactor matches more
-//! than the raw bytes, because a plugin transforms what it sends:
+//! [`super::sensitive`]): every secret the host has handed to the provider, the cloud-init
+//! of every Proxy the operator has seen for it, and the credentials (username and password)
+//! of every such Proxy. For each value the redactor matches more than the raw bytes,
+//! because a plugin transforms what it sends:
 //!
 //! | form | why |
 //! |---|---|
@@ -19,6 +20,17 @@
 //! | JSON-escaped | a plugin builds an API body with the document as a JSON string |
 //! | percent-encoded | a value in a query string or form body |
 //! | cloud-init: each line, and each value after `:`, `=` or whitespace | a password inside `user:PASSWORD`, `BasicAuth user PASSWORD` |
+//! | credentials: the username and the password each as a whole value, in every encoding above | a plugin that read them in the rendered cloud-init returns them as an ID, or prints `Basic base64(user:password)` |
+//!
+//! A credential is a whole value, not a fragment of a document: an identifier a plugin
+//! returns ([`Redactor::finds_whole`]) must not contain it in any form. `user:password`,
+//! `Basic base64(user:password)` and `user%3Apassword` need no patterns of their own when
+//! both parts are long enough to be encoded ([`MIN_ENCODED`]): each of them, in each
+//! encoding, contains both parts in that encoding (base64 of a longer text contains the
+//! base64 of every part of it at one of the three alignments). With a shorter part the
+//! pair is added whole, in every encoding; the short part alone is then a fragment (scrubbed
+//! from text, not refused in an ID: a 4-byte username such as `root` would refuse honest
+//! IDs).
 //!
 //! Encodings are generated for the trimmed value only: every form of it lies inside the same
 //! form of the untrimmed value (each encoding maps bytes, or base64 three-byte blocks at the
@@ -57,7 +69,10 @@ pub const MIN_FRAGMENT: usize = 6;
 const MIN_SECRET_LINE: usize = 8;
 /// Shortest value whose encodings (base64, JSON, percent) are matched too: the encoding of
 /// a few bytes is a few characters that ordinary base64 text would match by chance.
-const MIN_ENCODED: usize = 6;
+pub const MIN_ENCODED: usize = 6;
+/// Shortest part of a credential scrubbed on its own when it is too short to be a whole
+/// value; shorter ones are covered only inside `user:password`.
+pub const MIN_CREDENTIAL_FRAGMENT: usize = 4;
 
 /// Words of the cloud-init schema, YAML and everyday shell that say nothing about a user:
 /// not treated as fragments of a user's document. Whole lines and whole documents are
@@ -178,6 +193,24 @@ impl Patterns {
                     self.plain(value, min);
                 }
             }
+        }
+    }
+
+    /// A Proxy's credentials: the username and the password as whole values in every form
+    /// (see the module docs for why `user:password` and `Basic ...` are covered without
+    /// patterns of their own when both parts are long enough).
+    pub fn credentials(&mut self, username: &[u8], password: &[u8]) {
+        let mut short = false;
+        for part in [username, password] {
+            if part.len() >= MIN_ENCODED {
+                self.value(part);
+            } else {
+                short = true;
+                self.plain(part, MIN_CREDENTIAL_FRAGMENT);
+            }
+        }
+        if short {
+            self.value(&[username, b":", password].concat());
         }
     }
 
@@ -401,8 +434,8 @@ impl Redactor {
     }
 
     /// Whether `text` holds a whole sensitive value: a secret, a line of one, a cloud-init
-    /// document or one of its long lines, in any encoding. For identifiers, which a
-    /// fragment of ordinary words could match by chance.
+    /// document or one of its long lines, a Proxy's username or password, in any encoding.
+    /// For identifiers, which a fragment of ordinary words could match by chance.
     pub fn finds_whole(&self, text: &str) -> bool {
         self.segments
             .iter()
@@ -593,6 +626,88 @@ mod tests {
             assert!(r.finds_whole(&id), "{id}");
         }
         assert!(!r.finds_whole("eu-west-1/i-0abc"));
+    }
+
+    /// A Proxy's credentials are whole values: an identifier holding the username, the
+    /// password or the pair in any form the module docs list is refused, and text holding
+    /// them is scrubbed of every character that depends on them alone.
+    #[test]
+    fn credentials_are_whole_values_in_every_form() {
+        const USER: &str = "Zq7xK2mN9vB4wR8tY3uP6sLd";
+        // A user's password with characters that JSON and percent-encoding change.
+        const PASS: &str = "pa\"ss\\w0rd/SENT+INEL=9a4f";
+        let mut p = Patterns::default();
+        p.credentials(USER.as_bytes(), PASS.as_bytes());
+        let r = p.build();
+        let pair = format!("{USER}:{PASS}");
+        let b64 = |v: &str| data_encoding::BASE64.encode(v.as_bytes());
+        let b64url = |v: &str| data_encoding::BASE64URL_NOPAD.encode(v.as_bytes());
+        let json = |v: &str| serde_json::to_string(v).unwrap();
+        let forms: Vec<(&str, String)> = vec![
+            ("username", USER.into()),
+            ("password", PASS.into()),
+            ("user:password", pair.clone()),
+            ("Basic", format!("Basic {}", b64(&pair))),
+            ("password base64", b64(PASS)),
+            ("password base64 at offset 1", b64(&format!("x{PASS}"))),
+            ("password base64 at offset 2", b64(&format!("xy{PASS}"))),
+            ("password url-safe base64", b64url(PASS)),
+            (
+                "password url-safe base64 at offset 1",
+                b64url(&format!("x{PASS}")),
+            ),
+            (
+                "password url-safe base64 at offset 2",
+                b64url(&format!("xy{PASS}")),
+            ),
+            ("username base64", b64(USER)),
+            ("password percent-encoded", percent_encode(PASS.as_bytes())),
+            ("pair percent-encoded", percent_encode(pair.as_bytes())),
+            ("password JSON-escaped", json(PASS)),
+            ("pair JSON-escaped", json(&pair)),
+        ];
+        for (what, form) in forms {
+            for id in [form.clone(), format!("i-{form}-x")] {
+                assert!(r.finds_whole(&id), "{what}: {id}");
+            }
+            let out = r.scrub(&format!("got {form} back"));
+            assert!(out.contains(REDACTED), "{what}: {out}");
+            let left = out.replace(REDACTED, "");
+            // What may stay: the surrounding words, `Basic `, and at the ends of an
+            // encoded form (and at the `:` of an encoded pair) the few characters that
+            // also carry bits of their neighbours.
+            assert!(
+                left.len() <= "got  back".len() + 12 && !left.contains("SENT"),
+                "{what}: {out}"
+            );
+        }
+        for fine in ["i-0abc123", "fsn1/42", "Zq7xK2", "pa-ss"] {
+            assert!(!r.finds_whole(fine), "{fine}");
+        }
+    }
+
+    /// A credential part too short to be a whole value on its own (a user's `root`) is a
+    /// fragment: scrubbed from text, not refused in an identifier; the pair is whole.
+    #[test]
+    fn a_short_credential_part_is_covered_by_the_pair() {
+        let mut p = Patterns::default();
+        p.credentials(b"root", b"pw-SENTINEL-77");
+        let r = p.build();
+        assert!(
+            !r.finds_whole("i-root-1"),
+            "root alone is not a whole value"
+        );
+        assert_eq!(r.scrub("user root"), format!("user {REDACTED}"));
+        for id in [
+            "root:pw-SENTINEL-77".to_string(),
+            format!(
+                "Basic {}",
+                data_encoding::BASE64.encode(b"root:pw-SENTINEL-77")
+            ),
+            "pw-SENTINEL-77".into(),
+        ] {
+            assert!(r.finds_whole(&id), "{id}");
+        }
     }
 
     #[test]

@@ -5,8 +5,17 @@
 //! fails the call (Transient: the reconciler retries with backoff; the message names the
 //! field and the rule), so a hostile or broken plugin can never put a secret into
 //! `status.providerID`, point the health prober at the pod network, or crash a formatter
-//! with a date past year 9999. Free text (error messages, health-check results) is not a
+//! with a date past year 9999. Free text (error messages, health-check messages) is not a
 //! reason to fail: it is scrubbed, escaped and cut instead.
+//!
+//! A health check's answer is structured here, because it is published where a Proxy's
+//! status is not: `ProviderHealth` is cluster-scoped and readable by everyone with `view`
+//! (the discovery-reader role aggregates into it), and its target names are the label of a
+//! metric. So a target's name is a bounded identifier that holds no whole sensitive value
+//! (else it becomes `invalid#<n>`, not ready, reason `InvalidTargetName`), its reason a
+//! CamelCase word that holds none (else `Unknown`), its details bounded tokens under
+//! camelCase keys (others are dropped). Its message is scrubbed free text like any other,
+//! for the operator's log only: [`crate::provider_check`] never publishes it.
 
 use super::Reply;
 use super::bindings::egress::provider::types as wit;
@@ -35,10 +44,20 @@ pub const MAX_LIST: usize = 20_000;
 pub const MAX_LIFT_BYTES: usize = 5 << 19;
 /// Longest error message or health-check message kept; the rest is cut.
 pub const MAX_TEXT: usize = 4096;
-/// Longest short label (error code, target, reason, detail key) kept.
+/// Longest short label (error code) kept.
 pub const MAX_LABEL: usize = 256;
-/// Most health-check targets and details kept.
+/// Most health-check targets kept.
 pub const MAX_TARGETS: usize = 256;
+/// Longest health-check target name, reason and detail key (a DNS label's length).
+pub const MAX_NAME: usize = 63;
+/// Most details of one health-check target kept.
+pub const MAX_DETAILS: usize = 16;
+/// Longest health-check detail value kept.
+pub const MAX_DETAIL_VALUE: usize = 64;
+/// The reason of a target whose plugin gave none fit to publish.
+pub const UNKNOWN_REASON: &str = "Unknown";
+/// The reason of a target whose name the host replaced.
+pub const INVALID_TARGET_NAME: &str = "InvalidTargetName";
 /// Latest `created-at` accepted: 9999-12-31T23:59:59Z, the end of RFC 3339.
 pub const MAX_CREATED_AT: u64 = 253_402_300_799;
 
@@ -78,25 +97,94 @@ pub(crate) fn check(reply: Reply, rules: &Rules, r: &Redactor) -> Result<Reply, 
             Reply::List(Ok(out))
         }
         Reply::List(Err(e)) => Reply::List(Err(error(e, r))),
-        Reply::Check(targets) => Reply::Check(
-            targets
-                .into_iter()
-                .take(MAX_TARGETS)
-                .map(|t| wit::TargetStatus {
-                    target: text(&t.target, MAX_LABEL, r),
-                    ready: t.ready,
-                    reason: text(&t.reason, MAX_LABEL, r),
-                    message: text(&t.message, MAX_TEXT, r),
-                    details: t
-                        .details
-                        .into_iter()
-                        .take(MAX_TARGETS)
-                        .map(|(k, v)| (text(&k, MAX_LABEL, r), text(&v, MAX_TEXT, r)))
-                        .collect(),
-                })
-                .collect(),
-        ),
+        Reply::Check(targets) => {
+            let mut names = std::collections::BTreeSet::new();
+            Reply::Check(
+                targets
+                    .into_iter()
+                    .take(MAX_TARGETS)
+                    .enumerate()
+                    .map(|(n, t)| target(n, t, &mut names, r))
+                    .collect(),
+            )
+        }
     })
+}
+
+/// One health-check target, structured (see the module docs). `names` are the names kept
+/// so far: a repeated one is replaced too (ProviderHealth keys its targets by name).
+fn target(
+    n: usize,
+    t: wit::TargetStatus,
+    names: &mut std::collections::BTreeSet<String>,
+    r: &Redactor,
+) -> wit::TargetStatus {
+    let message = text(&t.message, MAX_TEXT, r);
+    let named = is_name(&t.target, |b| {
+        b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')
+    }) && !r.finds_whole(&t.target)
+        && !names.contains(&t.target);
+    if !named {
+        // Never the plugin's name: `#` is outside what a plugin's name may hold, so the
+        // replacement cannot be taken by another target.
+        let target = format!("invalid#{n}");
+        names.insert(target.clone());
+        return wit::TargetStatus {
+            target,
+            ready: false,
+            reason: INVALID_TARGET_NAME.into(),
+            message: format!(
+                "target {n}'s name is not an identifier of 1 to {MAX_NAME} letters, digits, \
+                 '-', '_' or '.', repeats another's, or holds a secret of this provider \
+                 (value withheld); the plugin said: {message}"
+            ),
+            details: Vec::new(),
+        };
+    }
+    names.insert(t.target.clone());
+    let reason = if t.reason.starts_with(|c: char| c.is_ascii_uppercase())
+        && is_name(&t.reason, |b| b.is_ascii_alphanumeric())
+        && !r.finds_whole(&t.reason)
+    {
+        t.reason
+    } else {
+        UNKNOWN_REASON.into()
+    };
+    let details = t
+        .details
+        .into_iter()
+        .filter(|(k, v)| {
+            k.starts_with(|c: char| c.is_ascii_alphabetic())
+                && is_name(k, |b| b.is_ascii_alphanumeric())
+                && is_token(v)
+                && !r.finds_whole(k)
+                && !r.finds_whole(v)
+        })
+        .take(MAX_DETAILS)
+        .collect();
+    wit::TargetStatus {
+        target: t.target,
+        ready: t.ready,
+        reason,
+        message,
+        details,
+    }
+}
+
+/// 1 to [`MAX_NAME`] bytes, each one `ok` accepts, starting with a letter or digit.
+fn is_name(v: &str, ok: impl Fn(u8) -> bool) -> bool {
+    (1..=MAX_NAME).contains(&v.len())
+        && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && v.bytes().all(ok)
+}
+
+/// A detail value: a number, a version, an endpoint, an account name; 1 to
+/// [`MAX_DETAIL_VALUE`] bytes without spaces (no sentences: no free text).
+fn is_token(v: &str) -> bool {
+    (1..=MAX_DETAIL_VALUE).contains(&v.len())
+        && v.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'/' | b'+' | b'@')
+        })
 }
 
 fn instance(
@@ -134,7 +222,8 @@ fn instance(
 fn ident(field: &str, v: String, max: usize, r: &Redactor) -> Result<String, String> {
     if r.finds_whole(&v) {
         return Err(format!(
-            "{field} holds a secret or cloud-init of this provider (value withheld)"
+            "{field} holds a secret of this provider: a Proxy's credentials, a provider \
+             secret or a cloud-init, in some form (value withheld)"
         ));
     }
     if v.len() > max {
@@ -462,6 +551,123 @@ mod tests {
         assert!(!e.message.contains("SECRET") && !e.message.contains('\n'));
         assert!(e.message.len() < MAX_TEXT + 64, "{}", e.message.len());
         assert_eq!(e.code.as_deref(), Some("[REDACTED]"));
+    }
+
+    /// What a check answer may publish: bounded identifiers and tokens holding no whole
+    /// sensitive value. A Proxy's password as a name, a reason or a detail, raw or encoded,
+    /// is withheld; the honest answers of the shipped plugins pass unchanged.
+    #[test]
+    fn check_results_are_structured() {
+        const PASS: &str = "Kx9qSENTINELpw7Zb2";
+        let mut p = super::super::redact::Patterns::default();
+        p.credentials(b"proxyuserSENTINEL", PASS.as_bytes());
+        let r = p.build();
+        let t = |target: &str, reason: &str, details: &[(&str, &str)]| wit::TargetStatus {
+            target: target.into(),
+            ready: true,
+            reason: reason.into(),
+            message: format!("the password is {PASS}"),
+            details: details
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let b64 = data_encoding::BASE64URL_NOPAD.encode(PASS.as_bytes());
+        let answer = vec![
+            t(
+                "eu-west-1",
+                "Reachable",
+                &[
+                    ("managedInstances", "5+"),
+                    ("endpoint", "ec2.eu-west-1.amazonaws.com:443"),
+                    ("version", "pve-manager/8.1.4/ec5affc9e41f1d79"),
+                    ("account", "ops@example.com"),
+                    ("leak", PASS),
+                    ("encoded", &b64),
+                    ("sentence", "the password is in the message"),
+                    ("bad key", "1"),
+                    ("x", &"9".repeat(MAX_DETAIL_VALUE + 1)),
+                ],
+            ),
+            t("api", "X", &[]),
+            t(PASS, "Reachable", &[]),
+            t(&format!("i-{b64}"), "Reachable", &[]),
+            t("api", "Reachable", &[]),
+            t("has space", "Reachable", &[]),
+            t("fsn1", &format!("K{PASS}"), &[]),
+            t("nbg1", "rate_limited", &[]),
+            t("hel1", "", &[]),
+        ];
+        let Ok(Reply::Check(got)) = check(Reply::Check(answer), &Rules::default(), &r) else {
+            panic!("checks pass")
+        };
+        let summary: Vec<(String, bool, String, Vec<String>)> = got
+            .iter()
+            .map(|t| {
+                (
+                    t.target.clone(),
+                    t.ready,
+                    t.reason.clone(),
+                    t.details.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                )
+            })
+            .collect();
+        let row = |target: &str, ready, reason: &str, details: &[&str]| {
+            (
+                target.to_string(),
+                ready,
+                reason.to_string(),
+                details.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(
+            summary,
+            [
+                row(
+                    "eu-west-1",
+                    true,
+                    "Reachable",
+                    &[
+                        "managedInstances=5+",
+                        "endpoint=ec2.eu-west-1.amazonaws.com:443",
+                        "version=pve-manager/8.1.4/ec5affc9e41f1d79",
+                        "account=ops@example.com",
+                    ]
+                ),
+                row("api", true, "X", &[]),
+                row("invalid#2", false, INVALID_TARGET_NAME, &[]),
+                row("invalid#3", false, INVALID_TARGET_NAME, &[]),
+                row("invalid#4", false, INVALID_TARGET_NAME, &[]),
+                row("invalid#5", false, INVALID_TARGET_NAME, &[]),
+                row("fsn1", true, UNKNOWN_REASON, &[]),
+                row("nbg1", true, UNKNOWN_REASON, &[]),
+                row("hel1", true, UNKNOWN_REASON, &[]),
+            ]
+        );
+        // The message (for the operator's log) is scrubbed, and says why a name went.
+        let all = format!("{got:?}");
+        assert!(!all.contains("SENTINEL"), "{all}");
+        assert!(
+            got[2].message.contains("value withheld"),
+            "{}",
+            got[2].message
+        );
+        // Bounded: at most MAX_TARGETS targets of MAX_DETAILS details.
+        let many = (0..MAX_TARGETS + 10)
+            .map(|i| {
+                let details: Vec<(String, String)> =
+                    (0..40).map(|d| (format!("k{d}"), d.to_string())).collect();
+                wit::TargetStatus {
+                    details,
+                    ..t(&format!("t{i}"), "Reachable", &[])
+                }
+            })
+            .collect();
+        let Ok(Reply::Check(got)) = check(Reply::Check(many), &Rules::default(), &r) else {
+            panic!("checks pass")
+        };
+        assert_eq!(got.len(), MAX_TARGETS);
+        assert!(got.iter().all(|t| t.details.len() == MAX_DETAILS));
     }
 
     #[test]

@@ -157,6 +157,10 @@ impl<P: Provider> Provider for Instrumented<P> {
         self.inner.remember_cloud_init(doc)
     }
 
+    fn remember_credentials(&self, username: &str, password: &str) {
+        self.inner.remember_credentials(username, password)
+    }
+
     fn private_addresses_allowed(&self) -> bool {
         self.inner.private_addresses_allowed()
     }

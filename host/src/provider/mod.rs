@@ -117,6 +117,11 @@ pub trait Provider: Send + Sync {
     /// Tells the provider about a Proxy's cloud-init, whether or not a call for it follows:
     /// a sandboxed plugin must not be able to show any Proxy's document in any call.
     fn remember_cloud_init(&self, _doc: &[u8]) {}
+    /// Tells the provider about a Proxy's username and password, as soon as the reconciler
+    /// has read them and before any call that could show them: each is then a whole
+    /// sensitive value in every encoding for every later call of the provider, so no
+    /// reply's ID may hold it and no message shows it (see `plugin::redact`).
+    fn remember_credentials(&self, _username: &str, _password: &str) {}
     /// Whether its instances may have internal addresses, which the health prober then
     /// connects to. `false` unless the provider's configuration says so.
     fn private_addresses_allowed(&self) -> bool {
@@ -162,6 +167,9 @@ impl<P: Provider + ?Sized> Provider for std::sync::Arc<P> {
     }
     fn remember_cloud_init(&self, doc: &[u8]) {
         (**self).remember_cloud_init(doc)
+    }
+    fn remember_credentials(&self, username: &str, password: &str) {
+        (**self).remember_credentials(username, password)
     }
     fn private_addresses_allowed(&self) -> bool {
         (**self).private_addresses_allowed()

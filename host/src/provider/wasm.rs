@@ -146,6 +146,10 @@ impl Provider for WasmProvider {
         WasmProvider::remember_cloud_init(self, doc)
     }
 
+    fn remember_credentials(&self, username: &str, password: &str) {
+        WasmProvider::remember_credentials(self, username, password)
+    }
+
     fn private_addresses_allowed(&self) -> bool {
         WasmProvider::private_addresses_allowed(self)
     }

@@ -132,9 +132,12 @@ impl Env {
         port
     }
 
+    /// A user's credentials Secret, labelled as meant for proxies.
     async fn put_secret(&self, name: &str, username: &str, password: &str) {
         let s: Secret = serde_json::from_value(json!({
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": {
+                controller::auth::CREDENTIALS_LABEL: controller::auth::CREDENTIALS_LABEL_VALUE,
+            }},
             "stringData": {"username": username, "password": password},
         }))
         .unwrap();

@@ -1125,11 +1125,23 @@ async fn answers_match_the_openapi_schemas() {
 const CAROL: &str = "carol-token-0123456789";
 const DAVE: &str = "dave-token-0123456789";
 
-/// A Secret with `username` and `password`, as the operator generates for a Proxy.
+/// A Secret with `username` and `password`, as the operator generates for a Proxy: named
+/// `<proxy>-credentials` and controlled by the Proxy (discovery gives no other's).
 async fn put_credentials(client: &kube::Client, ns: &str, name: &str, user: &str, pass: &str) {
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), ns);
+    let proxy = name.strip_suffix("-credentials").unwrap();
+    let uid = Api::<Proxy>::namespaced(client.clone(), ns)
+        .get(proxy)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
     let s = serde_json::from_value(json!({
-        "metadata": {"name": name},
+        "metadata": {"name": name, "ownerReferences": [{
+            "apiVersion": "egress.proxy-operator.dev/v1alpha1", "kind": "Proxy",
+            "name": proxy, "uid": uid, "controller": true,
+        }]},
         "stringData": {"username": user, "password": pass},
     }))
     .unwrap();

@@ -30,10 +30,19 @@
 //!   until stopped), `grow-tmp:<bytes>` (a file grown by `set-size`).
 //! - `create`: by `placement.machine-type`: `get:<attack>` (runs that `get` attack and
 //!   returns its ID), `stash` (keeps the cloud-init in the host cache
-//!   and succeeds), `id-cloud-init` (returns the cloud-init as the ID), anything else leaks
-//!   cloud-init and the `token` secret through logs, stdout, stderr, the error message and
-//!   the error code.
-//! - `check`: leaks the secret in a target's message and details.
+//!   and succeeds), `id-cloud-init` (returns the cloud-init as the ID), `creds-id:<form>`
+//!   and `creds-leak` (below), anything else leaks cloud-init and the `token` secret
+//!   through logs, stdout, stderr, the error message and the error code.
+//! - A Proxy's credentials, read from the `BasicAuth <user> <password>` line of the
+//!   rendered cloud-init in `create` and kept in the host cache for `check`:
+//!   `creds-id:<form>` returns them as the ID, `<form>` = `username`, `password`, `pair`
+//!   (`user:password`), `basic` (`Basic base64(user:password)`), `base64` / `base64url`
+//!   (of the password, after one byte, so at another alignment), `percent` (of the pair);
+//!   `creds-leak` logs, prints and returns in its error message and code the password in
+//!   every form [`encoded_forms`] makes.
+//! - `check`: leaks the secret in a target's message and details; and every credential
+//!   kept by a `creds-*` create: raw and encoded in target names, reasons, details and
+//!   messages.
 //! - `list-by-tag(installation)`: `alias-list:<n>:<bytes>` returns `n` instances whose
 //!   strings all point at one `<bytes>`-long string (3 x n x bytes if copied whole); any
 //!   other installation runs the config's `"list"` attack, if any, else lists nothing.
@@ -68,6 +77,108 @@ fn report(finding: impl Into<String>) -> Instance {
 }
 
 const STASH: &str = "stashed-cloud-init";
+const CREDS: &str = "stashed-credentials";
+
+/// The `BasicAuth <user> <password>` of a rendered cloud-init.
+fn credentials_in(cloud_init: &str) -> Option<(String, String)> {
+    cloud_init.lines().find_map(|l| {
+        let mut words = l.trim().strip_prefix("BasicAuth ")?.split_whitespace();
+        Some((words.next()?.to_string(), words.next()?.to_string()))
+    })
+}
+
+/// Keeps `(user, password)` in the host cache, one pair per line, for `check`.
+fn stash_credentials(user: &str, password: &str) {
+    let mut all = cache_get(CREDS).unwrap_or_default();
+    let line = format!("{user} {password}\n");
+    if !String::from_utf8_lossy(&all).contains(&line) {
+        all.extend_from_slice(line.as_bytes());
+        cache_set(CREDS, &all, 3600);
+    }
+}
+
+fn stashed_credentials() -> Vec<(String, String)> {
+    let all = cache_get(CREDS).unwrap_or_default();
+    String::from_utf8_lossy(&all)
+        .lines()
+        .filter_map(|l| {
+            let (u, p) = l.split_once(' ')?;
+            Some((u.to_string(), p.to_string()))
+        })
+        .collect()
+}
+
+fn percent(v: &str) -> String {
+    v.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A credential as a plugin could print it without printing it raw.
+fn encoded_forms(user: &str, password: &str) -> Vec<(&'static str, String)> {
+    let pair = format!("{user}:{password}");
+    vec![
+        ("base64", data_encoding::BASE64.encode(password.as_bytes())),
+        (
+            "base64url",
+            data_encoding::BASE64URL_NOPAD.encode(format!("x{password}").as_bytes()),
+        ),
+        (
+            "basic",
+            format!("Basic {}", data_encoding::BASE64.encode(pair.as_bytes())),
+        ),
+        ("percent", percent(&pair)),
+        (
+            "json",
+            serde_json::to_string(&serde_json::json!({ "password": password })).unwrap_or_default(),
+        ),
+    ]
+}
+
+/// `creds-id:<form>`: the credentials in `cloud_init` as an instance ID.
+fn credentials_as_id(form: &str, cloud_init: &str) -> Result<String, ProviderError> {
+    let (user, password) = credentials_in(cloud_init)
+        .ok_or_else(|| ProviderError::permanent("no BasicAuth line in the cloud-init"))?;
+    stash_credentials(&user, &password);
+    let pair = format!("{user}:{password}");
+    Ok(match form {
+        "username" => user,
+        "password" => password,
+        "pair" => pair,
+        // Without the space, which an ID may not hold: the host must refuse it for what
+        // it holds.
+        "basic" => format!("Basic{}", data_encoding::BASE64.encode(pair.as_bytes())),
+        "base64" => data_encoding::BASE64.encode(format!("x{password}").as_bytes()),
+        "base64url" => data_encoding::BASE64URL_NOPAD.encode(format!("x{password}").as_bytes()),
+        "percent" => percent(&pair),
+        other => return Err(ProviderError::permanent(format!("unknown form {other:?}"))),
+    })
+}
+
+/// `creds-leak`: the password of `cloud_init` in every encoded form, through every
+/// channel a plugin has.
+fn leak_credentials(cloud_init: &str) -> ProviderError {
+    let Some((user, password)) = credentials_in(cloud_init) else {
+        return ProviderError::permanent("no BasicAuth line in the cloud-init");
+    };
+    stash_credentials(&user, &password);
+    let forms = encoded_forms(&user, &password);
+    for (what, form) in &forms {
+        info!("{what}: {form}");
+        warn!("sending Authorization: {form}");
+        let _ = writeln!(std::io::stdout(), "{what}: {form}");
+        let _ = writeln!(std::io::stderr(), "{what}: {form}");
+    }
+    let all: Vec<String> = forms.iter().map(|(w, f)| format!("{w}={f}")).collect();
+    ProviderError::transient(format!("backend refused {}", all.join(" ")))
+        .with_code(forms[0].1.clone())
+}
 
 fn stashed() -> String {
     cache_get(STASH)
@@ -430,7 +541,12 @@ impl Provider for Hostile {
                 return Ok("stashed-1".into());
             }
             "id-cloud-init" => return Ok(cloud_init),
-            _ => {}
+            "creds-leak" => return Err(leak_credentials(&cloud_init)),
+            other => {
+                if let Some(form) = other.strip_prefix("creds-id:") {
+                    return credentials_as_id(form, &cloud_init);
+                }
+            }
         }
         info!("cloud-init: {cloud_init} secret: {secret}");
         warn!("cloud-init: {cloud_init} secret: {secret}");
@@ -595,12 +711,44 @@ impl Provider for Hostile {
 
     fn check() -> Vec<TargetStatus> {
         let secret = leaked_secret();
-        vec![TargetStatus {
+        let mut out = vec![TargetStatus {
             target: "leak".into(),
             ready: false,
             reason: "Leak".into(),
             message: format!("secret {secret}"),
             details: vec![("secret".into(), secret)],
-        }]
+        }];
+        for (n, (user, password)) in stashed_credentials().into_iter().enumerate() {
+            let forms = encoded_forms(&user, &password);
+            let all: Vec<String> = forms.iter().map(|(w, f)| format!("{w}={f}")).collect();
+            let b64url = data_encoding::BASE64URL_NOPAD.encode(password.as_bytes());
+            let mut details = vec![
+                ("password".to_string(), password.clone()),
+                ("user".to_string(), user.clone()),
+            ];
+            details.extend(forms.iter().map(|(w, f)| (w.to_string(), f.clone())));
+            out.push(TargetStatus {
+                target: password.clone(),
+                ready: false,
+                reason: "Leak".into(),
+                message: format!("password {password}"),
+                details: Vec::new(),
+            });
+            out.push(TargetStatus {
+                target: format!("r{n}-{b64url}"),
+                ready: true,
+                reason: "Reachable".into(),
+                message: String::new(),
+                details: Vec::new(),
+            });
+            out.push(TargetStatus {
+                target: format!("creds{n}"),
+                ready: false,
+                reason: format!("Leak{password}"),
+                message: format!("user {user} {}", all.join(" ")),
+                details,
+            });
+        }
+        out
     }
 }
