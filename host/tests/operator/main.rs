@@ -29,3 +29,4 @@ mod threat_credentials;
 mod threat_http;
 mod threat_network;
 mod threat_reload;
+mod threat_template;

@@ -1,0 +1,106 @@
+//! A user's template bomb against a running operator under the Deployment's memory limit
+//! (threat model: user -> operator, templates): one 204 KiB Proxy with 10,000
+//! `allowedClients` and 1,000 `{{egress.allowedClients}}` placeholders rendered to 136 MiB
+//! and got the operator OOM-killed within a second, and, since the Proxy stays, a real pod
+//! would crash-loop. It is refused as `InvalidSpec` naming the limit, before anything is
+//! rendered, and another Proxy still runs.
+
+use super::harness::{Limits, fake_cluster, providers_yaml, start_operator_limited, wait_for};
+use crate::support;
+use egress_emulators::example::ExampleBackend;
+use kube::api::{Api, PostParams};
+use proxy_operator::api::Proxy;
+use std::time::Duration;
+
+fn condition(p: &Proxy, reason: &str) -> Option<String> {
+    let v = serde_json::to_value(p).ok()?;
+    v["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["reason"] == reason)
+        .map(|c| c["message"].as_str().unwrap_or_default().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_bomb_is_refused_and_the_operator_stays_up() {
+    let plugin_dir = plugins_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let (_fake, client, kubeconfig) = fake_cluster(dir.path()).await;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok").unwrap();
+    let backend = ExampleBackend::start("tok");
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(&providers, providers_yaml(&backend, &token, "")).unwrap();
+    let Some(mut op) = start_operator_limited(
+        &plugin_dir,
+        &providers,
+        &kubeconfig,
+        dir.path(),
+        &["--probe-target", "127.0.0.1:9"],
+        &[],
+        Limits::Deployment,
+    ) else {
+        return;
+    };
+    wait_for(
+        "/readyz to answer 200",
+        Duration::from_secs(60),
+        async || (op.get("/readyz").await.0 == 200).then_some(()),
+    )
+    .await;
+
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let clients: Vec<String> = (0..10_000)
+        .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+        .collect();
+    let bomb: Proxy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "egress.proxy-operator.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": "bomb", "namespace": "default"},
+        "spec": {"provider": "ex", "placement": {"region": "r1"},
+                 "cloudInit": {"inline": "x {{egress.allowedClients}}\n".repeat(1_000)},
+                 "port": 3128,
+                 "auth": {"type": "None", "allowedClients": clients}},
+    }))
+    .unwrap();
+    proxies.create(&PostParams::default(), &bomb).await.unwrap();
+    let fine: Proxy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "egress.proxy-operator.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": "fine", "namespace": "default"},
+        "spec": {"provider": "ex", "placement": {"region": "r1"},
+                 "cloudInit": {"inline": "#cloud-config\n"}, "port": 3128},
+    }))
+    .unwrap();
+    proxies.create(&PostParams::default(), &fine).await.unwrap();
+
+    let message = wait_for(
+        "the bomb's InvalidSpec",
+        Duration::from_secs(30),
+        async || {
+            op.assert_alive("while the bomb is reconciled");
+            assert_eq!(op.get("/healthz").await.0, 200, "/healthz");
+            let p = proxies.get("bomb").await.ok()?;
+            condition(&p, "InvalidSpec")
+        },
+    )
+    .await;
+    assert!(
+        message.contains("16384 bytes") && message.contains("spec.cloudInit"),
+        "{message}"
+    );
+    wait_for(
+        "the other Proxy to run",
+        Duration::from_secs(30),
+        async || {
+            let p = proxies.get("fine").await.ok()?;
+            let v = serde_json::to_value(&p).ok()?;
+            (v["status"]["phase"] == "Running" || v["status"]["state"] == "Running").then_some(())
+        },
+    )
+    .await;
+    op.assert_alive("after the bomb");
+    let cgroup = op.cgroup.as_ref().unwrap();
+    assert_eq!(cgroup.oom_kills(), 0);
+    eprintln!("operator cgroup peak: {} MiB", cgroup.peak() >> 20);
+}
