@@ -722,7 +722,8 @@ async fn nothing_sensitive_leaves_through_any_channel() {
     seen.push_str(&format!("{:?}\n", p.create(&req).await));
     // A Proxy whose create never ran: the plugin "reads its user data back".
     let other = format!("#cloud-config\nruncmd:\n  - echo {OTHER_PROXY}\n");
-    p.remember_cloud_init(other.as_bytes());
+    p.remember_cloud_init("uid-of-another-proxy", other.as_bytes())
+        .unwrap();
     let hex = |t: &str| t.bytes().map(|b| format!("{b:02x}")).collect::<String>();
     let mut attacks = vec![
         "stash-leak".to_string(),

@@ -74,6 +74,12 @@ pub struct RuntimeArgs {
     /// Wall time one plugin compile may take; then its child process is killed.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "40s")]
     pub plugin_compile_timeout: Duration,
+    /// Memory the redactor may use for all Proxies' cloud-init and credentials together
+    /// (part of --memory-reserve). A Proxy whose values do not fit waits, with
+    /// CloudInitUnavailable naming this flag; one template shared by a fleet costs a few
+    /// KiB per Proxy, a Proxy with its own generated credentials about 5 KiB.
+    #[arg(long, default_value = "32Mi", value_parser = parse_quantity)]
+    pub redaction_memory: u64,
 }
 
 impl RuntimeArgs {
@@ -88,6 +94,7 @@ impl RuntimeArgs {
             memory_bytes: self.plugin_compile_memory,
             wall: self.plugin_compile_timeout,
         };
+        opts.redaction_memory_bytes = usize::try_from(self.redaction_memory).unwrap_or(usize::MAX);
         opts
     }
 

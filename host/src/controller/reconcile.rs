@@ -649,6 +649,11 @@ impl<'a> Shell<'a> {
                     // goes before the Proxy does, even where nothing collects garbage.
                     self.delete_generated_secret().await?;
                     self.remove_finalizer().await?;
+                    // Its instance is gone: what it made sensitive may go when room is
+                    // needed (kept a while: see `plugin::sensitive`).
+                    if let Some(p) = &self.provider {
+                        p.forget(&self.uid);
+                    }
                     info!("finalizer released");
                     return Ok(Action::await_change());
                 }
@@ -738,8 +743,17 @@ impl<'a> Shell<'a> {
         // Sensitive as values of their own, in every encoding, before anything is rendered
         // or called: every later call of this provider, for any Proxy, is scrubbed of them
         // and no ID it returns may hold them (not only as part of this cloud-init).
-        if let (Some(p), Some(c)) = (&self.provider, &credentials) {
-            p.remember_credentials(&c.username, &c.password);
+        // Refused when the redactor has no room left (`--redaction-memory`): the Proxy
+        // then waits, saying so, and nothing is handed to the plugin.
+        if let (Some(p), Some(c)) = (&self.provider, &credentials)
+            && let Err(e) = p.remember_credentials(&self.uid, &c.username, &c.password)
+        {
+            return (
+                Input::Unavailable {
+                    message: e.to_string(),
+                },
+                None,
+            );
         }
         let values = template::Values {
             port,
@@ -762,8 +776,15 @@ impl<'a> Shell<'a> {
         };
         let cloud_init = rendered.bytes.clone();
         // Every call of this provider scrubs this document from then on, not only Create.
-        if let Some(p) = &self.provider {
-            p.remember_cloud_init(&cloud_init);
+        if let Some(p) = &self.provider
+            && let Err(e) = p.remember_cloud_init(&self.uid, &cloud_init)
+        {
+            return (
+                Input::Unavailable {
+                    message: e.to_string(),
+                },
+                None,
+            );
         }
         let mut hash = spec_hash(&spec.placement, &cloud_init, port);
         if rendered.has_credentials() {

@@ -260,7 +260,7 @@ impl Runtime {
             Vec::new(),
             no_tls(),
         );
-        let info = probe.invoke(Op::Load, "", &[], true, Call::Info).await;
+        let info = probe.invoke(Op::Load, "", None, true, Call::Info).await;
         drop(probe);
         let Ok(mut plugin) = Arc::try_unwrap(shared_plugin) else {
             unreachable!("the probe was the only other holder");
@@ -329,7 +329,7 @@ impl Runtime {
         );
         let config = entry.config.to_string();
         match provider
-            .invoke(Op::Load, "", &[], true, Call::Validate(&config))
+            .invoke(Op::Load, "", None, true, Call::Validate(&config))
             .await
         {
             Ok((Reply::Unit(Ok(())), _)) => Ok(provider),

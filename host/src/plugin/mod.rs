@@ -69,6 +69,9 @@ pub struct RuntimeOptions {
     pub compile_in: Option<PathBuf>,
     /// What that child may use (CPU time, memory, wall time); not applied in process.
     pub compile_limits: compiler::CompileLimits,
+    /// What all providers' sensitive values (Proxies' cloud-init and credentials) may cost
+    /// the redactor together (see [`sensitive`]).
+    pub redaction_memory_bytes: usize,
 }
 
 /// Default of [`RuntimeOptions::max_plugin_bytes`]: the shipped plugins are 200-340 KiB and
@@ -108,6 +111,7 @@ impl RuntimeOptions {
             shipped_budgets: true,
             compile_in: None,
             compile_limits: compiler::CompileLimits::default(),
+            redaction_memory_bytes: sensitive::DEFAULT_LIMIT_BYTES,
         }
     }
 }
@@ -174,7 +178,7 @@ impl Runtime {
             max_plugin_bytes: opts.max_plugin_bytes,
             shipped_budgets: opts.shipped_budgets,
             metrics: std::sync::OnceLock::new(),
-            sensitive: sensitive::SensitiveByProvider::default(),
+            sensitive: sensitive::SensitiveByProvider::new(opts.redaction_memory_bytes),
             permits: Mutex::default(),
             load_slots: Slots::new(crate::config::fit::LOAD_SLOTS as usize),
             budgets: Mutex::default(),
@@ -339,6 +343,13 @@ pub struct WasmProvider {
     last_list_requests: Arc<std::sync::atomic::AtomicU32>,
 }
 
+/// A Proxy's cloud-init a call hands the plugin, and whose it is (the Proxy's UID).
+#[derive(Debug, Clone, Copy)]
+pub struct Document<'a> {
+    pub owner: &'a str,
+    pub cloud_init: &'a [u8],
+}
+
 /// What a finished call reports besides its reply, for metrics and benchmarks.
 #[derive(Debug, Clone, Copy)]
 pub struct CallStats {
@@ -367,19 +378,33 @@ impl WasmProvider {
         &self.shared.limits
     }
 
-    /// Makes `doc` (a Proxy's cloud-init) sensitive for every later call of this provider,
-    /// whichever Proxy the call is for. The reconciler calls it for every Proxy it sees.
-    pub fn remember_cloud_init(&self, doc: &[u8]) {
-        self.shared.sensitive.add_cloud_init(doc);
+    /// Makes `doc` (the cloud-init of the Proxy `owner`, its UID) sensitive for every later
+    /// call of this provider, whichever Proxy the call is for, until the Proxy is forgotten
+    /// (see [`sensitive`]). The reconciler calls it for every Proxy it sees; refused when
+    /// the redactor has no room left, and the Proxy is then not created.
+    pub fn remember_cloud_init(&self, owner: &str, doc: &[u8]) -> Result<(), sensitive::Full> {
+        self.shared.sensitive.hold_cloud_init(owner, doc).map(drop)
     }
 
     /// Makes a Proxy's username and password sensitive for every later call of this
     /// provider, each as a whole value in every encoding (see [`redact`]). The reconciler
     /// calls it for every Proxy as soon as it has read the Proxy's credentials.
-    pub fn remember_credentials(&self, username: &str, password: &str) {
+    pub fn remember_credentials(
+        &self,
+        owner: &str,
+        username: &str,
+        password: &str,
+    ) -> Result<(), sensitive::Full> {
         self.shared
             .sensitive
-            .add_credentials(username.as_bytes(), password.as_bytes());
+            .hold_credentials(owner, username.as_bytes(), password.as_bytes())
+            .map(drop)
+    }
+
+    /// Releases what the Proxy `owner` made sensitive (it is gone): kept a while, then
+    /// dropped when room is needed (see [`sensitive`]).
+    pub fn forget(&self, owner: &str) {
+        self.shared.sensitive.forget(owner);
     }
 
     /// Whether instance addresses may be internal (loopback, private, link-local): from the
@@ -404,7 +429,7 @@ impl WasmProvider {
         &self,
         op: Op,
         id: &str,
-        cloud_init: &[u8],
+        document: Option<Document<'_>>,
         deny_http: bool,
         call: Call<'_>,
     ) -> Result<(Reply, CallStats), ProviderError> {
@@ -422,8 +447,12 @@ impl WasmProvider {
         }
         // Known before the guest runs, so that whatever it does with the document in this
         // call or any later one is scrubbed.
-        if !cloud_init.is_empty() {
-            self.shared.sensitive.add_cloud_init(cloud_init);
+        // A document the redactor has no room for is never handed to a plugin.
+        if let Some(d) = document {
+            self.shared
+                .sensitive
+                .hold_cloud_init(d.owner, d.cloud_init)
+                .map_err(|e| fail(Class::Transient, e.to_string()))?;
         }
         // Read here, in the caller's task: the HTTP hooks run in tasks of their own. The
         // same priority orders the wait for a call slot and for the request budget.

@@ -140,77 +140,174 @@ pub struct Patterns {
     fragments: BTreeSet<Vec<u8>>,
 }
 
+/// One thing the redactor matches, with every form of it: the unit in which
+/// [`super::sensitive`] shares, counts and forgets patterns. Documents of one fleet share
+/// most of their units (lines, words), so a unit known from another document costs nothing
+/// more.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unit {
+    /// A whole value: as is, and in every encoding when long enough ([`MIN_ENCODED`]).
+    Value(Vec<u8>),
+    /// A fragment: only as is.
+    Fragment(Vec<u8>),
+    /// A short line's encodings, as fragments (see [`Patterns::add`]).
+    EncodedFragment(Vec<u8>),
+}
+
+impl Unit {
+    /// The bytes of every pattern the unit adds: what its share of an automaton grows with.
+    pub fn weight(&self) -> usize {
+        self.size().1
+    }
+
+    /// How many patterns the unit adds, and their bytes.
+    pub fn size(&self) -> (usize, usize) {
+        let forms: BTreeSet<Vec<u8>> = match self {
+            Unit::Value(v) if v.len() < MIN_ENCODED => return (1, v.len()),
+            Unit::Value(v) => encodings(v).chain([v.clone()]).collect(),
+            Unit::Fragment(v) => return (1, v.len()),
+            Unit::EncodedFragment(v) => encodings(v).collect(),
+        };
+        (forms.len(), forms.iter().map(Vec::len).sum())
+    }
+
+    /// Bytes the unit itself holds.
+    pub fn len(&self) -> usize {
+        match self {
+            Unit::Value(v) | Unit::Fragment(v) | Unit::EncodedFragment(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The units of a secret: the value in every form listed in the module docs, and each
+/// line of it.
+pub fn secret_units(value: &[u8]) -> Vec<Unit> {
+    let mut out = vec![];
+    let trimmed = value.trim_ascii();
+    push_value(&mut out, trimmed);
+    if trimmed.contains(&b'\n') {
+        for line in trimmed.split(|b| *b == b'\n') {
+            let line = line.trim_ascii();
+            if line.len() >= MIN_SECRET_LINE {
+                push_value(&mut out, line);
+            }
+        }
+    }
+    out
+}
+
+/// The units of a cloud-init document: the whole when no line stands for it, each line,
+/// and each value in it.
+pub fn cloud_init_units(doc: &[u8]) -> Vec<Unit> {
+    let mut out = vec![];
+    let trimmed = doc.trim_ascii();
+    // A one-line document is a line; a longer one is covered line by line below (every
+    // line that is not public is matched in every encoding).
+    // An identifier is checked against whole values only: a document none of whose
+    // lines is one (all short or public) is one itself, or an ID could carry it whole.
+    let has_whole_line = trimmed.split(|b| *b == b'\n').any(|line| {
+        let line = line.trim_ascii();
+        line.len() >= MIN_ENCODED * 2 && !is_public(line)
+    });
+    if !trimmed.contains(&b'\n') || !has_whole_line {
+        push_value(&mut out, trimmed);
+    }
+    for line in doc.split(|b| *b == b'\n') {
+        let line = line.trim_ascii();
+        if line.len() >= MIN_LINE && !is_public(line) {
+            if line.len() >= MIN_ENCODED * 2 {
+                push_value(&mut out, line);
+            } else {
+                push_fragment(&mut out, line, MIN_LINE);
+                out.push(Unit::EncodedFragment(line.to_vec()));
+            }
+            // Without a YAML list marker: `- echo x` is logged as `echo x`.
+            if let Some(rest) = line.strip_prefix(b"- ") {
+                push_fragment(&mut out, rest.trim_ascii(), MIN_LINE);
+            }
+        }
+        for (value, after_separator) in words(line) {
+            let min = if after_separator {
+                MIN_VALUE
+            } else {
+                MIN_FRAGMENT
+            };
+            if !is_public(value) && !is_small_number(value) {
+                push_fragment(&mut out, value, min);
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The units of a Proxy's credentials: the username and the password as whole values in
+/// every form (see the module docs for why `user:password` and `Basic ...` are covered
+/// without patterns of their own when both parts are long enough).
+pub fn credential_units(username: &[u8], password: &[u8]) -> Vec<Unit> {
+    let mut out = vec![];
+    let mut short = false;
+    for part in [username, password] {
+        if part.len() >= MIN_ENCODED {
+            push_value(&mut out, part);
+        } else {
+            short = true;
+            push_fragment(&mut out, part, MIN_CREDENTIAL_FRAGMENT);
+        }
+    }
+    if short {
+        push_value(&mut out, &[username, b":", password].concat());
+    }
+    out
+}
+
+fn push_value(out: &mut Vec<Unit>, v: &[u8]) {
+    if !v.is_empty() {
+        out.push(Unit::Value(v.to_vec()));
+    }
+}
+
+fn push_fragment(out: &mut Vec<Unit>, v: &[u8], min: usize) {
+    if v.len() >= min {
+        out.push(Unit::Fragment(v.to_vec()));
+    }
+}
+
 impl Patterns {
     /// A secret: the value in every form listed in the module docs, and each line of it.
     pub fn secret(&mut self, value: &[u8]) {
-        let trimmed = value.trim_ascii();
-        self.value(trimmed);
-        if trimmed.contains(&b'\n') {
-            for line in trimmed.split(|b| *b == b'\n') {
-                let line = line.trim_ascii();
-                if line.len() >= MIN_SECRET_LINE {
-                    self.value(line);
-                }
-            }
-        }
+        secret_units(value).iter().for_each(|u| self.add(u));
     }
 
     /// A cloud-init document: the whole in every form, each line, and each value in it.
     pub fn cloud_init(&mut self, doc: &[u8]) {
-        let trimmed = doc.trim_ascii();
-        // A one-line document is a line; a longer one is covered line by line below (every
-        // line that is not public is matched in every encoding).
-        // An identifier is checked against whole values only: a document none of whose
-        // lines is one (all short or public) is one itself, or an ID could carry it whole.
-        let has_whole_line = trimmed.split(|b| *b == b'\n').any(|line| {
-            let line = line.trim_ascii();
-            line.len() >= MIN_ENCODED * 2 && !is_public(line)
-        });
-        if !trimmed.contains(&b'\n') || !has_whole_line {
-            self.value(trimmed);
-        }
-        for line in doc.split(|b| *b == b'\n') {
-            let line = line.trim_ascii();
-            if line.len() >= MIN_LINE && !is_public(line) {
-                if line.len() >= MIN_ENCODED * 2 {
-                    self.value(line);
-                } else {
-                    self.plain(line, MIN_LINE);
-                    self.encoded_fragment(line);
-                }
-                // Without a YAML list marker: `- echo x` is logged as `echo x`.
-                if let Some(rest) = line.strip_prefix(b"- ") {
-                    self.plain(rest.trim_ascii(), MIN_LINE);
-                }
-            }
-            for (value, after_separator) in words(line) {
-                let min = if after_separator {
-                    MIN_VALUE
-                } else {
-                    MIN_FRAGMENT
-                };
-                if !is_public(value) && !is_small_number(value) {
-                    self.plain(value, min);
-                }
-            }
-        }
+        cloud_init_units(doc).iter().for_each(|u| self.add(u));
     }
 
-    /// A Proxy's credentials: the username and the password as whole values in every form
-    /// (see the module docs for why `user:password` and `Basic ...` are covered without
-    /// patterns of their own when both parts are long enough).
+    /// A Proxy's credentials (see [`credential_units`]).
     pub fn credentials(&mut self, username: &[u8], password: &[u8]) {
-        let mut short = false;
-        for part in [username, password] {
-            if part.len() >= MIN_ENCODED {
-                self.value(part);
-            } else {
-                short = true;
-                self.plain(part, MIN_CREDENTIAL_FRAGMENT);
+        credential_units(username, password)
+            .iter()
+            .for_each(|u| self.add(u));
+    }
+
+    /// Every pattern of one unit.
+    pub fn add(&mut self, unit: &Unit) {
+        match unit {
+            Unit::Value(v) => self.value(v),
+            Unit::Fragment(v) => {
+                self.fragments.insert(v.clone());
             }
-        }
-        if short {
-            self.value(&[username, b":", password].concat());
+            // A short line's encodings, as fragments: inside an encoded document nothing
+            // else covers it. Too short to be a whole value (an identifier could hold its
+            // few base64 characters by chance), long enough that ordinary encoded text
+            // rarely does.
+            Unit::EncodedFragment(v) => self.fragments.extend(encodings(v)),
         }
     }
 
@@ -225,21 +322,6 @@ impl Patterns {
         }
         let encoded: Vec<Vec<u8>> = encodings(v).filter(|e| e != v).collect();
         self.set.extend(encoded);
-    }
-
-    /// A short line's encodings, as fragments: inside an encoded document nothing else
-    /// covers it. Too short to be a whole value (an identifier could hold its few base64
-    /// characters by chance), long enough that ordinary encoded text rarely does.
-    fn encoded_fragment(&mut self, v: &[u8]) {
-        self.fragments.extend(encodings(v));
-    }
-
-    /// A fragment: only the value itself (its encodings would be too short to be safe to
-    /// match), when it is long enough.
-    fn plain(&mut self, v: &[u8], min: usize) {
-        if v.len() >= min {
-            self.fragments.insert(v.to_vec());
-        }
     }
 
     pub fn build(self) -> Redactor {

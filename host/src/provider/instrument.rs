@@ -153,12 +153,25 @@ impl<P: Provider> Provider for Instrumented<P> {
         self.inner.check().await
     }
 
-    fn remember_cloud_init(&self, doc: &[u8]) {
-        self.inner.remember_cloud_init(doc)
+    fn remember_cloud_init(
+        &self,
+        owner: &str,
+        doc: &[u8],
+    ) -> Result<(), crate::plugin::sensitive::Full> {
+        self.inner.remember_cloud_init(owner, doc)
     }
 
-    fn remember_credentials(&self, username: &str, password: &str) {
-        self.inner.remember_credentials(username, password)
+    fn remember_credentials(
+        &self,
+        owner: &str,
+        username: &str,
+        password: &str,
+    ) -> Result<(), crate::plugin::sensitive::Full> {
+        self.inner.remember_credentials(owner, username, password)
+    }
+
+    fn forget(&self, owner: &str) {
+        self.inner.forget(owner)
     }
 
     fn private_addresses_allowed(&self) -> bool {

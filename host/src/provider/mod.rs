@@ -13,6 +13,7 @@ pub use egress_contract::name_from_uid;
 pub use error::{Class, Op, ProviderError};
 pub use instrument::{Instrumented, ProviderMetrics};
 
+use crate::plugin::sensitive::Full;
 use async_trait::async_trait;
 use std::time::SystemTime;
 
@@ -114,14 +115,28 @@ pub trait Provider: Send + Sync {
     async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError>;
     /// `None` when the provider has no health check: reported as unsupported, not failed.
     async fn check(&self) -> Option<Vec<TargetStatus>>;
-    /// Tells the provider about a Proxy's cloud-init, whether or not a call for it follows:
-    /// a sandboxed plugin must not be able to show any Proxy's document in any call.
-    fn remember_cloud_init(&self, _doc: &[u8]) {}
+    /// Tells the provider about the cloud-init of the Proxy `owner` (its UID), whether or
+    /// not a call for it follows: a sandboxed plugin must not be able to show any Proxy's
+    /// document in any call. Refused when the redactor has no room for it
+    /// (`--redaction-memory`): the Proxy must then not be created.
+    fn remember_cloud_init(&self, _owner: &str, _doc: &[u8]) -> Result<(), Full> {
+        Ok(())
+    }
     /// Tells the provider about a Proxy's username and password, as soon as the reconciler
     /// has read them and before any call that could show them: each is then a whole
     /// sensitive value in every encoding for every later call of the provider, so no
     /// reply's ID may hold it and no message shows it (see `plugin::redact`).
-    fn remember_credentials(&self, _username: &str, _password: &str) {}
+    fn remember_credentials(
+        &self,
+        _owner: &str,
+        _username: &str,
+        _password: &str,
+    ) -> Result<(), Full> {
+        Ok(())
+    }
+    /// The Proxy `owner` is gone: what it made sensitive may be dropped when room is
+    /// needed (see `plugin::sensitive`).
+    fn forget(&self, _owner: &str) {}
     /// Whether its instances may have internal addresses, which the health prober then
     /// connects to. `false` unless the provider's configuration says so.
     fn private_addresses_allowed(&self) -> bool {
@@ -165,11 +180,19 @@ impl<P: Provider + ?Sized> Provider for std::sync::Arc<P> {
     async fn check(&self) -> Option<Vec<TargetStatus>> {
         (**self).check().await
     }
-    fn remember_cloud_init(&self, doc: &[u8]) {
-        (**self).remember_cloud_init(doc)
+    fn remember_cloud_init(&self, owner: &str, doc: &[u8]) -> Result<(), Full> {
+        (**self).remember_cloud_init(owner, doc)
     }
-    fn remember_credentials(&self, username: &str, password: &str) {
-        (**self).remember_credentials(username, password)
+    fn remember_credentials(
+        &self,
+        owner: &str,
+        username: &str,
+        password: &str,
+    ) -> Result<(), Full> {
+        (**self).remember_credentials(owner, username, password)
+    }
+    fn forget(&self, owner: &str) {
+        (**self).forget(owner)
     }
     fn private_addresses_allowed(&self) -> bool {
         (**self).private_addresses_allowed()

@@ -3,6 +3,7 @@
 
 use super::{Class, CreateRequest, Instance, Op, Provider, ProviderError, State, TargetStatus};
 use crate::plugin::bindings::egress::provider::types as wit;
+use crate::plugin::sensitive::Full;
 use crate::plugin::{Call, Reply, WasmProvider, class_of};
 use async_trait::async_trait;
 use std::time::{Duration, SystemTime};
@@ -56,10 +57,10 @@ impl WasmProvider {
         &self,
         op: Op,
         id: &str,
-        cloud_init: &[u8],
+        document: Option<crate::plugin::Document<'_>>,
         call: Call<'_>,
     ) -> Result<Reply, ProviderError> {
-        self.invoke(op, id, cloud_init, false, call)
+        self.invoke(op, id, document, false, call)
             .await
             .map(|(reply, _)| reply)
     }
@@ -67,7 +68,7 @@ impl WasmProvider {
     /// A call that does nothing in the guest but `check` (with an empty config): what the
     /// overhead benchmark measures. Returns the host-side statistics.
     pub async fn bench_call(&self) -> Result<crate::plugin::CallStats, ProviderError> {
-        self.invoke(Op::Check, "", &[], false, Call::Check)
+        self.invoke(Op::Check, "", None, false, Call::Check)
             .await
             .map(|(_, stats)| stats)
     }
@@ -96,7 +97,15 @@ impl Provider for WasmProvider {
             port: req.port,
         };
         match self
-            .call(Op::Create, &req.name, &req.cloud_init, Call::Create(&wreq))
+            .call(
+                Op::Create,
+                &req.name,
+                Some(crate::plugin::Document {
+                    owner: &req.uid,
+                    cloud_init: &req.cloud_init,
+                }),
+                Call::Create(&wreq),
+            )
             .await?
         {
             Reply::Id(Ok(id)) if id.is_empty() => Err(ProviderError::new(
@@ -113,7 +122,7 @@ impl Provider for WasmProvider {
     }
 
     async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
-        match self.call(Op::Get, id, &[], Call::Get(id)).await? {
+        match self.call(Op::Get, id, None, Call::Get(id)).await? {
             Reply::Instance(Ok(i)) => Ok(instance_of(i)),
             Reply::Instance(Err(e)) => Err(self.wrap(Op::Get, id, e)),
             _ => unreachable!("get returns Reply::Instance"),
@@ -121,7 +130,7 @@ impl Provider for WasmProvider {
     }
 
     async fn delete(&self, id: &str) -> Result<(), ProviderError> {
-        match self.call(Op::Delete, id, &[], Call::Delete(id)).await? {
+        match self.call(Op::Delete, id, None, Call::Delete(id)).await? {
             Reply::Unit(Ok(())) => Ok(()),
             Reply::Unit(Err(e)) => Err(self.wrap(Op::Delete, id, e)),
             _ => unreachable!("delete returns Reply::Unit"),
@@ -130,7 +139,7 @@ impl Provider for WasmProvider {
 
     async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
         let (reply, stats) = self
-            .invoke(Op::List, "", &[], false, Call::List(installation))
+            .invoke(Op::List, "", None, false, Call::List(installation))
             .await?;
         match reply {
             Reply::List(Ok(list)) => {
@@ -142,12 +151,21 @@ impl Provider for WasmProvider {
         }
     }
 
-    fn remember_cloud_init(&self, doc: &[u8]) {
-        WasmProvider::remember_cloud_init(self, doc)
+    fn remember_cloud_init(&self, owner: &str, doc: &[u8]) -> Result<(), Full> {
+        WasmProvider::remember_cloud_init(self, owner, doc)
     }
 
-    fn remember_credentials(&self, username: &str, password: &str) {
-        WasmProvider::remember_credentials(self, username, password)
+    fn remember_credentials(
+        &self,
+        owner: &str,
+        username: &str,
+        password: &str,
+    ) -> Result<(), Full> {
+        WasmProvider::remember_credentials(self, owner, username, password)
+    }
+
+    fn forget(&self, owner: &str) {
+        WasmProvider::forget(self, owner)
     }
 
     fn private_addresses_allowed(&self) -> bool {
@@ -163,7 +181,7 @@ impl Provider for WasmProvider {
         if !self.info().has_check {
             return None;
         }
-        Some(match self.call(Op::Check, "", &[], Call::Check).await {
+        Some(match self.call(Op::Check, "", None, Call::Check).await {
             Ok(Reply::Check(targets)) => targets
                 .into_iter()
                 .map(|t| TargetStatus {

@@ -28,5 +28,6 @@ mod threat_compile;
 mod threat_credentials;
 mod threat_http;
 mod threat_network;
+mod threat_redaction;
 mod threat_reload;
 mod threat_template;
