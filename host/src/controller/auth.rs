@@ -33,6 +33,11 @@ pub const PROXY_LABEL: &str = "egress.proxy-operator.dev/proxy";
 /// Proxy's `spec.auth.type: Secret` to use it (see the module docs).
 pub const CREDENTIALS_LABEL: &str = "egress.proxy-operator.dev/proxy-credentials";
 pub const CREDENTIALS_LABEL_VALUE: &str = "true";
+/// Label a Secret must carry, with the value `"true"`, for a Proxy's
+/// `spec.cloudInit.secretKeyRef` to use it: a user who may create Proxies but not read
+/// Secrets must not render any Secret of the namespace into an instance's user data (which
+/// the instance, and whoever reaches its metadata service through the proxy, can read).
+pub const CLOUD_INIT_LABEL: &str = "egress.proxy-operator.dev/cloud-init";
 
 /// Where the credentials of one Proxy come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +215,23 @@ pub enum Refused {
          `kubectl label secret -n {namespace} {name} {CREDENTIALS_LABEL}={CREDENTIALS_LABEL_VALUE}`"
     )]
     NotLabelled { namespace: String, name: String },
+    #[error(
+        "Secret {namespace}/{name} (spec.cloudInit.secretKeyRef) lacks the label \
+         {CLOUD_INIT_LABEL}: \"true\"; the operator renders only Secrets labelled as meant \
+         for cloud-init, so that a Proxy cannot copy any Secret of its namespace into an \
+         instance's user data; label it with \
+         `kubectl label secret -n {namespace} {name} {CLOUD_INIT_LABEL}=true`"
+    )]
+    CloudInitNotLabelled { namespace: String, name: String },
+}
+
+/// Whether a Secret's labels mark it as meant for a Proxy's cloud-init.
+pub fn labelled_for_cloud_init(
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+) -> bool {
+    labels
+        .and_then(|l| l.get(CLOUD_INIT_LABEL))
+        .is_some_and(|v| v == "true")
 }
 
 /// Whether a Secret's labels mark it as meant for proxy credentials.

@@ -729,7 +729,25 @@ impl<'a> Shell<'a> {
             Ok(input::Source::Inline(text)) => text.as_bytes().to_vec(),
             Ok(input::Source::Secret { name, key }) => {
                 let secret = SecretKey::new(&self.namespace, name);
-                match self.ctx.secrets.read(&self.ctx.client, &secret, key).await {
+                let held = match self.ctx.secrets.read_all(&self.ctx.client, &secret).await {
+                    Ok(held) => held,
+                    Err(e) => return (unavailable(&e, e.to_string()), None),
+                };
+                // Only a Secret meant for cloud-init, never any Secret of the namespace
+                // (see `auth::CLOUD_INIT_LABEL`); labelling it re-runs this Proxy at once.
+                if !held.labelled_for_cloud_init {
+                    let refused = auth::Refused::CloudInitNotLabelled {
+                        namespace: self.namespace.clone(),
+                        name: name.to_string(),
+                    };
+                    return (
+                        Input::Unavailable {
+                            message: refused.to_string(),
+                        },
+                        None,
+                    );
+                }
+                match super::secrets::value(&secret, &held, key) {
                     Ok(bytes) => bytes,
                     Err(e) => return (unavailable(&e, e.to_string()), None),
                 }
@@ -846,9 +864,11 @@ impl<'a> Shell<'a> {
                 message: refused.to_string(),
             },
             // Labelling the Secret fixes it, and its change re-runs this Proxy at once.
-            auth::Refused::NotLabelled { .. } => Input::Unavailable {
-                message: refused.to_string(),
-            },
+            auth::Refused::NotLabelled { .. } | auth::Refused::CloudInitNotLabelled { .. } => {
+                Input::Unavailable {
+                    message: refused.to_string(),
+                }
+            }
         })?;
         // A Secret the user can fix by editing it: a condition, retried (its change
         // re-runs this Proxy at once).

@@ -63,6 +63,9 @@ pub struct Held {
     /// Whether it carries the label that lets a Proxy's `spec.auth.type: Secret` use it
     /// ([`super::auth::labelled_for_proxies`]).
     pub labelled_for_proxies: bool,
+    /// Whether it carries the label that lets a Proxy's `spec.cloudInit.secretKeyRef` use
+    /// it ([`super::auth::labelled_for_cloud_init`]).
+    pub labelled_for_cloud_init: bool,
     /// Key -> value, `data` over `stringData` (see [`super::input::secret_value`]).
     data: BTreeMap<String, Vec<u8>>,
 }
@@ -74,6 +77,7 @@ impl std::fmt::Debug for Held {
             .field("uid", &self.uid)
             .field("controller", &self.controller)
             .field("labelled_for_proxies", &self.labelled_for_proxies)
+            .field("labelled_for_cloud_init", &self.labelled_for_cloud_init)
             .field("keys", &self.data.keys().collect::<Vec<_>>())
             .finish()
     }
@@ -86,6 +90,7 @@ impl Held {
             uid: None,
             controller: None,
             labelled_for_proxies: false,
+            labelled_for_cloud_init: false,
             data,
         }
     }
@@ -120,6 +125,8 @@ impl Held {
             .map(|o| o.uid.clone());
         held.labelled_for_proxies =
             super::auth::labelled_for_proxies(secret.metadata.labels.as_ref());
+        held.labelled_for_cloud_init =
+            super::auth::labelled_for_cloud_init(secret.metadata.labels.as_ref());
         held
     }
 

@@ -596,6 +596,33 @@ async fn missing_secret_is_a_condition_then_the_secret_is_used() {
         .create(&PostParams::default(), &secret)
         .await
         .unwrap();
+    // Not labelled as meant for cloud-init: a user who may create Proxies but not read
+    // Secrets must not render any Secret of the namespace into an instance's user data.
+    env.wait("p1", "the missing label named", |p| {
+        p.and_then(|p| p.condition(condition::PROVISIONED))
+            .is_some_and(|c| {
+                c.reason == reason::CLOUD_INIT_UNAVAILABLE
+                    && c.message
+                        .contains("lacks the label egress.proxy-operator.dev/cloud-init: \"true\"")
+            })
+    })
+    .await;
+    assert!(
+        env.fake.calls().iter().all(|(op, _)| *op == Op::List),
+        "no Create from a Secret not meant for cloud-init"
+    );
+    secret.metadata.labels = Some(
+        [(
+            "egress.proxy-operator.dev/cloud-init".to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+    );
+    secret.metadata.resource_version = None;
+    secrets
+        .replace("ci", &PostParams::default(), &secret)
+        .await
+        .unwrap();
     let p = env.wait_running("p1").await;
     let req = env.fake.last_create_request().unwrap();
     assert_eq!(
@@ -1331,7 +1358,8 @@ impl Env {
         let s: Secret = serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": name},
+            "metadata": {"name": name,
+                         "labels": {"egress.proxy-operator.dev/cloud-init": "true"}},
             "stringData": {"user-data": cloud_init},
         }))
         .unwrap();

@@ -31,6 +31,13 @@ async fn cloud_init_from_a_secret_never_reaches_logs() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
     let mut secret = Secret::default();
     secret.metadata.name = Some("ci".into());
+    secret.metadata.labels = Some(
+        [(
+            "egress.proxy-operator.dev/cloud-init".to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+    );
     secret.string_data = Some(
         [(
             "user-data".to_string(),

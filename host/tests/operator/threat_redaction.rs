@@ -129,7 +129,11 @@ async fn many_distinct_documents_wait_at_the_limit_and_the_operator_stays_up() {
         async || {
             op.assert_alive("after the deletions");
             let list = proxies.list(&ListParams::default()).await.ok()?;
-            let still = list.items.iter().filter(|p| waiting_message(p).is_some()).count();
+            let still = list
+                .items
+                .iter()
+                .filter(|p| waiting_message(p).is_some())
+                .count();
             (still < waiting_before).then_some(())
         },
     )
