@@ -381,7 +381,7 @@ impl ProviderEntry {
         let mut rules = Vec::new();
         if self.allowed_hosts.is_none() {
             for h in plugin_defaults {
-                let rule = h.parse::<AllowRule>().map_err(|source| ConfigError::Host {
+                let mut rule = h.parse::<AllowRule>().map_err(|source| ConfigError::Host {
                     name: self.name.clone(),
                     field: "plugin default-hosts",
                     source,
@@ -393,6 +393,7 @@ impl ProviderEntry {
                         reason,
                     });
                 }
+                rule.public_name = true;
                 rules.push(rule);
             }
         }

@@ -340,12 +340,12 @@ async fn send(
     };
     tracing::Span::current().record("server.port", target.port);
     let shown = call.shown_host;
-    let explicit = match policy.allow.decide(&target) {
+    let (explicit, absolute) = match policy.allow.decide(&target) {
         Decision::Denied => {
             tracing::warn!(target: "plugin", provider = policy.provider.as_str(), scheme = ?target.scheme, host = %shown, port = target.port, "HTTP request refused: not on the provider's allow-list");
             return Err(Error::HttpRequestDenied);
         }
-        Decision::Allowed { explicit } => explicit,
+        Decision::Allowed { explicit, absolute } => (explicit, absolute),
     };
     // The guest cannot set Host (a forbidden header), so it always equals the URL's
     // authority; refuse anything else rather than trust that.
@@ -382,7 +382,8 @@ async fn send(
         tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, error = %e, "HTTP request refused: the operator's own addresses could not be listed, so the connect-time check cannot be made");
         Error::DestinationIpProhibited
     })?;
-    let stream = match dial(host, target.port, &explicit, &own, connect_deadline).await {
+    let lookup = super::policy::lookup_name(host, absolute);
+    let stream = match dial(&lookup, target.port, &explicit, &own, connect_deadline).await {
         Ok(s) => s,
         Err(Dial::Refused(refused)) => {
             let refused: Vec<String> = refused

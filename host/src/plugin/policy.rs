@@ -15,6 +15,9 @@ pub struct AllowRule {
     pub scheme: Scheme,
     pub host: HostPattern,
     pub port: u16,
+    /// From the plugin's own `default-hosts` (public DNS names only): looked up as an
+    /// absolute name, never under the pod's search domains (see [`lookup_name`]).
+    pub public_name: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +100,12 @@ impl std::str::FromStr for AllowRule {
         } else {
             return Err(err("host is neither a DNS name nor an IP address"));
         };
-        Ok(AllowRule { scheme, host, port })
+        Ok(AllowRule {
+            scheme,
+            host,
+            port,
+            public_name: false,
+        })
     }
 }
 
@@ -189,7 +197,22 @@ pub enum Decision {
     Allowed {
         /// IP literals named by the matching entries: the only internal addresses allowed.
         explicit: Vec<IpAddr>,
+        /// Only plugin default hosts match: the name is looked up as an absolute name.
+        absolute: bool,
     },
+}
+
+/// The name to look up for `host`: with a final dot (absolute, so the resolver never tries
+/// it under the pod's search domains first) when `absolute`. With the `ndots:5` of a
+/// Kubernetes pod, `api.hetzner.cloud` is first tried as `api.hetzner.cloud.<ns>.svc...`,
+/// names a tenant's Service could answer; an admin's entry may mean a short Service name and
+/// is looked up as written.
+pub fn lookup_name(host: &str, absolute: bool) -> std::borrow::Cow<'_, str> {
+    if absolute && !host.ends_with('.') && parse_ip(host).is_none() && !host.starts_with('[') {
+        std::borrow::Cow::Owned(format!("{host}."))
+    } else {
+        std::borrow::Cow::Borrowed(host)
+    }
 }
 
 impl AllowList {
@@ -207,6 +230,7 @@ impl AllowList {
         let host_lower = host.to_ascii_lowercase();
         let host_lower = host_lower.strip_suffix('.').unwrap_or(&host_lower);
         let mut allowed = false;
+        let mut absolute = true;
         let mut explicit = Vec::new();
         for rule in &self.rules {
             if rule.scheme != target.scheme || rule.port != target.port {
@@ -223,13 +247,14 @@ impl AllowList {
             };
             if matches {
                 allowed = true;
+                absolute &= rule.public_name;
                 if let HostPattern::Ip(ip) = rule.host {
                     explicit.push(ip);
                 }
             }
         }
         if allowed {
-            Decision::Allowed { explicit }
+            Decision::Allowed { explicit, absolute }
         } else {
             Decision::Denied
         }
@@ -545,7 +570,10 @@ mod tests {
             "http://127.0.0.1:8080",
         ]);
         let t = |scheme, host, port| Target::from_parts(scheme, host, port).unwrap();
-        let allowed = Decision::Allowed { explicit: vec![] };
+        let allowed = Decision::Allowed {
+            explicit: vec![],
+            absolute: false,
+        };
         let cases = [
             (t("https", "api.hetzner.cloud", None), allowed.clone()),
             (t("https", "API.Hetzner.Cloud.", Some(443)), allowed.clone()),
@@ -565,6 +593,7 @@ mod tests {
                 t("http", "127.0.0.1", Some(8080)),
                 Decision::Allowed {
                     explicit: vec!["127.0.0.1".parse().unwrap()],
+                    absolute: false,
                 },
             ),
             (t("http", "127.0.0.1", Some(8081)), Decision::Denied),
@@ -577,6 +606,41 @@ mod tests {
             AllowList::default().decide(&t("https", "x.example", None)),
             Decision::Denied
         );
+    }
+
+    /// A plugin's default host is looked up as an absolute name unless an entry of the
+    /// providers file matches too (an admin may mean a Service's short name).
+    #[test]
+    fn default_hosts_are_looked_up_as_absolute_names() {
+        let mut rules = list(&["https://api.hetzner.cloud", "https://*.amazonaws.com"])
+            .rules()
+            .to_vec();
+        for r in &mut rules {
+            r.public_name = true;
+        }
+        rules.push("https://emulator.test:8443".parse().unwrap());
+        rules.push("https://ec2.eu-west-1.amazonaws.com".parse().unwrap());
+        let l = AllowList::new(rules);
+        let absolute =
+            |host: &str, port| match l.decide(&Target::from_parts("https", host, port).unwrap()) {
+                Decision::Allowed { absolute, .. } => absolute,
+                Decision::Denied => panic!("{host} denied"),
+            };
+        assert!(absolute("api.hetzner.cloud", None));
+        assert!(absolute("ec2.us-east-1.amazonaws.com", None));
+        assert!(
+            !absolute("ec2.eu-west-1.amazonaws.com", None),
+            "an admin entry matches"
+        );
+        assert!(!absolute("emulator.test", Some(8443)));
+        assert_eq!(lookup_name("api.hetzner.cloud", true), "api.hetzner.cloud.");
+        assert_eq!(
+            lookup_name("api.hetzner.cloud.", true),
+            "api.hetzner.cloud."
+        );
+        assert_eq!(lookup_name("api.hetzner.cloud", false), "api.hetzner.cloud");
+        assert_eq!(lookup_name("203.0.113.7", true), "203.0.113.7");
+        assert_eq!(lookup_name("[2001:db8::1]", true), "[2001:db8::1]");
     }
 
     #[test]
