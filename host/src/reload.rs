@@ -400,6 +400,10 @@ impl Reloader {
             let why = format!("{}: {e}", self.providers_file.display());
             return self.file_error(text, why, publish);
         }
+        if let Some(e) = self.rt.pool_problem(&file) {
+            let why = format!("{}: {e}", self.providers_file.display());
+            return self.file_error(text, why, publish);
+        }
         self.errors.remove("");
         let current: BTreeMap<String, Source> = self
             .running

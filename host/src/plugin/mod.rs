@@ -78,20 +78,55 @@ pub struct RuntimeOptions {
 /// a ConfigMap holds at most 1 MiB, but a plugin may come from a volume.
 pub const DEFAULT_MAX_PLUGIN_BYTES: u64 = 8 << 20;
 
+/// Instance slots the pool gets beyond what the providers file at start needs, so that a
+/// reload may add providers or raise `limits.concurrency`: a slot costs address space, not
+/// memory, until a call uses it.
+pub const POOL_HEADROOM_INSTANCES: u32 = 32;
+
+/// Instance slots a providers file needs: one per concurrent call of every provider, plus
+/// the load slots and a few for a reload's generations overlapping.
+pub fn pool_instances_needed(file: &ProvidersFile) -> u32 {
+    file.providers
+        .iter()
+        .map(|p| p.limits.concurrency)
+        .fold(0u32, u32::saturating_add)
+        .saturating_add(4)
+}
+
+/// Why a providers file cannot run on a pool sized at start (`instances` slots, memories of
+/// at most `max_memory_bytes`), naming what it needs; the pool is sized once, so a reload
+/// that needs more is refused and the running providers keep serving.
+pub fn pool_problem(file: &ProvidersFile, instances: u32, max_memory_bytes: u64) -> Option<String> {
+    let need = pool_instances_needed(file);
+    if need > instances {
+        return Some(format!(
+            "the providers need {need} wasm instance slots (the sum of limits.concurrency, plus 4) but the pool made when the operator started has {instances}; restart the operator to apply this file"
+        ));
+    }
+    if let Some(p) = file
+        .providers
+        .iter()
+        .find(|p| u64::from(p.limits.memory_mib) << 20 > max_memory_bytes)
+    {
+        return Some(format!(
+            "provider {:?}: limits.memoryMib {} is more than the {} MiB per memory of the pool made when the operator started; restart the operator to apply this file",
+            p.name,
+            p.limits.memory_mib,
+            max_memory_bytes >> 20
+        ));
+    }
+    None
+}
+
 impl RuntimeOptions {
     /// Sized for a providers file: one pool slot per concurrent call of every provider,
-    /// plus a few for loading.
+    /// plus a few for loading, plus [`POOL_HEADROOM_INSTANCES`] for reloads.
     pub fn for_providers(
         file: &ProvidersFile,
         cache_dir: Option<PathBuf>,
         scratch_dir: PathBuf,
     ) -> Self {
-        let max_instances = file
-            .providers
-            .iter()
-            .map(|p| p.limits.concurrency)
-            .sum::<u32>()
-            + 4;
+        let max_instances = pool_instances_needed(file).saturating_add(POOL_HEADROOM_INSTANCES);
         let max_memory_mib = file
             .providers
             .iter()
@@ -123,6 +158,7 @@ pub struct Runtime {
     cache: cache::ArtifactCache,
     compiler: compiler::Compiler,
     pooling: bool,
+    max_instances: u32,
     max_memory_bytes: u64,
     scratch_dir: PathBuf,
     max_plugin_bytes: u64,
@@ -173,6 +209,7 @@ impl Runtime {
             cache,
             compiler,
             pooling,
+            max_instances: opts.engine.max_instances,
             max_memory_bytes: opts.engine.max_memory_bytes,
             scratch_dir: opts.scratch_dir,
             max_plugin_bytes: opts.max_plugin_bytes,
@@ -227,6 +264,14 @@ impl Runtime {
     /// The largest plugin file this runtime loads (`RuntimeOptions::max_plugin_bytes`).
     pub fn max_plugin_bytes(&self) -> u64 {
         self.max_plugin_bytes
+    }
+
+    /// Why `file` cannot run on this runtime's instance pool ([`pool_problem`]); `None`
+    /// without pooling (instances are then allocated on demand).
+    pub fn pool_problem(&self, file: &ProvidersFile) -> Option<String> {
+        self.pooling
+            .then(|| pool_problem(file, self.max_instances, self.max_memory_bytes))
+            .flatten()
     }
 
     /// Feeds `metrics` from every later call of every provider of this runtime. Set once;
@@ -852,5 +897,61 @@ pub(crate) fn class_of(c: wit::ErrorClass) -> Class {
         wit::ErrorClass::QuotaExceeded => Class::QuotaExceeded,
         wit::ErrorClass::Transient => Class::Transient,
         wit::ErrorClass::Permanent => Class::Permanent,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(entries: &[(&str, u32, u32)]) -> ProvidersFile {
+        let mut text = String::from("providers:\n");
+        for (name, concurrency, memory) in entries {
+            text.push_str(&format!(
+                "  - name: {name}\n    plugin: {name}.wasm\n    limits: {{concurrency: {concurrency}, memoryMib: {memory}}}\n"
+            ));
+        }
+        ProvidersFile::parse(&text).unwrap()
+    }
+
+    /// The pool is sized once, with headroom: a reload within it runs, one beyond it is
+    /// refused naming what it needs and what the pool has.
+    #[test]
+    fn a_reload_must_fit_the_pool_made_at_start() {
+        let start = file(&[("a", 2, 64), ("b", 2, 64)]);
+        let opts = RuntimeOptions::for_providers(&start, None, "/tmp".into());
+        let (n, mem) = (opts.engine.max_instances, opts.engine.max_memory_bytes);
+        assert_eq!(n, 2 + 2 + 4 + POOL_HEADROOM_INSTANCES);
+        let cases: [(&str, Vec<(&str, u32, u32)>, Option<&str>); 4] = [
+            ("the same file", vec![("a", 2, 64), ("b", 2, 64)], None),
+            (
+                "a provider added within the headroom",
+                vec![("a", 2, 64), ("b", 2, 64), ("c", 16, 64)],
+                None,
+            ),
+            (
+                "concurrency beyond the pool",
+                vec![("a", 2, 64), ("b", 2, 64), ("c", 64, 64)],
+                Some(
+                    "need 72 wasm instance slots (the sum of limits.concurrency, plus 4) but the pool made when the operator started has 40",
+                ),
+            ),
+            (
+                "a larger memory than the pool's",
+                vec![("a", 2, 64), ("b", 2, 128)],
+                Some("provider \"b\": limits.memoryMib 128 is more than the 64 MiB per memory"),
+            ),
+        ];
+        for (what, entries, want) in cases {
+            let got = pool_problem(&file(&entries), n, mem);
+            match (want, &got) {
+                (None, None) => {}
+                (Some(w), Some(g)) => assert!(
+                    g.contains(w) && g.contains("restart the operator"),
+                    "{what}: {g}"
+                ),
+                _ => panic!("{what}: want {want:?}, got {got:?}"),
+            }
+        }
     }
 }
