@@ -259,6 +259,24 @@ fn address(field: &str, v: String, rules: &Rules) -> Result<String, String> {
     if ip.is_unspecified() {
         return Ok(String::new());
     }
+    // Never one of the operator's own addresses (a public one on IPv6 clusters): it would
+    // be probed with the Proxy's credentials and published as a proxy. Loopback follows
+    // the private rule (emulators on 127.0.0.1 in labs and tests).
+    if !ip.is_loopback() {
+        match super::interfaces::own_addresses() {
+            Ok(own) if own.contains(&ip) => {
+                return Err(format!(
+                    "{field} {ip} is one of the operator's own addresses, never an instance's"
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Err(format!(
+                    "{field} {ip} cannot be checked against the operator's own addresses ({e})"
+                ));
+            }
+        }
+    }
     match instance_address_problem(ip, rules.allow_private_addresses) {
         None => Ok(ip.to_string()),
         Some(kind) if matches!(kind, "multicast" | "broadcast") => {
@@ -509,6 +527,34 @@ mod tests {
                 (want, got) => panic!("{what}: want {want:?}, got {:?}", got.map(|_| ())),
             }
         }
+    }
+
+    /// An address of the operator's own interfaces is never an instance's, even where
+    /// private addresses are allowed; loopback follows the private rule.
+    #[test]
+    fn the_operators_own_addresses_are_never_an_instances() {
+        let own = super::super::interfaces::own_addresses().expect("interfaces listed");
+        let rules = Rules {
+            allow_private_addresses: true,
+        };
+        let reply = |ip: &str| {
+            check(
+                Reply::Instance(Ok(inst("a", ip, "u", None))),
+                &rules,
+                &Redactor::default(),
+            )
+        };
+        assert!(
+            reply("127.0.0.1").is_ok(),
+            "loopback with private addresses allowed"
+        );
+        let Some(mine) = own.iter().find(|a| !a.is_loopback()) else {
+            // Not a missing tool: a machine (a network namespace) with loopback only.
+            eprintln!("SKIPPED in part: this machine has no interface address but loopback");
+            return;
+        };
+        let e = reply(&mine.to_string()).map(|_| ()).unwrap_err();
+        assert!(e.contains("the operator's own addresses"), "{e}");
     }
 
     #[test]
