@@ -395,3 +395,56 @@ fn a_memory_cgroup_kills_what_outgrows_it() {
     assert!(cgroup.oom_kills() >= 1, "the kill is counted");
     assert!(cgroup.peak() <= 64 << 20, "peak {}", cgroup.peak());
 }
+
+/// An operator under `limits`, ready (`/readyz` 200), serving the example backend as
+/// provider `ex` in a fake cluster: what the threat tests against a running replica share.
+pub struct ExampleOperator {
+    pub op: Operator,
+    pub client: kube::Client,
+    /// The rest lives as long as the test holds it: the backend, the API server and the
+    /// directory the operator's files are in.
+    #[allow(dead_code)]
+    pub backend: ExampleBackend,
+    #[allow(dead_code)]
+    pub fake: FakeApi,
+    #[allow(dead_code)]
+    pub dir: tempfile::TempDir,
+}
+
+/// [`ExampleOperator`] with `extra` flags; `None` when the limits cannot be set up here (the
+/// caller returns: the test was skipped, and said so).
+pub async fn start_example_operator(
+    plugin_dir: &Path,
+    extra: &[&str],
+    limits: Limits,
+) -> Option<ExampleOperator> {
+    let dir = tempfile::tempdir().unwrap();
+    let (fake, client, kubeconfig) = fake_cluster(dir.path()).await;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok").unwrap();
+    let backend = ExampleBackend::start("tok");
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(&providers, providers_yaml(&backend, &token, "")).unwrap();
+    let op = start_operator_limited(
+        plugin_dir,
+        &providers,
+        &kubeconfig,
+        dir.path(),
+        extra,
+        &[],
+        limits,
+    )?;
+    wait_for(
+        "/readyz to answer 200",
+        Duration::from_secs(60),
+        async || (op.get("/readyz").await.0 == 200).then_some(()),
+    )
+    .await;
+    Some(ExampleOperator {
+        op,
+        client,
+        backend,
+        fake,
+        dir,
+    })
+}

@@ -7,9 +7,8 @@
 //! `CloudInitUnavailable` naming the limit, the operator stays up, and deleting Proxies
 //! makes room for the waiting ones.
 
-use super::harness::{Limits, fake_cluster, providers_yaml, start_operator_limited, wait_for};
+use super::harness::{Limits, start_example_operator, wait_for};
 use crate::support;
-use egress_emulators::example::ExampleBackend;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use proxy_operator::api::Proxy;
 use std::time::Duration;
@@ -42,31 +41,16 @@ fn waiting_message(p: &Proxy) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_distinct_documents_wait_at_the_limit_and_the_operator_stays_up() {
     let plugin_dir = plugins_or_skip!();
-    let dir = tempfile::tempdir().unwrap();
-    let (_fake, client, kubeconfig) = fake_cluster(dir.path()).await;
-    let token = dir.path().join("token");
-    std::fs::write(&token, "tok").unwrap();
-    let backend = ExampleBackend::start("tok");
-    let providers = dir.path().join("providers.yaml");
-    std::fs::write(&providers, providers_yaml(&backend, &token, "")).unwrap();
-    let Some(mut op) = start_operator_limited(
+    let Some(setup) = start_example_operator(
         &plugin_dir,
-        &providers,
-        &kubeconfig,
-        dir.path(),
         &["--probe-target", "127.0.0.1:9"],
-        &[],
         Limits::Deployment,
-    ) else {
+    )
+    .await
+    else {
         return;
     };
-    wait_for(
-        "/readyz to answer 200",
-        Duration::from_secs(60),
-        async || (op.get("/readyz").await.0 == 200).then_some(()),
-    )
-    .await;
-
+    let (mut op, client) = (setup.op, setup.client);
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
     for i in 0..PROXIES {
         let p: Proxy = serde_json::from_value(serde_json::json!({
