@@ -97,28 +97,34 @@ async fn a_flood_of_unfinished_requests_neither_kills_the_operator_nor_stops_its
         .collect();
 
     // The kubelet's view while the flood lasts: /healthz answers within a second, every
-    // quarter of a second.
-    let started = Instant::now();
-    let mut checks = 0;
-    while started.elapsed() < Duration::from_secs(8) {
+    // quarter of a second. Asked from a thread of its own with blocking sockets, so that the
+    // flood's 2,000 tasks in this test's runtime cannot delay the asking (a kubelet is not
+    // in the attacker's process either).
+    let addr = op.addr;
+    let checker = std::thread::spawn(move || {
+        let started = Instant::now();
+        let mut answers = vec![];
+        while started.elapsed() < Duration::from_secs(8) {
+            let asked = Instant::now();
+            let status = healthz_within_a_second(addr);
+            answers.push((asked - started, asked.elapsed(), status));
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        answers
+    });
+    while !checker.is_finished() {
         op.assert_alive("under the connection flood");
-        let asked = Instant::now();
-        let answer = tokio::time::timeout(
-            Duration::from_secs(1),
-            support::http::try_get(op.addr, "/healthz"),
-        )
-        .await;
-        let status = answer.ok().flatten().map(|a| a.status);
-        assert_eq!(
-            status,
-            Some(200),
-            "/healthz during the flood, {:?} in (asked {:?} after it started)",
-            asked.elapsed(),
-            asked - started
-        );
-        checks += 1;
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let answers = checker.join().unwrap();
+    for (at, took, status) in &answers {
+        assert_eq!(
+            *status,
+            Some(200),
+            "/healthz during the flood, {took:?} in (asked {at:?} after it started)"
+        );
+    }
+    let checks = answers.len();
     assert!(checks >= 8, "{checks} checks");
 
     // Every flood connection was closed by the server: refused over a cap, answered 431
@@ -150,4 +156,29 @@ async fn a_flood_of_unfinished_requests_neither_kills_the_operator_nor_stops_its
         "an idle connection was closed after {idle:?} (header timeout 2 s)"
     );
     assert_eq!(op.get("/healthz").await.0, 200);
+}
+
+/// The status of `GET /healthz` on a blocking socket, `None` unless it answers within a
+/// second (the kubelet's default probe timeout).
+fn healthz_within_a_second(addr: std::net::SocketAddr) -> Option<u16> {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_write_timeout(Some(Duration::from_secs(1))).ok()?;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 512];
+    while !head.windows(2).any(|w| w == b"\r\n") {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .ok()?;
+        let n = s.read(&mut buf).ok()?;
+        if n == 0 {
+            return None;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&head);
+    line.split_whitespace().nth(1)?.parse().ok()
 }
