@@ -12,6 +12,7 @@
 //! with the provider's periodic list (see `crate::inventory`), which can confirm that
 //! nothing changed but never that an instance is gone.
 
+use super::reconcile::{CONDITION_MESSAGE_MAX, truncate};
 use crate::provider::{Class, Instance, ProviderError, State};
 use std::time::Duration;
 
@@ -60,6 +61,11 @@ pub mod reason {
     pub const INSTANCE_STOPPED: &str = "InstanceStopped";
     pub const INSTANCE_LOST: &str = "InstanceLost";
     pub const DELETING: &str = "Deleting";
+    /// A provider call failed Transient (or NotFound where that cannot be acted on) and is
+    /// retried with backoff. Set only where no reason of its own says more: a Running
+    /// Proxy stays Running (the failure is in the message, the address stays published),
+    /// and Replacing, InstanceStopped and Deleting keep their reason.
+    pub const PROVIDER_ERROR: &str = "ProviderError";
 }
 
 /// Reasons of the events the reconciler publishes.
@@ -79,6 +85,10 @@ pub mod event {
     /// An instance was created for a Proxy with `spec.auth.type: None` and no
     /// `allowedClients`: said once per instance, as a warning, because it is open.
     pub const OPEN_PROXY: &str = "OpenProxy";
+    /// A provider call failed Transient and is retried with backoff: said (as a warning,
+    /// its note the condition's message) when the Provisioned condition's reason or
+    /// message changes, not on every retry.
+    pub const PROVIDER_ERROR: &str = "ProviderError";
 }
 
 /// The spec's inputs as far as they could be resolved this reconcile.
@@ -101,6 +111,9 @@ pub struct CondView {
     /// "True", "False" or "Unknown".
     pub status: String,
     pub reason: String,
+    /// As written (so cut to the reconciler's bound): a failure reported again with the
+    /// same reason and message is not news.
+    pub message: String,
     pub observed_generation: Option<i64>,
 }
 
@@ -375,6 +388,77 @@ impl Decision {
             self.event(event)
         }
     }
+    /// Sets `cond` (its message cut as the reconciler writes it) and publishes a warning
+    /// `event` with the same text, unless the Provisioned condition already says exactly
+    /// that (status, reason and message): a failure retried with backoff is news once,
+    /// and again only when what it says changes, not on every retry.
+    fn cond_and_warn_on_change(self, o: &Observed, mut cond: Cond, event: &'static str) -> Self {
+        truncate(&mut cond.message, CONDITION_MESSAGE_MAX);
+        let said = o.provisioned.as_ref().is_some_and(|c| {
+            c.status == if cond.ok { "True" } else { "False" }
+                && c.reason == cond.reason
+                && c.message == cond.message
+        });
+        let note = cond.message.clone();
+        self.cond(cond)
+            .event_if(!said, || EventNote::warning(event, note))
+    }
+}
+
+/// Ends every message of a failure that is retried with backoff.
+const RETRYING: &str = "retrying with backoff";
+
+/// The step a failed provider call belonged to: what the Provisioned condition says while
+/// it is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum During {
+    /// Create (of a first instance, a recreation or a replacement).
+    Create,
+    /// The Get of normal reconciling (a drift check when the Proxy is Running).
+    Observe,
+    /// The Get or Delete of an instance being replaced.
+    Replace,
+    /// The Delete of a stopped or terminated instance.
+    Stopped,
+}
+
+/// The Provisioned condition while a call of step `during` fails with `e` and is retried.
+/// A Running Proxy stays Running: a failed drift check says nothing about the instance, so
+/// its address stays published and Ready stays what it was; the failure is in the message.
+/// Replacing and InstanceStopped keep their reason (the reconciler's next step depends on
+/// it); anything else is `ProviderError`.
+fn retrying(o: &Observed, during: During, e: &ProviderError) -> Cond {
+    let id = o.provider_id.as_deref().unwrap_or_default();
+    let stopped = || {
+        Cond::not(
+            reason::INSTANCE_STOPPED,
+            format!(
+                "instance {id} is stopped or terminated; deleting it to create it again: {e}; {RETRYING}"
+            ),
+        )
+    };
+    match during {
+        During::Create => Cond::not(reason::PROVIDER_ERROR, format!("{e}; {RETRYING}")),
+        During::Observe if o.provisioned_true() => {
+            let at =
+                o.ip.as_ref()
+                    .map(|ip| format!(" at {ip}:{}", o.port))
+                    .unwrap_or_default();
+            Cond::ok(
+                reason::RUNNING,
+                format!(
+                    "instance {id} running{at}; checking it failed: {e}; {RETRYING} (the address stays published)"
+                ),
+            )
+        }
+        During::Observe if o.provisioned_reason() == reason::INSTANCE_STOPPED => stopped(),
+        During::Observe => Cond::not(reason::PROVIDER_ERROR, format!("{e}; {RETRYING}")),
+        During::Replace => Cond::not(
+            reason::REPLACING,
+            format!("spec changed: replacing instance {id}: {e}; {RETRYING}"),
+        ),
+        During::Stopped => stopped(),
+    }
 }
 
 /// The next step for a Proxy, given what is known about it and the answer to the last
@@ -552,7 +636,7 @@ fn after_create(o: &Observed, r: &Result<String, ProviderError>, t: &Timings) ->
                     )
                 })
         }
-        Err(e) => provider_failure(o, e, t),
+        Err(e) => provider_failure(o, e, t, During::Create),
     }
 }
 
@@ -601,19 +685,28 @@ fn after_get(
             // address published (Ready stays), and look again after QuotaRetry.
             Decision::next(Next::Requeue(t.quota_retry))
         }
-        (GetPurpose::Observe | GetPurpose::Replace, Err(e)) => provider_failure(o, e, t),
-        (GetPurpose::Finalize, Ok(_)) => Decision::next(Next::Call(Call::Delete {
-            id: id.clone(),
-            purpose: DeletePurpose::Finalize,
-        }))
-        .status(StatusChange {
-            address: Some(None),
-            ..Default::default()
-        })
-        .cond(Cond::not(
-            reason::DELETING,
-            format!("deleting instance {id}"),
-        )),
+        (GetPurpose::Observe, Err(e)) => provider_failure(o, e, t, During::Observe),
+        (GetPurpose::Replace, Err(e)) => provider_failure(o, e, t, During::Replace),
+        (GetPurpose::Finalize, Ok(_)) => {
+            let d = Decision::next(Next::Call(Call::Delete {
+                id: id.clone(),
+                purpose: DeletePurpose::Finalize,
+            }))
+            .status(StatusChange {
+                address: Some(None),
+                ..Default::default()
+            });
+            if deletion_said(o) {
+                // Kept: a failure of the last try is still the news, and writing
+                // "deleting" over it on every retry would make it news again each time.
+                d
+            } else {
+                d.cond(Cond::not(
+                    reason::DELETING,
+                    format!("deleting instance {id}"),
+                ))
+            }
+        }
         (GetPurpose::Finalize, Err(e)) => match e.class {
             Class::NotFound => Decision::next(Next::ReleaseFinalizer).event(EventNote::normal(
                 event::DELETED,
@@ -624,9 +717,39 @@ fn after_get(
                 purpose: DeletePurpose::FinalizeAfterPermanentGet,
             })),
             Class::QuotaExceeded => Decision::next(Next::Requeue(t.quota_retry)),
-            Class::Transient => Decision::next(Next::Fail(Failure::Provider(e.clone()))),
+            Class::Transient => deletion_retrying(o, e),
         },
     }
+}
+
+/// The Proxy is being deleted and its condition already says so (Deleting, or a failure
+/// of a Delete: a permanent error while deleting is retried too).
+fn deletion_said(o: &Observed) -> bool {
+    o.deleting
+        && o.provisioned.as_ref().is_some_and(|c| {
+            c.status == "False"
+                && (c.reason == reason::DELETING || c.reason == reason::PERMANENT_ERROR)
+        })
+}
+
+/// A Get or Delete of the Proxy's instance failed Transient while the Proxy is deleted:
+/// backoff, with the failure in the Deleting condition (and the address withdrawn, as
+/// every step of a deletion does).
+fn deletion_retrying(o: &Observed, e: &ProviderError) -> Decision {
+    let id = o.provider_id.as_deref().unwrap_or_default();
+    Decision::next(Next::Fail(Failure::Provider(e.clone())))
+        .status(StatusChange {
+            address: Some(None),
+            ..Default::default()
+        })
+        .cond_and_warn_on_change(
+            o,
+            Cond::not(
+                reason::DELETING,
+                format!("deleting instance {id}: {e}; {RETRYING}"),
+            ),
+            event::PROVIDER_ERROR,
+        )
 }
 
 /// Get answered with the instance during normal reconciling.
@@ -679,6 +802,10 @@ fn observe(o: &Observed, inst: &Instance, t: &Timings) -> Decision {
                 inst.id,
                 inst.state.as_str()
             );
+            // Already InstanceStopped: the condition is kept, so that the failure of the
+            // last Delete (retried now) stays the news instead of being written over and
+            // reported again on every retry.
+            let already = o.provisioned_reason() == reason::INSTANCE_STOPPED;
             Decision::next(Next::Call(Call::Delete {
                 id: o.provider_id.clone().unwrap_or_else(|| inst.id.clone()),
                 purpose: DeletePurpose::Stopped,
@@ -686,14 +813,12 @@ fn observe(o: &Observed, inst: &Instance, t: &Timings) -> Decision {
             .status(StatusChange {
                 state: Some(Some(inst.state)),
                 address: Some(None),
-                provisioned: Some(Cond::not(reason::INSTANCE_STOPPED, &message)),
+                provisioned: (!already).then(|| Cond::not(reason::INSTANCE_STOPPED, &message)),
                 ..Default::default()
             })
-            .event_on_transition(
-                o,
-                reason::INSTANCE_STOPPED,
-                EventNote::warning(event::INSTANCE_STOPPED, message),
-            )
+            .event_if(!already, || {
+                EventNote::warning(event::INSTANCE_STOPPED, message)
+            })
         }
     }
 }
@@ -724,7 +849,11 @@ fn after_delete(
             let Err(e) = r else {
                 unreachable!("gone handled above")
             };
-            provider_failure(o, e, t)
+            let during = match purpose {
+                DeletePurpose::Replace => During::Replace,
+                _ => During::Stopped,
+            };
+            provider_failure(o, e, t, during)
         }
         DeletePurpose::Finalize | DeletePurpose::FinalizeAfterPermanentGet => {
             let Err(e) = r else {
@@ -736,8 +865,8 @@ fn after_delete(
 }
 
 /// A provider error during normal reconciling (Create, Get, Delete of a replacement or a
-/// stopped instance).
-fn provider_failure(o: &Observed, e: &ProviderError, t: &Timings) -> Decision {
+/// stopped instance), in step `during`.
+fn provider_failure(o: &Observed, e: &ProviderError, t: &Timings, during: During) -> Decision {
     match e.class {
         Class::QuotaExceeded => {
             let message = e.to_string();
@@ -756,10 +885,12 @@ fn provider_failure(o: &Observed, e: &ProviderError, t: &Timings) -> Decision {
                 .cond(Cond::not(reason::PERMANENT_ERROR, &message))
                 .event(EventNote::warning(event::PERMANENT_ERROR, message))
         }
-        // NotFound from anything but Get is not a signal the reconciler can act on.
-        Class::Transient | Class::NotFound => {
-            Decision::next(Next::Fail(Failure::Provider(e.clone())))
-        }
+        // NotFound from anything but Get is not a signal the reconciler can act on. Backoff,
+        // and the Proxy says why (once per change, not per retry).
+        Class::Transient | Class::NotFound => Decision::next(Next::Fail(Failure::Provider(
+            e.clone(),
+        )))
+        .cond_and_warn_on_change(o, retrying(o, during, e), event::PROVIDER_ERROR),
     }
 }
 
@@ -773,16 +904,18 @@ fn deletion_failure(o: &Observed, e: &ProviderError, t: &Timings) -> Decision {
                 "{e}; retrying (set the skip-cleanup annotation to release the Proxy without deleting the instance)"
             );
             Decision::next(Next::Fail(Failure::Provider(e.clone())))
-                .cond(Cond::not(reason::PERMANENT_ERROR, &message))
-                .event_on_transition(
+                .status(StatusChange {
+                    address: Some(None),
+                    ..Default::default()
+                })
+                .cond_and_warn_on_change(
                     o,
-                    reason::PERMANENT_ERROR,
-                    EventNote::warning(event::PERMANENT_ERROR, message),
+                    Cond::not(reason::PERMANENT_ERROR, message),
+                    event::PERMANENT_ERROR,
                 )
         }
-        Class::Transient | Class::NotFound => {
-            Decision::next(Next::Fail(Failure::Provider(e.clone())))
-        }
+        // NotFound is gone (the caller's); anything unknown is retried as Transient is.
+        Class::Transient | Class::NotFound => deletion_retrying(o, e),
     }
 }
 
@@ -822,6 +955,7 @@ mod tests {
         CondView {
             status: status.into(),
             reason: reason.into(),
+            message: String::new(),
             observed_generation: Some(generation),
         }
     }
@@ -1079,16 +1213,20 @@ mod tests {
                     .events(&[event::PERMANENT_ERROR]),
             ),
             (
-                "Create: transient is an error (exponential backoff)",
+                "Create: transient is an error (exponential backoff), said on the Proxy",
                 with(|o| o.provider_id = None),
                 Some(Answer::Created(Err(err(Class::Transient, Op::Create)))),
-                want(fail(Class::Transient, Op::Create)),
+                want(fail(Class::Transient, Op::Create))
+                    .cond(false, reason::PROVIDER_ERROR)
+                    .events(&[event::PROVIDER_ERROR]),
             ),
             (
                 "Create: NotFound cannot be acted on, so it backs off like Transient",
                 with(|o| o.provider_id = None),
                 Some(Answer::Created(Err(err(Class::NotFound, Op::Create)))),
-                want(fail(Class::NotFound, Op::Create)),
+                want(fail(Class::NotFound, Op::Create))
+                    .cond(false, reason::PROVIDER_ERROR)
+                    .events(&[event::PROVIDER_ERROR]),
             ),
             // --- the latch ---
             (
@@ -1338,18 +1476,16 @@ mod tests {
                     .events(&[event::INSTANCE_STOPPED]),
             ),
             (
-                "still Stopped on the next poll: Delete again, no repeated event",
+                "still Stopped on the next poll: Delete again, condition kept, no repeated event",
                 with(|o| o.provisioned = Some(cond("False", reason::INSTANCE_STOPPED, 1))),
                 Some(Answer::Got(
                     GetPurpose::Observe,
                     Ok(inst(State::Stopped, "")),
                 )),
-                want(delete(DeletePurpose::Stopped))
-                    .cond(false, reason::INSTANCE_STOPPED)
-                    .status(|s| {
-                        s.state = Some(Some(State::Stopped));
-                        s.address = Some(None);
-                    }),
+                want(delete(DeletePurpose::Stopped)).status(|s| {
+                    s.state = Some(Some(State::Stopped));
+                    s.address = Some(None);
+                }),
             ),
             (
                 "Delete of a stopped instance accepted: ID kept, requeue after DeletionPoll",
@@ -1412,22 +1548,48 @@ mod tests {
                     .events(&[event::PERMANENT_ERROR]),
             ),
             (
-                "Get: transient backs off, status untouched",
+                "drift Get: transient backs off, still Running at its address (Ready kept)",
                 obs(),
                 Some(Answer::Got(
                     GetPurpose::Observe,
                     Err(err(Class::Transient, Op::Get)),
                 )),
-                want(fail(Class::Transient, Op::Get)),
+                want(fail(Class::Transient, Op::Get))
+                    .cond(true, reason::RUNNING)
+                    .events(&[event::PROVIDER_ERROR]),
             ),
             (
-                "Delete of a stopped instance: transient backs off",
+                "Get while provisioning: transient backs off as ProviderError",
+                with(|o| o.provisioned = Some(cond("False", reason::PROVISIONING, 1))),
+                Some(Answer::Got(
+                    GetPurpose::Observe,
+                    Err(err(Class::Transient, Op::Get)),
+                )),
+                want(fail(Class::Transient, Op::Get))
+                    .cond(false, reason::PROVIDER_ERROR)
+                    .events(&[event::PROVIDER_ERROR]),
+            ),
+            (
+                "Get of a stopped instance: transient keeps InstanceStopped (no InstanceLost later)",
+                with(|o| o.provisioned = Some(cond("False", reason::INSTANCE_STOPPED, 1))),
+                Some(Answer::Got(
+                    GetPurpose::Observe,
+                    Err(err(Class::Transient, Op::Get)),
+                )),
+                want(fail(Class::Transient, Op::Get))
+                    .cond(false, reason::INSTANCE_STOPPED)
+                    .events(&[event::PROVIDER_ERROR]),
+            ),
+            (
+                "Delete of a stopped instance: transient backs off, InstanceStopped kept",
                 with(|o| o.provisioned = Some(cond("False", reason::INSTANCE_STOPPED, 1))),
                 Some(Answer::Deleted(
                     DeletePurpose::Stopped,
                     Err(err(Class::Transient, Op::Delete)),
                 )),
-                want(fail(Class::Transient, Op::Delete)),
+                want(fail(Class::Transient, Op::Delete))
+                    .cond(false, reason::INSTANCE_STOPPED)
+                    .events(&[event::PROVIDER_ERROR]),
             ),
             // --- replace ---
             (
@@ -1517,7 +1679,7 @@ mod tests {
                     .events(&[event::PERMANENT_ERROR]),
             ),
             (
-                "replace-wait: transient Get backs off",
+                "replace-wait: transient Get backs off, Replacing kept (no second replace-delete)",
                 with(|o| {
                     o.input = Input::Resolved { hash: "h2".into() };
                     o.provisioned = Some(cond("False", reason::REPLACING, 1));
@@ -1526,7 +1688,36 @@ mod tests {
                     GetPurpose::Replace,
                     Err(err(Class::Transient, Op::Get)),
                 )),
-                want(fail(Class::Transient, Op::Get)),
+                want(fail(Class::Transient, Op::Get))
+                    .cond(false, reason::REPLACING)
+                    .events(&[event::PROVIDER_ERROR]),
+            ),
+            (
+                "replace-delete: transient backs off, Replacing kept",
+                with(|o| {
+                    o.input = Input::Resolved { hash: "h2".into() };
+                    o.provisioned = Some(cond("False", reason::REPLACING, 1));
+                }),
+                Some(Answer::Deleted(
+                    DeletePurpose::Replace,
+                    Err(err(Class::Transient, Op::Delete)),
+                )),
+                want(fail(Class::Transient, Op::Delete))
+                    .cond(false, reason::REPLACING)
+                    .events(&[event::PROVIDER_ERROR]),
+            ),
+            (
+                "replacement's Create: transient backs off as ProviderError",
+                with(|o| {
+                    o.input = Input::Resolved { hash: "h2".into() };
+                    o.provider_id = None;
+                    o.stored_hash = None;
+                    o.provisioned = Some(cond("False", reason::REPLACING, 1));
+                }),
+                Some(Answer::Created(Err(err(Class::Transient, Op::Create)))),
+                want(fail(Class::Transient, Op::Create))
+                    .cond(false, reason::PROVIDER_ERROR)
+                    .events(&[event::PROVIDER_ERROR]),
             ),
             // --- deletion ---
             (
@@ -1650,19 +1841,20 @@ mod tests {
                 )),
                 want(fail(Class::Permanent, Op::Delete))
                     .cond(false, reason::PERMANENT_ERROR)
+                    .status(|s| s.address = Some(None))
                     .events(&[event::PERMANENT_ERROR]),
             ),
             (
-                "deleting: permanent Delete retried, no repeated event",
+                "deleting: instance still there after a failed Delete: the failure is kept",
                 with(|o| {
                     o.deleting = true;
                     o.provisioned = Some(cond("False", reason::PERMANENT_ERROR, 1));
                 }),
-                Some(Answer::Deleted(
-                    DeletePurpose::Finalize,
-                    Err(err(Class::Permanent, Op::Delete)),
+                Some(Answer::Got(
+                    GetPurpose::Finalize,
+                    Ok(inst(State::Running, "192.0.2.7")),
                 )),
-                want(fail(Class::Permanent, Op::Delete)).cond(false, reason::PERMANENT_ERROR),
+                want(delete(DeletePurpose::Finalize)).status(|s| s.address = Some(None)),
             ),
             (
                 "deleting: quota on Get waits QuotaRetry",
@@ -1683,22 +1875,40 @@ mod tests {
                 want(Next::Requeue(t.quota_retry)),
             ),
             (
-                "deleting: transient Get backs off",
+                "deleting: transient Get backs off, said in the Deleting condition",
                 with(|o| o.deleting = true),
                 Some(Answer::Got(
                     GetPurpose::Finalize,
                     Err(err(Class::Transient, Op::Get)),
                 )),
-                want(fail(Class::Transient, Op::Get)),
+                want(fail(Class::Transient, Op::Get))
+                    .cond(false, reason::DELETING)
+                    .status(|s| s.address = Some(None))
+                    .events(&[event::PROVIDER_ERROR]),
             ),
             (
-                "deleting: transient Delete backs off",
+                "deleting: transient Delete backs off, said in the Deleting condition",
                 with(|o| o.deleting = true),
                 Some(Answer::Deleted(
                     DeletePurpose::Finalize,
                     Err(err(Class::Transient, Op::Delete)),
                 )),
-                want(fail(Class::Transient, Op::Delete)),
+                want(fail(Class::Transient, Op::Delete))
+                    .cond(false, reason::DELETING)
+                    .status(|s| s.address = Some(None))
+                    .events(&[event::PROVIDER_ERROR]),
+            ),
+            (
+                "deleting: transient Delete after a permanent Get backs off, said too",
+                with(|o| o.deleting = true),
+                Some(Answer::Deleted(
+                    DeletePurpose::FinalizeAfterPermanentGet,
+                    Err(err(Class::Transient, Op::Delete)),
+                )),
+                want(fail(Class::Transient, Op::Delete))
+                    .cond(false, reason::DELETING)
+                    .status(|s| s.address = Some(None))
+                    .events(&[event::PROVIDER_ERROR]),
             ),
         ];
         let mut failures = Vec::new();
@@ -1709,6 +1919,383 @@ mod tests {
             }
         }
         assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// The status as the shell writes it after `d`, as far as decide reads it back.
+    fn fold(o: &Observed, d: &Decision) -> Observed {
+        let mut o = o.clone();
+        if let Some(id) = &d.status.provider_id {
+            o.provider_id = id.clone();
+        }
+        if let Some(hash) = &d.status.spec_hash {
+            o.stored_hash = hash.clone();
+        }
+        if let Some(address) = &d.status.address {
+            o.ip = address.as_ref().map(|(ip, _)| ip.clone());
+        }
+        if let Some(c) = &d.status.provisioned {
+            let mut message = c.message.clone();
+            truncate(&mut message, CONDITION_MESSAGE_MAX);
+            o.provisioned = Some(CondView {
+                status: if c.ok { "True" } else { "False" }.into(),
+                reason: c.reason.into(),
+                message,
+                observed_generation: Some(o.generation),
+            });
+        }
+        o
+    }
+
+    /// What one reconcile did: the events it published, how it ended, the status after it.
+    struct Run {
+        events: Vec<EventNote>,
+        next: Next,
+        after: Observed,
+    }
+
+    /// One reconcile as the shell runs it: decide, write, call (answered by `answer`),
+    /// until a step that is not a call.
+    fn reconcile(o: &Observed, answer: &dyn Fn(&Call) -> Answer) -> Run {
+        let t = t();
+        let mut o = o.clone();
+        let mut events = vec![];
+        let mut last: Option<Answer> = None;
+        for _ in 0..6 {
+            let d = decide(&o, last.take().as_ref(), &t);
+            o = fold(&o, &d);
+            events.extend(d.events.iter().cloned());
+            match &d.next {
+                Next::Call(call) => last = Some(answer(call)),
+                next => {
+                    return Run {
+                        events,
+                        next: next.clone(),
+                        after: o,
+                    };
+                }
+            }
+        }
+        panic!("did not settle")
+    }
+
+    /// Issue 27: every provider failure that backs off is said on the Proxy (its
+    /// Provisioned condition and a warning Event naming the operation and the provider's
+    /// message) and still backs off; the retries that fail the same way write nothing and
+    /// publish nothing; a different failure is news again. For every operation on every
+    /// path: Create, Get (drift check, provisioning, stopped, replace-wait, finalize) and
+    /// Delete (replace, stopped, finalize, after a permanent Get), Transient and NotFound
+    /// (where NotFound cannot be acted on).
+    #[test]
+    fn backoff_failures_are_said_once_on_the_proxy_and_still_back_off() {
+        type Answerer = Box<dyn Fn(&Call) -> Answer>;
+        // The instance answers Get with `got`; the call of `op` fails with `class`.
+        let failing = |op: Op, class: Class, got: Result<Instance, ProviderError>| -> Answerer {
+            Box::new(move |call: &Call| match call {
+                Call::Create if op == Op::Create => Answer::Created(Err(err(class, op))),
+                Call::Create => Answer::Created(Ok(ID.into())),
+                Call::Get { purpose, .. } if op == Op::Get => {
+                    Answer::Got(*purpose, Err(err(class, op)))
+                }
+                Call::Get { purpose, .. } => Answer::Got(*purpose, got.clone()),
+                Call::Delete { purpose, .. } if op == Op::Delete => {
+                    Answer::Deleted(*purpose, Err(err(class, op)))
+                }
+                Call::Delete { purpose, .. } => Answer::Deleted(*purpose, Ok(())),
+            })
+        };
+        let running = || Ok(inst(State::Running, "192.0.2.1"));
+        let stopped = || Ok(inst(State::Stopped, ""));
+        let deleting = |o: &mut Observed| o.deleting = true;
+        // (path, the Proxy, the provider, the condition while retried: ok, reason, address
+        // kept, what the message names, the event's reason)
+        #[allow(clippy::type_complexity)]
+        let rows: Vec<(&str, Observed, Answerer, bool, &str, bool, &str, &str)> = vec![
+            (
+                "first Create, Transient",
+                with(|o| {
+                    o.provider_id = None;
+                    o.stored_hash = None;
+                    o.provisioned = None;
+                    o.ip = None;
+                }),
+                failing(Op::Create, Class::Transient, running()),
+                false,
+                reason::PROVIDER_ERROR,
+                false,
+                "create",
+                event::PROVIDER_ERROR,
+            ),
+            (
+                "first Create, NotFound (cannot be acted on)",
+                with(|o| {
+                    o.provider_id = None;
+                    o.stored_hash = None;
+                    o.provisioned = None;
+                    o.ip = None;
+                }),
+                failing(Op::Create, Class::NotFound, running()),
+                false,
+                reason::PROVIDER_ERROR,
+                false,
+                "create",
+                event::PROVIDER_ERROR,
+            ),
+            (
+                "Create after the instance vanished, Transient",
+                obs(),
+                Box::new(|call: &Call| match call {
+                    Call::Create => Answer::Created(Err(err(Class::Transient, Op::Create))),
+                    Call::Get { purpose, .. } => {
+                        Answer::Got(*purpose, Err(err(Class::NotFound, Op::Get)))
+                    }
+                    Call::Delete { purpose, .. } => Answer::Deleted(*purpose, Ok(())),
+                }),
+                false,
+                reason::PROVIDER_ERROR,
+                false,
+                "create",
+                event::PROVIDER_ERROR,
+            ),
+            (
+                "drift Get of a Running Proxy, Transient: still Running, address kept",
+                obs(),
+                failing(Op::Get, Class::Transient, running()),
+                true,
+                reason::RUNNING,
+                true,
+                "get",
+                event::PROVIDER_ERROR,
+            ),
+            (
+                "Get while provisioning, Transient",
+                with(|o| {
+                    o.provisioned = Some(cond("False", reason::PROVISIONING, 1));
+                    o.ip = None;
+                }),
+                failing(Op::Get, Class::Transient, running()),
+                false,
+                reason::PROVIDER_ERROR,
+                false,
+                "get",
+                event::PROVIDER_ERROR,
+            ),
+            (
+                "Delete of a stopped instance, Transient (Get says Stopped every retry)",
+                obs(),
+                failing(Op::Delete, Class::Transient, stopped()),
+                false,
+                reason::INSTANCE_STOPPED,
+                false,
+                "delete",
+                event::PROVIDER_ERROR,
+            ),
+            (
+                "replace-delete, Transient (Get says it is still there every retry)",
+                with(|o| o.input = Input::Resolved { hash: "h2".into() }),
+                failing(Op::Delete, Class::Transient, running()),
+                false,
+                reason::REPLACING,
+                false,
+                "delete",
+                event::PROVIDER_ERROR,
+            ),
+            (
+                "replace-wait Get, Transient",
+                with(|o| {
+                    o.input = Input::Resolved { hash: "h2".into() };
+                    o.provisioned = Some(cond("False", reason::REPLACING, 1));
+                    o.ip = None;
+                }),
+                failing(Op::Get, Class::Transient, running()),
+                false,
+                reason::REPLACING,
+                false,
+                "get",
+                event::PROVIDER_ERROR,
+            ),
+            (
+                "finalize: Get, Transient",
+                with(deleting),
+                failing(Op::Get, Class::Transient, running()),
+                false,
+                reason::DELETING,
+                false,
+                "get",
+                event::PROVIDER_ERROR,
+            ),
+            (
+                "finalize: Delete, Transient (Get says it is still there every retry)",
+                with(deleting),
+                failing(Op::Delete, Class::Transient, running()),
+                false,
+                reason::DELETING,
+                false,
+                "delete",
+                event::PROVIDER_ERROR,
+            ),
+            (
+                "finalize: Delete after a permanent Get, Transient",
+                with(deleting),
+                failing(
+                    Op::Delete,
+                    Class::Transient,
+                    Err(err(Class::Permanent, Op::Get)),
+                ),
+                false,
+                reason::DELETING,
+                false,
+                "delete",
+                event::PROVIDER_ERROR,
+            ),
+            (
+                "finalize: Delete, Permanent (retried too, never latched)",
+                with(deleting),
+                failing(Op::Delete, Class::Permanent, running()),
+                false,
+                reason::PERMANENT_ERROR,
+                false,
+                "delete",
+                event::PERMANENT_ERROR,
+            ),
+        ];
+        let mut failures = Vec::new();
+        for (name, start, answer, ok, want_reason, keeps_address, op, want_event) in &rows {
+            let mut o = start.clone();
+            for attempt in 0..4 {
+                let run = reconcile(&o, answer.as_ref());
+                let before = o.clone();
+                o = run.after;
+                if !matches!(&run.next, Next::Fail(Failure::Provider(e)) if e.message == "backend said no")
+                {
+                    failures.push(format!("{name} #{attempt}: no backoff: {:?}", run.next));
+                }
+                let Some(c) = &o.provisioned else {
+                    failures.push(format!("{name} #{attempt}: no condition"));
+                    continue;
+                };
+                let status = if *ok { "True" } else { "False" };
+                if (c.status.as_str(), c.reason.as_str()) != (status, *want_reason) {
+                    failures.push(format!("{name} #{attempt}: condition {c:?}"));
+                }
+                let named = format!("\"hetzner-eu\" {op}");
+                if !(c.message.contains(&named) && c.message.contains("backend said no")) {
+                    failures.push(format!("{name} #{attempt}: message {:?}", c.message));
+                }
+                if (o.ip.is_some() && o.ip == start.ip) != *keeps_address {
+                    failures.push(format!("{name} #{attempt}: address {:?}", o.ip));
+                }
+                let warnings: Vec<_> = run
+                    .events
+                    .iter()
+                    .filter(|e| e.reason == *want_event)
+                    .collect();
+                if attempt == 0 {
+                    if warnings.len() != 1 || !warnings[0].warning || warnings[0].note != c.message
+                    {
+                        failures.push(format!("{name}: first failure: events {:?}", run.events));
+                    }
+                } else {
+                    // The same failure again: nothing new is written or published.
+                    if !warnings.is_empty() {
+                        failures.push(format!("{name} #{attempt}: repeated {:?}", run.events));
+                    }
+                    if (&before.provisioned, &before.ip) != (&o.provisioned, &o.ip) {
+                        failures.push(format!(
+                            "{name} #{attempt}: status written again: {:?} -> {:?}",
+                            before.provisioned, o.provisioned
+                        ));
+                    }
+                }
+            }
+            // Another failure is news again.
+            let other = |call: &Call| match answer(call) {
+                Answer::Created(Err(mut e)) => {
+                    e.message = "backend said no again".into();
+                    Answer::Created(Err(e))
+                }
+                Answer::Got(p, Err(mut e)) if e.class != Class::Permanent => {
+                    e.message = "backend said no again".into();
+                    Answer::Got(p, Err(e))
+                }
+                Answer::Deleted(p, Err(mut e)) => {
+                    e.message = "backend said no again".into();
+                    Answer::Deleted(p, Err(e))
+                }
+                a => a,
+            };
+            let run = reconcile(&o, &other);
+            if run
+                .events
+                .iter()
+                .filter(|e| e.reason == *want_event)
+                .count()
+                != 1
+            {
+                failures.push(format!("{name}: a new failure not said: {:?}", run.events));
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    #[test]
+    fn a_running_proxy_whose_drift_check_fails_stays_ready_and_clears_the_message() {
+        let t = t();
+        let o = obs();
+        let d = decide(
+            &o,
+            Some(&Answer::Got(
+                GetPurpose::Observe,
+                Err(err(Class::Transient, Op::Get)),
+            )),
+            &t,
+        );
+        assert_eq!(d.status.address, None, "the address is not touched");
+        assert_eq!(d.status.state, None);
+        let c = d.status.provisioned.clone().unwrap();
+        assert!(c.ok && c.reason == reason::RUNNING, "{c:?}");
+        assert!(
+            c.message.contains("192.0.2.1:3128") && c.message.contains("address stays published"),
+            "{}",
+            c.message
+        );
+        // The next good answer (Get or the provider's list) says Running again, plainly,
+        // with no Provisioned event (it never stopped being provisioned).
+        let o = fold(&o, &d);
+        for answer in [
+            Some(Answer::Got(
+                GetPurpose::Observe,
+                Ok(inst(State::Running, "192.0.2.1")),
+            )),
+            None,
+        ] {
+            let mut o = o.clone();
+            if answer.is_none() {
+                o.listed = Some(inst(State::Running, "192.0.2.1"));
+            }
+            let d = decide(&o, answer.as_ref(), &t);
+            let c = d.status.provisioned.unwrap();
+            assert!(c.ok && !c.message.contains("failed"), "{c:?}");
+            assert!(d.events.is_empty(), "{:?}", d.events);
+        }
+    }
+
+    #[test]
+    fn failure_messages_are_cut_to_the_condition_bound() {
+        let t = t();
+        let mut e = err(Class::Transient, Op::Create);
+        e.message = "é".repeat(CONDITION_MESSAGE_MAX);
+        let o = with(|o| o.provider_id = None);
+        let d = decide(&o, Some(&Answer::Created(Err(e.clone()))), &t);
+        let c = d.status.provisioned.clone().unwrap();
+        assert!(
+            c.message.len() <= CONDITION_MESSAGE_MAX,
+            "{}",
+            c.message.len()
+        );
+        assert_eq!(d.events.len(), 1);
+        // Cut as written, so the same failure again is recognised.
+        let d = decide(&fold(&o, &d), Some(&Answer::Created(Err(e))), &t);
+        assert!(d.events.is_empty(), "{:?}", d.events);
     }
 
     #[test]

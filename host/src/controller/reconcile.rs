@@ -1295,6 +1295,7 @@ pub fn observe(
             .map(|c| CondView {
                 status: c.status.clone(),
                 reason: c.reason.clone(),
+                message: c.message.clone(),
                 observed_generation: c.observed_generation,
             }),
     }
@@ -1378,7 +1379,7 @@ mod tests {
                 type_: condition::PROVISIONED.into(),
                 status: "False".into(),
                 reason: "PermanentError".into(),
-                message: String::new(),
+                message: "refused".into(),
                 observed_generation: Some(3),
                 last_transition_time: now(),
             }],
@@ -1403,6 +1404,7 @@ mod tests {
             Some(CondView {
                 status: "False".into(),
                 reason: "PermanentError".into(),
+                message: "refused".into(),
                 observed_generation: Some(3)
             })
         );

@@ -244,6 +244,39 @@ impl Env {
             .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
             .collect()
     }
+
+    /// The Event objects with `reason` published on the Proxy.
+    fn events_of(&self, name: &str, reason: &str) -> Vec<serde_json::Value> {
+        self.api
+            .objects("events.events.k8s.io")
+            .into_iter()
+            .filter(|e| e["regarding"]["name"] == name && e["reason"] == reason)
+            .collect()
+    }
+
+    /// Waits until `op` was called `n` more times than now (each a retry of a reconcile).
+    async fn wait_calls(&self, op: Op, n: usize) {
+        let want = self.fake.count_calls(op) + n;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while self.fake.count_calls(op) < want {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {n} more {op} calls"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// The one `reason` Event on `name`: a Warning, published once (no series: not one per
+/// retry), its note the condition's `message`.
+fn said_once(env: &Env, name: &str, reason: &str, message: &str) {
+    let events = env.events_of(name, reason);
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let e = &events[0];
+    assert_eq!(e["type"], "Warning", "{e:#}");
+    assert!(e["series"].is_null(), "published on every retry: {e:#}");
+    assert_eq!(e["note"].as_str(), Some(message), "{e:#}");
 }
 
 fn provisioned(p: &Proxy) -> Option<(String, String)> {
@@ -490,7 +523,7 @@ async fn transient_errors_back_off_and_recover() {
     let p = env.wait_running("p1").await;
     assert_eq!(env.fake.created(), 1);
     assert!(env.fake.count_calls(Op::Create) >= 4);
-    // Transient failures are not conditions: the last one set was about provisioning.
+    // Transient failures were said on the way; the last condition set is the instance's.
     assert_eq!(provisioned(&p).unwrap().1, reason::RUNNING);
 
     // Each failed reconcile is counted by what failed, each good one as ok.
@@ -511,6 +544,157 @@ async fn transient_errors_back_off_and_recover() {
         ),
         "{text}"
     );
+}
+
+/// Issue 27: a Proxy whose create keeps failing Transient says why on the object, not
+/// only in the operator's log: `Provisioned=False ProviderError` (and so `Ready`) with the
+/// operation and the provider's message, and one Warning Event. The retries go on with
+/// backoff but write nothing and publish nothing new; once the provider answers, the Proxy
+/// goes Running and the condition says so.
+#[tokio::test]
+async fn a_create_failing_transient_is_said_on_the_proxy_once_until_it_clears() {
+    let env = Env::start().await;
+    env.fake.fail_next(Op::Create, Class::Transient, 1_000_000);
+    let started = std::time::Instant::now();
+    env.create("p1", spec("z1")).await;
+    env.wait_reason("p1", reason::PROVIDER_ERROR).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "said after {:?}",
+        started.elapsed()
+    );
+    // Retried (a few backoffs), and said once.
+    env.wait_calls(Op::Create, 3).await;
+    let p = env.proxies.get("p1").await.unwrap();
+    let c = p.condition(condition::PROVISIONED).unwrap().clone();
+    assert_eq!(c.status, "False");
+    assert!(
+        c.message.contains("provider \"fake\" create")
+            && c.message.contains("injected fault")
+            && c.message.contains("retrying with backoff"),
+        "{c:?}"
+    );
+    let ready = p.condition(condition::READY).unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", reason::PROVIDER_ERROR)
+    );
+    assert_eq!(p.status.as_ref().unwrap().provider_id, None);
+    said_once(&env, "p1", event::PROVIDER_ERROR, &c.message);
+    // More retries write no status.
+    env.wait_calls(Op::Create, 3).await;
+    let again = env.proxies.get("p1").await.unwrap();
+    assert_eq!(
+        again.resource_version(),
+        p.resource_version(),
+        "status rewritten"
+    );
+    said_once(&env, "p1", event::PROVIDER_ERROR, &c.message);
+
+    env.fake.clear_faults();
+    let p = env.wait_running("p1").await;
+    let c = p.condition(condition::PROVISIONED).unwrap();
+    assert!(
+        c.message.contains("running at") && !c.message.contains("injected fault"),
+        "{c:?}"
+    );
+    assert_eq!(env.fake.created(), 1);
+    assert!(env.events("p1").contains(&event::PROVISIONED.to_string()));
+    assert_eq!(env.events_of("p1", event::PROVIDER_ERROR).len(), 1);
+}
+
+/// Issue 27: a Running Proxy whose drift-check Get fails Transient keeps its address and
+/// stays Ready (the failure says nothing about the instance); the failure is said in the
+/// `Provisioned` message and one Warning Event, and the message clears with the next good
+/// answer. (Drift checks by Get: no inventory; health probes through a real tinyproxy.)
+#[tokio::test]
+async fn a_drift_check_failing_transient_is_said_and_the_proxy_stays_ready() {
+    let Some(bin) = support::tinyproxy::tinyproxy_bin() else {
+        return;
+    };
+    let (echo, _echo) = support::tinyproxy::echo_server().await;
+    let tp = support::tinyproxy::Tinyproxy::start(&bin, &format!("ConnectPort {echo}")).await;
+    let mut env = Env::start().await;
+    env.inventory = None;
+    env.with_health(&format!("127.0.0.1:{echo}"), 1).await;
+    let mut s = spec("z1");
+    s.port = i32::from(tp.addr.port());
+    env.create("p1", s).await;
+    let p = env.wait_ready("p1", "True").await;
+    let address = |p: &Proxy| {
+        let s = p.status.clone().unwrap();
+        (s.ip, s.port)
+    };
+    let published = address(&p);
+    assert!(published.0.is_some());
+
+    env.fake.fail_next(Op::Get, Class::Transient, 1_000_000);
+    let p = env
+        .wait("p1", "the drift check's failure said", |p| {
+            p.and_then(|p| p.condition(condition::PROVISIONED))
+                .is_some_and(|c| c.message.contains("injected fault"))
+        })
+        .await
+        .unwrap();
+    env.wait_calls(Op::Get, 3).await;
+    let p2 = env.proxies.get("p1").await.unwrap();
+    for p in [&p, &p2] {
+        let c = p.condition(condition::PROVISIONED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", reason::RUNNING),
+            "{c:?}"
+        );
+        assert!(c.message.contains("provider \"fake\" get"), "{c:?}");
+        assert_eq!(address(p), published, "the address stays published");
+        assert_eq!(p.condition(condition::READY).unwrap().status, "True");
+    }
+    let c = p2.condition(condition::PROVISIONED).unwrap();
+    said_once(&env, "p1", event::PROVIDER_ERROR, &c.message);
+
+    env.fake.clear_faults();
+    let p = env
+        .wait("p1", "the failure cleared", |p| {
+            p.and_then(|p| p.condition(condition::PROVISIONED))
+                .is_some_and(|c| c.status == "True" && !c.message.contains("failed"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(address(&p), published);
+    assert_eq!(p.condition(condition::READY).unwrap().status, "True");
+    assert_eq!(env.events_of("p1", event::PROVIDER_ERROR).len(), 1);
+    drop(tp);
+}
+
+/// Issue 27: a Proxy whose instance cannot be deleted (Transient) says so in its
+/// `Deleting` condition and one Warning Event while the finalizer holds it; once Delete
+/// works it is released.
+#[tokio::test]
+async fn a_delete_failing_transient_while_finalizing_is_said_once() {
+    let env = Env::start().await;
+    env.create("p1", spec("z1")).await;
+    env.wait_running("p1").await;
+    env.fake.fail_next(Op::Delete, Class::Transient, 1_000_000);
+    env.proxies
+        .delete("p1", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait("p1", "the failed Delete said", |p| {
+        p.and_then(|p| p.condition(condition::PROVISIONED))
+            .is_some_and(|c| c.reason == reason::DELETING && c.message.contains("injected fault"))
+    })
+    .await;
+    env.wait_calls(Op::Delete, 3).await;
+    let p = env.proxies.get("p1").await.unwrap();
+    let c = p.condition(condition::PROVISIONED).unwrap();
+    assert!(
+        c.status == "False" && c.message.contains("provider \"fake\" delete"),
+        "{c:?}"
+    );
+    said_once(&env, "p1", event::PROVIDER_ERROR, &c.message);
+    env.fake.clear_faults();
+    env.wait("p1", "released", |p| p.is_none()).await;
+    assert!(env.fake.instances().is_empty());
 }
 
 #[tokio::test]

@@ -23,6 +23,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use proxy_operator::api::{self, ProviderHealth, Proxy, condition};
+use proxy_operator::controller::decide::{event, reason};
 use proxy_operator::controller::{self, Context, auth};
 use proxy_operator::discovery::{self, Auth, AuthSettings};
 use proxy_operator::provider::{Op, Provider};
@@ -209,9 +210,8 @@ async fn a_hostile_plugin_cannot_leak_proxy_credentials_in_any_form() {
             .unwrap();
     }
 
-    // Every ID reply was refused as holding a secret, value withheld. (Said in the
-    // Provisioned condition where the reconciler puts create failures there, and in the
-    // reconcile's error in the log in any case.)
+    // Every ID reply was refused as holding a secret, value withheld: in the reconcile's
+    // error in the log, and (below) on the Proxy.
     for (name, machine, _) in cases.iter().filter(|(_, m, _)| m.starts_with("creds-id:")) {
         wait_for(
             &format!("{name}'s ID refused"),
@@ -231,13 +231,67 @@ async fn a_hostile_plugin_cannot_leak_proxy_credentials_in_any_form() {
         let p = proxies.get(name).await.unwrap();
         let status = p.status.clone().unwrap_or_default();
         assert_eq!(status.provider_id, None, "{name} ({machine}): {status:?}");
-        if let Some(c) = p.condition(condition::PROVISIONED)
-            && c.message.contains("plugin reply rejected")
-        {
-            assert!(
-                c.status == "False" && c.message.contains("value withheld"),
-                "{name}: {c:?}"
-            );
+    }
+    // Every create failed Transient (the refused IDs, and the leaks' own errors), and a
+    // Transient failure is said on the Proxy (issue 27): `Provisioned=False ProviderError`
+    // naming the create and what the provider said, and a Warning Event with that text.
+    // Neither holds the Proxy's credentials in any form.
+    for (name, machine, auth) in &cases {
+        let p = wait_for(
+            &format!("{name}'s create failure on the Proxy"),
+            Duration::from_secs(60),
+            async || {
+                let p = proxies.get(name).await.ok()?;
+                let said = p
+                    .condition(condition::PROVISIONED)
+                    .is_some_and(|c| c.reason == reason::PROVIDER_ERROR);
+                let warned = fake.objects("events.events.k8s.io").iter().any(|e| {
+                    e["regarding"]["name"] == name.as_str() && e["reason"] == event::PROVIDER_ERROR
+                });
+                (said && warned).then_some(p)
+            },
+        )
+        .await;
+        let c = p.condition(condition::PROVISIONED).unwrap();
+        assert!(
+            c.status == "False" && c.message.contains("provider \"hostile\" create"),
+            "{name}: {c:?}"
+        );
+        let told = if machine.starts_with("creds-id:") {
+            c.message
+                .contains("plugin reply rejected: id holds a secret")
+                && c.message.contains("value withheld")
+        } else {
+            c.message.contains("backend refused") && c.message.contains("[REDACTED]")
+        };
+        assert!(told, "{name}: {c:?}");
+        let notes: Vec<String> = fake
+            .objects("events.events.k8s.io")
+            .iter()
+            .filter(|e| {
+                e["regarding"]["name"] == name.as_str() && e["reason"] == event::PROVIDER_ERROR
+            })
+            .map(|e| {
+                assert_eq!(e["type"], "Warning", "{e:#}");
+                e["note"].as_str().unwrap_or_default().to_string()
+            })
+            .collect();
+        assert!(
+            notes.iter().any(|n| c.message.starts_with(n.as_str())),
+            "{name}: the Event says what the condition says: {notes:?} / {c:?}"
+        );
+        let (user, pass) = if auth.get("type").is_none() {
+            credentials_in(&secrets, &format!("{name}-credentials")).await
+        } else {
+            (GIVEN_USER.to_string(), GIVEN_PASS.to_string())
+        };
+        for (what, form) in forms(&user, &pass) {
+            for text in std::iter::once(&c.message).chain(&notes) {
+                assert!(
+                    !text.contains(&form),
+                    "{name}: {what} of its credentials ({form}) in {text:?}"
+                );
+            }
         }
     }
     // The leaks reached the log, scrubbed.
