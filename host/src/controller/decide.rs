@@ -516,7 +516,29 @@ fn plan(o: &Observed, t: &Timings) -> Decision {
                 );
         }
         Input::Unreadable { message } => {
-            return Decision::next(Next::Fail(Failure::Input(message.clone())));
+            // An API error reading the Proxy's Secret: backed off, and said on the Proxy
+            // (once, while it stays the same). A Running Proxy keeps its address: nothing
+            // is known to be wrong with its instance.
+            let cond = if o.provisioned_true() {
+                let id = o.provider_id.as_deref().unwrap_or_default();
+                let at =
+                    o.ip.as_ref()
+                        .map(|ip| format!(" at {ip}:{}", o.port))
+                        .unwrap_or_default();
+                Cond::ok(
+                    reason::RUNNING,
+                    format!(
+                        "instance {id} running{at}; reading its cloud-init or credentials failed: {message}; {RETRYING} (the address stays published)"
+                    ),
+                )
+            } else {
+                Cond::not(
+                    reason::CLOUD_INIT_UNAVAILABLE,
+                    format!("{message}; {RETRYING}"),
+                )
+            };
+            return Decision::next(Next::Fail(Failure::Input(message.clone())))
+                .cond_and_warn_on_change(o, cond, event::CLOUD_INIT_UNAVAILABLE);
         }
     };
     let Some(id) = &o.provider_id else {
@@ -1133,14 +1155,30 @@ mod tests {
                     .events(&[event::INVALID_SPEC]),
             ),
             (
-                "Secret unreadable (API error): backoff",
+                "Secret unreadable (API error) while Running: backoff, said, still Running",
                 with(|o| {
                     o.input = Input::Unreadable {
                         message: "503".into(),
                     }
                 }),
                 None,
-                want(Next::Fail(Failure::Input("503".into()))),
+                want(Next::Fail(Failure::Input("503".into())))
+                    .cond(true, reason::RUNNING)
+                    .events(&[event::CLOUD_INIT_UNAVAILABLE]),
+            ),
+            (
+                "Secret unreadable (API error) before an instance: backoff and said",
+                with(|o| {
+                    o.input = Input::Unreadable {
+                        message: "503".into(),
+                    };
+                    o.provider_id = None;
+                    o.provisioned = None;
+                }),
+                None,
+                want(Next::Fail(Failure::Input("503".into())))
+                    .cond(false, reason::CLOUD_INIT_UNAVAILABLE)
+                    .events(&[event::CLOUD_INIT_UNAVAILABLE]),
             ),
             // --- create ---
             (
