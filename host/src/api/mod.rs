@@ -4,6 +4,8 @@
 //! from them (`proxy-operator crds`), and a test fails when the committed files drift, so the
 //! schema the API server enforces can never disagree with what the controller deserializes.
 
+#[cfg(test)]
+mod bounds;
 mod provider_health;
 mod proxy;
 mod proxy_pool;
@@ -11,11 +13,15 @@ mod schema;
 
 pub use provider_health::{ProviderHealth, ProviderHealthSpec, ProviderHealthStatus, TargetHealth};
 pub use proxy::{
-    ANNOTATION_SKIP_CLEANUP, AuthType, CloudInit, LABEL_POOL, LastProbe, Placement, Proxy,
-    ProxyAuth, ProxySpec, ProxyStatus, SecretKeyRef,
+    ANNOTATION_SKIP_CLEANUP, AuthType, CloudInit, LABEL_POOL, LastProbe, MAX_ALLOWED_CLIENTS,
+    MAX_CLIENT, MAX_IMAGE, MAX_INLINE_CLOUD_INIT, MAX_PLACEMENT_VALUE, MAX_PROVIDER_NAME,
+    MAX_SECRET_KEY, MAX_SECRET_NAME, Placement, Proxy, ProxyAuth, ProxySpec, ProxyStatus,
+    SecretKeyRef,
 };
 pub use proxy_pool::{
-    MAX_POOL_NAME, PlacementFailure, PlacementStatus, PoolPlacement, ProxyPool, ProxyPoolSpec,
+    MAX_ANNOTATION_VALUE, MAX_DURATION_TEXT, MAX_JITTER_PERCENT, MAX_LABEL_VALUE, MAX_MIN_READY,
+    MAX_PLACEMENTS, MAX_POOL_NAME, MAX_REPLICAS, MAX_SURGE, MAX_TEMPLATE_KEYS, MAX_WEIGHT,
+    MIN_MAX_AGE, PlacementFailure, PlacementStatus, PoolPlacement, ProxyPool, ProxyPoolSpec,
     ProxyPoolStatus, ProxyTemplate, TemplateMetadata, pool_condition,
 };
 

@@ -16,6 +16,38 @@ pub const ANNOTATION_SKIP_CLEANUP: &str = "egress.proxy-operator.dev/skip-cleanu
 /// label (and its owner reference); the discovery API's `pool` filter matches on it.
 pub const LABEL_POOL: &str = "egress.proxy-operator.dev/pool";
 
+// Bounds of the user-written fields. The schema carries each (the API server refuses a
+// longer value naming the field) and `api::bounds` fails when a field has none.
+
+/// A provider name: a DNS label, as the providers file requires.
+pub const MAX_PROVIDER_NAME: usize = 63;
+/// `placement.region`, `zone` and `machineType`: every cloud names these with short
+/// identifiers (`eu-central-1a`, `fsn1-dc14`, `n2-standard-2`); 253, the longest DNS name,
+/// still holds a Proxmox node's fully qualified host name.
+pub const MAX_PLACEMENT_VALUE: usize = 253;
+/// `placement.image`: an image may be named by a whole URL (a GCE image self-link is about
+/// 120 characters, an OCI reference with its digest about 200).
+pub const MAX_IMAGE: usize = 1024;
+/// `cloudInit.inline`: the render limit ([`crate::controller::template::MAX_RENDERED_BYTES`],
+/// 16 KiB, EC2's user-data limit). A longer template renders within the limit only when its
+/// placeholders shrink it by the difference (`{{egress.port}}`, 15 characters, renders to at
+/// most 5: it takes hundreds of them), which no real cloud-init does; a Secret's template is
+/// held to the render limit when it is rendered.
+pub const MAX_INLINE_CLOUD_INIT: usize = crate::controller::template::MAX_RENDERED_BYTES;
+/// A Secret's name (a DNS subdomain) and a key of its data: Kubernetes' own limits.
+pub const MAX_SECRET_NAME: usize = 253;
+/// See [`MAX_SECRET_NAME`].
+pub const MAX_SECRET_KEY: usize = 253;
+/// One `allowedClients` entry: the longest text an IPv6 address can be written in (45,
+/// `ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255`) and `/128`.
+pub const MAX_CLIENT: usize = 49;
+/// `allowedClients` entries. Rendered canonical, one space apart, an entry takes at most 44
+/// bytes (`ffff:...:ffff/128` and the space): 256 of them take 11 KiB, so a template that
+/// uses `{{egress.allowedClients}}` once still has 5 KiB of the 16 KiB render limit for the
+/// rest. More would be refused at render time anyway, and a list longer than that belongs in
+/// a firewall, not in a proxy's configuration.
+pub const MAX_ALLOWED_CLIENTS: usize = 256;
+
 /// What the user asks for: a forward proxy on an instance of one configured provider.
 // The repeated `printcolumn(...)` arguments are distinct columns, not duplicates.
 #[allow(clippy::duplicated_attributes)]
@@ -51,7 +83,7 @@ pub struct ProxySpec {
     /// moves between providers, so changing it would orphan the old instance.
     #[x_kube(validation = Rule::new("self == oldSelf").message("provider is immutable"))]
     #[schemars(
-        length(min = 1, max = 63),
+        length(min = 1, max = MAX_PROVIDER_NAME),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     )]
     pub provider: String,
@@ -94,13 +126,15 @@ pub struct ProxyAuth {
     pub type_: AuthType,
     /// With `type: Secret`: the Secret holding `username` and `password`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(length(min = 1, max = MAX_SECRET_NAME))]
     pub secret_name: Option<String>,
     /// Client networks allowed to use the proxy (CIDRs such as `203.0.113.0/24`, or single
     /// addresses), rendered into the cloud-init by `{{egress.allowedClients}}`: for clients
     /// that cannot send proxy credentials, such as headless browsers, with or without
-    /// credentials.
+    /// credentials. At most 256 entries of at most 49 characters: 256 fit the 16 KiB
+    /// render limit with room for the rest of the template.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ALLOWED_CLIENTS), inner(length(min = 1, max = MAX_CLIENT)))]
     pub allowed_clients: Vec<String>,
 }
 
@@ -126,13 +160,19 @@ pub enum AuthType {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Placement {
+    /// At most 253 characters, as `zone` and `machineType`.
     #[serde(default)]
+    #[schemars(length(max = MAX_PLACEMENT_VALUE))]
     pub region: String,
     #[serde(default)]
+    #[schemars(length(max = MAX_PLACEMENT_VALUE))]
     pub zone: String,
     #[serde(default)]
+    #[schemars(length(max = MAX_PLACEMENT_VALUE))]
     pub machine_type: String,
+    /// At most 1024 characters: an image may be named by a URL.
     #[serde(default)]
+    #[schemars(length(max = MAX_IMAGE))]
     pub image: String,
 }
 
@@ -146,7 +186,9 @@ pub struct Placement {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CloudInit {
+    /// The template itself, at most 16 KiB: what it renders to may not be longer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_INLINE_CLOUD_INIT))]
     pub inline: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_key_ref: Option<SecretKeyRef>,
@@ -155,9 +197,11 @@ pub struct CloudInit {
 /// A key of a Secret in the Proxy's own namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct SecretKeyRef {
-    #[schemars(length(min = 1))]
+    /// The Secret's name: at most 253 characters, as any object's.
+    #[schemars(length(min = 1, max = MAX_SECRET_NAME))]
     pub name: String,
-    #[schemars(length(min = 1))]
+    /// A key of its data: at most 253 characters, as Kubernetes allows.
+    #[schemars(length(min = 1, max = MAX_SECRET_KEY))]
     pub key: String,
 }
 

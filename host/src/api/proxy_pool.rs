@@ -4,7 +4,7 @@
 //! `controller: true`, the [`super::LABEL_POOL`] label). It never calls a provider: it creates
 //! and deletes Proxy objects, and the Proxy reconciler, with its request budget, does the rest.
 
-use super::proxy::{Placement, ProxySpec};
+use super::proxy::{MAX_IMAGE, MAX_PLACEMENT_VALUE, MAX_PROVIDER_NAME, Placement, ProxySpec};
 use super::schema;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -16,6 +16,41 @@ use std::time::Duration;
 /// The longest pool name: its Proxies are named `<pool>-<5 characters>`, and the name is a
 /// label value on each of them (at most 63 characters).
 pub const MAX_POOL_NAME: usize = 57;
+
+// Bounds of the user-written fields, in the schema (the API server refuses a value out of
+// them, naming the field) and checked again by the planner (`pool::plan`), which reports a
+// spec out of them as `InvalidSpec` when an older CRD let it through.
+
+/// `replicas`: a pool of 10,000 instances is beyond the default quota of every supported
+/// cloud, and the plan of a pass (in memory, in one reconcile) grows with it.
+pub const MAX_REPLICAS: i32 = 10_000;
+/// `minReady` and `maxSurge`: neither means anything past `replicas` (the floor is capped at
+/// it; a rotation never replaces more than `replicas` at once), so neither goes past its
+/// bound.
+pub const MAX_MIN_READY: i32 = MAX_REPLICAS;
+/// See [`MAX_MIN_READY`].
+pub const MAX_SURGE: i32 = MAX_REPLICAS;
+/// `maxAgeJitterPercent`: at 90 a Proxy still lives a tenth of `maxAge`.
+pub const MAX_JITTER_PERCENT: i32 = 90;
+/// A placement's `weight`: shares of a pool of at most 10,000 need no finer grain.
+pub const MAX_WEIGHT: i32 = 1000;
+/// `placements`: every zone of the largest supported cloud fits. The status keeps an entry
+/// per placement, each with a failure message of up to 4 KiB: 128 of them stay far under the
+/// API server's 1.5 MiB per object.
+pub const MAX_PLACEMENTS: usize = 128;
+/// `maxAge` and `placementBackoff`, durations such as `6h` or `1h 30m`.
+pub const MAX_DURATION_TEXT: usize = 64;
+/// The shortest `maxAge`: a Proxy needs longer than this to boot and pass its first probe, so
+/// a shorter limit would only replace instances that never got Ready, without end.
+pub const MIN_MAX_AGE: Duration = Duration::from_secs(10);
+/// Labels and annotations the template may put on each Proxy (each map).
+pub const MAX_TEMPLATE_KEYS: usize = 64;
+/// A label value: Kubernetes' own limit.
+pub const MAX_LABEL_VALUE: usize = 63;
+/// An annotation value: 64 annotations of a 317-character key and a 2 KiB value take 148 KiB,
+/// under Kubernetes' 256 KiB for all of an object's annotations, so a Proxy made from the
+/// template is never refused for them.
+pub const MAX_ANNOTATION_VALUE: usize = 2048;
 
 /// What the user asks for: `replicas` Ready proxies like `template`, over `placements`.
 // The repeated `printcolumn(...)` arguments are distinct columns, not duplicates.
@@ -50,49 +85,53 @@ pub const MAX_POOL_NAME: usize = 57;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ProxyPoolSpec {
-    /// How many Proxies the pool keeps (not counting the surge during rotation).
-    #[schemars(range(min = 0, max = 10000))]
+    /// How many Proxies the pool keeps (not counting the surge during rotation). At most
+    /// 10,000.
+    #[schemars(range(min = 0, max = MAX_REPLICAS))]
     pub replicas: i32,
     /// Rotation and scale-down never take the number of Ready Proxies below this (capped at
-    /// `replicas`). Absent: `replicas`, so with a surge a rotation never lowers capacity.
+    /// `replicas`). Absent: `replicas`, so with a surge a rotation never lowers capacity. At
+    /// most 10,000, as `replicas`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = MAX_MIN_READY))]
     pub min_ready: Option<i32>,
     /// How many Proxies over `replicas` may exist while old ones are replaced. Absent: a
-    /// quarter of `replicas`, rounded up, at least 1.
+    /// quarter of `replicas`, rounded up, at least 1. At most 10,000, as `replicas`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = MAX_SURGE))]
     pub max_surge: Option<i32>,
     /// Replace each Proxy when it gets older than this (a duration such as `6h`, `90m`),
     /// new one Ready first. Each Proxy's own limit is this minus up to `maxAgeJitterPercent`
     /// percent, fixed per Proxy, so a pool created at once does not rotate at once. Absent:
-    /// no rotation by age.
+    /// no rotation by age. At least 10 s (a shorter limit would replace Proxies before they
+    /// could be Ready), at most 64 characters.
     #[serde(
         default,
         with = "humantime_serde",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schemars(with = "Option<String>")]
+    #[schemars(with = "Option<String>", length(min = 1, max = MAX_DURATION_TEXT))]
     pub max_age: Option<Duration>,
-    /// See `maxAge`. Absent: 10.
+    /// See `maxAge`. Absent: 10. At most 90: a Proxy lives at least a tenth of `maxAge`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 90))]
+    #[schemars(range(min = 0, max = MAX_JITTER_PERCENT))]
     pub max_age_jitter_percent: Option<i32>,
     /// How long a placement is skipped after one of its Proxies failed with a quota or
-    /// permanent error (a duration, e.g. `10m`). Absent: 10 minutes.
+    /// permanent error (a duration, e.g. `10m`). Absent: 10 minutes. At most 64 characters.
     #[serde(
         default,
         with = "humantime_serde",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schemars(with = "Option<String>")]
+    #[schemars(with = "Option<String>", length(min = 1, max = MAX_DURATION_TEXT))]
     pub placement_backoff: Option<Duration>,
     /// The Proxies to make. Its `placement` (and `provider`) is the default that each entry
     /// of `placements` overrides field by field.
     pub template: ProxyTemplate,
     /// Where to spread the Proxies, by weight. Empty: everything on the template's own
-    /// placement.
+    /// placement. At most 128: every zone of the largest cloud, and a status that stays small.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_PLACEMENTS))]
     pub placements: Vec<PoolPlacement>,
 }
 
@@ -155,9 +194,14 @@ pub struct ProxyTemplate {
 /// Labels and annotations copied onto each Proxy the pool creates.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct TemplateMetadata {
+    /// At most 64, values of at most 63 characters (Kubernetes' limit for a label value).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "schema::template_labels")]
     pub labels: BTreeMap<String, String>,
+    /// At most 64, values of at most 2 KiB: all of them fit Kubernetes' 256 KiB for an
+    /// object's annotations, so a Proxy is never refused for them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "schema::template_annotations")]
     pub annotations: BTreeMap<String, String>,
 }
 
@@ -171,21 +215,30 @@ pub struct PoolPlacement {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
     pub name: Option<String>,
-    /// Another provider than the template's.
+    /// Another provider than the template's (a name of the providers file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = MAX_PROVIDER_NAME),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub provider: Option<String>,
+    /// The bounds of the template's placement: 253 characters, 1024 for `image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_PLACEMENT_VALUE))]
     pub region: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_PLACEMENT_VALUE))]
     pub zone: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_PLACEMENT_VALUE))]
     pub machine_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_IMAGE))]
     pub image: Option<String>,
     /// Share of the pool relative to the other placements. Absent: 1. Zero: no new Proxies
-    /// here (the ones already here stay until rotated).
+    /// here (the ones already here stay until rotated). At most 1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 1000))]
+    #[schemars(range(min = 0, max = MAX_WEIGHT))]
     pub weight: Option<i32>,
 }
 

@@ -15,10 +15,17 @@
 //!    Ready count stays at or above `minReady`.
 //! 5. Proxies are created until `replicas` are fresh, with at most `replicas + maxSurge`
 //!    alive at once, each on the usable placement furthest below its weighted share.
+//!
+//! A spec the plan cannot work from is refused whole, before any rule, with a
+//! [`SpecError`] naming the field, its value and the limit ([`read_spec`],
+//! [`Resolved::from_spec`]); the controller reports it as `InvalidSpec` (condition, Warning
+//! Event, log line). The CRD refuses the same values, but the plan does not rely on it: an
+//! older CRD, or none, lets them through.
 
 use crate::api::{
-    PlacementFailure, PlacementStatus, PoolPlacement, ProxyPoolSpec, ProxyPoolStatus, ProxySpec,
-    pool_condition,
+    MAX_JITTER_PERCENT, MAX_MIN_READY, MAX_PLACEMENTS, MAX_REPLICAS, MAX_SURGE, MAX_WEIGHT,
+    MIN_MAX_AGE, PlacementFailure, PlacementStatus, PoolPlacement, ProxyPoolSpec, ProxyPoolStatus,
+    ProxySpec, pool_condition,
 };
 use crate::controller::decide::reason as proxy_reason;
 use crate::controller::status::set_condition;
@@ -117,21 +124,149 @@ pub struct Resolved {
     pub placements: Vec<(String, u32, ProxySpec)>,
 }
 
-/// A spec the plan cannot work from.
+/// A spec the plan cannot work from. Each message names the field, the value and the limit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
     #[error("spec.placements[{index}]: the name {name:?} is used twice (name the entries)")]
     DuplicatePlacement { index: usize, name: String },
     #[error("spec.placements[{index}].name: {name:?} is not a valid annotation value")]
     BadPlacementName { index: usize, name: String },
+    #[error("spec.{field}: {value} is out of range: it must be from {min} to {max}")]
+    OutOfRange {
+        field: String,
+        value: i64,
+        min: i64,
+        max: i64,
+    },
+    #[error("spec.placements: {count} entries, more than the {max} a pool may have")]
+    TooManyPlacements { count: usize, max: usize },
+    #[error(
+        "spec.maxAge: {value} is shorter than {min}: no Proxy could be Ready before its replacement"
+    )]
+    MaxAgeTooShort { value: String, min: String },
+    /// The spec does not even read as a ProxyPool spec (a value of the wrong type, or out of
+    /// the type's range: `maxSurge: 4294967295` is not an `int32`).
+    #[error("{field}: {found}cannot be read: {why}{expected}")]
+    Unreadable {
+        field: String,
+        /// The value found, quoted and cut short, with a trailing blank; empty when it
+        /// could not be found.
+        found: String,
+        why: String,
+        /// What the field takes, with a leading blank, when known.
+        expected: String,
+    },
+}
+
+/// What each numeric or duration field takes, by its name (the last part of its path), for
+/// the messages of [`read_spec`].
+const FIELD_LIMITS: &[(&str, &str)] = &[
+    ("replicas", "an integer from 0 to 10000"),
+    ("minReady", "an integer from 0 to 10000"),
+    ("maxSurge", "an integer from 0 to 10000"),
+    ("maxAgeJitterPercent", "an integer from 0 to 90"),
+    ("weight", "an integer from 0 to 1000"),
+    ("port", "an integer from 1 to 65535"),
+    ("maxAge", "a duration such as 6h or 1h 30m, at least 10s"),
+    ("placementBackoff", "a duration such as 10m"),
+];
+
+/// `spec` (the pool's `spec` as the API server stored it) read into a [`ProxyPoolSpec`], or
+/// why it cannot be, naming the field's path and the value found: a pool whose spec does not
+/// deserialize is reported, never skipped.
+pub fn read_spec(spec: &serde_json::Value) -> Result<ProxyPoolSpec, SpecError> {
+    serde_path_to_error::deserialize(spec).map_err(|e| {
+        let path = e.path();
+        let field = match path.to_string().as_str() {
+            "." => "spec".to_string(),
+            p => format!("spec.{p}"),
+        };
+        let mut at = Some(spec);
+        for segment in path.iter() {
+            at = match segment {
+                serde_path_to_error::Segment::Seq { index } => at.and_then(|v| v.get(*index)),
+                serde_path_to_error::Segment::Map { key } => at.and_then(|v| v.get(key)),
+                _ => None,
+            };
+        }
+        let found = match at {
+            Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => {
+                format!("{v} ")
+            }
+            Some(serde_json::Value::String(s)) => {
+                let mut s = format!("{s:?}");
+                crate::controller::truncate(&mut s, 80);
+                format!("{s} ")
+            }
+            _ => String::new(),
+        };
+        let last = path
+            .iter()
+            .next_back()
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        let expected = FIELD_LIMITS
+            .iter()
+            .find(|(name, _)| *name == last)
+            .map(|(_, takes)| format!(" (it takes {takes})"))
+            .unwrap_or_default();
+        let mut why = e.into_inner().to_string();
+        crate::controller::truncate(&mut why, 512);
+        SpecError::Unreadable {
+            field,
+            found,
+            why,
+            expected,
+        }
+    })
+}
+
+/// `value` of the field `field` as a count, if it is from 0 to `max`.
+fn within(field: impl Into<String>, value: i32, max: i32) -> Result<usize, SpecError> {
+    match usize::try_from(value) {
+        Ok(n) if value <= max => Ok(n),
+        _ => Err(SpecError::OutOfRange {
+            field: field.into(),
+            value: value.into(),
+            min: 0,
+            max: max.into(),
+        }),
+    }
 }
 
 impl Resolved {
+    /// The spec with its defaults resolved, or the first field out of its bounds (the CRD's
+    /// bounds, checked again: an older CRD may have let the value through).
     pub fn from_spec(spec: &ProxyPoolSpec) -> Result<Resolved, SpecError> {
-        let replicas = usize::try_from(spec.replicas).unwrap_or(0);
-        let count =
-            |v: Option<i32>, default: usize| v.map_or(default, |v| usize::try_from(v).unwrap_or(0));
-        let default_surge = replicas.div_ceil(4).max(1);
+        let replicas = within("replicas", spec.replicas, MAX_REPLICAS)?;
+        let min_ready = match spec.min_ready {
+            Some(v) => within("minReady", v, MAX_MIN_READY)?,
+            None => replicas,
+        };
+        let max_surge = match spec.max_surge {
+            Some(v) => within("maxSurge", v, MAX_SURGE)?,
+            None => replicas.div_ceil(4).max(1),
+        };
+        if let Some(age) = spec.max_age
+            && age < MIN_MAX_AGE
+        {
+            return Err(SpecError::MaxAgeTooShort {
+                value: humantime::format_duration(age).to_string(),
+                min: humantime::format_duration(MIN_MAX_AGE).to_string(),
+            });
+        }
+        let jitter = within(
+            "maxAgeJitterPercent",
+            spec.max_age_jitter_percent
+                .unwrap_or(DEFAULT_JITTER_PERCENT),
+            MAX_JITTER_PERCENT,
+        )?;
+        if spec.placements.len() > MAX_PLACEMENTS {
+            return Err(SpecError::TooManyPlacements {
+                count: spec.placements.len(),
+                max: MAX_PLACEMENTS,
+            });
+        }
         let defaults = [PoolPlacement::default()];
         let list: &[PoolPlacement] = if spec.placements.is_empty() {
             &defaults
@@ -140,6 +275,11 @@ impl Resolved {
         };
         let mut placements: Vec<(String, u32, ProxySpec)> = Vec::with_capacity(list.len());
         for (index, p) in list.iter().enumerate() {
+            let weight = within(
+                format!("placements[{index}].weight"),
+                p.weight.unwrap_or(1),
+                MAX_WEIGHT,
+            )?;
             let name = p.display_name();
             if name.len() > 253 || name.chars().any(char::is_control) {
                 return Err(SpecError::BadPlacementName { index, name });
@@ -147,20 +287,17 @@ impl Resolved {
             if placements.iter().any(|(n, ..)| *n == name) {
                 return Err(SpecError::DuplicatePlacement { index, name });
             }
-            let weight = u32::try_from(p.weight.unwrap_or(1)).unwrap_or(0);
+            // At most MAX_WEIGHT, checked above.
+            let weight = u32::try_from(weight).unwrap_or(0);
             placements.push((name, weight, p.apply(&spec.template.spec)));
         }
         Ok(Resolved {
             replicas,
-            min_ready: count(spec.min_ready, replicas).min(replicas),
-            max_surge: count(spec.max_surge, default_surge),
+            min_ready: min_ready.min(replicas),
+            max_surge,
             max_age: spec.max_age,
-            jitter_percent: u32::try_from(
-                spec.max_age_jitter_percent
-                    .unwrap_or(DEFAULT_JITTER_PERCENT)
-                    .clamp(0, 90),
-            )
-            .unwrap_or(0),
+            // At most MAX_JITTER_PERCENT, checked above.
+            jitter_percent: u32::try_from(jitter).unwrap_or(0),
             backoff: spec.placement_backoff.unwrap_or(DEFAULT_PLACEMENT_BACKOFF),
             placements,
         })
@@ -175,7 +312,7 @@ impl Resolved {
         first.copy_from_slice(&digest[..8]);
         let unit = u64::from_be_bytes(first) as f64 / (u64::MAX as f64 + 1.0);
         let cut = max.as_secs_f64() * f64::from(self.jitter_percent) / 100.0 * unit;
-        Some(max.saturating_sub(Duration::from_secs_f64(cut)))
+        Some(max.saturating_sub(Duration::try_from_secs_f64(cut).unwrap_or(Duration::ZERO)))
     }
 }
 
@@ -279,7 +416,10 @@ pub fn plan(
     // Fill: fresh up to `replicas`, alive up to `replicas + maxSurge`.
     let alive_now = fresh.len() + kept_stale.len();
     let need = spec.replicas.saturating_sub(fresh.len());
-    let room = (spec.replicas + spec.max_surge).saturating_sub(alive_now);
+    let room = spec
+        .replicas
+        .saturating_add(spec.max_surge)
+        .saturating_sub(alive_now);
     let mut per_placement: Vec<usize> = spec
         .placements
         .iter()
@@ -470,18 +610,25 @@ fn progress(
 }
 
 /// Which fresh Proxy goes on a scale down: a not Ready one if any; else one from the
-/// placement most over its weighted share; the youngest there.
+/// placement most over its weighted share; the youngest there. Linear in `fresh` (the counts
+/// per placement are taken once), so a scale-down of thousands stays quadratic, not cubic.
 fn scale_down_victim(spec: &Resolved, fresh: &[&Child]) -> usize {
+    let index: BTreeMap<&str, usize> = spec
+        .placements
+        .iter()
+        .enumerate()
+        .map(|(i, (name, ..))| (name.as_str(), i))
+        .collect();
+    let mut counts: BTreeMap<Option<&str>, u64> = BTreeMap::new();
+    for c in fresh {
+        *counts.entry(c.placement.as_deref()).or_default() += 1;
+    }
+    // (count, weight) of its placement, compared as count/weight.
     let over = |c: &Child| -> (u64, u64) {
-        // (count, weight) of its placement, compared as count/weight.
-        let Some(i) = c
-            .placement
-            .as_deref()
-            .and_then(|n| spec.placements.iter().position(|(p, ..)| p == n))
-        else {
+        let Some(&i) = c.placement.as_deref().and_then(|n| index.get(n)) else {
             return (u64::MAX, 1);
         };
-        let n = fresh.iter().filter(|o| o.placement == c.placement).count() as u64;
+        let n = counts.get(&c.placement.as_deref()).copied().unwrap_or(0);
         (n, u64::from(spec.placements[i].1.max(1)))
     };
     let mut best = 0;
@@ -935,6 +1082,170 @@ mod tests {
         let limit = r.age_limit(&c.uid).unwrap();
         let p = plan("web", &r, &ProxyPoolStatus::default(), 1, &[c], now());
         assert_eq!(p.requeue, Some(limit - Duration::from_secs(100)));
+    }
+
+    /// Every value out of the CRD's bounds (which an older CRD let through) is refused with
+    /// a message naming the field, the value and the limit; at the bounds the plan neither
+    /// panics nor overflows.
+    #[test]
+    fn out_of_range_values_are_refused_naming_field_value_and_limit() {
+        type Case = (&'static str, fn(&mut ProxyPoolSpec), &'static str);
+        let cases: &[Case] = &[
+            (
+                "replicas over",
+                |s| s.replicas = 10_001,
+                "spec.replicas: 10001 is out of range: it must be from 0 to 10000",
+            ),
+            (
+                "replicas i32::MAX",
+                |s| s.replicas = i32::MAX,
+                "spec.replicas: 2147483647 is out of range: it must be from 0 to 10000",
+            ),
+            (
+                "replicas negative",
+                |s| s.replicas = -1,
+                "spec.replicas: -1 is out of range: it must be from 0 to 10000",
+            ),
+            (
+                "minReady i32::MAX",
+                |s| s.min_ready = Some(i32::MAX),
+                "spec.minReady: 2147483647 is out of range: it must be from 0 to 10000",
+            ),
+            (
+                "minReady negative",
+                |s| s.min_ready = Some(i32::MIN),
+                "spec.minReady: -2147483648 is out of range: it must be from 0 to 10000",
+            ),
+            (
+                "maxSurge over",
+                |s| s.max_surge = Some(10_001),
+                "spec.maxSurge: 10001 is out of range: it must be from 0 to 10000",
+            ),
+            (
+                "maxSurge i32::MAX",
+                |s| s.max_surge = Some(i32::MAX),
+                "spec.maxSurge: 2147483647 is out of range: it must be from 0 to 10000",
+            ),
+            (
+                "maxSurge negative",
+                |s| s.max_surge = Some(-1),
+                "spec.maxSurge: -1 is out of range: it must be from 0 to 10000",
+            ),
+            (
+                "jitter over",
+                |s| s.max_age_jitter_percent = Some(91),
+                "spec.maxAgeJitterPercent: 91 is out of range: it must be from 0 to 90",
+            ),
+            (
+                "jitter negative",
+                |s| s.max_age_jitter_percent = Some(-1),
+                "spec.maxAgeJitterPercent: -1 is out of range: it must be from 0 to 90",
+            ),
+            (
+                "weight over",
+                |s| s.placements[0].weight = Some(1001),
+                "spec.placements[0].weight: 1001 is out of range: it must be from 0 to 1000",
+            ),
+            (
+                "weight negative",
+                |s| s.placements[0].weight = Some(i32::MIN),
+                "spec.placements[0].weight: -2147483648 is out of range: it must be from 0 to 1000",
+            ),
+            (
+                "maxAge zero",
+                |s| s.max_age = Some(Duration::ZERO),
+                "spec.maxAge: 0s is shorter than 10s: no Proxy could be Ready before its replacement",
+            ),
+            (
+                "maxAge 9s",
+                |s| s.max_age = Some(Duration::from_secs(9)),
+                "spec.maxAge: 9s is shorter than 10s: no Proxy could be Ready before its replacement",
+            ),
+            (
+                "too many placements",
+                |s| {
+                    s.placements = (0..129)
+                        .map(|i| PoolPlacement {
+                            name: Some(format!("p{i}")),
+                            ..Default::default()
+                        })
+                        .collect()
+                },
+                "spec.placements: 129 entries, more than the 128 a pool may have",
+            ),
+        ];
+        for (case, set, want) in cases {
+            let mut spec = pool(2, &[("a", 1)]);
+            set(&mut spec);
+            let got = Resolved::from_spec(&spec).map(|_| ()).unwrap_err();
+            assert_eq!(got.to_string(), *want, "{case}");
+        }
+
+        // At every bound at once: accepted, planned without a panic or an overflow.
+        let zones: Vec<(String, i32)> = (0..128).map(|i| (format!("z{i}"), 1000)).collect();
+        let refs: Vec<(&str, i32)> = zones.iter().map(|(z, w)| (z.as_str(), *w)).collect();
+        let mut spec = pool(10_000, &refs);
+        spec.min_ready = Some(10_000);
+        spec.max_surge = Some(10_000);
+        spec.max_age = Some(Duration::MAX);
+        spec.max_age_jitter_percent = Some(90);
+        spec.placement_backoff = Some(Duration::MAX);
+        let r = resolved(&spec);
+        assert!(r.age_limit("u").is_some());
+        let p = run(&spec, &[child("x", "z0", true, 10)]);
+        assert_eq!(p.create.len(), 9_999);
+        assert_eq!(p.status.updated_replicas, 10_000);
+    }
+
+    /// A spec the API server stored but that does not read as a pool spec (a value out of
+    /// its type's range, a duration that is not one) is an error naming the path, the value
+    /// and what the field takes, not a pool that is skipped.
+    #[test]
+    fn a_spec_that_does_not_read_names_the_field_its_value_and_what_it_takes() {
+        let base = serde_json::to_value(pool(2, &[("a", 1)])).unwrap();
+        assert_eq!(read_spec(&base).unwrap(), pool(2, &[("a", 1)]));
+        let cases: &[(&str, serde_json::Value, &str)] = &[
+            (
+                "/maxSurge",
+                serde_json::json!(4_294_967_295u64),
+                "spec.maxSurge: 4294967295 cannot be read: invalid value: integer `4294967295`, expected i32 (it takes an integer from 0 to 10000)",
+            ),
+            (
+                "/minReady",
+                serde_json::json!(4_294_967_295u64),
+                "spec.minReady: 4294967295 cannot be read: invalid value: integer `4294967295`, expected i32 (it takes an integer from 0 to 10000)",
+            ),
+            (
+                "/replicas",
+                serde_json::json!(-9_223_372_036_854_775_808i64),
+                "spec.replicas: -9223372036854775808 cannot be read: invalid value: integer `-9223372036854775808`, expected i32 (it takes an integer from 0 to 10000)",
+            ),
+            (
+                "/placements/0/weight",
+                serde_json::json!(18_446_744_073_709_551_615u64),
+                "spec.placements[0].weight: 18446744073709551615 cannot be read: invalid value: integer `18446744073709551615`, expected i32 (it takes an integer from 0 to 1000)",
+            ),
+            (
+                "/template/spec/port",
+                serde_json::json!(4_294_967_295u64),
+                "spec.template.spec.port: 4294967295 cannot be read: invalid value: integer `4294967295`, expected i32 (it takes an integer from 1 to 65535)",
+            ),
+            (
+                "/maxAge",
+                serde_json::json!("forever"),
+                "spec.maxAge: \"forever\" cannot be read: invalid value: string \"forever\", expected a duration (it takes a duration such as 6h or 1h 30m, at least 10s)",
+            ),
+        ];
+        for (pointer, value, want) in cases {
+            let mut spec = base.clone();
+            let (parent, key) = pointer.rsplit_once('/').unwrap();
+            spec.pointer_mut(parent)
+                .and_then(|p| p.as_object_mut())
+                .unwrap_or_else(|| panic!("{pointer}"))
+                .insert(key.into(), value.clone());
+            let got = read_spec(&spec).map(|_| ()).unwrap_err();
+            assert_eq!(got.to_string(), *want, "{pointer}");
+        }
     }
 
     #[test]

@@ -1,5 +1,13 @@
 //! The kube side of the pool controller: triggers, reading the cache, creating and deleting
 //! Proxies, the status write and events.
+//!
+//! Pools are watched untyped ([`DynamicObject`]) and read into [`ProxyPool`] one by one in the
+//! reconcile. A typed watch fails a whole list on one object that does not deserialize (a
+//! `maxSurge: 4294967295` that an older CRD let through is not an `int32`): that pool was
+//! never reconciled, nor, after a restart, any other pool of the cluster, and nothing said
+//! so. Now such a pool gets `Progressing=False` with reason `InvalidSpec` naming the field,
+//! its value and its limit, a Warning Event and a log line, like every spec the plan refuses
+//! ([`plan::SpecError`]) and every Proxy the API server refuses to create from the template.
 
 use super::ANNOTATION_PLACEMENT;
 use super::plan::{self, Child, Creation, Deletion, PLACEMENT_FAILURES, Resolved};
@@ -14,6 +22,7 @@ use crate::controller::status::set_condition;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -54,7 +63,9 @@ struct Ctx {
     proxies: ProxyCache,
     /// The controller's own cache of pools: a pass waits until it shows the status the pass
     /// wrote, since the next pass reads the placements' back-off from there.
-    pools: kube::runtime::reflector::Store<ProxyPool>,
+    pools: kube::runtime::reflector::Store<DynamicObject>,
+    /// ProxyPool's group, version and plural, for the untyped watch.
+    resource: ApiResource,
     events: Events,
     settings: PoolSettings,
 }
@@ -88,14 +99,24 @@ pub async fn run(
     settings: PoolSettings,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let pools: Api<ProxyPool> = Api::all(client.clone());
-    let children = feed.subscribe().filter_map(|p| async move {
-        let owner = p
-            .owner_references()
-            .iter()
-            .find(|o| o.controller == Some(true) && o.kind == "ProxyPool")?;
-        Some(ObjectRef::<ProxyPool>::new(&owner.name).within(&p.namespace()?))
-    });
+    let resource = ApiResource::erase::<ProxyPool>(&());
+    let pools: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let children = {
+        let resource = resource.clone();
+        feed.subscribe().filter_map(move |p| {
+            let resource = resource.clone();
+            async move {
+                let owner = p
+                    .owner_references()
+                    .iter()
+                    .find(|o| o.controller == Some(true) && o.kind == "ProxyPool")?;
+                Some(
+                    ObjectRef::<DynamicObject>::new_with(&owner.name, resource)
+                        .within(&p.namespace()?),
+                )
+            }
+        })
+    };
     let events = Events::new(
         client.clone(),
         Reporter {
@@ -104,11 +125,12 @@ pub async fn run(
         },
     );
     let concurrency = settings.concurrency;
-    let controller = Controller::new(pools, watcher::Config::default());
+    let controller = Controller::new_with(pools, watcher::Config::default(), resource.clone());
     let ctx = Arc::new(Ctx {
         client,
         proxies,
         pools: controller.store(),
+        resource,
         events,
         settings,
     });
@@ -121,7 +143,7 @@ pub async fn run(
         .await;
 }
 
-fn error_policy(pool: Arc<ProxyPool>, err: &PoolError, _: Arc<Ctx>) -> Action {
+fn error_policy(pool: Arc<DynamicObject>, err: &PoolError, _: Arc<Ctx>) -> Action {
     warn!(
         pool.namespace = pool.namespace().unwrap_or_default(),
         pool.name = pool.name_any(),
@@ -168,40 +190,62 @@ fn child(p: &Proxy) -> Child {
     }
 }
 
-async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Ctx>) -> Result<Action, PoolError> {
+async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, PoolError> {
     let span = tracing::info_span!(
         "pool",
-        pool.namespace = %pool.namespace().unwrap_or_default(),
-        pool.name = %pool.name_any()
+        pool.namespace = %obj.namespace().unwrap_or_default(),
+        pool.name = %obj.name_any()
     );
-    reconcile_pool(pool, ctx).instrument(span).await
+    reconcile_pool(obj, ctx).instrument(span).await
 }
 
-async fn reconcile_pool(pool: Arc<ProxyPool>, ctx: Arc<Ctx>) -> Result<Action, PoolError> {
-    if pool.metadata.deletion_timestamp.is_some() {
+/// The status the operator last wrote; a status that does not read (only the operator
+/// writes it) counts as none, and is replaced whole by the next write.
+fn status_of(obj: &DynamicObject) -> ProxyPoolStatus {
+    obj.data
+        .get("status")
+        .and_then(|s| serde_json::from_value(s.clone()).ok())
+        .unwrap_or_default()
+}
+
+async fn reconcile_pool(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, PoolError> {
+    if obj.metadata.deletion_timestamp.is_some() {
         // Its Proxies go through Kubernetes garbage collection (owner references).
         return Ok(Action::await_change());
     }
     if !ctx.proxies.synced.is_synced() {
         ctx.proxies.synced.wait().await;
     }
-    let name = pool.name_any();
-    let ns = pool.namespace().unwrap_or_default();
-    let generation = pool.metadata.generation.unwrap_or(0);
-    let current = pool.status.clone().unwrap_or_default();
+    let name = obj.name_any();
+    let ns = obj.namespace().unwrap_or_default();
+    let generation = obj.metadata.generation.unwrap_or(0);
+    let current = status_of(&obj);
     let now = k8s_openapi::jiff::Timestamp::now();
 
+    let null = serde_json::Value::Null;
+    let spec = match plan::read_spec(obj.data.get("spec").unwrap_or(&null)) {
+        Ok(spec) => spec,
+        Err(e) => {
+            report_invalid(&ctx, &obj, &current, generation, &e.to_string()).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let pool = Arc::new(ProxyPool {
+        metadata: obj.metadata.clone(),
+        spec,
+        status: Some(current.clone()),
+    });
     let resolved = match Resolved::from_spec(&pool.spec) {
         Ok(r) if name.len() <= MAX_POOL_NAME => r,
         Ok(_) => {
             let message = format!(
                 "metadata.name: {name:?} is longer than {MAX_POOL_NAME} characters (its Proxies are named <pool>-<5 characters>)"
             );
-            write_invalid(&ctx, &pool, &current, generation, &message).await?;
+            report_invalid(&ctx, &obj, &current, generation, &message).await?;
             return Ok(Action::await_change());
         }
         Err(e) => {
-            write_invalid(&ctx, &pool, &current, generation, &e.to_string()).await?;
+            report_invalid(&ctx, &obj, &current, generation, &e.to_string()).await?;
             return Ok(Action::await_change());
         }
     };
@@ -218,8 +262,30 @@ async fn reconcile_pool(pool: Arc<ProxyPool>, ctx: Arc<Ctx>) -> Result<Action, P
             waits.push(w);
         }
     }
+    let mut refused = None;
     for r in created {
-        waits.push(r?);
+        match r {
+            Ok(w) => waits.push(w),
+            // The API server refuses a Proxy made from the template (a label key it does not
+            // take, a value the Proxy CRD bounds): every create would be refused alike, so the
+            // spec is what is wrong, and the pool says so instead of retrying in the log.
+            Err(PoolError::Create {
+                name,
+                source: kube::Error::Api(e),
+            }) if e.code == 422 => {
+                refused.get_or_insert((name, e.message));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some((proxy, why)) = refused {
+        let mut message =
+            format!("spec.template: the API server refused the Proxy {proxy} made from it: {why}");
+        crate::controller::truncate(&mut message, crate::controller::CONDITION_MESSAGE_MAX);
+        report_invalid(&ctx, &obj, &current, generation, &message).await?;
+        // What did go through must be in the cache before the next pass counts.
+        caught_up(&ctx, &obj, &waits).await;
+        return Ok(Action::await_change());
     }
     announce(&ctx, &pool, &plan).await;
     if !plan.create.is_empty() || !plan.delete.is_empty() {
@@ -232,12 +298,12 @@ async fn reconcile_pool(pool: Arc<ProxyPool>, ctx: Arc<Ctx>) -> Result<Action, P
     }
 
     if plan.status != current {
-        write_status(&ctx, &pool, &plan.status).await?;
-        waits.push(Wait::PoolWritten(pool.resource_version()));
+        write_status(&ctx, &obj, &plan.status).await?;
+        waits.push(Wait::PoolWritten(obj.resource_version()));
     }
 
     // The next decision must see what this one did.
-    if !caught_up(&ctx, &pool, &waits).await {
+    if !caught_up(&ctx, &obj, &waits).await {
         warn!("the Proxy cache did not show this pass's changes in time; looking again");
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
@@ -257,7 +323,7 @@ enum Wait {
     PoolWritten(Option<String>),
 }
 
-async fn caught_up(ctx: &Ctx, pool: &ProxyPool, waits: &[Wait]) -> bool {
+async fn caught_up(ctx: &Ctx, pool: &DynamicObject, waits: &[Wait]) -> bool {
     let deadline = Instant::now() + ctx.settings.cache_wait;
     let ns = pool.namespace().unwrap_or_default();
     let ns = ns.as_str();
@@ -265,7 +331,7 @@ async fn caught_up(ctx: &Ctx, pool: &ProxyPool, waits: &[Wait]) -> bool {
         let done = waits.iter().all(|w| match w {
             Wait::PoolWritten(before) => ctx
                 .pools
-                .get(&ObjectRef::from_obj(pool))
+                .get(&ObjectRef::from_obj_with(pool, ctx.resource.clone()))
                 .is_none_or(|p| p.resource_version() != *before),
             Wait::Created(name, uid) => ctx
                 .proxies
@@ -429,11 +495,16 @@ fn event(type_: EventType, reason: &str, mut note: String) -> Event {
     }
 }
 
-/// A spec the controller cannot act on: Progressing=False, InvalidSpec, and nothing else
-/// changes (the Proxies there are stay).
-async fn write_invalid(
+/// The reason of a spec the controller cannot act on.
+pub const INVALID_SPEC: &str = "InvalidSpec";
+
+/// A spec the controller cannot act on: Progressing=False, InvalidSpec, with `message`
+/// (the field, its value, the limit), a Warning Event and a log line; nothing else changes
+/// (the Proxies there are stay). The Event and the log line come once per new message, when
+/// the condition changes, not on every pass.
+async fn report_invalid(
     ctx: &Ctx,
-    pool: &ProxyPool,
+    pool: &DynamicObject,
     current: &ProxyPoolStatus,
     generation: i64,
     message: &str,
@@ -444,7 +515,7 @@ async fn write_invalid(
         &mut status.conditions,
         pool_condition::PROGRESSING,
         "False",
-        "InvalidSpec",
+        INVALID_SPEC,
         message,
         generation,
         &Time(k8s_openapi::jiff::Timestamp::now()),
@@ -452,13 +523,26 @@ async fn write_invalid(
     if status == *current {
         return Ok(());
     }
+    warn!(
+        generation,
+        reason = INVALID_SPEC,
+        "pool spec refused: {message}"
+    );
+    let note = event(EventType::Warning, INVALID_SPEC, message.to_string());
+    if let Err(err) = ctx
+        .events
+        .publish(&note, &pool.object_ref(&ctx.resource))
+        .await
+    {
+        warn!(error = %err, "publishing a pool Event failed");
+    }
     write_status(ctx, pool, &status).await
 }
 
 /// The whole status, with server-side apply under the operator's field manager.
 async fn write_status(
     ctx: &Ctx,
-    pool: &ProxyPool,
+    pool: &DynamicObject,
     status: &ProxyPoolStatus,
 ) -> Result<(), PoolError> {
     let patch = serde_json::json!({

@@ -414,3 +414,203 @@ async fn a_placement_with_quota_errors_is_skipped_and_the_pool_fills_elsewhere()
     });
     assert!(warned, "a PlacementFailing Event on the pool");
 }
+
+/// The ProxyPool CRD with every `maximum` and `maxLength` taken out: about the schema a
+/// cluster had before issue 27, whose `format: int32` alone let `maxSurge: 4294967295`
+/// through.
+fn without_maximums(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                m.remove("maximum");
+                m.remove("maxLength");
+                m.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut crd = serde_json::to_value(crd).unwrap();
+    strip(&mut crd);
+    serde_json::from_value(crd).unwrap()
+}
+
+/// A pool as the API server stores it: `replicas` of the fake provider, `extra` merged into
+/// its spec.
+fn raw_pool(name: &str, replicas: u64, extra: serde_json::Value) -> serde_json::Value {
+    let mut spec = json!({
+        "replicas": replicas,
+        "template": {"spec": {
+            "provider": "fake",
+            "placement": {"region": "r"},
+            "cloudInit": {"inline": "#cloud-config\n"},
+            "port": 3128,
+        }},
+    });
+    spec.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    json!({
+        "apiVersion": "egress.proxy-operator.dev/v1alpha1",
+        "kind": "ProxyPool",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    })
+}
+
+/// The pool's Progressing condition, read untyped (a pool whose spec does not deserialize
+/// cannot be read as a `ProxyPool`).
+fn progressing(api: &FakeApi, pool: &str) -> Option<(String, String, String)> {
+    let p = api.object("proxypools.egress.proxy-operator.dev", Some(NS), pool)?;
+    let c = p
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == pool_condition::PROGRESSING)?;
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some((s("status"), s("reason"), s("message")))
+}
+
+/// Issue 27: `maxSurge: 4294967295` is refused by the CRD, naming the field; and a pool the
+/// planner cannot work from, let through by an older CRD, is reported: Progressing=False
+/// with reason InvalidSpec naming the field, its value and its limit, a Warning Event and a
+/// log line. It used to be silently ignored (its spec is not an `int32`, so the typed watch
+/// failed on it), and, present when the operator started, it stopped every other pool of the
+/// cluster: here a good pool next to it is still served.
+// Single-threaded, so the pool controller logs to this thread's capture.
+#[tokio::test(flavor = "current_thread")]
+async fn a_pool_spec_out_of_bounds_is_refused_by_the_crd_and_reported_by_the_operator() {
+    use kube::api::{ApiResource, DynamicObject};
+    let (_guard, logs) = proxy_operator::testing::capture();
+    let resource = ApiResource::erase::<ProxyPool>(&());
+    let surge = json!({"maxSurge": 4_294_967_295u64});
+
+    // The CRD of today refuses it, naming the field.
+    let api = FakeApi::new();
+    let crds: Api<CustomResourceDefinition> = Api::all(api.client());
+    for (_, crd) in api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let raw: Api<DynamicObject> = Api::namespaced_with(api.client(), NS, &resource);
+    let bad: DynamicObject = serde_json::from_value(raw_pool("bad", 1, surge.clone())).unwrap();
+    match raw.create(&PostParams::default(), &bad).await {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!(e.code, 422, "{e:?}");
+            assert!(e.message.contains("spec.maxSurge"), "{}", e.message);
+        }
+        other => panic!("the CRD let maxSurge 4294967295 through: {other:?}"),
+    }
+
+    // An older CRD lets it through: the operator reports it, and serves the other pools.
+    let api = FakeApi::new();
+    let client = api.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (file, crd) in api::crds() {
+        let crd = if file.contains("proxypools") {
+            without_maximums(crd)
+        } else {
+            crd
+        };
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    // Stored before the operator starts: it is in the first list.
+    api.create(raw_pool("bad", 1, surge)).unwrap();
+    let (cache, feed, reflect) = proxy_operator::cache::watch_proxies(client.clone());
+    tokio::spawn(reflect);
+    tokio::spawn(proxy_operator::pool::run(
+        client.clone(),
+        cache,
+        feed,
+        Default::default(),
+        std::future::pending::<()>(),
+    ));
+    // One that reads as an int32 but is over the limit, through the watch.
+    let raw: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &resource);
+    let over: DynamicObject =
+        serde_json::from_value(raw_pool("over", 1, json!({"minReady": 20_000}))).unwrap();
+    raw.create(&PostParams::default(), &over).await.unwrap();
+    let good: DynamicObject = serde_json::from_value(raw_pool("good", 2, json!({}))).unwrap();
+    raw.create(&PostParams::default(), &good).await.unwrap();
+    // A template whose Proxies the API server refuses (the Proxy CRD bounds the region).
+    let mut long = raw_pool("long", 1, json!({}));
+    long["spec"]["template"]["spec"]["placement"]["region"] = json!("r".repeat(300));
+    let long: DynamicObject = serde_json::from_value(long).unwrap();
+    raw.create(&PostParams::default(), &long).await.unwrap();
+
+    let want = [
+        (
+            "bad",
+            "spec.maxSurge: 4294967295 cannot be read: invalid value: integer `4294967295`, expected i32 (it takes an integer from 0 to 10000)",
+        ),
+        (
+            "over",
+            "spec.minReady: 20000 is out of range: it must be from 0 to 10000",
+        ),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let reported = want.iter().all(|(pool, message)| {
+            progressing(&api, pool)
+                == Some(("False".into(), "InvalidSpec".into(), (*message).into()))
+        });
+        let served = env_members(&api, "good") == 2;
+        let refused = progressing(&api, "long").is_some_and(|(status, reason, message)| {
+            status == "False"
+                && reason == "InvalidSpec"
+                && message.starts_with("spec.template: the API server refused the Proxy long-")
+                && message.contains("spec.placement.region")
+        });
+        if reported && served && refused {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "bad: {:?}; over: {:?}; long: {:?}; good has {} Proxies",
+            progressing(&api, "bad"),
+            progressing(&api, "over"),
+            progressing(&api, "long"),
+            env_members(&api, "good")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let good = api
+        .object("proxypools.egress.proxy-operator.dev", Some(NS), "good")
+        .unwrap();
+    assert_eq!(good.pointer("/status/replicas"), Some(&json!(2)), "{good}");
+
+    // A Warning Event on each refused pool, with the same words.
+    let events = api.objects_of::<Event>();
+    for (pool, message) in want {
+        let warned = events.iter().any(|e| {
+            e.type_.as_deref() == Some("Warning")
+                && e.reason.as_deref() == Some("InvalidSpec")
+                && e.note.as_deref() == Some(message)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool)
+        });
+        assert!(warned, "no InvalidSpec Warning Event on {pool}: {events:?}");
+        // And a log line.
+        assert!(
+            logs.all_text().contains(message),
+            "no log line for {pool}: {}",
+            logs.all_text()
+        );
+    }
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("InvalidSpec")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("long")),
+        "no InvalidSpec Warning Event on long"
+    );
+    // No Proxy for the refused pools.
+    let none = ["bad", "over", "long"].map(|p| env_members(&api, p));
+    assert_eq!(none, [0, 0, 0]);
+}
+
+/// The Proxies labelled with `pool`.
+fn env_members(api: &FakeApi, pool: &str) -> usize {
+    api.objects_of::<Proxy>()
+        .iter()
+        .filter(|p| p.labels().get(LABEL_POOL).map(String::as_str) == Some(pool))
+        .count()
+}
