@@ -212,7 +212,8 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
     .await;
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
     let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "user-data"},
+        "metadata": {"name": "user-data",
+                     "labels": {"egress.proxy-operator.dev/cloud-init": "true"}},
         "stringData": {"cloud-init": "#cloud-config\n"},
     }))
     .unwrap();

@@ -34,20 +34,40 @@ async fn a_template_bomb_is_refused_and_the_operator_stays_up() {
     };
     let (mut op, client) = (setup.op, setup.client);
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
-    let clients: Vec<String> = (0..10_000)
-        .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
-        .collect();
-    let bomb: Proxy = serde_json::from_value(serde_json::json!({
-        "apiVersion": "egress.proxy-operator.dev/v1alpha1",
-        "kind": "Proxy",
-        "metadata": {"name": "bomb", "namespace": "default"},
-        "spec": {"provider": "ex", "placement": {"region": "r1"},
-                 "cloudInit": {"inline": "x {{egress.allowedClients}}\n".repeat(1_000)},
-                 "port": 3128,
-                 "auth": {"type": "None", "allowedClients": clients}},
-    }))
-    .unwrap();
-    proxies.create(&PostParams::default(), &bomb).await.unwrap();
+    // Past the CRD's bounds (10,000 allowedClients, a 28 KiB template) the API server
+    // refuses it, naming both fields.
+    let clients = |n: usize| -> Vec<String> {
+        (0..n)
+            .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+            .collect()
+    };
+    let bomb = |clients: Vec<String>, placeholders: usize| -> Proxy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "egress.proxy-operator.dev/v1alpha1",
+            "kind": "Proxy",
+            "metadata": {"name": "bomb", "namespace": "default"},
+            "spec": {"provider": "ex", "placement": {"region": "r1"},
+                     "cloudInit": {"inline": "x {{egress.allowedClients}}\n".repeat(placeholders)},
+                     "port": 3128,
+                     "auth": {"type": "None", "allowedClients": clients}},
+        }))
+        .unwrap()
+    };
+    let refused = proxies
+        .create(&PostParams::default(), &bomb(clients(10_000), 1_000))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("spec.auth.allowedClients") && refused.contains("spec.cloudInit.inline"),
+        "{refused}"
+    );
+    // Within them (256 clients, 585 placeholders in 16 KiB) it would render to 2.2 MiB:
+    // the operator refuses it before building any of it.
+    proxies
+        .create(&PostParams::default(), &bomb(clients(256), 585))
+        .await
+        .unwrap();
     let fine: Proxy = serde_json::from_value(serde_json::json!({
         "apiVersion": "egress.proxy-operator.dev/v1alpha1",
         "kind": "Proxy",
