@@ -922,7 +922,9 @@ mod tests {
         let opts = RuntimeOptions::for_providers(&start, None, "/tmp".into());
         let (n, mem) = (opts.engine.max_instances, opts.engine.max_memory_bytes);
         assert_eq!(n, 2 + 2 + 4 + POOL_HEADROOM_INSTANCES);
-        let cases: [(&str, Vec<(&str, u32, u32)>, Option<&str>); 4] = [
+        // (what, providers (name, concurrency, memoryMib), what the refusal says)
+        type Case<'a> = (&'a str, Vec<(&'a str, u32, u32)>, Option<&'a str>);
+        let cases: [Case; 4] = [
             ("the same file", vec![("a", 2, 64), ("b", 2, 64)], None),
             (
                 "a provider added within the headroom",
