@@ -608,10 +608,13 @@ fn classify(
     }
 }
 
-/// The engine options on the child's command line.
+/// The engine options on the child's command line. One instance slot: how many the
+/// parent's pool has does not change the code compiled (its memory settings do), and a
+/// child under `RLIMIT_DATA` cannot reserve the whole pool (with the reload headroom,
+/// `POOL_HEADROOM_INSTANCES`, it failed to).
 fn args(opts: &EngineOptions, pooling: bool) -> Vec<String> {
     vec![
-        format!("--max-instances={}", opts.max_instances),
+        "--max-instances=1".to_string(),
         format!("--max-memory-bytes={}", opts.max_memory_bytes),
         format!("--pooling={pooling}"),
     ]
