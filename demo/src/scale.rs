@@ -732,7 +732,7 @@ fn figures(s: &ScaleArgs, m: Measured) -> Figures {
     let pages = m.steady.by_op.get("list").copied().unwrap_or(0) as f64 / lists_window.max(1.0);
     let list_interval = proxy_operator::inventory::list_interval(
         s.drift_poll,
-        Some(proxy_operator::provider::Pacing {
+        Some(egress_plugin_host::provider::Pacing {
             requests_per_hour: budget,
             last_list_requests: Some(pages.ceil() as u32),
         }),

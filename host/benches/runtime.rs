@@ -12,9 +12,9 @@
 //!
 //! Prints a Markdown table; `--json FILE` also writes the figures as JSON.
 
-use proxy_operator::config::ProvidersFile;
-use proxy_operator::plugin::{Runtime, RuntimeOptions, WasmProvider};
-use proxy_operator::provider::Provider;
+use egress_plugin_host::config::ProvidersFile;
+use egress_plugin_host::plugin::{Runtime, RuntimeOptions, WasmProvider};
+use egress_plugin_host::provider::Provider;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -241,7 +241,7 @@ async fn main() {
         let start = Instant::now();
         let again = rt2.load_plugin(&f).await.unwrap();
         let warm = start.elapsed();
-        assert_eq!(again.cache, proxy_operator::plugin::CacheOutcome::Hit);
+        assert_eq!(again.cache, egress_plugin_host::plugin::CacheOutcome::Hit);
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         println!(
             "| {name} | {} | {:.1} | {:.2} | {:.0}x |",

@@ -11,10 +11,10 @@
 
 use egress_emulators::control::Emulator;
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
+use egress_plugin_host::config::ProvidersFile;
+use egress_plugin_host::plugin::{Runtime, RuntimeOptions};
+use egress_plugin_host::provider::{CreateRequest, Placement, Provider, State, name_from_uid};
 use http_body_util::{BodyExt, Empty};
-use proxy_operator::config::ProvidersFile;
-use proxy_operator::plugin::{Runtime, RuntimeOptions};
-use proxy_operator::provider::{CreateRequest, Placement, Provider, State, name_from_uid};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

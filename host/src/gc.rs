@@ -14,9 +14,9 @@
 
 use crate::api::Proxy;
 use crate::inventory::Inventory;
-use crate::provider::priority::{Priority, scope};
-use crate::provider::{Class, Instance, Provider};
 use crate::registry::ProviderRegistry;
+use egress_plugin_host::provider::priority::{Priority, scope};
+use egress_plugin_host::provider::{Class, Instance, Provider};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -359,8 +359,8 @@ impl Sweeper {
 mod tests {
     use super::*;
     use crate::api::{CloudInit, ProxySpec};
-    use crate::provider::{Op, State};
     use crate::testing::fake_provider::FakeProvider;
+    use egress_plugin_host::provider::{Op, State};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::PostParams;
     use prometheus_client::encoding::text::encode;

@@ -20,9 +20,9 @@
 
 use crate::api::Proxy;
 use crate::cache::ProxyCache;
-use crate::provider::priority::{Priority, scope};
-use crate::provider::{Instance, Pacing, Provider, State};
 use crate::registry::ProviderRegistry;
+use egress_plugin_host::provider::priority::{Priority, scope};
+use egress_plugin_host::provider::{Instance, Pacing, Provider, State};
 use kube::runtime::reflector::{ObjectRef, Store};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};

@@ -3,22 +3,18 @@
 
 pub mod api;
 pub mod cache;
-pub mod config;
 pub mod conformance;
 pub mod controller;
 pub mod discovery;
 pub mod endpoints;
-pub mod fdlimit;
 pub mod gc;
 pub mod http_server;
 pub mod installation;
 pub mod inventory;
 pub mod leader;
 pub mod metrics;
-pub mod plugin;
 pub mod pool;
 pub mod probe;
-pub mod provider;
 pub mod provider_check;
 pub mod rbac;
 pub mod registry;

@@ -58,7 +58,7 @@ enum Command {
     /// Compile one plugin (stdin) to an artifact (stdout) for an engine with these options:
     /// how the operator keeps cranelift out of its own long-running process.
     #[command(name = "compile-plugin", hide = true)]
-    CompilePlugin(proxy_operator::plugin::compiler::ChildArgs),
+    CompilePlugin(egress_plugin_host::plugin::compiler::ChildArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -66,7 +66,7 @@ fn main() -> anyhow::Result<()> {
     // The operator's own child: no runtime, no logging, no exporters (its memory is the
     // compile's, within its limits); its parent reads stderr.
     if let Command::CompilePlugin(args) = &cli.command {
-        std::process::exit(proxy_operator::plugin::compiler::child_main(args));
+        std::process::exit(egress_plugin_host::plugin::compiler::child_main(args));
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -81,7 +81,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     )?;
     // Plugins' files and sockets come out of the same open-file limit as the operator's
     // own: take all the hard limit allows (plugin/fs.rs and plugin/http.rs cap each call).
-    match proxy_operator::fdlimit::raise_nofile() {
+    match egress_plugin_host::fdlimit::raise_nofile() {
         Ok(l) => tracing::debug!(
             before = l.before,
             soft = l.soft,

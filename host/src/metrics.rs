@@ -7,11 +7,11 @@
 use crate::api::Proxy;
 use crate::controller::ReconcileMetrics;
 use crate::gc::GcMetrics;
-use crate::plugin::PluginMetrics;
 use crate::probe::ProbeMetrics;
-use crate::provider::ProviderMetrics;
 use crate::provider_check::MonitorMetrics;
 use crate::reload::ReloadMetrics;
+use egress_plugin_host::plugin::PluginMetrics;
+use egress_plugin_host::provider::ProviderMetrics;
 use kube::runtime::reflector::Store;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -406,7 +406,7 @@ mod tests {
             Duration::from_millis(3),
             1_000_000,
             2 << 20,
-            Some(crate::plugin::TrapKind::Fuel),
+            Some(egress_plugin_host::plugin::TrapKind::Fuel),
         );
         m.plugin
             .budget()
@@ -422,7 +422,7 @@ mod tests {
         m.health.record("Healthy", Some(Duration::from_millis(2)));
         Monitor::new(Duration::from_secs(1), m.monitor.clone()).record(&ProviderCheck {
             provider: "ec2".into(),
-            outcome: CheckOutcome::Checked(vec![crate::provider::TargetStatus {
+            outcome: CheckOutcome::Checked(vec![egress_plugin_host::provider::TargetStatus {
                 target: "eu-central-1".into(),
                 ready: true,
                 reason: "Reachable".into(),

@@ -6,7 +6,7 @@
 //! One timeout for the whole round, not one per provider: a round must end in bounded
 //! time whatever the plugins do, so a hung backend cannot delay the others' results.
 
-use crate::provider::{Provider, TargetStatus};
+use egress_plugin_host::provider::{Provider, TargetStatus};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -423,7 +423,7 @@ pub async fn publish(
             .collect::<Vec<_>>(),
     );
     for name in names {
-        if !crate::config::is_dns1123_label(name) {
+        if !egress_plugin_host::config::is_dns1123_label(name) {
             continue;
         }
         let (exists, previous) = match api.get_opt(name).await {
@@ -478,8 +478,8 @@ pub async fn publish(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::{CreateRequest, Instance, ProviderError};
     use async_trait::async_trait;
+    use egress_plugin_host::provider::{CreateRequest, Instance, ProviderError};
 
     /// A provider whose check answers `targets` after `delay` (or has no check).
     struct Checking {

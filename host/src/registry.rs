@@ -9,7 +9,7 @@
 //! provider, swapped with it, so whoever reports on providers (the `ProviderHealth`
 //! objects) reads both from one snapshot instead of a second map kept in step by hand.
 
-use crate::provider::Provider;
+use egress_plugin_host::provider::Provider;
 use futures::Stream;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};

@@ -19,11 +19,11 @@
 //! [`Serving`], the one place that updates the provider registry the other loops read and
 //! the load report `/readyz` and the `ProviderHealth` objects show.
 
-use crate::config::{Budget, ProviderEntry, ProvidersFile};
 use crate::endpoints::{ProviderLoad, Readiness};
-use crate::plugin::{LoadedPlugin, ProviderLoadError, Runtime, WasmProvider};
-use crate::provider::{Instrumented, Provider, ProviderMetrics};
 use crate::registry::{Entry, ProviderRegistry};
+use egress_plugin_host::config::{Budget, ProviderEntry, ProvidersFile};
+use egress_plugin_host::plugin::{LoadedPlugin, ProviderLoadError, Runtime, WasmProvider};
+use egress_plugin_host::provider::{Instrumented, Provider, ProviderMetrics};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -396,7 +396,7 @@ impl Reloader {
                 return self.file_error(text, why, publish);
             }
         };
-        if let Err(e) = crate::config::fit::check(&file, &self.budget) {
+        if let Err(e) = egress_plugin_host::config::fit::check(&file, &self.budget) {
             let why = format!("{}: {e}", self.providers_file.display());
             return self.file_error(text, why, publish);
         }

@@ -93,7 +93,7 @@ fn otlp_http_client(
             anyhow::anyhow!("OTEL_EXPORTER_OTLP_TIMEOUT: {ms:?} is not a number of milliseconds")
         })?),
     };
-    let tls = crate::plugin::tls_config(ca.as_deref(), false)
+    let tls = egress_plugin_host::plugin::tls_config(ca.as_deref(), false)
         .map_err(|e| anyhow::anyhow!("OTEL_EXPORTER_OTLP_CERTIFICATE: {e}"))?;
     let tls = (*tls).clone();
     std::thread::spawn(move || {

@@ -4,8 +4,8 @@
 
 mod support;
 
-use proxy_operator::plugin::{PluginMetrics, TrapKind};
-use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, ProviderError};
+use egress_plugin_host::plugin::{PluginMetrics, TrapKind};
+use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, ProviderError};
 use std::time::{Duration, Instant};
 
 /// What an attack must end in.
@@ -378,7 +378,7 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
     )
     .await;
     let req = CreateRequest {
-        name: proxy_operator::provider::name_from_uid("good-uid"),
+        name: egress_plugin_host::provider::name_from_uid("good-uid"),
         uid: "good-uid".into(),
         namespace: "ns".into(),
         proxy_name: "good".into(),
@@ -548,7 +548,7 @@ const ALL_TRAP_KINDS: [TrapKind; 13] = [
 
 fn check(
     case: &Case,
-    result: &Result<proxy_operator::provider::Instance, ProviderError>,
+    result: &Result<egress_plugin_host::provider::Instance, ProviderError>,
     took: Duration,
 ) -> Result<(), String> {
     if took > case.within {
@@ -696,13 +696,13 @@ async fn nothing_sensitive_leaves_through_any_channel() {
     );
     let rt = support::runtime();
     let (_guard, captured) = proxy_operator::testing::capture();
-    let p = proxy_operator::provider::Instrumented::new(
+    let p = egress_plugin_host::provider::Instrumented::new(
         support::provider(&rt, "hostile.wasm", &yaml).await,
         Default::default(),
     );
     let mut seen = String::new();
     let mut req = CreateRequest {
-        name: proxy_operator::provider::name_from_uid("uid-1"),
+        name: egress_plugin_host::provider::name_from_uid("uid-1"),
         uid: "uid-1".into(),
         namespace: "ns".into(),
         proxy_name: "p".into(),
@@ -799,7 +799,7 @@ async fn nothing_sensitive_leaves_through_any_channel() {
 /// Runs `attack` while sampling `measure` every 2 ms; returns the error and the largest
 /// sample above the one taken before.
 async fn peak_during(
-    p: &proxy_operator::plugin::WasmProvider,
+    p: &egress_plugin_host::plugin::WasmProvider,
     attack: &str,
     measure: fn() -> u64,
 ) -> (ProviderError, u64) {
@@ -915,7 +915,7 @@ async fn a_reply_cannot_make_the_host_copy_more_than_the_lift_bound() {
     eprintln!(
         "aliased list: resident memory grew by {:.1} MiB at its peak (bound {:.1} MiB, fit's host side per call {:.1} MiB)",
         grew as f64 / (1 << 20) as f64,
-        proxy_operator::plugin::MAX_LIFT_BYTES as f64 / (1 << 20) as f64,
+        egress_plugin_host::plugin::MAX_LIFT_BYTES as f64 / (1 << 20) as f64,
         fit as f64 / (1 << 20) as f64
     );
     assert!(

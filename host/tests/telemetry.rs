@@ -7,8 +7,8 @@
 
 mod support;
 
-use proxy_operator::config::Limits;
-use proxy_operator::provider::{CreateRequest, Placement, Provider};
+use egress_plugin_host::config::Limits;
+use egress_plugin_host::provider::{CreateRequest, Placement, Provider};
 
 /// One cloud-init sentinel and one secret sentinel, leaked by the plugin every way it can;
 /// neither reaches a log line, an error string or a span attribute.
@@ -31,7 +31,7 @@ async fn sentinels_never_leave_the_sandbox() {
         ),
     )
     .await;
-    let p = proxy_operator::provider::Instrumented::new(p, Default::default());
+    let p = egress_plugin_host::provider::Instrumented::new(p, Default::default());
     let req = CreateRequest {
         name: "proxy-aaaaaaaaaaaaaaaa".into(),
         uid: "uid-1".into(),
@@ -78,8 +78,8 @@ async fn http_requests_are_child_spans_of_the_operation() {
         &support::hostile_yaml(server.port, "logLines: 10"),
     )
     .await;
-    let metrics = proxy_operator::provider::ProviderMetrics::default();
-    let p = proxy_operator::provider::Instrumented::new(p, metrics.clone());
+    let metrics = egress_plugin_host::provider::ProviderMetrics::default();
+    let p = egress_plugin_host::provider::Instrumented::new(p, metrics.clone());
     p.get(&format!("http:{}", server.url("/ok"))).await.unwrap();
     let denied = p.get("http:http://example.invalid/").await.unwrap_err();
     assert_eq!(denied.code.as_deref(), Some("HttpRequestDenied"));
@@ -152,7 +152,7 @@ async fn the_otel_trace_nests_http_under_the_operation_under_the_reconcile() {
         &support::hostile_yaml(server.port, "logLines: 10"),
     )
     .await;
-    let p = proxy_operator::provider::Instrumented::new(p, Default::default());
+    let p = egress_plugin_host::provider::Instrumented::new(p, Default::default());
     let span = tracing::info_span!("reconcile", trace_id = tracing::field::Empty);
     let id = proxy_operator::telemetry::trace_id(&span).expect("an OpenTelemetry trace id");
     span.record("trace_id", id.as_str());

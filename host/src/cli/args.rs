@@ -1,9 +1,9 @@
 //! Argument groups several subcommands share, and their value parsers.
 
-use proxy_operator::config::{Budget, ProvidersFile, fit};
-use proxy_operator::plugin::RuntimeOptions;
-use proxy_operator::plugin::compiler::CompileLimits;
-use proxy_operator::provider::Placement;
+use egress_plugin_host::config::{Budget, ProvidersFile, fit};
+use egress_plugin_host::plugin::RuntimeOptions;
+use egress_plugin_host::plugin::compiler::CompileLimits;
+use egress_plugin_host::provider::Placement;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -88,7 +88,8 @@ impl RuntimeArgs {
             (!self.plugin_cache_dir.as_os_str().is_empty()).then(|| self.plugin_cache_dir.clone());
         let mut opts = RuntimeOptions::for_providers(file, cache, self.plugin_scratch_dir.clone());
         opts.max_plugin_bytes = self.max_plugin_bytes;
-        opts.compile_in = Some(proxy_operator::plugin::compiler::Compiler::THIS_EXECUTABLE.into());
+        opts.compile_in =
+            Some(egress_plugin_host::plugin::compiler::Compiler::THIS_EXECUTABLE.into());
         opts.compile_limits = CompileLimits {
             cpu: self.plugin_compile_cpu,
             memory_bytes: self.plugin_compile_memory,
@@ -137,7 +138,7 @@ pub struct FitArgs {
 
 impl FitArgs {
     pub fn budget(&self, runtime: &RuntimeArgs) -> Budget {
-        proxy_operator::config::budget::resolve(
+        egress_plugin_host::config::budget::resolve(
             self.memory_limit,
             self.memory_reserve,
             self.scratch_limit,
@@ -147,7 +148,7 @@ impl FitArgs {
 }
 
 pub fn parse_quantity(s: &str) -> Result<u64, String> {
-    proxy_operator::config::budget::parse_quantity(s)
+    egress_plugin_host::config::budget::parse_quantity(s)
 }
 
 /// `region/zone/machineType/image`; parts may be empty where the provider ignores them.

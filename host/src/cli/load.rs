@@ -3,8 +3,8 @@
 
 use super::args::RuntimeArgs;
 use anyhow::Context;
-use proxy_operator::config::ProvidersFile;
-use proxy_operator::plugin::{Runtime, WasmProvider};
+use egress_plugin_host::config::ProvidersFile;
+use egress_plugin_host::plugin::{Runtime, WasmProvider};
 use std::path::Path;
 
 /// Loads the one provider `name` of a providers file, or says why it did not load.

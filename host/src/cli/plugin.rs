@@ -2,8 +2,8 @@
 //! installing it.
 
 use super::args::RuntimeArgs;
-use proxy_operator::config::ProvidersFile;
-use proxy_operator::plugin::Runtime;
+use egress_plugin_host::config::ProvidersFile;
+use egress_plugin_host::plugin::Runtime;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

@@ -3,10 +3,10 @@
 
 use super::args::{FitArgs, RuntimeArgs, SourceArgs};
 use anyhow::Context;
-use proxy_operator::config::ProvidersFile;
-use proxy_operator::config::fit::Mib;
-use proxy_operator::plugin::{Runtime, WasmProvider};
-use proxy_operator::provider::Provider;
+use egress_plugin_host::config::ProvidersFile;
+use egress_plugin_host::config::fit::Mib;
+use egress_plugin_host::plugin::{Runtime, WasmProvider};
+use egress_plugin_host::provider::Provider;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -30,7 +30,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("reading providers file {}", providers.display()))?;
     let file = ProvidersFile::parse(&text)?;
     let budget = args.fit.budget(&args.runtime);
-    let fits = proxy_operator::config::fit::check(&file, &budget);
+    let fits = egress_plugin_host::config::fit::check(&file, &budget);
     match &fits {
         Ok(need) => {
             let of = |b: Option<u64>| {

@@ -3,10 +3,10 @@
 
 use super::control::Control;
 use super::{Options, Profile, Subject};
-use crate::provider::{
+use egress_emulator_protocol::{DumpInstance, Fault, FaultKind, FaultOp, Plant};
+use egress_plugin_host::provider::{
     Class, CreateRequest, Instance, Provider, ProviderError, State, name_from_uid,
 };
-use egress_emulator_protocol::{DumpInstance, Fault, FaultKind, FaultOp, Plant};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

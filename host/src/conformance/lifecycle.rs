@@ -4,7 +4,7 @@
 //! lifecycle`). It cleans up after itself: whatever step fails, the instance it created is
 //! deleted before it returns, and anything still listed afterwards is reported.
 
-use crate::provider::{
+use egress_plugin_host::provider::{
     Class, CreateRequest, Instance, Placement, Provider, ProviderError, State, name_from_uid,
 };
 use std::time::{Duration, Instant};

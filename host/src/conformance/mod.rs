@@ -20,7 +20,7 @@ pub mod profile;
 pub use control::{Control, ControlError};
 pub use profile::Profile;
 
-use crate::provider::{Placement, Provider};
+use egress_plugin_host::provider::{Placement, Provider};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
@@ -35,7 +35,7 @@ pub struct Subject<'a> {
 }
 
 impl<'a> Subject<'a> {
-    pub fn wasm(p: &'a crate::plugin::WasmProvider) -> Self {
+    pub fn wasm(p: &'a egress_plugin_host::plugin::WasmProvider) -> Self {
         Subject {
             provider: p,
             call_timeout: p.limits().timeout,

@@ -13,7 +13,7 @@
 //! nothing changed but never that an instance is gone.
 
 use super::reconcile::{CONDITION_MESSAGE_MAX, truncate};
-use crate::provider::{Class, Instance, ProviderError, State};
+use egress_plugin_host::provider::{Class, Instance, ProviderError, State};
 use std::time::Duration;
 
 /// How long to wait before looking again, per situation. Defaults from the design brief,
@@ -944,7 +944,7 @@ fn deletion_failure(o: &Observed, e: &ProviderError, t: &Timings) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::Op;
+    use egress_plugin_host::provider::Op;
 
     const ID: &str = "fsn1/proxy-abc";
 

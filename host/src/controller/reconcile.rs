@@ -17,12 +17,12 @@ use crate::api::{Proxy, ProxyStatus, condition};
 use crate::cache::{ProxyCache, ProxyFeed, trim_for_cache};
 use crate::inventory::Inventory;
 use crate::probe::{ProbeEngine, ProbeSpec};
-use crate::provider::State;
-use crate::provider::priority::{Priority, scope};
-use crate::provider::{
+use crate::registry::ProviderRegistry;
+use egress_plugin_host::provider::State;
+use egress_plugin_host::provider::priority::{Priority, scope};
+use egress_plugin_host::provider::{
     Class, CreateRequest, Op, Placement, Provider, ProviderError, name_from_uid,
 };
-use crate::registry::ProviderRegistry;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -667,7 +667,7 @@ impl<'a> Shell<'a> {
     }
 
     /// What the provider's last fresh list says about the recorded instance.
-    fn listed(&self, status: &ProxyStatus) -> Option<crate::provider::Instance> {
+    fn listed(&self, status: &ProxyStatus) -> Option<egress_plugin_host::provider::Instance> {
         let inventory = self.ctx.inventory.as_ref()?;
         let provider = self.provider.as_ref()?;
         let id = status.provider_id.as_deref().filter(|s| !s.is_empty())?;
@@ -1265,7 +1265,7 @@ pub fn observe(
     has_finalizer: bool,
     provider_configured: bool,
     input: Input,
-    listed: Option<crate::provider::Instance>,
+    listed: Option<egress_plugin_host::provider::Instance>,
     list_pending: bool,
 ) -> Observed {
     Observed {

@@ -186,7 +186,7 @@ pub fn set_condition(
 mod tests {
     use super::*;
     use crate::controller::decide::reason;
-    use crate::provider::State;
+    use egress_plugin_host::provider::State;
     use k8s_openapi::jiff::Timestamp;
 
     fn at(s: i64) -> Time {

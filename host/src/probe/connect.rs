@@ -115,7 +115,8 @@ const MAX_ECHO_BODY: usize = 1024;
 /// address it reports must equal it.
 pub async fn probe(spec: &ProbeSpec, want_ip: &str) -> Result<ProbeOk, ProbeError> {
     if !spec.allow_internal
-        && let Some(kind) = crate::plugin::policy::instance_address_problem(spec.proxy.ip(), false)
+        && let Some(kind) =
+            egress_plugin_host::plugin::policy::instance_address_problem(spec.proxy.ip(), false)
     {
         return Err(ProbeError::InternalAddress {
             addr: spec.proxy,

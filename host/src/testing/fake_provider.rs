@@ -7,10 +7,10 @@
 //! is Permanent, and ListByTag returns only this installation's instances with their UID
 //! and creation time.
 
-use crate::provider::{
+use async_trait::async_trait;
+use egress_plugin_host::provider::{
     Class, CreateRequest, Instance, Op, Provider, ProviderError, State, TargetStatus,
 };
-use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -455,7 +455,7 @@ impl Provider for FakeProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::Placement;
+    use egress_plugin_host::provider::Placement;
 
     fn req(name: &str, uid: &str) -> CreateRequest {
         CreateRequest {

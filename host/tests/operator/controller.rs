@@ -4,6 +4,7 @@
 
 use crate::support;
 
+use egress_plugin_host::provider::{Class, Op, Provider, State, name_from_uid};
 use fake_kube::FakeApi;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -18,7 +19,6 @@ use proxy_operator::controller::secret_cache::SecretCache;
 use proxy_operator::controller::{self, Context, FINALIZER, HealthHook, Settings};
 use proxy_operator::inventory::Inventory;
 use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
-use proxy_operator::provider::{Class, Op, Provider, State, name_from_uid};
 use proxy_operator::registry::ProviderRegistry;
 use proxy_operator::testing::fake_provider::{Behaviour, FakeProvider};
 use serde_json::json;

@@ -5,13 +5,13 @@
 //! that thread's recorder, so tests running in parallel neither hide events from it nor
 //! leak theirs into it.
 
+use egress_plugin_host::provider::Provider;
 use fake_kube::FakeApi;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use proxy_operator::api::{self, CloudInit, Placement, Proxy, ProxySpec, SecretKeyRef, condition};
 use proxy_operator::controller::{self, Context, Settings, Timings};
-use proxy_operator::provider::Provider;
 use proxy_operator::registry::ProviderRegistry;
 use proxy_operator::testing::fake_provider::FakeProvider;
 use std::sync::Arc;

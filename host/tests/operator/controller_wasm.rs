@@ -5,12 +5,12 @@
 use crate::support;
 
 use egress_emulators::example::ExampleBackend;
+use egress_plugin_host::provider::{Instrumented, Provider, ProviderMetrics};
 use fake_kube::FakeApi;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use proxy_operator::api::{self, CloudInit, Placement, Proxy, ProxySpec, condition};
 use proxy_operator::controller::{self, Context};
-use proxy_operator::provider::{Instrumented, Provider, ProviderMetrics};
 use proxy_operator::registry::ProviderRegistry;
 use serde_json::json;
 use std::sync::Arc;

@@ -8,14 +8,14 @@
 //! Needs kubectl (kustomize is built in). Without it the test is skipped loudly; under
 //! `CI=true` it fails.
 
+use egress_plugin_host::config::fit::{self, Mib};
+use egress_plugin_host::config::{Budget, ProvidersFile, budget};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use proxy_operator::api::{self, Proxy};
-use proxy_operator::config::fit::{self, Mib};
-use proxy_operator::config::{Budget, ProvidersFile, budget};
 use proxy_operator::rbac;
 use serde_json::Value;
 use std::path::{Path, PathBuf};

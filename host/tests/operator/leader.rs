@@ -378,13 +378,13 @@ mod controllers {
     //! carries on reconciling.
 
     use super::*;
+    use egress_plugin_host::provider::{
+        CreateRequest, Instance, Provider, ProviderError, TargetStatus,
+    };
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Api, PostParams};
     use proxy_operator::api::{self, Proxy};
     use proxy_operator::controller::{self, Context, Settings};
-    use proxy_operator::provider::{
-        CreateRequest, Instance, Provider, ProviderError, TargetStatus,
-    };
     use proxy_operator::registry::ProviderRegistry;
     use proxy_operator::testing::fake_provider::FakeProvider;
 

@@ -8,6 +8,7 @@ use crate::support;
 
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
 use egress_emulators::real_proxy::{ProxyKind, RealProxies};
+use egress_plugin_host::provider::Provider;
 use fake_kube::FakeApi;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -19,7 +20,6 @@ use proxy_operator::api::{
 };
 use proxy_operator::controller::{self, Context, HealthHook};
 use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
-use proxy_operator::provider::Provider;
 use proxy_operator::registry::ProviderRegistry;
 use serde_json::json;
 use std::collections::BTreeSet;

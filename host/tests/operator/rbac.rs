@@ -9,6 +9,7 @@
 
 use crate::support;
 
+use egress_plugin_host::provider::Provider;
 use fake_kube::{AccessRule, FakeApi, RequestRecord, UserInfo};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -22,7 +23,6 @@ use proxy_operator::discovery::{self, Auth, AuthSettings};
 use proxy_operator::gc::{GcMetrics, GcSettings, Sweeper};
 use proxy_operator::leader::{Leadership, LeaseSettings};
 use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
-use proxy_operator::provider::Provider;
 use proxy_operator::provider_check::{Monitor, MonitorMetrics, publish};
 use proxy_operator::rbac::{self, Call, RULES, Scope};
 use proxy_operator::registry::ProviderRegistry;

@@ -18,6 +18,7 @@
 use crate::harness::{Limits, fake_cluster, start_operator_limited, wait_for};
 use crate::support;
 
+use egress_plugin_host::provider::{Op, Provider};
 use fake_kube::{AccessRule, FakeApi, UserInfo};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -26,7 +27,6 @@ use proxy_operator::api::{self, ProviderHealth, Proxy, condition};
 use proxy_operator::controller::decide::{event, reason};
 use proxy_operator::controller::{self, Context, auth};
 use proxy_operator::discovery::{self, Auth, AuthSettings};
-use proxy_operator::provider::{Op, Provider};
 use proxy_operator::registry::ProviderRegistry;
 use proxy_operator::testing::fake_provider::FakeProvider;
 use serde_json::json;

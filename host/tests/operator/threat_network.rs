@@ -68,7 +68,7 @@ async fn an_aliased_list_reply_is_refused_within_the_fit_by_a_running_operator()
         "the refusal names the bound:\n{log}"
     );
     let grew = peak.saturating_sub(before);
-    let fit = proxy_operator::config::Limits::default().host_bytes_per_call();
+    let fit = egress_plugin_host::config::Limits::default().host_bytes_per_call();
     eprintln!(
         "{lists} aliased lists in 5 s: operator RSS {:.1} MiB, grew by {:.1} MiB at its peak (fit's host side per call {:.1} MiB); cgroup peak {:.1} MiB",
         before as f64 / (1 << 20) as f64,

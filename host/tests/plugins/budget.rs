@@ -8,9 +8,9 @@ use crate::support;
 use egress_emulators::control::{Emulator, Plant};
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
 use egress_emulators::rate_limit::RateLimit;
-use proxy_operator::plugin::{PluginMetrics, WasmProvider};
-use proxy_operator::provider::priority::{self, Priority};
-use proxy_operator::provider::{CreateRequest, Placement, Provider, name_from_uid};
+use egress_plugin_host::plugin::{PluginMetrics, WasmProvider};
+use egress_plugin_host::provider::priority::{self, Priority};
+use egress_plugin_host::provider::{CreateRequest, Placement, Provider, name_from_uid};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -305,7 +305,7 @@ async fn a_long_list_holds_one_page_at_a_time() {
     let url = emu.url();
     let rt = support::runtime();
     let mut registry = prometheus_client::registry::Registry::default();
-    rt.set_metrics(proxy_operator::plugin::PluginMetrics::register(
+    rt.set_metrics(egress_plugin_host::plugin::PluginMetrics::register(
         &mut registry,
     ));
     let yaml = format!(

@@ -9,9 +9,9 @@ use egress_emulators::control::Emulator;
 use egress_emulators::ec2::{EXAMPLE_ACCESS_KEY, EXAMPLE_SECRET_KEY, Ec2Config, Ec2Emulator};
 use egress_emulators::example::ExampleBackend;
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
+use egress_plugin_host::plugin::WasmProvider;
+use egress_plugin_host::provider::Placement;
 use proxy_operator::conformance::{self, Control, Options, Outcome, Report, Subject};
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::provider::Placement;
 use std::path::Path;
 use std::process::Command;
 

@@ -4,7 +4,9 @@
 use crate::support;
 
 use egress_emulators::example::ExampleBackend;
-use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
+use egress_plugin_host::provider::{
+    Class, CreateRequest, Placement, Provider, State, name_from_uid,
+};
 
 fn entry(backend: &ExampleBackend, secret: &std::path::Path) -> String {
     format!(

@@ -3,9 +3,9 @@
 
 use crate::support;
 
-use proxy_operator::config::ProvidersFile;
-use proxy_operator::plugin::{CacheOutcome, LoadError};
-use proxy_operator::provider::Provider;
+use egress_plugin_host::config::ProvidersFile;
+use egress_plugin_host::plugin::{CacheOutcome, LoadError};
+use egress_plugin_host::provider::Provider;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loads_components_and_reads_info() {
@@ -87,7 +87,7 @@ async fn compile_cache_is_keyed_by_content() {
     let dir = plugins_or_skip!();
     let cache = tempfile::tempdir().unwrap();
     let opts = || {
-        let mut o = proxy_operator::plugin::RuntimeOptions::for_providers(
+        let mut o = egress_plugin_host::plugin::RuntimeOptions::for_providers(
             &ProvidersFile { providers: vec![] },
             Some(cache.path().join("c")),
             std::env::temp_dir().join("egress-test-scratch"),
@@ -99,10 +99,10 @@ async fn compile_cache_is_keyed_by_content() {
     let path = plugins.path().join("example.wasm");
     std::fs::copy(dir.join("example.wasm"), &path).unwrap();
 
-    let rt = proxy_operator::plugin::Runtime::new(opts()).unwrap();
+    let rt = egress_plugin_host::plugin::Runtime::new(opts()).unwrap();
     let first = rt.load_plugin(&path).await.unwrap();
     assert_eq!(first.cache, CacheOutcome::Miss);
-    let rt2 = proxy_operator::plugin::Runtime::new(opts()).unwrap();
+    let rt2 = egress_plugin_host::plugin::Runtime::new(opts()).unwrap();
     let second = rt2.load_plugin(&path).await.unwrap();
     assert_eq!(second.cache, CacheOutcome::Hit);
     assert!(
@@ -125,7 +125,7 @@ async fn compile_cache_is_keyed_by_content() {
         std::fs::write(&tmp, b"garbage").unwrap();
         std::fs::rename(&tmp, entry.path()).unwrap();
     }
-    let fourth = proxy_operator::plugin::Runtime::new(opts())
+    let fourth = egress_plugin_host::plugin::Runtime::new(opts())
         .unwrap()
         .load_plugin(&path)
         .await
@@ -141,7 +141,7 @@ async fn plugins_compile_in_a_child_process() {
     let dir = plugins_or_skip!();
     let cache = tempfile::tempdir().unwrap();
     let opts = |exe: &str, cached: bool| {
-        let mut o = proxy_operator::plugin::RuntimeOptions::for_providers(
+        let mut o = egress_plugin_host::plugin::RuntimeOptions::for_providers(
             &ProvidersFile { providers: vec![] },
             cached.then(|| cache.path().join("c")),
             std::env::temp_dir().join("egress-test-scratch"),
@@ -154,7 +154,7 @@ async fn plugins_compile_in_a_child_process() {
     let (_guard, captured) = proxy_operator::testing::capture();
     const FELL_BACK: &str = "cannot start the plugin compiler's child process";
     for cached in [true, false] {
-        let rt = proxy_operator::plugin::Runtime::new(opts(exe, cached)).unwrap();
+        let rt = egress_plugin_host::plugin::Runtime::new(opts(exe, cached)).unwrap();
         let hostile = rt
             .load_plugin(&dir.join("testing/hostile.wasm"))
             .await
@@ -182,7 +182,7 @@ async fn plugins_compile_in_a_child_process() {
         support::bomb::with_core_module(&example, &support::bomb::invalid_module()),
     )
     .unwrap();
-    let rt = proxy_operator::plugin::Runtime::new(opts(exe, false)).unwrap();
+    let rt = egress_plugin_host::plugin::Runtime::new(opts(exe, false)).unwrap();
     match rt.load_plugin(&bad).await {
         Err(LoadError::Compile { message, .. }) => {
             assert!(
@@ -208,8 +208,8 @@ async fn plugins_compile_in_a_child_process() {
     );
 
     // No such executable: compiled here instead, with a warning.
-    let rt =
-        proxy_operator::plugin::Runtime::new(opts("/nonexistent/proxy-operator", false)).unwrap();
+    let rt = egress_plugin_host::plugin::Runtime::new(opts("/nonexistent/proxy-operator", false))
+        .unwrap();
     let example = rt.load_plugin(&dir.join("example.wasm")).await.unwrap();
     assert_eq!(example.info.type_name, "example");
     assert!(
@@ -286,14 +286,14 @@ providers:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn falls_back_to_on_demand_when_the_pool_cannot_be_reserved() {
     let dir = plugins_or_skip!();
-    let mut opts = proxy_operator::plugin::RuntimeOptions::for_providers(
+    let mut opts = egress_plugin_host::plugin::RuntimeOptions::for_providers(
         &ProvidersFile { providers: vec![] },
         None,
         std::env::temp_dir().join("egress-test-scratch"),
     );
     opts.engine.max_instances = 65_536;
     opts.engine.max_memory_bytes = 4 << 30;
-    let rt = proxy_operator::plugin::Runtime::new(opts).expect("the runtime starts anyway");
+    let rt = egress_plugin_host::plugin::Runtime::new(opts).expect("the runtime starts anyway");
     assert!(!rt.pooling(), "pooling cannot have reserved 512 TiB");
     let plugin = rt
         .load_plugin(&dir.join("testing/hostile.wasm"))
@@ -315,14 +315,14 @@ async fn refuses_a_plugin_file_over_the_size_limit() {
     let path = dir.join("example.wasm");
     let size = std::fs::metadata(&path).unwrap().len();
     let runtime = |max: u64| {
-        let mut opts = proxy_operator::plugin::RuntimeOptions::for_providers(
+        let mut opts = egress_plugin_host::plugin::RuntimeOptions::for_providers(
             &ProvidersFile { providers: vec![] },
             None,
             std::env::temp_dir().join("egress-test-scratch"),
         );
         assert_eq!(opts.max_plugin_bytes, 8 << 20, "the default");
         opts.max_plugin_bytes = max;
-        proxy_operator::plugin::Runtime::new(opts).unwrap()
+        egress_plugin_host::plugin::Runtime::new(opts).unwrap()
     };
 
     let rt = runtime(size - 1);
@@ -360,7 +360,7 @@ async fn refuses_a_plugin_file_over_the_size_limit() {
 /// it is compiled at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compile_limits_refuse_a_compile_bomb() {
-    use proxy_operator::plugin::compiler::{CompileLimits, LimitHit};
+    use egress_plugin_host::plugin::compiler::{CompileLimits, LimitHit};
     use std::time::{Duration, Instant};
     let dir = plugins_or_skip!();
     let scratch = tempfile::tempdir().unwrap();
@@ -372,7 +372,7 @@ async fn compile_limits_refuse_a_compile_bomb() {
     };
     let bomb = write("bomb.wasm", "example.wasm");
     let runtime = |limits: CompileLimits| {
-        let mut o = proxy_operator::plugin::RuntimeOptions::for_providers(
+        let mut o = egress_plugin_host::plugin::RuntimeOptions::for_providers(
             &ProvidersFile { providers: vec![] },
             None,
             std::env::temp_dir().join("egress-test-scratch"),
@@ -380,7 +380,7 @@ async fn compile_limits_refuse_a_compile_bomb() {
         o.engine.max_instances = 8;
         o.compile_in = Some(env!("CARGO_BIN_EXE_proxy-operator").into());
         o.compile_limits = limits;
-        proxy_operator::plugin::Runtime::new(o).unwrap()
+        egress_plugin_host::plugin::Runtime::new(o).unwrap()
     };
     let gib = 1 << 30;
     let secs = Duration::from_secs;

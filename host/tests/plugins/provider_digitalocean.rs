@@ -12,8 +12,10 @@ use crate::support;
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, RateLimit};
 use egress_emulators::digitalocean::{DigitalOceanConfig, DigitalOceanEmulator, DoError};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
+use egress_plugin_host::plugin::WasmProvider;
+use egress_plugin_host::provider::{
+    Class, CreateRequest, Placement, Provider, State, name_from_uid,
+};
 use std::io::{Read, Write};
 use std::path::Path;
 
@@ -654,7 +656,7 @@ async fn sentinels_never_leave_the_plugin() {
     const TOKEN_SENTINEL: &str = "TOKEN-SENTINEL-do-31aa";
     let (_guard, captured) = proxy_operator::testing::capture();
     let d = setup_with(DigitalOceanConfig::new(TOKEN_SENTINEL), "").await;
-    let p = proxy_operator::provider::Instrumented::new(d.p, Default::default());
+    let p = egress_plugin_host::provider::Instrumented::new(d.p, Default::default());
     let mut req = request("uid-s", "nyc3");
     req.cloud_init = support::sentinels::cloud_init_with(CI_SENTINEL);
     let bad = CreateRequest {

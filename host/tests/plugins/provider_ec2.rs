@@ -10,8 +10,8 @@ use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant};
 use egress_emulators::ec2::{
     EXAMPLE_ACCESS_KEY, EXAMPLE_SECRET_KEY, Ec2Config, Ec2Emulator, Transition,
 };
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::provider::{
+use egress_plugin_host::plugin::WasmProvider;
+use egress_plugin_host::provider::{
     Class, CreateRequest, Instance, MARK_INSTALLATION, MARK_MANAGED, MARK_UID, Placement, Provider,
     ProviderError, State, name_from_uid,
 };
@@ -791,7 +791,7 @@ async fn sentinels_never_leave_the_sandbox() {
     let secret = |k: &str| secrets.path().join(k);
     std::fs::write(secret("accessKeyId"), "AKIASENTINELKEY00001").unwrap();
     std::fs::write(secret("secretAccessKey"), SECRET_SENTINEL).unwrap();
-    let p = proxy_operator::provider::Instrumented::new(p, Default::default());
+    let p = egress_plugin_host::provider::Instrumented::new(p, Default::default());
 
     let mut req = eu("uid-18");
     req.cloud_init =

@@ -20,8 +20,8 @@
 
 use crate::support;
 
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::provider::{
+use egress_plugin_host::plugin::WasmProvider;
+use egress_plugin_host::provider::{
     Class, CreateRequest, Instance, MARK_INSTALLATION, MARK_MANAGED, MARK_UID, Placement, Provider,
     ProviderError, State, name_from_uid,
 };

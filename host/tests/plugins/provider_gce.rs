@@ -14,8 +14,10 @@ use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant};
 use egress_emulators::gce::test_keys::{TEST_CLIENT_EMAIL, TEST_KEY_PEM, WRONG_KEY_PEM};
 use egress_emulators::gce::{GceConfig, GceEmulator};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
+use egress_plugin_host::plugin::WasmProvider;
+use egress_plugin_host::provider::{
+    Class, CreateRequest, Placement, Provider, State, name_from_uid,
+};
 use std::path::Path;
 use std::time::Duration;
 
@@ -639,7 +641,7 @@ async fn sentinels_never_leave_the_plugin() {
     const CI_SENTINEL: &str = "CLOUDINIT-SENTINEL-gce-5d1e";
     let (_guard, captured) = proxy_operator::testing::capture();
     let g = setup().await;
-    let p = proxy_operator::provider::Instrumented::new(g.p, Default::default());
+    let p = egress_plugin_host::provider::Instrumented::new(g.p, Default::default());
     let mut req = request("uid-s");
     req.cloud_init = support::sentinels::cloud_init_with(CI_SENTINEL);
     let id = p.create(&req).await.unwrap();

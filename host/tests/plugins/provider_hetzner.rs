@@ -12,8 +12,10 @@ use egress_emulators::hetzner::{
     DeleteSchedule, HetznerConfig, HetznerEmulator, HetznerError, RunSchedule,
 };
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
+use egress_plugin_host::plugin::WasmProvider;
+use egress_plugin_host::provider::{
+    Class, CreateRequest, Placement, Provider, State, name_from_uid,
+};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -779,7 +781,7 @@ async fn check_probes_each_location_in_config_order() {
         targets.iter().all(|t| t.ready && t.reason == "Reachable"),
         "{targets:?}"
     );
-    let count = |t: &proxy_operator::provider::TargetStatus| {
+    let count = |t: &egress_plugin_host::provider::TargetStatus| {
         t.details
             .iter()
             .find(|(k, _)| k == "managedServers")
@@ -827,7 +829,7 @@ async fn sentinels_never_leave_the_plugin() {
     const TOKEN_SENTINEL: &str = "TOKEN-SENTINEL-hz-9c0e";
     let (_guard, captured) = proxy_operator::testing::capture();
     let hz = setup_with(HetznerConfig::new(TOKEN_SENTINEL), "").await;
-    let p = proxy_operator::provider::Instrumented::new(hz.p, Default::default());
+    let p = egress_plugin_host::provider::Instrumented::new(hz.p, Default::default());
     let mut req = request("uid-s", "fsn1");
     req.cloud_init = support::sentinels::cloud_init_with(CI_SENTINEL);
     // An image the catalogue does not have: refused before any call.

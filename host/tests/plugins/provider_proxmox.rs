@@ -15,8 +15,10 @@ use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant};
 use egress_emulators::proxmox::{EMULATOR_TOKEN_SECRET, ProxmoxConfig, ProxmoxEmulator};
 use egress_emulators::tls::TestCa;
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
+use egress_plugin_host::plugin::WasmProvider;
+use egress_plugin_host::provider::{
+    Class, CreateRequest, Placement, Provider, State, name_from_uid,
+};
 use std::time::Duration;
 
 const INST: &str = "inst-a";
@@ -665,7 +667,7 @@ async fn sentinels_never_leave_the_plugin() {
         "",
     )
     .await;
-    let p = proxy_operator::provider::Instrumented::new(s.p, Default::default());
+    let p = egress_plugin_host::provider::Instrumented::new(s.p, Default::default());
     let mut req = request("uid-s");
     req.cloud_init = support::sentinels::cloud_init_with(CI_SENTINEL);
     let bad = CreateRequest {

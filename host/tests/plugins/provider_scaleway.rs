@@ -12,8 +12,10 @@ use crate::support;
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, RateLimit};
 use egress_emulators::scaleway::{EMULATOR_PROJECT, ScalewayConfig, ScalewayEmulator};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
+use egress_plugin_host::plugin::WasmProvider;
+use egress_plugin_host::provider::{
+    Class, CreateRequest, Placement, Provider, State, name_from_uid,
+};
 use std::path::Path;
 use std::time::Duration;
 
@@ -586,7 +588,7 @@ async fn sentinels_never_leave_the_plugin() {
     const TOKEN_SENTINEL: &str = "TOKEN-SENTINEL-scw-e05c";
     let (_guard, captured) = proxy_operator::testing::capture();
     let s = setup_with(ScalewayConfig::new(TOKEN_SENTINEL)).await;
-    let p = proxy_operator::provider::Instrumented::new(s.p, Default::default());
+    let p = egress_plugin_host::provider::Instrumented::new(s.p, Default::default());
     let mut req = request("uid-s", "fr-par-1");
     req.cloud_init = support::sentinels::cloud_init_with(CI_SENTINEL);
     let bad = CreateRequest {

@@ -12,8 +12,10 @@ use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, Rate
 use egress_emulators::framework::Record;
 use egress_emulators::vultr::{Extra, INSTANCE_LIMIT, VultrConfig, VultrEmulator, VultrError};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::provider::{Class, CreateRequest, Placement, Provider, State, name_from_uid};
+use egress_plugin_host::plugin::WasmProvider;
+use egress_plugin_host::provider::{
+    Class, CreateRequest, Placement, Provider, State, name_from_uid,
+};
 use std::path::Path;
 use std::time::Duration;
 
@@ -547,7 +549,7 @@ async fn sentinels_never_leave_the_plugin() {
     const TOKEN_SENTINEL: &str = "TOKEN-SENTINEL-vu-33aa";
     let (_guard, captured) = proxy_operator::testing::capture();
     let vu = setup_with(VultrConfig::new(TOKEN_SENTINEL)).await;
-    let p = proxy_operator::provider::Instrumented::new(vu.p, Default::default());
+    let p = egress_plugin_host::provider::Instrumented::new(vu.p, Default::default());
     let mut req = request("uid-s");
     req.cloud_init = support::sentinels::cloud_init_with(CI_SENTINEL);
     let bad = CreateRequest {

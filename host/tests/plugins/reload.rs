@@ -110,7 +110,7 @@ async fn reloads_what_changed_and_keeps_the_old_version_when_the_new_one_breaks(
 /// fields and the numbers) is kept for `/readyz` and `ProviderHealth.status.loadError`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_that_does_not_fit_the_pod_is_refused() {
-    use proxy_operator::config::fit::MIB;
+    use egress_plugin_host::config::fit::MIB;
     let plugins = plugins_or_skip!();
     let dir = tempfile::tempdir().unwrap();
     let plugin_dir = dir.path().join("plugins");
@@ -125,7 +125,7 @@ async fn a_file_that_does_not_fit_the_pod_is_refused() {
 
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = ReloadMetrics::register(&mut registry);
-    let budget = proxy_operator::config::Budget {
+    let budget = egress_plugin_host::config::Budget {
         memory_bytes: Some(320 * MIB),
         reserve_bytes: 96 * MIB,
         scratch_bytes: Some(64 * MIB),

@@ -9,7 +9,7 @@ use crate::support;
 
 use egress_emulators::example::ExampleBackend;
 use egress_emulators::tls::TestCa;
-use proxy_operator::provider::{CreateRequest, Placement, Provider, name_from_uid};
+use egress_plugin_host::provider::{CreateRequest, Placement, Provider, name_from_uid};
 use std::path::Path;
 
 fn entry(backend: &ExampleBackend, token: &Path, tls: &str) -> String {
@@ -147,7 +147,7 @@ async fn only_the_named_insecure_switch_turns_verification_off_and_it_warns() {
         "{insecureSkipTlsVerify: 1}",
     ] {
         let file = format!("providers:\n- {}", lab.entry(tls).replace('\n', "\n  "));
-        let err = proxy_operator::config::ProvidersFile::parse(&file).expect_err(tls);
+        let err = egress_plugin_host::config::ProvidersFile::parse(&file).expect_err(tls);
         assert!(err.to_string().contains("tls"), "{tls}: {err}");
     }
 }

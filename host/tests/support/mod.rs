@@ -10,8 +10,8 @@ pub mod sentinels;
 pub mod suite;
 pub mod tinyproxy;
 
-use proxy_operator::config::{ProviderEntry, ProvidersFile};
-use proxy_operator::plugin::{LoadedPlugin, Runtime, RuntimeOptions, WasmProvider};
+use egress_plugin_host::config::{ProviderEntry, ProvidersFile};
+use egress_plugin_host::plugin::{LoadedPlugin, Runtime, RuntimeOptions, WasmProvider};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -3,8 +3,10 @@
 //! provider's test builds its plugin and request; this is the part they share, so every
 //! provider is held to the same contract on a real backend.
 
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::provider::{Class, CreateRequest, Instance, Provider, ProviderError, State};
+use egress_plugin_host::plugin::WasmProvider;
+use egress_plugin_host::provider::{
+    Class, CreateRequest, Instance, Provider, ProviderError, State,
+};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 

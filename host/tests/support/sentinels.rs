@@ -4,7 +4,7 @@
 //! requires that nothing needed redacting: the plugin itself never tried to emit them.
 
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp};
-use proxy_operator::provider::{CreateRequest, Provider};
+use egress_plugin_host::provider::{CreateRequest, Provider};
 use proxy_operator::testing::Captured;
 
 /// Cloud-init whose only content is `sentinel`.

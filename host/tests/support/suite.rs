@@ -2,9 +2,9 @@
 //! tests do.
 
 use egress_emulators::control::Emulator;
+use egress_plugin_host::plugin::WasmProvider;
+use egress_plugin_host::provider::Placement;
 use proxy_operator::conformance::{self, Control, Options, Report, Subject};
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::provider::Placement;
 
 /// Every case of the suite against `p`, whose backend `emu` controls, creating at
 /// `placement`; each result is printed as it comes.

@@ -2,8 +2,8 @@
 //! as JSON.
 
 use crate::cli::args::{RuntimeArgs, parse_placement};
-use proxy_operator::plugin::WasmProvider;
-use proxy_operator::provider::{
+use egress_plugin_host::plugin::WasmProvider;
+use egress_plugin_host::provider::{
     Class, CreateRequest, Instance, Op, Placement, Provider, ProviderError, name_from_uid,
 };
 use std::path::PathBuf;

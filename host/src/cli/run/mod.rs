@@ -12,7 +12,8 @@ mod args;
 pub use args::Args;
 
 use anyhow::Context as _;
-use proxy_operator::config::{Budget, ProvidersFile};
+use egress_plugin_host::config::{Budget, ProvidersFile};
+use egress_plugin_host::plugin::Runtime;
 use proxy_operator::controller::{self, Context, HealthHook, Settings, Timings};
 use proxy_operator::discovery::{Auth, AuthSettings};
 use proxy_operator::endpoints::Readiness;
@@ -20,7 +21,6 @@ use proxy_operator::gc::{GcSettings, Sweeper};
 use proxy_operator::inventory::Inventory;
 use proxy_operator::leader::{Leadership, LeaseSettings};
 use proxy_operator::metrics::OperatorMetrics;
-use proxy_operator::plugin::Runtime;
 use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
 use proxy_operator::provider_check::{Monitor, publish_rounds};
 use proxy_operator::reload::{Reloader, Serving};
@@ -47,7 +47,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     tracing::info!(
         installation = installation.as_str(),
-        open_file_limit = proxy_operator::fdlimit::nofile_limit(),
+        open_file_limit = egress_plugin_host::fdlimit::nofile_limit(),
         "starting"
     );
 
@@ -213,7 +213,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 /// The providers file, and the budget it was checked against: an error when it does not
 /// parse or does not fit the pod.
 fn providers_that_fit(args: &Args) -> anyhow::Result<(ProvidersFile, Budget)> {
-    use proxy_operator::config::fit::{self, Mib};
+    use egress_plugin_host::config::fit::{self, Mib};
     let path = &args.source.providers;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading providers file {}", path.display()))?;
@@ -261,7 +261,7 @@ fn health_hook(args: &Args, metrics: &OperatorMetrics) -> anyhow::Result<HealthH
         },
         Some(metrics.health.clone()),
     );
-    let tls = proxy_operator::plugin::tls_config(None, false).map_err(anyhow::Error::msg)?;
+    let tls = egress_plugin_host::plugin::tls_config(None, false).map_err(anyhow::Error::msg)?;
     Ok(HealthHook {
         engine,
         target: args.probe_target.clone(),

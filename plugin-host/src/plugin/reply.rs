@@ -15,7 +15,7 @@
 //! (else it becomes `invalid#<n>`, not ready, reason `InvalidTargetName`), its reason a
 //! CamelCase word that holds none (else `Unknown`), its details bounded tokens under
 //! camelCase keys (others are dropped). Its message is scrubbed free text like any other,
-//! for the operator's log only: [`crate::provider_check`] never publishes it.
+//! for the operator's log only: the operator never publishes it.
 
 use super::Reply;
 use super::bindings::egress::provider::types as wit;

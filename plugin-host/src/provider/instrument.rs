@@ -39,7 +39,9 @@ impl ProviderMetrics {
         metrics
     }
 
-    pub(crate) fn count(&self, provider: &str, op: &str, result: &str) {
+    /// Counts one operation's result (recorded by [`Instrumented`]; public for the
+    /// operator's check that every family's labels agree).
+    pub fn count(&self, provider: &str, op: &str, result: &str) {
         self.requests
             .get_or_create(&RequestLabels {
                 provider: provider.to_string(),

@@ -102,7 +102,7 @@ pub struct PluginMetrics {
 
 /// The request budget's families, fed by the HTTP hooks.
 #[derive(Clone)]
-pub(crate) struct BudgetMetrics {
+pub struct BudgetMetrics {
     requests: Family<PriorityLabels, Counter>,
     wait: Family<PriorityLabels, Histogram>,
     tokens: Family<ProviderLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -118,7 +118,8 @@ impl BudgetMetrics {
     }
 
     /// A request got its token after `waited` (sent or not: counted once it may go).
-    pub(crate) fn granted(&self, provider: &str, priority: &str, waited: Duration, tokens: f64) {
+    /// Records requests let through (the budget does; public for the operator's label check).
+    pub fn granted(&self, provider: &str, priority: &str, waited: Duration, tokens: f64) {
         let l = Self::labels(provider, priority);
         self.requests.get_or_create(&l).inc();
         self.wait.get_or_create(&l).observe(waited.as_secs_f64());
@@ -133,7 +134,8 @@ impl BudgetMetrics {
             .set(tokens);
     }
 
-    pub(crate) fn rate_limited(&self, provider: &str) {
+    /// Records a rate-limited answer (the budget does; public for the operator's label check).
+    pub fn rate_limited(&self, provider: &str) {
         self.rate_limited
             .get_or_create(&ProviderLabels {
                 provider: provider.to_string(),
@@ -219,7 +221,8 @@ impl PluginMetrics {
         }
     }
 
-    pub(crate) fn observe(
+    /// Records one call (the runtime does; public for the operator's label check).
+    pub fn observe(
         &self,
         provider: &str,
         op: &str,
@@ -250,7 +253,8 @@ impl PluginMetrics {
         }
     }
 
-    pub(crate) fn budget(&self) -> &BudgetMetrics {
+    /// The request budget's families.
+    pub fn budget(&self) -> &BudgetMetrics {
         &self.budget
     }
 
