@@ -13,6 +13,10 @@ mod configmaps;
 mod demo;
 mod docs;
 mod e2e;
+// A check of the crate graph (the plugin runtime knows no Kubernetes), run by the tests only.
+#[cfg(test)]
+mod layering;
+mod lint;
 mod moto;
 // A check of the root manifest, run by the tests only.
 #[cfg(test)]

@@ -67,9 +67,12 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
 
+    // Formatting and clippy first: the cheapest way for a change to fail.
+    let ws = crate::workspace()?;
+    crate::lint::run(&ws.root)?;
+
     crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
 
-    let ws = crate::workspace()?;
     let plugin_dir = ws.target_dir.join("plugins");
     let mut test = crate::cargo();
     test.current_dir(&ws.root)
