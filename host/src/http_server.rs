@@ -18,7 +18,11 @@
 //! | age of a connection | 5 min | [`MAX_CONNECTION_AGE`] |
 //!
 //! The per-client cap is what keeps the port answering the kubelet's probes (from the node's
-//! address) and Prometheus while one pod floods it. A connection over a cap is accepted and
+//! address) and Prometheus while one pod floods it. The last sixteenth of the total (32 at
+//! the defaults, [`Limits::reserve`]) is kept for clients with no connection open, so that a
+//! flood from many addresses cannot shut a probe out either: to fill the port an attacker
+//! needs `max_connections / max_per_client` addresses for the shared part and one more per
+//! reserved place (8 + 32 at the defaults, against 8 without the reserve). A connection over a cap is accepted and
 //! closed at once, so it never waits in the kernel's backlog holding a client's hopes. The
 //! worst case the port can hold is `max_connections x (MAX_HEADER_BYTES + a few KiB of
 //! connection state)`, about 12 MiB at the defaults, which the operator's `--memory-reserve`
@@ -43,6 +47,14 @@ pub struct Limits {
     pub max_connections: usize,
     pub max_per_client: usize,
     pub header_timeout: Duration,
+}
+
+impl Limits {
+    /// Places of the total kept for clients with no connection open: a new client (the
+    /// kubelet, Prometheus) still gets in while the rest is full.
+    pub fn reserve(&self) -> usize {
+        self.max_connections / 16
+    }
 }
 
 impl Default for Limits {
@@ -98,7 +110,13 @@ impl Admission {
     /// A ticket for one more connection from `client`, or why not.
     pub fn admit(&self, client: IpAddr) -> Result<Ticket, Refused> {
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if c.total >= self.limits.max_connections {
+        let holds_some = c.by_client.get(&client).is_some_and(|n| *n > 0);
+        let cap = if holds_some {
+            self.limits.max_connections - self.limits.reserve()
+        } else {
+            self.limits.max_connections
+        };
+        if c.total >= cap {
             return Err(Refused::Full);
         }
         let mine = c.by_client.entry(client).or_insert(0);
@@ -225,6 +243,44 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    /// A flood from more addresses than the shared part needs still leaves a place for a
+    /// client that holds none (the kubelet's probe), but never a second one for it.
+    #[test]
+    fn the_reserve_is_for_clients_with_nothing_open() {
+        let a = Admission::new(Limits {
+            max_connections: 32,
+            max_per_client: 8,
+            header_timeout: Duration::from_secs(1),
+        });
+        assert_eq!(a.limits.reserve(), 2);
+        // Five attackers: 30 places at most, the last 2 kept.
+        let mut held = vec![];
+        let mut refused = 0;
+        for i in 0..40 {
+            match a.admit(ip(&format!("10.0.1.{}", i % 5))) {
+                Ok(t) => held.push(t),
+                Err(r) => {
+                    assert_eq!(r, Refused::Full, "attempt {i}");
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!((held.len(), refused), (30, 10));
+        let probe = a
+            .admit(ip("10.0.0.9"))
+            .expect("a client with nothing open gets in");
+        assert_eq!(
+            a.admit(ip("10.0.0.9")).unwrap_err(),
+            Refused::Full,
+            "but not a second place from the reserve"
+        );
+        let _other = a.admit(ip("10.0.0.10")).expect("the second reserved place");
+        assert_eq!(a.admit(ip("10.0.0.11")).unwrap_err(), Refused::Full);
+        drop(probe);
+        a.admit(ip("10.0.0.11"))
+            .expect("a reserved place freed goes to the next new client");
     }
 
     #[test]

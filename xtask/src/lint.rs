@@ -25,8 +25,32 @@ pub const CHECKS: &[(&str, &[&str])] = &[
 
 /// Runs every check at `root`; the first that fails is the error, naming how to fix it.
 pub fn run(root: &Path) -> Result<()> {
+    ensure_components()?;
     for (what, args) in CHECKS {
         run_one(root, what, args, None)?;
+    }
+    Ok(())
+}
+
+/// Installs rustfmt and clippy with rustup when cargo lacks them (a minimal toolchain has
+/// neither); without rustup, cargo's own error says what is missing.
+fn ensure_components() -> Result<()> {
+    let has = |sub: &str| {
+        crate::cargo()
+            .args([sub, "--version"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if has("fmt") && has("clippy") {
+        return Ok(());
+    }
+    println!("installing rustfmt and clippy with rustup");
+    let status = std::process::Command::new("rustup")
+        .args(["component", "add", "rustfmt", "clippy"])
+        .status()
+        .context("running rustup component add rustfmt clippy")?;
+    if !status.success() {
+        bail!("rustup component add rustfmt clippy failed ({status})");
     }
     Ok(())
 }
