@@ -22,8 +22,9 @@
 //! the defaults, [`Limits::reserve`]) is kept for clients with no connection open, so that a
 //! flood from many addresses cannot shut a probe out either: to fill the port an attacker
 //! needs `max_connections / max_per_client` addresses for the shared part and one more per
-//! reserved place (8 + 32 at the defaults, against 8 without the reserve). A connection over a cap is accepted and
-//! closed at once, so it never waits in the kernel's backlog holding a client's hopes. The
+//! reserved place (8 + 32 at the defaults, against 8 without the reserve). A connection over
+//! a cap is accepted and closed at once, so it never waits in the kernel's backlog holding a
+//! client's hopes. The
 //! worst case the port can hold is `max_connections x (MAX_HEADER_BYTES + a few KiB of
 //! connection state)`, about 12 MiB at the defaults, which the operator's `--memory-reserve`
 //! covers.

@@ -289,7 +289,7 @@ fn remove_wasm_files_except(dir: &Path, keep: &[&Path]) -> Result<()> {
     Ok(())
 }
 
-fn run_checked(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run_checked(cmd: &mut Command) -> Result<()> {
     let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
     ensure!(status.success(), "{cmd:?} failed with {status}");
     Ok(())

@@ -45,14 +45,12 @@ fn ensure_components() -> Result<()> {
         return Ok(());
     }
     println!("installing rustfmt and clippy with rustup");
-    let status = std::process::Command::new("rustup")
-        .args(["component", "add", "rustfmt", "clippy"])
-        .status()
-        .context("running rustup component add rustfmt clippy")?;
-    if !status.success() {
-        bail!("rustup component add rustfmt clippy failed ({status})");
-    }
-    Ok(())
+    crate::build_plugins::run_checked(std::process::Command::new("rustup").args([
+        "component",
+        "add",
+        "rustfmt",
+        "clippy",
+    ]))
 }
 
 /// Runs one check; `target` overrides the target directory (the test's throwaway crates).
