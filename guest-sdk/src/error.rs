@@ -62,7 +62,19 @@ impl ProviderError {
             class,
             message: message.into(),
             code: None,
+            #[cfg(not(feature = "contract-v0-1"))]
+            retry_after_ms: None,
         }
+    }
+
+    /// The backend said it is rate limiting this account, and for how long (a code in the
+    /// body, a documented back-off the host cannot read from the headers): the host pauses
+    /// every request of this provider for `ms` (at most an hour). Use it with a
+    /// quota-exceeded or transient error.
+    #[cfg(not(feature = "contract-v0-1"))]
+    pub fn with_retry_after(mut self, ms: u32) -> Self {
+        self.retry_after_ms = Some(ms);
+        self
     }
 
     /// Retrying cannot help until the spec or config changes (bad placement, bad config,
@@ -143,7 +155,7 @@ impl ProviderError {
             ErrorClass::NotFound => ProviderError {
                 class: ErrorClass::Permanent,
                 message: format!("{} ({hint})", self.message),
-                code: self.code,
+                ..self
             },
             _ => self,
         }

@@ -46,6 +46,18 @@ pub fn secret_string(key: &str) -> Result<String, ProviderError> {
     Ok(text.trim().to_string())
 }
 
+/// Makes `value` a secret of this provider, as its configured secrets are: the host then
+/// removes it from every log line, error and reply of every later call, in every encoding.
+/// For what the plugin derives from its secrets: an exchanged access token, a signature,
+/// a session cookie. Values under 8 bytes are ignored; one over 4096 bytes ends the call.
+#[cfg(not(feature = "contract-v0-1"))]
+pub fn mark_sensitive(value: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(value) {
+        crate::outcome::remember_secret(text);
+    }
+    raw::mark_sensitive(value);
+}
+
 fn secret_error(key: &str, e: raw::SecretError) -> ProviderError {
     match e {
         raw::SecretError::NotConfigured => ProviderError::permanent(format!(

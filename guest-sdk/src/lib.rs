@@ -23,10 +23,19 @@
 // inside this crate's own tests.
 extern crate self as egress_guest_sdk;
 
-/// Raw bindings of `egress:provider@0.1.0`. Plugins should not need them; they are public
-/// because the export macro expands in the plugin crate and must reach them.
+/// Raw bindings of `egress:provider@0.2.0` (of 0.1.0 with the `contract-v0-1` feature).
+/// Plugins should not need them; they are public because the export macro expands in the
+/// plugin crate and must reach them.
 #[doc(hidden)]
 pub mod bindings {
+    #[cfg(not(feature = "contract-v0-1"))]
+    wit_bindgen::generate!({
+        path: "../wit/v0.2.0",
+        world: "provider-plugin",
+        pub_export_macro: true,
+        default_bindings_module: "egress_guest_sdk::bindings",
+    });
+    #[cfg(feature = "contract-v0-1")]
     wit_bindgen::generate!({
         path: "../wit/v0.1.0",
         world: "provider-plugin",
@@ -34,6 +43,13 @@ pub mod bindings {
         default_bindings_module: "egress_guest_sdk::bindings",
     });
 }
+
+/// The contract version this build of the SDK implements.
+#[cfg(not(feature = "contract-v0-1"))]
+pub const CONTRACT_VERSION: &str = "0.2.0";
+/// The contract version this build of the SDK implements.
+#[cfg(feature = "contract-v0-1")]
+pub const CONTRACT_VERSION: &str = "0.1.0";
 
 pub mod classify;
 pub mod config;
@@ -51,11 +67,15 @@ pub mod tags;
 pub mod time;
 
 pub use bindings::egress::provider::host::Level;
+#[cfg(not(feature = "contract-v0-1"))]
+pub use bindings::egress::provider::types::{Capacity, IpFamily, Price, RequestBudget};
 pub use bindings::egress::provider::types::{
     CreateRequest, Datetime, ErrorClass, Instance, Placement, PluginInfo, ProviderError, State,
     TargetStatus,
 };
 pub use error::PlacementField;
+#[cfg(not(feature = "contract-v0-1"))]
+pub use host::mark_sensitive;
 pub use host::{cache_get, cache_set, config, config_json, secret, secret_string};
 
 /// Marks every managed instance carries, and the backend name for a Proxy's UID: the
@@ -86,10 +106,75 @@ pub trait Provider {
     fn check() -> Vec<TargetStatus> {
         Vec::new()
     }
+    /// The hourly price of an instance of `placement` now; `None` when the backend
+    /// publishes none. Unknown placement values are permanent errors, as in `create`.
+    #[cfg(not(feature = "contract-v0-1"))]
+    fn quote(placement: Placement) -> Result<Option<Price>, ProviderError> {
+        let _ = placement;
+        Ok(None)
+    }
 }
 
 /// Export a [`Provider`] implementation as the plugin's `plugin` and `provider` interfaces.
 /// Use it exactly once per plugin crate.
+#[cfg(not(feature = "contract-v0-1"))]
+#[macro_export]
+macro_rules! export_provider {
+    ($ty:ty) => {
+        const _: () = {
+            struct __EgressExport;
+
+            impl $crate::bindings::exports::egress::provider::plugin::Guest for __EgressExport {
+                fn info() -> $crate::PluginInfo {
+                    <$ty as $crate::Provider>::info()
+                }
+                fn validate_config(
+                    config: ::std::string::String,
+                ) -> ::core::result::Result<(), $crate::ProviderError> {
+                    <$ty as $crate::Provider>::validate_config(&config)
+                }
+            }
+
+            impl $crate::bindings::exports::egress::provider::provider::Guest for __EgressExport {
+                fn create(
+                    req: $crate::CreateRequest,
+                ) -> ::core::result::Result<::std::string::String, $crate::ProviderError> {
+                    <$ty as $crate::Provider>::create(req)
+                }
+                fn get(
+                    id: ::std::string::String,
+                ) -> ::core::result::Result<$crate::Instance, $crate::ProviderError> {
+                    <$ty as $crate::Provider>::get(&id)
+                }
+                fn delete(
+                    id: ::std::string::String,
+                ) -> ::core::result::Result<(), $crate::ProviderError> {
+                    <$ty as $crate::Provider>::delete(&id)
+                }
+                fn list_by_tag(
+                    installation: ::std::string::String,
+                ) -> ::core::result::Result<::std::vec::Vec<$crate::Instance>, $crate::ProviderError>
+                {
+                    <$ty as $crate::Provider>::list_by_tag(&installation)
+                }
+                fn check() -> ::std::vec::Vec<$crate::TargetStatus> {
+                    <$ty as $crate::Provider>::check()
+                }
+                fn quote(
+                    placement: $crate::Placement,
+                ) -> ::core::result::Result<::core::option::Option<$crate::Price>, $crate::ProviderError>
+                {
+                    <$ty as $crate::Provider>::quote(placement)
+                }
+            }
+
+            $crate::bindings::export!(__EgressExport with_types_in $crate::bindings);
+        };
+    };
+}
+
+/// [`export_provider!`] for `egress:provider@0.1.0`.
+#[cfg(feature = "contract-v0-1")]
 #[macro_export]
 macro_rules! export_provider {
     ($ty:ty) => {
@@ -149,7 +234,21 @@ impl PluginInfo {
             has_check: false,
             default_hosts: Vec::new(),
             profile: Vec::new(),
+            #[cfg(not(feature = "contract-v0-1"))]
+            default_budget: None,
         }
+    }
+
+    /// The request budget a provider of this plugin gets when its entry in the providers
+    /// file sets none: the backend's documented limit, with room left for the account's
+    /// other tools. The host caps it; the providers file overrides it.
+    #[cfg(not(feature = "contract-v0-1"))]
+    pub fn with_budget(mut self, requests_per_hour: u32, burst: u32) -> Self {
+        self.default_budget = Some(RequestBudget {
+            requests_per_hour,
+            burst,
+        });
+        self
     }
 
     /// The behaviour profile from whitespace-separated `axis=code` words, so a plugin can
@@ -161,6 +260,42 @@ impl PluginInfo {
             .map(|(axis, code)| (axis.to_string(), code.to_string()))
             .collect();
         self
+    }
+}
+
+impl Instance {
+    /// An instance with nothing known: no address, provisioning, no UID, no creation time.
+    /// Lets a plugin fill in what it knows with struct update syntax and still build
+    /// against either contract version: `Instance { id, ip, state, uid, created_at,
+    /// ..Instance::empty() }`.
+    pub fn empty() -> Self {
+        Instance {
+            id: String::new(),
+            ip: String::new(),
+            state: State::Provisioning,
+            uid: String::new(),
+            created_at: None,
+            #[cfg(not(feature = "contract-v0-1"))]
+            ipv6: String::new(),
+            #[cfg(not(feature = "contract-v0-1"))]
+            interrupted: false,
+            #[cfg(not(feature = "contract-v0-1"))]
+            hourly_price: None,
+        }
+    }
+}
+
+impl Placement {
+    /// An on-demand placement.
+    pub fn new(region: &str, zone: &str, machine_type: &str, image: &str) -> Self {
+        Placement {
+            region: region.into(),
+            zone: zone.into(),
+            machine_type: machine_type.into(),
+            image: image.into(),
+            #[cfg(not(feature = "contract-v0-1"))]
+            capacity: Capacity::OnDemand,
+        }
     }
 }
 

@@ -212,6 +212,7 @@ mod tests {
             state,
             uid: String::new(),
             created_at: None,
+            ..Instance::empty()
         };
         let lines = [
             OUT.line("create", "proxy-x", Ok("r1/1".to_string())).0,

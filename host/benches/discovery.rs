@@ -65,12 +65,7 @@ async fn seed(client: &kube::Client) {
             &name,
             ProxySpec {
                 provider: provider.into(),
-                placement: Placement {
-                    region: region.into(),
-                    zone: zone.into(),
-                    machine_type: "small".into(),
-                    image: "debian-12".into(),
-                },
+                placement: Placement::new(region, zone, "small", "debian-12"),
                 cloud_init: CloudInit {
                     inline: Some("#cloud-config\n".into()),
                     secret_key_ref: None,

@@ -88,7 +88,7 @@ async fn main() {
         scratch.path().to_path_buf(),
     );
     // The emulator is no real backend: no shipped 3,600/h budget in the way.
-    opts.shipped_budgets = false;
+    opts.default_budgets = false;
     let rt = Runtime::new(opts).expect("runtime");
     let plugin = rt
         .load_plugin(&plugin_dir().join("hetzner.wasm"))
@@ -104,14 +104,10 @@ async fn main() {
             namespace: "bench".into(),
             proxy_name: "bench".into(),
             installation: "sandbox-bench".into(),
-            placement: Placement {
-                region: "fsn1".into(),
-                zone: "fsn1-dc14".into(),
-                machine_type: "cpx11".into(),
-                image: "ubuntu".into(),
-            },
+            placement: Placement::new("fsn1", "fsn1-dc14", "cpx11", "ubuntu"),
             cloud_init: b"#cloud-config\n".to_vec(),
             port: 3128,
+            ip_family: Default::default(),
         })
         .await
         .expect("create");

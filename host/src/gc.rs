@@ -369,19 +369,14 @@ mod tests {
     const MIN: Duration = Duration::from_secs(600);
 
     fn inst(uid: &str, age: Option<i64>, now: SystemTime) -> Instance {
-        Instance {
-            id: format!("fake/{uid}"),
-            ip: String::new(),
-            state: State::Running,
-            uid: uid.into(),
-            created_at: age.map(|secs| {
-                if secs >= 0 {
-                    now - Duration::from_secs(secs as u64)
-                } else {
-                    now + Duration::from_secs((-secs) as u64)
-                }
-            }),
-        }
+        let created_at = age.map(|secs| {
+            if secs >= 0 {
+                now - Duration::from_secs(secs as u64)
+            } else {
+                now + Duration::from_secs((-secs) as u64)
+            }
+        });
+        Instance::new(&format!("fake/{uid}"), "", State::Running, uid, created_at)
     }
 
     #[test]

@@ -488,13 +488,7 @@ mod tests {
     use crate::testing::fake_provider::FakeProvider;
 
     fn inst(id: &str, state: State, ip: &str) -> Instance {
-        Instance {
-            id: id.into(),
-            ip: ip.into(),
-            state,
-            uid: format!("uid-{id}"),
-            created_at: None,
-        }
+        Instance::new(id, ip, state, &format!("uid-{id}"), None)
     }
 
     fn provider(name: &str) -> Arc<dyn Provider> {

@@ -357,7 +357,7 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
             // Past what the host copies out of a guest at all: refused before the copy.
             attack: "huge-id:8388608".into(),
             limits: "fuel: 100000000000",
-            expect: Expect::Limit("MAX_LIFT_BYTES = 2.5 MiB"),
+            expect: Expect::Limit("MAX_LIFT_BYTES = 3 MiB"),
             within: s(5),
             trap: None,
         },
@@ -389,6 +389,7 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
         },
         cloud_init: Vec::new(),
         port: 3128,
+        ip_family: Default::default(),
     };
     let good_id = good.create(&req).await.expect("the good provider creates");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -713,6 +714,7 @@ async fn nothing_sensitive_leaves_through_any_channel() {
         },
         cloud_init: cloud_init.clone().into_bytes(),
         port: 3128,
+        ip_family: Default::default(),
     };
     // Create stashes the document; every later call is a different Proxy's or none.
     seen.push_str(&format!("{:?}\n", p.create(&req).await));
@@ -910,7 +912,7 @@ async fn a_reply_cannot_make_the_host_copy_more_than_the_lift_bound() {
     .await;
     let e = result.expect_err("the aliased list is refused");
     assert_eq!(e.class, Class::Transient, "{e}");
-    assert!(e.message.contains("MAX_LIFT_BYTES = 2.5 MiB"), "{e}");
+    assert!(e.message.contains("MAX_LIFT_BYTES = 3 MiB"), "{e}");
     let fit = p.limits().host_bytes_per_call();
     eprintln!(
         "aliased list: resident memory grew by {:.1} MiB at its peak (bound {:.1} MiB, fit's host side per call {:.1} MiB)",
@@ -924,4 +926,132 @@ async fn a_reply_cannot_make_the_host_copy_more_than_the_lift_bound() {
     );
     // The provider keeps answering.
     p.get("ok").await.unwrap();
+}
+
+/// What contract 0.2.0 lets a plugin hand the host, each bounded (threat model: plugin ->
+/// host, contract 0.2.0): a value it marks sensitive is scrubbed from its own error, code and
+/// log at once and refused in a later call's ID; a value too long to hold ends the call; a
+/// rate limit it reports pauses only its own provider's budget, for at most an hour; and the
+/// new reply fields are checked like the old ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_0_2_0_inputs_are_checked_and_bounded() {
+    let _dir = plugins_or_skip!();
+    let _one = ONE_AT_A_TIME.lock().await;
+    let server = support::TestServer::start().await;
+    let rt = support::runtime();
+    let metrics = PluginMetrics::register(&mut prometheus_client::registry::Registry::default());
+    rt.set_metrics(metrics.clone());
+    let (_guard, captured) = proxy_operator::testing::capture();
+    let p = support::provider(&rt, "hostile.wasm", &support::hostile_yaml(server.port, "")).await;
+    assert_eq!(p.plugin().world_version, "0.2.0");
+
+    // mark-sensitive: scrubbed in the very call that marks it, and in every later one.
+    const TOKEN: &str = "derived-access-token-77ab";
+    let e = p
+        .get(&format!("mark:{TOKEN}"))
+        .await
+        .expect_err("mark fails");
+    let logs = captured.all_text();
+    // (The call's ID is the caller's own text, this test's: only the plugin's output counts.)
+    assert!(
+        !e.message.contains(TOKEN) && !e.code.as_deref().unwrap_or_default().contains(TOKEN),
+        "{e:?}"
+    );
+    assert!(!logs.contains(TOKEN), "{logs}");
+    assert!(e.message.contains("[REDACTED]"), "{e:?}");
+    let e = p
+        .get(&format!("id:{TOKEN}"))
+        .await
+        .expect_err("an ID holding it");
+    assert!(
+        e.message.contains("instance.id holds a secret") && !e.message.contains(TOKEN),
+        "{e}"
+    );
+    // A short value is not a secret (it would match ordinary text), so an ID may hold it.
+    p.get("mark:short").await.expect_err("mark fails");
+    assert_eq!(p.get("id:short").await.unwrap().id, "short");
+    // Too long to hold: the call ends, naming the bound; the value is never shown.
+    let e = p.get("mark-huge:5000").await.expect_err("too long");
+    assert_eq!(e.class, Class::Transient);
+    assert!(e.message.contains("5000 bytes, more than the 4096"), "{e}");
+
+    // New reply fields: an interrupted instance must be stopped or terminated, a price
+    // must name an ISO 4217 currency, an IPv6 address must be one and public.
+    let e = p.get("interrupted:running").await.expect_err("running");
+    assert!(
+        e.message
+            .contains("instance.interrupted is set on a Running instance"),
+        "{e}"
+    );
+    let i = p.get("interrupted:gone").await.unwrap();
+    assert!(i.interrupted);
+    let e = p.get("price:euro").await.expect_err("bad currency");
+    assert!(
+        e.message
+            .contains("instance.hourly-price.currency \"euro\""),
+        "{e}"
+    );
+    let i = p.get("price:EUR").await.unwrap();
+    assert_eq!(i.hourly_price.unwrap().micros_per_hour, 12_500);
+    let e = p.get("ipv6:::1").await.expect_err("loopback");
+    assert!(e.message.contains("instance.ipv6 ::1 is a loopback"), "{e}");
+    let e = p.get("ipv6:203.0.113.9").await.expect_err("not v6");
+    assert!(
+        e.message
+            .contains("instance.ipv6 203.0.113.9 is not an IPv6"),
+        "{e}"
+    );
+    let i = p.get("ipv6:2001:db8::7").await.unwrap();
+    assert_eq!(
+        (i.ip.as_str(), i.ipv6.as_str(), i.state),
+        (
+            "",
+            "2001:db8::7",
+            egress_plugin_host::provider::State::Running
+        ),
+        "an IPv6-only instance is running"
+    );
+    let e = p
+        .quote(&Placement::new("euro", "", "", ""))
+        .await
+        .expect_err("bad currency");
+    assert!(e.message.contains("quote.currency \"euro\""), "{e}");
+    let q = p.quote(&Placement::new("CHF", "", "", "")).await.unwrap();
+    assert_eq!(q.map(|p| p.currency).as_deref(), Some("CHF"));
+
+    // A rate limit the plugin reports pauses its own budget: its next request waits (and
+    // its call ends by the budget, sending nothing); another provider's is untouched.
+    let yaml = |name: &str| {
+        format!(
+            "{}\nbudget: {{requestsPerHour: 36000, burst: 3}}",
+            support::hostile_yaml(server.port, "timeout: 300ms")
+        )
+        .replace("name: hostile", &format!("name: {name}"))
+    };
+    let slowed = support::provider(&rt, "hostile.wasm", &yaml("slowed")).await;
+    let other = support::provider(&rt, "hostile.wasm", &yaml("other")).await;
+    let e = slowed
+        .get(&format!("rate-limited:{}", u32::MAX))
+        .await
+        .expect_err("rate limited");
+    assert_eq!(e.class, Class::QuotaExceeded, "{e}");
+    let before = server.hits.load(std::sync::atomic::Ordering::SeqCst);
+    let e = slowed
+        .get(&format!("http:{}", server.url("/ok")))
+        .await
+        .expect_err("paused");
+    assert!(e.message.contains("request budget"), "{e}");
+    assert_eq!(metrics.traps("slowed", "get", TrapKind::Budget), 1);
+    assert_eq!(
+        server.hits.load(std::sync::atomic::Ordering::SeqCst),
+        before
+    );
+    other
+        .get(&format!("http:{}", server.url("/ok")))
+        .await
+        .expect("another provider's budget is its own");
+    assert_eq!(
+        server.hits.load(std::sync::atomic::Ordering::SeqCst),
+        before + 1
+    );
 }

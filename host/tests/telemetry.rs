@@ -42,6 +42,7 @@ async fn sentinels_never_leave_the_sandbox() {
         cloud_init: format!("#cloud-config\nwrite_files:\n  - content: {CI_SENTINEL}\n")
             .into_bytes(),
         port: 3128,
+        ip_family: Default::default(),
     };
     let err = p.create(&req).await.expect_err("the leaky create fails");
     let targets = p.check().await.expect("has a check");

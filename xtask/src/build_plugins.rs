@@ -13,6 +13,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const TARGET: &str = "wasm32-wasip2";
+
+/// Plugins built a second time against an older contract: (package, feature, output name
+/// under `testing/`).
+const OLD_CONTRACT_BUILDS: &[(&str, &str, &str)] = &[(
+    "example",
+    "egress-guest-sdk/contract-v0-1",
+    "example-v0.1.0",
+)];
 const PROFILE: &str = "plugin";
 /// A real provider at or above this size fails the build.
 pub const MAX_PLUGIN_BYTES: u64 = 512 * 1024;
@@ -134,6 +142,46 @@ pub fn run(args: &Args) -> Result<()> {
             }
         );
         built.push((p.clone(), dst));
+    }
+
+    // The SDK built for the older contract: the example plugin again, with the SDK's
+    // `contract-v0-1` feature, as `testing/example-v0.1.0.wasm` (a plugin author's view of
+    // the feature; the committed fixture under host/tests/fixtures is the other view, a
+    // plugin compiled before 0.2.0). Built last, on its own: the feature would otherwise be
+    // unified into every plugin of a shared build. The next build uplifts the 0.2.0
+    // artifact again (cargo keeps one per feature set).
+    for (package, feature, name) in OLD_CONTRACT_BUILDS {
+        run_checked(crate::cargo().current_dir(&ws.root).args([
+            "rustc",
+            "--target",
+            TARGET,
+            "--profile",
+            PROFILE,
+            "-p",
+            package,
+            "--features",
+            feature,
+            "--crate-type",
+            "cdylib",
+        ]))?;
+        let src = artifacts.join(format!("{}.wasm", package.replace('-', "_")));
+        let dst = testing_dir.join(format!("{name}.wasm"));
+        std::fs::copy(&src, &dst)
+            .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+        println!(
+            "{:<40} {:>9.1} KiB  [testing: {feature}]",
+            format!("plugins/testing/{name}.wasm"),
+            std::fs::metadata(&dst)?.len() as f64 / 1024.0
+        );
+        built.push((
+            Plugin {
+                name: name.to_string(),
+                lib_name: package.replace('-', "_"),
+                testing: true,
+                shared_build: false,
+            },
+            dst,
+        ));
     }
 
     let sizes: Vec<(&Plugin, u64)> = built

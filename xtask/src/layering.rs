@@ -1,6 +1,8 @@
 //! The crate graph's one rule: the plugin runtime (`egress-plugin-host`) depends on no
 //! Kubernetes crate, so it can be embedded, tested and reviewed without the operator; the
-//! operator depends on it, never the reverse.
+//! operator depends on it, never the reverse. And the host names no plugin: what differs
+//! between backends is what a plugin declares about itself (`plugin-info`), never a table
+//! in the host keyed by a plugin's name (the default budgets were one, until contract 0.2.0).
 
 use anyhow::{Context, Result, bail};
 
@@ -50,9 +52,106 @@ fn violations(deps: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// The type names the shipped plugins declare (`PluginInfo::new("<name>", ...)`).
+fn shipped_type_names(root: &std::path::Path) -> Vec<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for lib in glob_libs(&root.join("providers-wasm")) {
+        let text = std::fs::read_to_string(&lib).unwrap_or_default();
+        for part in text.split("PluginInfo::new(\"").skip(1) {
+            if let Some(name) = part.split('"').next() {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names.into_iter().collect()
+}
+
+fn glob_libs(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n == "lib.rs") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Where `text` decides something by a plugin's name: a match arm or a comparison on the
+/// quoted name (what `shipped_default` was: `"hetzner" => Some(...)`). Test modules are
+/// left out: tests name their fixtures.
+fn decisions_by_name(text: &str, names: &[String]) -> Vec<String> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    let mut found = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let line = line.trim();
+        if line.starts_with("//") {
+            continue;
+        }
+        for name in names {
+            let q = format!("\"{name}\"");
+            if line.contains(&format!("{q} =>"))
+                || line.contains(&format!("{q} |"))
+                || line.contains(&format!("== {q}"))
+                || line.contains(&format!("{q} =="))
+            {
+                found.push(format!("line {}: {line}", n + 1));
+            }
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_decides_nothing_by_a_plugins_name() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let names = shipped_type_names(&root);
+        assert!(
+            names.len() >= 8 && names.iter().any(|n| n == "hetzner"),
+            "the shipped plugins' names were not found: {names:?}"
+        );
+        let mut bad = Vec::new();
+        for src in ["plugin-host/src", "host/src"] {
+            let mut stack = vec![root.join(src)];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).unwrap().flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else if p.extension().is_some_and(|x| x == "rs") {
+                        let text = std::fs::read_to_string(&p).unwrap();
+                        for f in decisions_by_name(&text, &names) {
+                            bad.push(format!("{}: {f}", p.display()));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            bad.is_empty(),
+            "the host decides by a plugin's name; declare it in plugin-info instead:\n{}",
+            bad.join("\n")
+        );
+    }
+
+    /// The check finds the table it replaced, and passes over tests and comments.
+    #[test]
+    fn a_table_keyed_by_plugin_names_is_found() {
+        let names = ["hetzner".to_string(), "ec2".to_string()];
+        let table = "fn shipped_default(t: &str) -> Option<Spec> {\n    match t {\n        \"hetzner\" => Some(a),\n        \"ec2\" | \"gce\" => None,\n        _ if t == \"hetzner\" => None,\n    }\n}\n// \"hetzner\" => a comment\n#[cfg(test)]\nmod tests { \"hetzner\" => 1 }\n";
+        let found = decisions_by_name(table, &names);
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(found[0].starts_with("line 3:"), "{found:?}");
+    }
 
     #[test]
     fn the_plugin_runtime_depends_on_no_kubernetes_crate_nor_on_the_operator() {

@@ -176,6 +176,17 @@ pub struct Placement {
     pub image: String,
 }
 
+impl Placement {
+    pub fn new(region: &str, zone: &str, machine_type: &str, image: &str) -> Self {
+        Placement {
+            region: region.into(),
+            zone: zone.into(),
+            machine_type: machine_type.into(),
+            image: image.into(),
+        }
+    }
+}
+
 /// Cloud-init user data: inline text or a key of a Secret in the Proxy's namespace,
 /// exactly one of the two. A Secret is the place for anything confidential (proxy
 /// credentials); the operator never logs the content either way.

@@ -3,7 +3,7 @@
 use egress_plugin_host::config::{Budget, ProvidersFile, fit};
 use egress_plugin_host::plugin::RuntimeOptions;
 use egress_plugin_host::plugin::compiler::CompileLimits;
-use egress_plugin_host::provider::Placement;
+use egress_plugin_host::provider::{Capacity, Placement};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -151,18 +151,26 @@ pub fn parse_quantity(s: &str) -> Result<u64, String> {
     egress_plugin_host::config::budget::parse_quantity(s)
 }
 
-/// `region/zone/machineType/image`; parts may be empty where the provider ignores them.
+/// `region/zone/machineType/image[/spot]`; parts may be empty where the provider ignores
+/// them, and a fifth part `spot` asks for spot capacity.
 pub fn parse_placement(s: &str) -> Result<Placement, String> {
     let parts: Vec<&str> = s.split('/').collect();
-    match parts.as_slice() {
+    let (capacity, parts) = match parts.as_slice() {
+        [rest @ .., "spot"] if rest.len() == 4 => (Capacity::Spot, rest),
+        [.., last] if parts.len() == 5 => {
+            return Err(format!(
+                "placement {s:?}: the fifth part {last:?} must be `spot` (or leave it out for on-demand)"
+            ));
+        }
+        all => (Capacity::OnDemand, all),
+    };
+    match parts {
         [region, zone, machine_type, image] => Ok(Placement {
-            region: region.to_string(),
-            zone: zone.to_string(),
-            machine_type: machine_type.to_string(),
-            image: image.to_string(),
+            capacity,
+            ..Placement::new(region, zone, machine_type, image)
         }),
         _ => Err(format!(
-            "placement {s:?} has {} part(s); want region/zone/machineType/image",
+            "placement {s:?} has {} part(s); want region/zone/machineType/image[/spot]",
             parts.len()
         )),
     }

@@ -8,14 +8,14 @@ use egress_plugin_host::plugin::{Runtime, WasmProvider};
 use std::path::Path;
 
 /// Loads the one provider `name` of a providers file, or says why it did not load.
-/// `shipped_budgets` off turns off the shipped plugins' default request budgets (against an
+/// `default_budgets` off turns off the plugins' declared default request budgets (against an
 /// emulator, far faster than a real backend allows).
 pub async fn provider(
     file_path: &Path,
     name: &str,
     plugin_dir: &Path,
     runtime: &RuntimeArgs,
-    shipped_budgets: bool,
+    default_budgets: bool,
 ) -> anyhow::Result<WasmProvider> {
     let text = std::fs::read_to_string(file_path)
         .with_context(|| format!("reading providers file {}", file_path.display()))?;
@@ -29,7 +29,7 @@ pub async fn provider(
         names.join(", ")
     );
     let mut opts = runtime.options(&file);
-    opts.shipped_budgets = shipped_budgets;
+    opts.default_budgets = default_budgets;
     let rt = Runtime::new(opts)?;
     let entry = &file.providers[0];
     // Only the plugin this entry names: the others in the directory are not under test.

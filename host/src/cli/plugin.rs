@@ -43,6 +43,15 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         "type": p.info.type_name,
         "version": p.info.version,
         "hasCheck": p.info.has_check,
+        // What a provider entry without `budget` gets (0.2.0), after the host's cap.
+        "defaultBudget": p.info.default_budget.map(|b| {
+            let capped = egress_plugin_host::plugin::budget::cap_default(b);
+            serde_json::json!({
+                "requestsPerHour": capped.per_hour,
+                "burst": capped.burst,
+                "declared": {"requestsPerHour": b.per_hour, "burst": b.burst},
+            })
+        }),
         "defaultHosts": hosts,
         "imports": p.imports(),
         "profile": p.info.profile.iter().cloned().collect::<BTreeMap<_, _>>(),

@@ -139,6 +139,7 @@ impl<'a> Ctx<'a> {
             placement: self.opts.placement.clone(),
             cloud_init: b"#cloud-config\n# egress conformance suite\n".to_vec(),
             port: 3128,
+            ip_family: Default::default(),
         }
     }
 

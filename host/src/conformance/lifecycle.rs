@@ -91,6 +91,7 @@ pub async fn run(
         placement: opts.placement.clone(),
         cloud_init: opts.cloud_init.clone(),
         port: opts.port,
+        ip_family: Default::default(),
     };
     let mut steps = Vec::new();
     let mut done = |name, started: Instant, detail: String| {

@@ -993,13 +993,7 @@ mod tests {
     }
 
     fn inst(state: State, ip: &str) -> Instance {
-        Instance {
-            id: ID.into(),
-            ip: ip.into(),
-            state,
-            uid: "uid-1".into(),
-            created_at: None,
-        }
+        Instance::new(ID, ip, state, "uid-1", None)
     }
 
     fn get(purpose: GetPurpose) -> Next {

@@ -1035,9 +1035,11 @@ impl<'a> Shell<'a> {
                         zone: p.zone.clone(),
                         machine_type: p.machine_type.clone(),
                         image: p.image.clone(),
+                        capacity: Default::default(),
                     },
                     cloud_init: r.cloud_init.clone(),
                     port: r.port,
+                    ip_family: Default::default(),
                 };
                 let result = scope(Priority::Urgent, provider.create(&req)).await;
                 log_call("create", &req.name, result.as_ref().err());

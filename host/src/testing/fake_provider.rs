@@ -354,6 +354,9 @@ fn view(i: &FakeInstance) -> Instance {
         state: i.state,
         uid: i.uid.clone(),
         created_at: i.created_at,
+        ipv6: String::new(),
+        interrupted: false,
+        hourly_price: None,
     }
 }
 
@@ -467,6 +470,7 @@ mod tests {
             placement: Placement::default(),
             cloud_init: b"secret".to_vec(),
             port: 3128,
+            ip_family: Default::default(),
         }
     }
 

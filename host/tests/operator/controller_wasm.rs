@@ -89,12 +89,7 @@ async fn proxy_lifecycle_through_the_example_plugin() {
         "p1",
         ProxySpec {
             provider: "ex".into(),
-            placement: Placement {
-                region: "r1".into(),
-                zone: "z1".into(),
-                machine_type: "small".into(),
-                image: "img".into(),
-            },
+            placement: Placement::new("r1", "z1", "small", "img"),
             cloud_init: CloudInit {
                 inline: Some(cloud_init.into()),
                 secret_key_ref: None,
@@ -229,12 +224,7 @@ async fn fault_injection_run_through_the_wasm_plugin() {
             &format!("p{i:02}"),
             ProxySpec {
                 provider: "ex".into(),
-                placement: Placement {
-                    region: "r1".into(),
-                    zone: "z1".into(),
-                    machine_type: "small".into(),
-                    image: "img".into(),
-                },
+                placement: Placement::new("r1", "z1", "small", "img"),
                 cloud_init: CloudInit {
                     inline: Some("#cloud-config\n".into()),
                     secret_key_ref: None,

@@ -226,7 +226,7 @@ fn default_overlay_renders_valid_hardened_manifests() {
     );
     let limits = c.resources.clone().unwrap().limits.unwrap();
     assert_eq!(
-        limits["memory"].0, "320Mi",
+        limits["memory"].0, "328Mi",
         "sized in shipped_manifests_fit_the_pod"
     );
     let args = c.args.clone().unwrap();

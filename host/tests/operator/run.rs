@@ -181,14 +181,14 @@ fn refuses_to_start_when_the_providers_do_not_fit_the_pod() {
             .arg(support::cache_dir())
             .arg("--plugin-scratch-dir")
             .arg(dir.path().join("scratch"))
-            .args(["--memory-limit", "320Mi", "--scratch-limit", "64Mi"])
+            .args(["--memory-limit", "328Mi", "--scratch-limit", "64Mi"])
             .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
             .env("NO_COLOR", "1");
     };
     let want = [
         "providers need up to",
         "big: limits.concurrency 8 x (limits.memoryMib 512 + ",
-        "the pod's memory limit 320 MiB minus the operator's reserve 96 MiB leaves 224 MiB",
+        "the pod's memory limit 328 MiB minus the operator's reserve 96 MiB leaves 232 MiB",
         "big: limits.concurrency 8 x limits.tmpMib 8 = 64 MiB",
         "but the scratch space is 64 MiB",
     ];

@@ -62,12 +62,7 @@ async fn start(auth_on: bool) -> Env {
             name,
             ProxySpec {
                 provider: "hetzner".into(),
-                placement: Placement {
-                    region: "fsn1".into(),
-                    zone: String::new(),
-                    machine_type: "cx23".into(),
-                    image: "debian-12".into(),
-                },
+                placement: Placement::new("fsn1", "", "cx23", "debian-12"),
                 cloud_init: CloudInit {
                     inline: Some("#cloud-config\n".into()),
                     secret_key_ref: None,

@@ -3,7 +3,7 @@
 //! without limits; see `support/bomb.rs`) used to be compiled with no limit at all, and
 //! the wait for it blocked the task that also served `/healthz` and `/readyz`.
 //!
-//! Here, the real operator under the Deployment's limits (a 320Mi memory cgroup): provider
+//! Here, the real operator under the Deployment's limits (a 328Mi memory cgroup): provider
 //! `ex` serves a Running Proxy, and provider `other` another. Then `ex`'s plugin file is
 //! replaced, first by a slow compile (tens of seconds of CPU: the CPU-time limit ends it),
 //! then by the bomb (the memory limit, or the pod's memory, ends it). Throughout, `/healthz`
@@ -131,7 +131,7 @@ async fn a_compile_bomb_is_refused_within_its_limits_while_everything_else_serve
     )
     .unwrap();
     // The compile's memory asked for is more than the pod has: the operator takes what the
-    // pod leaves (320 MiB minus the 96 MiB reserve), so the slow compile below meets its
+    // pod leaves (328 MiB minus the 96 MiB reserve), so the slow compile below meets its
     // CPU-time limit (the default, 20 s) before any memory limit.
     let Some(mut op) = start_operator_limited(
         &plugins,
@@ -249,7 +249,7 @@ async fn a_compile_bomb_is_refused_within_its_limits_while_everything_else_serve
         .as_ref()
         .expect("started under the Deployment's limits");
     eprintln!(
-        "the pod's memory peaked at {} MiB of 320; OOM kills in it: {} (never the operator's)",
+        "the pod's memory peaked at {} MiB of 328; OOM kills in it: {} (never the operator's)",
         cgroup.peak() >> 20,
         cgroup.oom_kills()
     );

@@ -64,7 +64,7 @@ async fn an_aliased_list_reply_is_refused_within_the_fit_by_a_running_operator()
     );
     let log = op.log();
     assert!(
-        log.contains("MAX_LIFT_BYTES = 2.5 MiB"),
+        log.contains("MAX_LIFT_BYTES = 3 MiB"),
         "the refusal names the bound:\n{log}"
     );
     let grew = peak.saturating_sub(before);

@@ -87,14 +87,10 @@ fn request(uid: &str) -> CreateRequest {
         namespace: "default".into(),
         proxy_name: "p1".into(),
         installation: INST.into(),
-        placement: Placement {
-            region: "fsn1".into(),
-            zone: String::new(),
-            machine_type: "cpx11".into(),
-            image: "ubuntu".into(),
-        },
+        placement: Placement::new("fsn1", "", "cpx11", "ubuntu"),
         cloud_init: b"#cloud-config\n".to_vec(),
         port: 3128,
+        ip_family: Default::default(),
     }
 }
 

@@ -18,12 +18,7 @@ use std::process::Command;
 const HZ_TOKEN: &str = "hz-conformance-token";
 
 fn placement(region: &str, zone: &str, machine_type: &str, image: &str) -> Placement {
-    Placement {
-        region: region.into(),
-        zone: zone.into(),
-        machine_type: machine_type.into(),
-        image: image.into(),
-    }
+    Placement::new(region, zone, machine_type, image)
 }
 
 /// A 3 s limit keeps the slow-answer cases short; every other call takes milliseconds.
@@ -94,6 +89,10 @@ async fn hetzner(plugin: &str) -> Setup {
 /// The example plugin against the example backend: the plugin `docs/writing-a-provider.md`
 /// builds, line for line.
 async fn example() -> Setup {
+    example_from("example.wasm").await
+}
+
+async fn example_from(plugin: &str) -> Setup {
     let emu = ExampleBackend::start("ex-conformance-token");
     let secrets = tempfile::tempdir().unwrap();
     let token = secrets.path().join("token");
@@ -104,7 +103,7 @@ async fn example() -> Setup {
         token.display(),
         url = emu.url(),
     );
-    let p = support::provider(&support::runtime(), "example.wasm", &entry).await;
+    let p = support::provider(&support::runtime(), plugin, &entry).await;
     Setup {
         emu: Box::new(emu),
         p,
@@ -152,6 +151,17 @@ async fn hetzner_passes_the_suite() {
 async fn example_passes_the_suite() {
     let _dir = plugins_or_skip!();
     let s = example().await;
+    assert_all_pass(&run_suite(&s).await);
+    assert!(s.emu.dump().instances.is_empty(), "the suite cleans up");
+}
+
+/// The guest SDK builds for either contract: the same example source, built with the SDK's
+/// `contract-v0-1` feature, is a 0.1.0 plugin that passes the same suite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_built_by_the_sdk_for_0_1_0_passes_the_suite() {
+    let _dir = plugins_or_skip!();
+    let s = example_from("example-v0.1.0.wasm").await;
+    assert_eq!(s.p.plugin().world_version, "0.1.0");
     assert_all_pass(&run_suite(&s).await);
     assert!(s.emu.dump().instances.is_empty(), "the suite cleans up");
 }

@@ -23,14 +23,10 @@ fn request(uid: &str, region: &str) -> CreateRequest {
         namespace: "default".into(),
         proxy_name: "p1".into(),
         installation: "inst-a".into(),
-        placement: Placement {
-            region: region.into(),
-            zone: "z".into(),
-            machine_type: "small".into(),
-            image: "img".into(),
-        },
+        placement: Placement::new(region, "z", "small", "img"),
         cloud_init: b"#cloud-config\n\x00\xffbytes kept as they are\n".to_vec(),
         port: 3128,
+        ip_family: Default::default(),
     }
 }
 

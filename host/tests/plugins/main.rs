@@ -25,3 +25,4 @@ mod provider_scaleway;
 mod provider_vultr;
 mod reload;
 mod tls;
+mod versions;

@@ -67,14 +67,10 @@ fn request(uid: &str, region: &str) -> CreateRequest {
         namespace: "default".into(),
         proxy_name: "p1".into(),
         installation: INST.into(),
-        placement: Placement {
-            region: region.into(),
-            zone: "ignored".into(),
-            machine_type: "s-1vcpu-1gb".into(),
-            image: "debian".into(),
-        },
+        placement: Placement::new(region, "ignored", "s-1vcpu-1gb", "debian"),
         cloud_init: b"#cloud-config\nruncmd: [echo hello]\n".to_vec(),
         port: 3128,
+        ip_family: Default::default(),
     }
 }
 
@@ -121,12 +117,7 @@ fn raw(emu: &DigitalOceanEmulator, method: &str, path: &str, body: &str) -> Stri
 async fn digitalocean_passes_the_suite() {
     let _dir = plugins_or_skip!();
     let d = setup().await;
-    let placement = Placement {
-        region: "nyc3".into(),
-        zone: String::new(),
-        machine_type: "s-1vcpu-1gb".into(),
-        image: "debian".into(),
-    };
+    let placement = Placement::new("nyc3", "", "s-1vcpu-1gb", "debian");
     support::suite::assert_passes(&d.p, &d.emu, placement).await;
 }
 
@@ -700,12 +691,7 @@ async fn real_digitalocean_lifecycle() {
     let p = support::provider(&support::runtime(), "digitalocean.wasm", &yaml).await;
     let uid = support::real_cloud::unique_uid();
     let req = CreateRequest {
-        placement: Placement {
-            region: region.clone(),
-            zone: String::new(),
-            machine_type: size,
-            image: "debian-12-x64".into(),
-        },
+        placement: Placement::new(&region, "", &size, "debian-12-x64"),
         installation: support::real_cloud::INSTALLATION.into(),
         ..request(&uid, &region)
     };

@@ -96,14 +96,10 @@ fn request(uid: &str, region: &str, zone: &str) -> CreateRequest {
         namespace: "default".into(),
         proxy_name: "p1".into(),
         installation: "inst-a".into(),
-        placement: Placement {
-            region: region.into(),
-            zone: zone.into(),
-            machine_type: "t3.micro".into(),
-            image: "debian".into(),
-        },
+        placement: Placement::new(region, zone, "t3.micro", "debian"),
         cloud_init: b"#cloud-config\n\x00\xff bytes kept as they are\n".to_vec(),
         port: 3128,
+        ip_family: Default::default(),
     }
 }
 

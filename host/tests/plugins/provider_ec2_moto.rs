@@ -174,14 +174,10 @@ fn request(m: &Moto, uid: &str, installation: &str) -> CreateRequest {
         namespace: "default".into(),
         proxy_name: "p1".into(),
         installation: installation.into(),
-        placement: Placement {
-            region: m.region.clone(),
-            zone: m.zone.clone(),
-            machine_type: m.instance_type.clone(),
-            image: "amzn2".into(),
-        },
+        placement: Placement::new(&m.region, &m.zone, &m.instance_type, "amzn2"),
         cloud_init: b"#cloud-config\n\x00\xff bytes kept as they are\n".to_vec(),
         port: 3128,
+        ip_family: Default::default(),
     }
 }
 

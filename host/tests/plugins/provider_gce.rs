@@ -64,14 +64,10 @@ fn request(uid: &str) -> CreateRequest {
         namespace: "default".into(),
         proxy_name: "p1".into(),
         installation: INST.into(),
-        placement: Placement {
-            region: String::new(),
-            zone: ZONE.into(),
-            machine_type: "e2-micro".into(),
-            image: "debian".into(),
-        },
+        placement: Placement::new("", ZONE, "e2-micro", "debian"),
         cloud_init: b"#cloud-config\nruncmd: [echo hello]\n".to_vec(),
         port: 3128,
+        ip_family: Default::default(),
     }
 }
 
@@ -96,12 +92,7 @@ fn label<'a>(labels: &'a [(String, String)], key: &str) -> Option<&'a str> {
 async fn gce_passes_the_suite() {
     let _dir = plugins_or_skip!();
     let g = setup().await;
-    let placement = Placement {
-        region: "europe-west1".into(),
-        zone: ZONE.into(),
-        machine_type: "e2-micro".into(),
-        image: "debian".into(),
-    };
+    let placement = Placement::new("europe-west1", ZONE, "e2-micro", "debian");
     support::suite::assert_passes(&g.p, &g.emu, placement).await;
 }
 
@@ -718,12 +709,7 @@ async fn real_gce_lifecycle() {
     let p = support::provider(&support::runtime(), "gce.wasm", &yaml).await;
     let uid = support::real_cloud::unique_uid();
     let req = CreateRequest {
-        placement: Placement {
-            region: String::new(),
-            zone: zone.clone(),
-            machine_type: "e2-micro".into(),
-            image: "ubuntu".into(),
-        },
+        placement: Placement::new("", &zone, "e2-micro", "ubuntu"),
         installation: support::real_cloud::INSTALLATION.into(),
         ..request(&uid)
     };

@@ -60,14 +60,10 @@ fn request(uid: &str, region: &str) -> CreateRequest {
         namespace: "default".into(),
         proxy_name: "p1".into(),
         installation: INST.into(),
-        placement: Placement {
-            region: region.into(),
-            zone: "any-zone-is-ignored".into(),
-            machine_type: "cpx11".into(),
-            image: "ubuntu".into(),
-        },
+        placement: Placement::new(region, "any-zone-is-ignored", "cpx11", "ubuntu"),
         cloud_init: b"#cloud-config\nruncmd: [echo hello]\n".to_vec(),
         port: 3128,
+        ip_family: Default::default(),
     }
 }
 
@@ -878,12 +874,7 @@ async fn real_hetzner_lifecycle() {
     let p = support::provider(&rt, "hetzner.wasm", &yaml).await;
     let uid = support::real_cloud::unique_uid();
     let req = CreateRequest {
-        placement: Placement {
-            region: location.clone(),
-            zone: String::new(),
-            machine_type: server_type,
-            image: "ubuntu-24.04".into(),
-        },
+        placement: Placement::new(&location, "", &server_type, "ubuntu-24.04"),
         installation: support::real_cloud::INSTALLATION.into(),
         ..request(&uid, &location)
     };

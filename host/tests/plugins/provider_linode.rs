@@ -66,14 +66,15 @@ fn request(uid: &str, region: &str) -> CreateRequest {
         namespace: "default".into(),
         proxy_name: "p1".into(),
         installation: INST.into(),
-        placement: Placement {
-            region: region.into(),
-            zone: "zones-are-ignored".into(),
-            machine_type: "g6-nanode-1".into(),
-            image: "linode/debian12".into(),
-        },
+        placement: Placement::new(
+            region,
+            "zones-are-ignored",
+            "g6-nanode-1",
+            "linode/debian12",
+        ),
         cloud_init: b"#cloud-config\npackages: [tinyproxy]\n".to_vec(),
         port: 8888,
+        ip_family: Default::default(),
     }
 }
 

@@ -68,14 +68,10 @@ fn request(uid: &str) -> CreateRequest {
         namespace: "default".into(),
         proxy_name: "p1".into(),
         installation: INST.into(),
-        placement: Placement {
-            region: String::new(),
-            zone: "pve2".into(),
-            machine_type: "small".into(),
-            image: "debian".into(),
-        },
+        placement: Placement::new("", "pve2", "small", "debian"),
         cloud_init: b"#cloud-config\nruncmd: [echo hello]\n# \xff\x00 not text\n".to_vec(),
         port: 3128,
+        ip_family: Default::default(),
     }
 }
 
@@ -95,12 +91,7 @@ fn label<'a>(labels: &'a [(String, String)], key: &str) -> Option<&'a str> {
 async fn proxmox_passes_the_suite() {
     let _dir = plugins_or_skip!();
     let g = setup().await;
-    let placement = Placement {
-        region: String::new(),
-        zone: "pve2".into(),
-        machine_type: String::new(),
-        image: "debian".into(),
-    };
+    let placement = Placement::new("", "pve2", "", "debian");
     support::suite::assert_passes(&g.p, &g.emu, placement).await;
 }
 
@@ -733,7 +724,7 @@ async fn real_proxmox_lifecycle() {
     let p = support::provider(&support::runtime(), "proxmox.wasm", &yaml).await;
     let uid = support::real_cloud::unique_uid();
     let req = CreateRequest {
-        placement: Placement { region: String::new(), zone: node, machine_type: String::new(), image: "test".into() },
+        placement: Placement::new("", &node, "", "test"),
         installation: support::real_cloud::INSTALLATION.into(),
         cloud_init: b"#cloud-config\npackages: [qemu-guest-agent]\nruncmd: [[systemctl, start, qemu-guest-agent]]\n".to_vec(),
         ..request(&uid)

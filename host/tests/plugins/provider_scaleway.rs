@@ -68,14 +68,10 @@ fn request(uid: &str, zone: &str) -> CreateRequest {
         namespace: "default".into(),
         proxy_name: "p1".into(),
         installation: INST.into(),
-        placement: Placement {
-            region: String::new(),
-            zone: zone.into(),
-            machine_type: "DEV1-S".into(),
-            image: "ubuntu_noble".into(),
-        },
+        placement: Placement::new("", zone, "DEV1-S", "ubuntu_noble"),
         cloud_init: b"#cloud-config\npackages: [tinyproxy]\n".to_vec(),
         port: 8888,
+        ip_family: Default::default(),
     }
 }
 

@@ -61,12 +61,7 @@ async fn setup() -> Vu {
 }
 
 fn placement(region: &str) -> Placement {
-    Placement {
-        region: region.into(),
-        zone: "ignored".into(),
-        machine_type: "vc2-1c-1gb".into(),
-        image: "debian".into(),
-    }
+    Placement::new(region, "ignored", "vc2-1c-1gb", "debian")
 }
 
 fn request(uid: &str) -> CreateRequest {
@@ -79,6 +74,7 @@ fn request(uid: &str) -> CreateRequest {
         placement: placement("ewr"),
         cloud_init: b"#cloud-config\nruncmd: [echo hello]\n".to_vec(),
         port: 3128,
+        ip_family: Default::default(),
     }
 }
 
@@ -600,12 +596,7 @@ async fn real_vultr_lifecycle() {
     let p = support::provider(&support::runtime(), "vultr.wasm", &yaml).await;
     let uid = support::real_cloud::unique_uid();
     let req = CreateRequest {
-        placement: Placement {
-            region: region.clone(),
-            zone: String::new(),
-            machine_type: plan,
-            image: "os".into(),
-        },
+        placement: Placement::new(&region, "", &plan, "os"),
         installation: support::real_cloud::INSTALLATION.into(),
         ..request(&uid)
     };

@@ -126,7 +126,7 @@ async fn a_file_that_does_not_fit_the_pod_is_refused() {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = ReloadMetrics::register(&mut registry);
     let budget = egress_plugin_host::config::Budget {
-        memory_bytes: Some(320 * MIB),
+        memory_bytes: Some(328 * MIB),
         reserve_bytes: 96 * MIB,
         scratch_bytes: Some(64 * MIB),
         descriptors: None,
@@ -147,7 +147,7 @@ async fn a_file_that_does_not_fit_the_pod_is_refused() {
     let why = &c.failed[""];
     assert!(
         why.contains("ex: limits.concurrency 8 x (limits.memoryMib 512 + ")
-            && why.contains("leaves 224 MiB"),
+            && why.contains("leaves 232 MiB"),
         "{why}"
     );
     assert!(c.loaded.is_empty());

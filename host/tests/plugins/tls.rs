@@ -28,14 +28,10 @@ fn request(uid: &str) -> CreateRequest {
         namespace: "default".into(),
         proxy_name: "p1".into(),
         installation: "inst-a".into(),
-        placement: Placement {
-            region: "r1".into(),
-            zone: "z".into(),
-            machine_type: "small".into(),
-            image: "img".into(),
-        },
+        placement: Placement::new("r1", "z", "small", "img"),
         cloud_init: b"#cloud-config\n".to_vec(),
         port: 3128,
+        ip_family: Default::default(),
     }
 }
 

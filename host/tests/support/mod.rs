@@ -105,7 +105,7 @@ pub fn runtime_with(pooling: bool) -> Arc<Runtime> {
     opts.engine.pooling = pooling;
     // Emulators answer far faster than a real backend allows: the tests set a budget where
     // they test one.
-    opts.shipped_budgets = false;
+    opts.default_budgets = false;
     Runtime::new(opts).unwrap()
 }
 
@@ -264,12 +264,7 @@ pub fn fake_spec(zone: &str) -> proxy_operator::api::ProxySpec {
     use proxy_operator::api::{CloudInit, Placement, ProxySpec};
     ProxySpec {
         provider: "fake".into(),
-        placement: Placement {
-            region: "r1".into(),
-            zone: zone.into(),
-            machine_type: "small".into(),
-            image: "debian".into(),
-        },
+        placement: Placement::new("r1", zone, "small", "debian"),
         cloud_init: CloudInit {
             inline: Some("#cloud-config\npackages: [tinyproxy]\n".into()),
             secret_key_ref: None,
@@ -285,12 +280,7 @@ pub fn hetzner_spec(cloud_init: &str, port: u16) -> proxy_operator::api::ProxySp
     use proxy_operator::api::{CloudInit, Placement, ProxySpec};
     ProxySpec {
         provider: "hz".into(),
-        placement: Placement {
-            region: "fsn1".into(),
-            zone: String::new(),
-            machine_type: "cpx11".into(),
-            image: "ubuntu".into(),
-        },
+        placement: Placement::new("fsn1", "", "cpx11", "ubuntu"),
         cloud_init: CloudInit {
             inline: Some(cloud_init.into()),
             secret_key_ref: None,

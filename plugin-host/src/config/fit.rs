@@ -404,10 +404,10 @@ providers:
         let cases: Vec<Case> = vec![
             ("nothing known", big, Budget::default(), Ok(())),
             (
-                "defaults fit 320 MiB minus 96",
+                "defaults fit 328 MiB minus 96",
                 TWO,
                 Budget {
-                    memory_bytes: Some(320 * MIB),
+                    memory_bytes: Some(328 * MIB),
                     reserve_bytes: 96 * MIB,
                     scratch_bytes: Some(64 * MIB),
                     descriptors: None,
@@ -461,7 +461,7 @@ providers:
                 "memoryMib 512 x concurrency 8",
                 big,
                 Budget {
-                    memory_bytes: Some(320 * MIB),
+                    memory_bytes: Some(328 * MIB),
                     reserve_bytes: 96 * MIB,
                     scratch_bytes: Some(64 * MIB),
                     descriptors: None,
@@ -470,7 +470,7 @@ providers:
                     "hetzner: limits.concurrency 8 x (limits.memoryMib 512 + ",
                     "aws: limits.concurrency 2 x (limits.memoryMib 32 + ",
                     "load-time calls (info, validate-config): 1 x (memoryMib 512 + ",
-                    "the pod's memory limit 320 MiB minus the operator's reserve 96 MiB leaves 224 MiB",
+                    "the pod's memory limit 328 MiB minus the operator's reserve 96 MiB leaves 232 MiB",
                     "lower limits.concurrency or limits.memoryMib, or raise the pod's memory limit",
                 ]),
             ),
@@ -552,9 +552,9 @@ providers:
             reserve_bytes: 96 * MIB,
             ..Budget::default()
         };
-        // The shipped Deployment: 320 MiB minus 96 leaves 224, above the default 128.
+        // The shipped Deployment: 328 MiB minus 96 leaves 232, above the default 128.
         assert_eq!(
-            compile_memory(&budget(Some(320 * MIB)), 128 * MIB),
+            compile_memory(&budget(Some(328 * MIB)), 128 * MIB),
             (128 * MIB, false)
         );
         assert_eq!(

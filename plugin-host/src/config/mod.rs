@@ -41,8 +41,8 @@ pub struct ProviderEntry {
     #[serde(default)]
     pub limits: Limits,
     /// Backend requests this provider may send, across all its calls (reconciler, GC,
-    /// provider checks). Unset: the shipped plugin's documented default
-    /// ([`crate::plugin::budget::shipped_default`]), or unlimited for any other plugin.
+    /// provider checks). Unset: the default the plugin declares (`plugin-info.default-budget`,
+    /// capped at [`crate::plugin::budget::MAX_DEFAULT`]), or unlimited when it declares none.
     #[serde(default)]
     pub budget: Option<RequestBudget>,
     /// Secret key -> file path (usually in an optional Secret mount). Read on every call.
@@ -100,9 +100,9 @@ impl Default for Limits {
         Limits {
             timeout: Duration::from_secs(60),
             fuel: 5_000_000_000,
-            // The two shipped providers at these defaults need up to about 222 MiB of
+            // The two shipped providers at these defaults need up to about 224 MiB of
             // memory and 48 MiB of /tmp (config::fit): they fit the shipped Deployment
-            // (320Mi minus a 96 MiB reserve; a 64Mi /tmp).
+            // (328Mi minus a 96 MiB reserve; a 64Mi /tmp).
             memory_mib: 32,
             concurrency: 2,
             tmp_mib: 8,

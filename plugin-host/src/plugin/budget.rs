@@ -32,59 +32,20 @@ impl Spec {
     }
 }
 
-/// The budget of a shipped plugin when its provider entry sets none, by the plugin's
-/// `info().type-name`; `None` (unlimited) for any other plugin. A plugin claiming a
-/// shipped type only gets a limit from it, never more room.
-///
-/// - `hetzner`: 3,600 requests per hour, Hetzner Cloud's documented default per project
-///   (its bucket refills one request a second). Burst 100: an operator restart never
-///   spends more than 100 of a project's requests at once, leaving the rest to the other
-///   tools of that project; the `RateLimit-*` headers lower it further.
-/// - `ec2`: 72,000 per hour (20 a second), burst 100: the documented request-rate bucket
-///   of EC2's non-mutating actions (`Describe*`, which every `get` and `list` of the
-///   plugin is), refilled at 20 tokens a second up to 100, per account and Region.
-pub fn shipped_default(type_name: &str) -> Option<Spec> {
-    match type_name {
-        "hetzner" => Some(Spec {
-            per_hour: 3600,
-            burst: 100,
-        }),
-        "ec2" => Some(Spec {
-            per_hour: 72_000,
-            burst: 100,
-        }),
-        "digitalocean" => Some(Spec {
-            per_hour: 5000,
-            burst: 100,
-        }),
-        "linode" => Some(Spec {
-            per_hour: 12_000,
-            burst: 20,
-        }),
-        "scaleway" => Some(Spec {
-            per_hour: 3600,
-            burst: 100,
-        }),
-        "vultr" => Some(Spec {
-            per_hour: 108_000,
-            burst: 30,
-        }),
-        // Compute Engine: 1,500 requests a minute per project for each rate-quota group
-        // (reads, lists, operation reads, writes), refilled each minute
-        // (https://cloud.google.com/compute/api-quota). 1,400 a minute plus a burst of 100
-        // keeps even a minute spent in one group under 1,500.
-        "gce" => Some(Spec {
-            per_hour: 84_000,
-            burst: 100,
-        }),
-        // Proxmox VE has no rate limit: every call takes a pveproxy worker, and clones, starts
-        // and uploads fork workers on the nodes. Ten a second (burst 50) keeps the operator
-        // from crowding out the web UI and other tools of the cluster.
-        "proxmox" => Some(Spec {
-            per_hour: 36_000,
-            burst: 50,
-        }),
-        _ => None,
+/// The most a plugin's own default budget (`plugin-info.default-budget`, contract 0.2.0)
+/// may allow: 100 requests a second, 1,000 at once. A default is the plugin author's
+/// reading of the backend's documented limit; a larger claim is taken as this, and only
+/// the providers file's `budget` can go beyond it.
+pub const MAX_DEFAULT: Spec = Spec {
+    per_hour: 360_000,
+    burst: 1_000,
+};
+
+/// A plugin's declared default, capped at [`MAX_DEFAULT`].
+pub fn cap_default(declared: Spec) -> Spec {
+    Spec {
+        per_hour: declared.per_hour.min(MAX_DEFAULT.per_hour),
+        burst: declared.burst.min(MAX_DEFAULT.burst),
     }
 }
 
@@ -412,14 +373,13 @@ mod tests {
     }
 
     #[test]
-    fn shipped_defaults() {
-        assert_eq!(shipped_default("hetzner"), Some(spec(3600, 100)));
-        assert_eq!(shipped_default("ec2"), Some(spec(72_000, 100)));
-        assert_eq!(shipped_default("digitalocean"), Some(spec(5000, 100)));
-        assert_eq!(shipped_default("linode"), Some(spec(12_000, 20)));
-        assert_eq!(shipped_default("scaleway"), Some(spec(3600, 100)));
-        assert_eq!(shipped_default("vultr"), Some(spec(108_000, 30)));
-        assert_eq!(shipped_default("example"), None);
+    fn a_declared_default_is_capped() {
+        assert_eq!(cap_default(spec(3600, 100)), spec(3600, 100));
+        assert_eq!(
+            cap_default(spec(u32::MAX, 5)),
+            spec(MAX_DEFAULT.per_hour, 5)
+        );
+        assert_eq!(cap_default(spec(10, u32::MAX)), spec(10, MAX_DEFAULT.burst));
     }
 
     #[test]

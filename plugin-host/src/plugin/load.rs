@@ -1,6 +1,6 @@
 //! Turning `.wasm` files into loaded plugins and configured providers.
 
-use super::bindings::{self, WORLD_VERSION};
+use super::abi::{self, WorldVersion};
 use super::cache::CacheOutcome;
 use super::compiler::{CompileError, CompileStats, LimitHit};
 use super::precheck::{self, Refusal};
@@ -20,6 +20,9 @@ pub struct PluginInfo {
     pub has_check: bool,
     pub default_hosts: Vec<String>,
     pub profile: Vec<(String, String)>,
+    /// The budget a provider of this plugin gets when its entry sets none (contract 0.2.0;
+    /// capped, see `budget::cap_default`).
+    pub default_budget: Option<super::budget::Spec>,
 }
 
 /// A compiled, pre-linked plugin file.
@@ -34,7 +37,7 @@ pub struct LoadedPlugin {
     pub compile: Option<CompileStats>,
     /// Time to compile or deserialize, and to pre-link.
     pub load_time: Duration,
-    pub(super) pre: bindings::ProviderPluginPre<super::CallState>,
+    pub(super) pre: abi::Pre,
 }
 
 impl std::fmt::Debug for LoadedPlugin {
@@ -49,6 +52,19 @@ impl std::fmt::Debug for LoadedPlugin {
 }
 
 impl LoadedPlugin {
+    /// The contract version it implements.
+    pub fn version(&self) -> WorldVersion {
+        self.pre.version()
+    }
+
+    /// Its file name, for messages.
+    pub fn file_name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
     /// The interfaces the component imports: everything it could ever ask of the host.
     pub fn imports(&self) -> Vec<String> {
         let pre = self.pre.instance_pre();
@@ -104,12 +120,12 @@ pub enum LoadError {
     #[error("plugin {path}: compile failed: {message}")]
     CompileFailed { path: PathBuf, message: String },
     #[error(
-        "plugin {path}: built for egress:provider@{found}, but this operator supports egress:provider@{supported}"
+        "plugin {path}: built for egress:provider@{found}, but this operator supports egress:provider versions {supported}"
     )]
     Version {
         path: PathBuf,
         found: String,
-        supported: &'static str,
+        supported: String,
     },
     #[error(
         "plugin {path}: exports no egress:provider world (expected the interfaces egress:provider/plugin and egress:provider/provider)"
@@ -197,7 +213,7 @@ impl Runtime {
             Refusal::Version(found) => LoadError::Version {
                 path: p(),
                 found,
-                supported: WORLD_VERSION,
+                supported: WorldVersion::supported(),
             },
             Refusal::Import(name) => LoadError::Link {
                 path: p(),
@@ -224,7 +240,7 @@ impl Runtime {
                     path: p(),
                     message: link_message(&format!("{e:#}")),
                 })?;
-        let pre = bindings::ProviderPluginPre::new(instance_pre).map_err(|e| LoadError::Link {
+        let pre = abi::Pre::new(world_version, instance_pre).map_err(|e| LoadError::Link {
             path: p(),
             message: format!("{e:#}"),
         })?;
@@ -234,13 +250,14 @@ impl Runtime {
             path: p(),
             sha256,
             size: bytes.len() as u64,
-            world_version,
+            world_version: world_version.as_str().to_string(),
             info: PluginInfo {
                 type_name: String::new(),
                 version: String::new(),
                 has_check: false,
                 default_hosts: Vec::new(),
                 profile: Vec::new(),
+                default_budget: None,
             },
             cache,
             compile,
@@ -281,6 +298,9 @@ impl Runtime {
             has_check: info.has_check,
             default_hosts: info.default_hosts,
             profile: info.profile,
+            default_budget: info
+                .default_budget
+                .map(|(per_hour, burst)| super::budget::Spec { per_hour, burst }),
         };
         tracing::info!(
             plugin = %path.display(),
@@ -335,7 +355,7 @@ impl Runtime {
             Ok((Reply::Unit(Ok(())), _)) => Ok(provider),
             Ok((Reply::Unit(Err(e)), _)) => {
                 Err(ProviderLoadError::Invalid(crate::provider::ProviderError {
-                    class: super::class_of(e.class),
+                    class: e.class,
                     op: Op::Load,
                     provider: entry.name.clone(),
                     id: String::new(),
@@ -367,9 +387,10 @@ impl Runtime {
         let budget = entry
             .and_then(|e| {
                 e.budget.map(|b| b.spec()).or_else(|| {
-                    self.shipped_budgets
-                        .then(|| super::budget::shipped_default(&plugin.info.type_name))
+                    self.default_budgets
+                        .then_some(plugin.info.default_budget)
                         .flatten()
+                        .map(super::budget::cap_default)
                 })
             })
             .map(|spec| self.budget(name, spec));

@@ -6,13 +6,15 @@
 //! [`WasmProvider`] that runs every call in a new Store with its own limits, `/tmp`, HTTP
 //! policy and redaction. A trap or limit in one call ends that call only.
 
-pub mod bindings;
+pub mod abi;
+mod adapter;
 pub mod budget;
 mod cache;
 pub mod clock;
 pub mod compiler;
 mod engine;
 mod fs;
+mod host_services;
 mod http;
 mod interfaces;
 mod load;
@@ -37,15 +39,14 @@ pub use reply::MAX_LIFT_BYTES;
 
 use crate::config::{Limits, ProviderEntry, ProvidersFile};
 use crate::provider::{Class, Op, ProviderError};
-use bindings::egress::provider::types as wit;
-use bindings::exports::egress::provider::plugin as wit_plugin;
-use bindings::exports::egress::provider::provider as wit_provider;
+pub use abi::WorldVersion;
+pub(crate) use abi::{Call, Reply};
 use sandbox::{CallState, LimitHit, MemoryLimiter, ProviderShared, Tripwire};
 use slots::Slots;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::component::{Linker, ResourceTable};
 use wasmtime::{Engine, Store, Trap};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
@@ -59,10 +60,10 @@ pub struct RuntimeOptions {
     pub scratch_dir: PathBuf,
     /// Largest plugin file loaded; a larger one is refused before it is read.
     pub max_plugin_bytes: u64,
-    /// Whether a provider entry without `budget` gets its shipped plugin's default
-    /// ([`budget::shipped_default`]). On, except where a plugin is driven against an
+    /// Whether a provider entry without `budget` gets the default its plugin declares
+    /// ([`budget::cap_default`]). On, except where a plugin is driven against an
     /// emulator far faster than any real backend allows (the conformance suite, tests).
-    pub shipped_budgets: bool,
+    pub default_budgets: bool,
     /// An executable (this one, `/proc/self/exe`) whose hidden `compile-plugin` subcommand
     /// compiles plugins in a child process, so that cranelift's memory and code never
     /// stay in this one (see `compiler.rs`); `None` compiles in this process.
@@ -143,7 +144,7 @@ impl RuntimeOptions {
             cache_dir,
             scratch_dir,
             max_plugin_bytes: DEFAULT_MAX_PLUGIN_BYTES,
-            shipped_budgets: true,
+            default_budgets: true,
             compile_in: None,
             compile_limits: compiler::CompileLimits::default(),
             redaction_memory_bytes: sensitive::DEFAULT_LIMIT_BYTES,
@@ -162,7 +163,7 @@ pub struct Runtime {
     max_memory_bytes: u64,
     scratch_dir: PathBuf,
     max_plugin_bytes: u64,
-    shipped_budgets: bool,
+    default_budgets: bool,
     metrics: std::sync::OnceLock<PluginMetrics>,
     /// What is sensitive for each provider name; outlives reloads of the provider.
     sensitive: sensitive::SensitiveByProvider,
@@ -213,7 +214,7 @@ impl Runtime {
             max_memory_bytes: opts.engine.max_memory_bytes,
             scratch_dir: opts.scratch_dir,
             max_plugin_bytes: opts.max_plugin_bytes,
-            shipped_budgets: opts.shipped_budgets,
+            default_budgets: opts.default_budgets,
             metrics: std::sync::OnceLock::new(),
             sensitive: sensitive::SensitiveByProvider::new(opts.redaction_memory_bytes),
             permits: Mutex::default(),
@@ -330,47 +331,8 @@ fn linker(engine: &Engine) -> wasmtime::Result<Linker<CallState>> {
     // Counted: the /tmp quota and the open-file cap (plugin/fs.rs).
     filesystem::types::add_to_linker::<_, fs::CountedFs>(&mut l, CallState::counted_fs)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut l)?;
-    bindings::egress::provider::host::add_to_linker::<_, HasSelf<CallState>>(&mut l, |s| s)?;
+    abi::add_to_linker(&mut l)?;
     Ok(l)
-}
-
-/// One call into a plugin. Borrowed inputs; the reply owns its data.
-pub(crate) enum Call<'a> {
-    Info,
-    Validate(&'a str),
-    Create(&'a wit::CreateRequest),
-    Get(&'a str),
-    Delete(&'a str),
-    List(&'a str),
-    Check,
-}
-
-pub(crate) enum Reply {
-    Info(wit::PluginInfo),
-    Unit(Result<(), wit::ProviderError>),
-    Id(Result<String, wit::ProviderError>),
-    Instance(Result<wit::Instance, wit::ProviderError>),
-    List(Result<Vec<wit::Instance>, wit::ProviderError>),
-    Check(Vec<wit::TargetStatus>),
-}
-
-async fn dispatch(
-    pre: &bindings::ProviderPluginPre<CallState>,
-    store: &mut Store<CallState>,
-    call: Call<'_>,
-) -> wasmtime::Result<Reply> {
-    let plugin = pre.instantiate_async(&mut *store).await?;
-    let p: &wit_plugin::Guest = plugin.egress_provider_plugin();
-    let v: &wit_provider::Guest = plugin.egress_provider_provider();
-    Ok(match call {
-        Call::Info => Reply::Info(p.call_info(&mut *store).await?),
-        Call::Validate(cfg) => Reply::Unit(p.call_validate_config(&mut *store, cfg).await?),
-        Call::Create(req) => Reply::Id(v.call_create(&mut *store, req).await?),
-        Call::Get(id) => Reply::Instance(v.call_get(&mut *store, id).await?),
-        Call::Delete(id) => Reply::Unit(v.call_delete(&mut *store, id).await?),
-        Call::List(inst) => Reply::List(v.call_list_by_tag(&mut *store, inst).await?),
-        Call::Check => Reply::Check(v.call_check(&mut *store).await?),
-    })
 }
 
 /// A configured provider backed by a plugin. Cheap to clone; calls may run concurrently up
@@ -490,6 +452,16 @@ impl WasmProvider {
         if cancelled.is_cancelled() {
             return Err(fail(Class::Transient, SHUTDOWN_REFUSED.into()));
         }
+        let version = self.plugin.pre.version();
+        if let Some(what) = abi::unsupported(version, &call) {
+            return Err(fail(
+                Class::Permanent,
+                format!(
+                    "plugin {} implements egress:provider@{version}, which has {what}; upgrade the plugin",
+                    self.plugin.file_name()
+                ),
+            ));
+        }
         // Known before the guest runs, so that whatever it does with the document in this
         // call or any later one is scrubbed.
         // A document the redactor has no room for is never handed to a plugin.
@@ -534,7 +506,7 @@ impl WasmProvider {
         // guest is blocked in) ends the call at once.
         // `Err(())`: out of time (see `CallClock`: budget waits do not count).
         let outcome: Option<Result<wasmtime::Result<Reply>, ()>> = {
-            let run = dispatch(&self.plugin.pre, &mut store, call);
+            let run = abi::dispatch(&self.plugin.pre, &mut store, call);
             tokio::pin!(run);
             loop {
                 let deadline = tokio::time::Instant::from_std(clock.deadline(Instant::now()));
@@ -595,7 +567,10 @@ impl WasmProvider {
                     }
                     (None, Ok(Ok(reply))) => {
                         match reply::check(reply, &self.shared.reply_rules, &state.redactor) {
-                            Ok(reply) => (Ok((reply, stats)), None),
+                            Ok(reply) => {
+                                self.heed_rate_limit(&reply);
+                                (Ok((reply, stats)), None)
+                            }
                             Err(problem) => (
                                 Err(fail(
                                     Class::Transient,
@@ -632,6 +607,21 @@ impl WasmProvider {
         }
         drop(tmp);
         result
+    }
+
+    /// A plugin that read a rate limit from its backend's answer (`retry-after-ms`,
+    /// contract 0.2.0) pauses its provider's budget as a 429 with `Retry-After` would: the
+    /// plugin can only slow its own provider down, never anyone else's.
+    fn heed_rate_limit(&self, reply: &Reply) {
+        let (Some(budget), Some(ms)) = (&self.http.budget, reply.retry_after_ms()) else {
+            return;
+        };
+        budget.observe(&budget::Feedback {
+            status: 429,
+            retry_after: Some(Duration::from_millis(ms.into())),
+            limit: None,
+            remaining: None,
+        });
     }
 
     /// The request budget in force, if any.
@@ -888,15 +878,6 @@ fn provider_shared(
         reply_rules: reply::Rules {
             allow_private_addresses: entry.is_some_and(|e| e.allow_private_addresses),
         },
-    }
-}
-
-pub(crate) fn class_of(c: wit::ErrorClass) -> Class {
-    match c {
-        wit::ErrorClass::NotFound => Class::NotFound,
-        wit::ErrorClass::QuotaExceeded => Class::QuotaExceeded,
-        wit::ErrorClass::Transient => Class::Transient,
-        wit::ErrorClass::Permanent => Class::Permanent,
     }
 }
 

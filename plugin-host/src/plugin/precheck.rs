@@ -9,7 +9,7 @@
 //! on every import after the compile; this check only turns away what it would certainly
 //! refuse.
 
-use super::bindings::WORLD_VERSION;
+use super::abi::WorldVersion;
 use wasmparser::{Chunk, Parser, Payload};
 
 /// The packages the host links (see `plugin::linker`); an import from any other package
@@ -108,6 +108,16 @@ impl Declared {
         }
     }
 
+    /// An `egress:provider` interface imported at another version than `version`: a plugin
+    /// imports the host interface of the world it exports, never another's.
+    pub fn other_version_import(&self, version: WorldVersion) -> Option<&str> {
+        let suffix = format!("@{version}");
+        self.imports
+            .iter()
+            .find(|i| i.starts_with("egress:provider/") && !i.ends_with(&suffix))
+            .map(String::as_str)
+    }
+
     /// The first import the host certainly cannot provide.
     pub fn unprovided_import(&self) -> Option<&str> {
         self.imports
@@ -129,20 +139,21 @@ fn import_provided(name: &str) -> bool {
         return false;
     }
     match (package, version) {
-        ("egress:provider", v) => v == Some(WORLD_VERSION),
+        ("egress:provider", v) => v.and_then(WorldVersion::parse).is_some(),
         (_, Some(v)) => v.starts_with(WASI_VERSION_PREFIX),
         (_, None) => false,
     }
 }
 
 /// The checks before the compile: well-formed at the top level, the `egress:provider`
-/// world at [`WORLD_VERSION`], and nothing imported that the host cannot provide. The
-/// world version on success.
-pub fn check(bytes: &[u8]) -> Result<String, Refusal> {
+/// world at a version this host serves ([`WorldVersion`]), and nothing imported that the
+/// host cannot provide. The world version on success.
+pub fn check(bytes: &[u8]) -> Result<WorldVersion, Refusal> {
     let declared = declared(bytes).map_err(Refusal::Malformed)?;
-    let version = declared.world_version().ok_or(Refusal::NotAProvider)?;
-    if version != WORLD_VERSION {
-        return Err(Refusal::Version(version));
+    let found = declared.world_version().ok_or(Refusal::NotAProvider)?;
+    let version = WorldVersion::parse(&found).ok_or(Refusal::Version(found))?;
+    if let Some(other) = declared.other_version_import(version) {
+        return Err(Refusal::Import(other.to_string()));
     }
     if let Some(name) = declared.unprovided_import() {
         return Err(Refusal::Import(name.to_string()));
@@ -196,6 +207,37 @@ mod tests {
                 .as_deref(),
             Some("9.0.0")
         );
+    }
+
+    /// A component exports one version's world and imports that version's `host`; the
+    /// other version's `host` (a plugin stitched from two SDKs) is refused before compiling.
+    #[test]
+    fn a_plugin_imports_the_host_of_its_own_version() {
+        let world = |v: &str| {
+            [
+                format!("egress:provider/plugin@{v}"),
+                format!("egress:provider/provider@{v}"),
+            ]
+        };
+        for (exports, import, ok) in [
+            ("0.1.0", "egress:provider/host@0.1.0", true),
+            ("0.2.0", "egress:provider/host@0.2.0", true),
+            ("0.2.0", "egress:provider/types@0.2.0", true),
+            ("0.2.0", "egress:provider/host@0.1.0", false),
+            ("0.1.0", "egress:provider/host@0.2.0", false),
+        ] {
+            let d = Declared {
+                imports: vec![import.to_string()],
+                exports: world(exports).to_vec(),
+            };
+            let version = WorldVersion::parse(&d.world_version().unwrap()).unwrap();
+            let refused = d.other_version_import(version).or(d.unprovided_import());
+            assert_eq!(
+                refused.is_none(),
+                ok,
+                "{exports} importing {import}: {refused:?}"
+            );
+        }
     }
 
     #[test]

@@ -17,10 +17,10 @@
 //! camelCase keys (others are dropped). Its message is scrubbed free text like any other,
 //! for the operator's log only: the operator never publishes it.
 
-use super::Reply;
-use super::bindings::egress::provider::types as wit;
+use super::abi::{GuestError, RawInfo, RawInstance, Reply};
 use super::policy::instance_address_problem;
 use super::redact::{Redactor, cut, escape_controls};
+use crate::provider::{Price, State, TargetStatus};
 use std::net::IpAddr;
 
 /// Longest instance ID (EC2 `i-` IDs are 19 bytes, region-scoped IDs a few more).
@@ -28,9 +28,9 @@ pub const MAX_ID: usize = 256;
 /// Longest UID read back from a mark (Kubernetes UIDs are 36).
 pub const MAX_UID: usize = 128;
 /// Most instances in one `list-by-tag` answer. Below what [`MAX_LIFT_BYTES`] lets through
-/// (each instance costs the host 104 bytes before its strings), so the count is the rule
-/// a list that is merely long breaks.
-pub const MAX_LIST: usize = 20_000;
+/// (each instance costs the host 104 bytes before its strings in contract 0.1.0, 160 in
+/// 0.2.0), so the count is the rule a list that is merely long breaks.
+pub const MAX_LIST: usize = 18_000;
 /// Most a plugin can make the host copy out of its sandbox at once: one reply, or the
 /// arguments of one host call (a log line, a cache value, a header list, a file write).
 /// wasmtime copies strings and lists into host memory before any rule here sees them, and
@@ -39,9 +39,10 @@ pub const MAX_LIST: usize = 20_000;
 /// Enforced as the Store's hostcall fuel (`Store::set_hostcall_fuel`), which counts every
 /// string's bytes and every list element's host size; past it the call fails, naming
 /// this bound. Counted once per call in the pod's memory fit
-/// ([`crate::config::Limits::host_bytes_per_call`]). 2.5 MiB holds a `list-by-tag` of
-/// 10,000 instances with IDs of up to 64 bytes (the 10,000-Proxy scale run's list).
-pub const MAX_LIFT_BYTES: usize = 5 << 19;
+/// ([`crate::config::Limits::host_bytes_per_call`]). 3 MiB holds a `list-by-tag` of
+/// 10,000 instances with IDs of up to 64 bytes (the 10,000-Proxy scale run's list) in
+/// either contract version.
+pub const MAX_LIFT_BYTES: usize = 3 << 20;
 /// Longest error message or health-check message kept; the rest is cut.
 pub const MAX_TEXT: usize = 4096;
 /// Longest short label (error code) kept.
@@ -97,6 +98,8 @@ pub(crate) fn check(reply: Reply, rules: &Rules, r: &Redactor) -> Result<Reply, 
             Reply::List(Ok(out))
         }
         Reply::List(Err(e)) => Reply::List(Err(error(e, r))),
+        Reply::Quote(Ok(p)) => Reply::Quote(Ok(p.map(|p| price("quote", p)).transpose()?)),
+        Reply::Quote(Err(e)) => Reply::Quote(Err(error(e, r))),
         Reply::Check(targets) => {
             let mut names = std::collections::BTreeSet::new();
             Reply::Check(
@@ -115,10 +118,10 @@ pub(crate) fn check(reply: Reply, rules: &Rules, r: &Redactor) -> Result<Reply, 
 /// so far: a repeated one is replaced too (ProviderHealth keys its targets by name).
 fn target(
     n: usize,
-    t: wit::TargetStatus,
+    t: TargetStatus,
     names: &mut std::collections::BTreeSet<String>,
     r: &Redactor,
-) -> wit::TargetStatus {
+) -> TargetStatus {
     let message = text(&t.message, MAX_TEXT, r);
     let named = is_name(&t.target, |b| {
         b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')
@@ -129,7 +132,7 @@ fn target(
         // replacement cannot be taken by another target.
         let target = format!("invalid#{n}");
         names.insert(target.clone());
-        return wit::TargetStatus {
+        return TargetStatus {
             target,
             ready: false,
             reason: INVALID_TARGET_NAME.into(),
@@ -162,7 +165,7 @@ fn target(
         })
         .take(MAX_DETAILS)
         .collect();
-    wit::TargetStatus {
+    TargetStatus {
         target: t.target,
         ready: t.ready,
         reason,
@@ -189,10 +192,10 @@ fn is_token(v: &str) -> bool {
 
 fn instance(
     field: &str,
-    i: wit::Instance,
+    i: RawInstance,
     rules: &Rules,
     r: &Redactor,
-) -> Result<wit::Instance, String> {
+) -> Result<RawInstance, String> {
     let id = ident(&format!("{field}.id"), i.id, MAX_ID, r)?;
     let uid = if i.uid.is_empty() {
         i.uid
@@ -200,21 +203,46 @@ fn instance(
         ident(&format!("{field}.uid"), i.uid, MAX_UID, r)?
     };
     let ip = address(&format!("{field}.ip"), i.ip, rules)?;
-    if let Some(t) = &i.created_at
-        && (t.seconds > MAX_CREATED_AT || t.nanoseconds >= 1_000_000_000)
+    let ipv6 = address(&format!("{field}.ipv6"), i.ipv6, rules)?;
+    if !ipv6.is_empty() && !ipv6.contains(':') {
+        return Err(format!("{field}.ipv6 {ipv6} is not an IPv6 address"));
+    }
+    if let Some((seconds, nanoseconds)) = i.created_at
+        && (seconds > MAX_CREATED_AT || nanoseconds >= 1_000_000_000)
     {
         return Err(format!(
-            "{field}.created-at ({} s, {} ns) is not a date between 1970 and 9999",
-            t.seconds, t.nanoseconds
+            "{field}.created-at ({seconds} s, {nanoseconds} ns) is not a date between 1970 and 9999"
         ));
     }
-    Ok(wit::Instance {
+    if i.interrupted && !matches!(i.state, State::Stopped | State::Terminated) {
+        return Err(format!(
+            "{field}.interrupted is set on a {} instance; only a stopped or terminated one can have been reclaimed",
+            i.state.as_str()
+        ));
+    }
+    let hourly_price = i
+        .hourly_price
+        .map(|p| price(&format!("{field}.hourly-price"), p))
+        .transpose()?;
+    Ok(RawInstance {
         id,
         ip,
-        state: i.state,
+        ipv6,
         uid,
-        created_at: i.created_at,
+        hourly_price,
+        ..i
     })
+}
+
+/// A price: an ISO 4217 currency code (three capital letters) and an amount.
+fn price(field: &str, p: Price) -> Result<Price, String> {
+    if p.currency.len() != 3 || !p.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(format!(
+            "{field}.currency {} is not an ISO 4217 code (three capital letters, e.g. EUR)",
+            quote(&p.currency)
+        ));
+    }
+    Ok(p)
 }
 
 /// An identifier: non-empty printable ASCII without spaces, at most `max` bytes, holding
@@ -288,11 +316,11 @@ fn address(field: &str, v: String, rules: &Rules) -> Result<String, String> {
     }
 }
 
-fn error(e: wit::ProviderError, r: &Redactor) -> wit::ProviderError {
-    wit::ProviderError {
-        class: e.class,
+fn error(e: GuestError, r: &Redactor) -> GuestError {
+    GuestError {
         message: text(&e.message, MAX_TEXT, r),
         code: e.code.map(|c| text(&c, MAX_LABEL, r)),
+        ..e
     }
 }
 
@@ -307,7 +335,7 @@ fn quote(v: &str) -> String {
     format!("{:?}", cut(&escape_controls(v), 64))
 }
 
-fn info(i: wit::PluginInfo) -> Result<wit::PluginInfo, String> {
+fn info(i: RawInfo) -> Result<RawInfo, String> {
     if !crate::config::is_dns1123_label(&i.type_name) {
         return Err(format!(
             "info.type-name {} must be a DNS-1123 label (1 to 63 lowercase letters, digits or '-')",
@@ -337,6 +365,13 @@ fn info(i: wit::PluginInfo) -> Result<wit::PluginInfo, String> {
             "info.profile must be at most 64 printable pairs of at most {MAX_LABEL} bytes"
         ));
     }
+    if let Some((per_hour, burst)) = i.default_budget
+        && (per_hour == 0 || burst == 0)
+    {
+        return Err(format!(
+            "info.default-budget (requests-per-hour = {per_hour}, burst = {burst}) must allow at least one request; leave it out for no default"
+        ));
+    }
     Ok(i)
 }
 
@@ -344,16 +379,16 @@ fn info(i: wit::PluginInfo) -> Result<wit::PluginInfo, String> {
 mod tests {
     use super::*;
 
-    fn inst(id: &str, ip: &str, uid: &str, secs: Option<u64>) -> wit::Instance {
-        wit::Instance {
+    fn inst(id: &str, ip: &str, uid: &str, secs: Option<u64>) -> RawInstance {
+        RawInstance {
             id: id.into(),
             ip: ip.into(),
-            state: wit::State::Running,
+            ipv6: String::new(),
+            state: State::Running,
             uid: uid.into(),
-            created_at: secs.map(|seconds| wit::Datetime {
-                seconds,
-                nanoseconds: 0,
-            }),
+            created_at: secs.map(|seconds| (seconds, 0)),
+            interrupted: false,
+            hourly_price: None,
         }
     }
 
@@ -368,7 +403,7 @@ mod tests {
     #[test]
     fn instance_rules() {
         let long = "a".repeat(MAX_ID + 1);
-        let cases: Vec<(&str, wit::Instance, bool, Option<&str>)> = vec![
+        let cases: Vec<(&str, RawInstance, bool, Option<&str>)> = vec![
             (
                 "fine",
                 inst("fsn1/42", "95.216.1.2", "u-1", Some(1_700_000_000)),
@@ -586,8 +621,9 @@ mod tests {
     #[test]
     fn errors_and_check_results_are_scrubbed_escaped_and_cut() {
         let r = redactor();
-        let e = wit::ProviderError {
-            class: wit::ErrorClass::Transient,
+        let e = GuestError {
+            class: crate::provider::Class::Transient,
+            retry_after_ms: None,
             message: format!("leak tok-SECRET-5678\nFAKE LOG LINE {}", "x".repeat(10_000)),
             code: Some("tok-SECRET-5678".into()),
         };
@@ -608,7 +644,7 @@ mod tests {
         let mut p = super::super::redact::Patterns::default();
         p.credentials(b"proxyuserSENTINEL", PASS.as_bytes());
         let r = p.build();
-        let t = |target: &str, reason: &str, details: &[(&str, &str)]| wit::TargetStatus {
+        let t = |target: &str, reason: &str, details: &[(&str, &str)]| TargetStatus {
             target: target.into(),
             ready: true,
             reason: reason.into(),
@@ -703,7 +739,7 @@ mod tests {
             .map(|i| {
                 let details: Vec<(String, String)> =
                     (0..40).map(|d| (format!("k{d}"), d.to_string())).collect();
-                wit::TargetStatus {
+                TargetStatus {
                     details,
                     ..t(&format!("t{i}"), "Reachable", &[])
                 }
@@ -718,24 +754,25 @@ mod tests {
 
     #[test]
     fn info_rules() {
-        let base = wit::PluginInfo {
+        let base = RawInfo {
             type_name: "hetzner".into(),
             version: "0.1.0".into(),
             has_check: true,
             default_hosts: vec!["https://api.hetzner.cloud".into()],
             profile: vec![("create".into(), "sync".into())],
+            default_budget: Some((3600, 100)),
         };
         assert!(info(base.clone()).is_ok());
         let bad = [
-            wit::PluginInfo {
+            RawInfo {
                 type_name: "Bad Name".into(),
                 ..base.clone()
             },
-            wit::PluginInfo {
+            RawInfo {
                 version: "1\n2".into(),
                 ..base.clone()
             },
-            wit::PluginInfo {
+            RawInfo {
                 profile: vec![("k".into(), "v\u{1b}[31m".into())],
                 ..base.clone()
             },
@@ -746,20 +783,36 @@ mod tests {
     }
 
     /// What wasmtime's hostcall fuel charges for a `list-by-tag` reply: each element's
-    /// host size plus the bytes of its strings. The bound lets the lists the operator
-    /// must handle through and stops the count rule from being unreachable.
+    /// host size (its version's generated type) plus the bytes of its strings. The bound
+    /// lets the lists the operator must handle through and stops the count rule from
+    /// being unreachable, for every version served.
     #[test]
     fn the_lift_bound_fits_the_lists_it_must_carry() {
-        let per_instance = std::mem::size_of::<wit::Instance>();
-        assert_eq!(per_instance, 104, "update MAX_LIST's doc");
-        // The 10,000-Proxy scale run: IDs up to 64 bytes, the longest IPv6 text, a UID.
-        let scale = 10_000 * (per_instance + 64 + 39 + 36);
-        assert!(scale <= MAX_LIFT_BYTES, "{scale} > {MAX_LIFT_BYTES}");
-        // MAX_LIST instances of one-byte IDs pass the lift, so the count rule can fire.
-        let longest_count = MAX_LIST * (per_instance + 1);
-        assert!(
-            longest_count <= MAX_LIFT_BYTES,
-            "{longest_count} > {MAX_LIFT_BYTES}"
-        );
+        let sizes = [
+            (
+                "0.1.0",
+                std::mem::size_of::<super::super::abi::v0_1::egress::provider::types::Instance>(),
+            ),
+            (
+                "0.2.0",
+                std::mem::size_of::<super::super::abi::v0_2::egress::provider::types::Instance>(),
+            ),
+        ];
+        assert_eq!(sizes.map(|(_, n)| n), [104, 160], "update MAX_LIST's doc");
+        for (version, per_instance) in sizes {
+            // The 10,000-Proxy scale run: IDs up to 64 bytes, an IPv4 and the longest IPv6
+            // text, a UID.
+            let scale = 10_000 * (per_instance + 64 + 15 + 39 + 36);
+            assert!(
+                scale <= MAX_LIFT_BYTES,
+                "{version}: {scale} > {MAX_LIFT_BYTES}"
+            );
+            // MAX_LIST instances of one-byte IDs pass the lift, so the count rule can fire.
+            let longest_count = MAX_LIST * (per_instance + 1);
+            assert!(
+                longest_count <= MAX_LIFT_BYTES,
+                "{version}: {longest_count} > {MAX_LIFT_BYTES}"
+            );
+        }
     }
 }

@@ -6,7 +6,6 @@
 //! outlives the call except what the host deliberately shares (the per-provider cache and
 //! the set of secret values to redact).
 
-use super::bindings::egress::provider::host as wit_host;
 use super::fs::FsLimits;
 use super::http::HttpHooks;
 use super::output::CapturedOutput;
@@ -298,30 +297,6 @@ impl CallState {
         Ok(wasmtime::UpdateDeadline::Yield(1))
     }
 
-    /// Emits one guest log line, scrubbed and capped.
-    fn emit(&mut self, level: wit_host::Level, message: &str) {
-        let limits = &self.shared.limits;
-        if self.log_lines >= limits.log_lines {
-            self.log_dropped += 1;
-            return;
-        }
-        self.log_lines += 1;
-        // Scrub before escaping (a secret may hold a newline), escape before cutting.
-        let text = truncate(
-            &escape_controls(&self.redactor.scrub(message)),
-            limits.log_line_bytes as usize,
-        );
-        let provider = self.shared.name.as_str();
-        use wit_host::Level;
-        match level {
-            Level::Trace => tracing::trace!(target: "plugin", provider, "{text}"),
-            Level::Debug => tracing::debug!(target: "plugin", provider, "{text}"),
-            Level::Info => tracing::info!(target: "plugin", provider, "{text}"),
-            Level::Warn => tracing::warn!(target: "plugin", provider, "{text}"),
-            Level::Error => tracing::error!(target: "plugin", provider, "{text}"),
-        }
-    }
-
     /// Logs what the guest printed, then how much was dropped. Runs when the call ends,
     /// whatever way it ended.
     pub(super) fn flush_output(&mut self) {
@@ -334,7 +309,10 @@ impl CallState {
             // secret printed as is must not come out line by line, unmatched.
             let text = self.redactor.scrub_bytes(&bytes);
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                self.emit(wit_host::Level::Info, &format!("[{stream}] {line}"));
+                self.guest_log(
+                    super::host_services::LogLevel::Info,
+                    &format!("[{stream}] {line}"),
+                );
             }
             if dropped > 0 {
                 tracing::warn!(target: "plugin", provider = self.shared.name.as_str(), stream, dropped_bytes = dropped, "plugin output past the capture cap was dropped");
@@ -365,55 +343,7 @@ impl CallState {
     }
 }
 
-use super::redact::cut as truncate;
-
-impl wit_host::Host for CallState {
-    fn log(&mut self, level: wit_host::Level, message: String) {
-        self.emit(level, &message);
-    }
-
-    fn config(&mut self) -> String {
-        self.shared.config_json.clone()
-    }
-
-    fn read_secret(&mut self, key: String) -> Result<Vec<u8>, wit_host::SecretError> {
-        let Some(path) = self.shared.secrets.get(&key) else {
-            return Err(wit_host::SecretError::NotConfigured);
-        };
-        match std::fs::read(path) {
-            Ok(value) => {
-                if self.shared.sensitive.add_secret(&value) {
-                    self.redactor = self.shared.sensitive.redactor();
-                }
-                Ok(value)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(wit_host::SecretError::Missing(format!(
-                    "secret {key:?}: file {} does not exist (is the Secret mounted?)",
-                    path.display()
-                )))
-            }
-            Err(e) => Err(wit_host::SecretError::Unreadable(format!(
-                "secret {key:?}: cannot read {}: {}",
-                path.display(),
-                e.kind()
-            ))),
-        }
-    }
-
-    fn cache_get(&mut self, key: String) -> Option<Vec<u8>> {
-        self.shared.cache.lock().unwrap().get(&key, Instant::now())
-    }
-
-    fn cache_set(&mut self, key: String, value: Vec<u8>, ttl_seconds: u32) {
-        self.shared.cache.lock().unwrap().set(
-            key,
-            value,
-            Duration::from_secs(ttl_seconds.into()),
-            Instant::now(),
-        );
-    }
-}
+pub(super) use super::redact::cut as truncate;
 
 #[cfg(test)]
 mod tests {

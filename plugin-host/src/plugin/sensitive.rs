@@ -168,7 +168,21 @@ type Key = u128;
 enum Slot {
     CloudInit,
     Credentials,
+    /// One of the [`DERIVED_VALUES`] places of what the plugin marked sensitive itself.
+    Derived(u8),
 }
+
+/// What a plugin marks sensitive itself (`host.mark-sensitive`, contract 0.2.0): its
+/// latest this many values are held, an older one is retired (kept while there is room,
+/// like a gone Proxy's values).
+pub const DERIVED_VALUES: u8 = 16;
+/// The longest value a plugin may mark sensitive: an access token or a signature is far
+/// shorter; a longer value ends the call (see `host_services`).
+pub const MAX_DERIVED_BYTES: usize = 4096;
+/// Shorter values are ignored: they would match ordinary text everywhere.
+pub const MIN_DERIVED_BYTES: usize = 8;
+/// The owner of derived values: a Proxy's UID is never empty.
+const DERIVED_OWNER: &str = "";
 
 struct UnitEntry {
     unit: Unit,
@@ -215,6 +229,8 @@ struct Inner {
     compiled: Option<Arc<Redactor>>,
     /// Segments whose [`SEGMENT_OVERHEAD`] the limit counts.
     counted_segments: usize,
+    /// The [`Slot::Derived`] place the next marked value takes.
+    next_derived: u8,
 }
 
 /// A segment and the units it was compiled from (for a merge or a recompile).
@@ -425,6 +441,30 @@ impl Sensitive {
         inner.segments.retain(|c| !c.units.is_empty());
         self.count_segments(inner);
         inner.compiled = None;
+    }
+
+    /// Holds a value the plugin derived from its secrets (`host.mark-sensitive`) in the
+    /// place of the oldest of its last [`DERIVED_VALUES`]; returns whether it was new. A
+    /// value already held there keeps its place (a plugin marks the same cached token on
+    /// every call).
+    pub fn mark_derived(&self, value: &[u8]) -> Result<bool, Full> {
+        if value.len() < MIN_DERIVED_BYTES || value.trim_ascii().is_empty() {
+            return Ok(false);
+        }
+        let k = key(b'd', &[value]);
+        let mut inner = self.lock();
+        let owner: Arc<str> = Arc::from(DERIVED_OWNER);
+        if (0..DERIVED_VALUES)
+            .any(|i| inner.owners.get(&(owner.clone(), Slot::Derived(i))) == Some(&k))
+        {
+            return Ok(false);
+        }
+        let place = inner.next_derived % DERIVED_VALUES;
+        let new = self.hold(&mut inner, DERIVED_OWNER, Slot::Derived(place), k, |_| {
+            (secret_units(value), vec![])
+        })?;
+        inner.next_derived = (place + 1) % DERIVED_VALUES;
+        Ok(new)
     }
 
     /// Counts each segment's fixed cost against the limit.
@@ -794,6 +834,57 @@ impl SensitiveByProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a plugin marks sensitive is held in a ring of its latest values: the same value
+    /// marked again (a cached token, on every call) keeps its place and costs nothing; one
+    /// pushed out of the ring is retired, still scrubbed while there is room, and dropped
+    /// first when there is none.
+    #[test]
+    fn derived_values_are_held_in_a_ring() {
+        let s = Sensitive::new(MemoryLimit::new(DEFAULT_LIMIT_BYTES));
+        assert_eq!(
+            s.mark_derived(b"short"),
+            Ok(false),
+            "under MIN_DERIVED_BYTES"
+        );
+        assert_eq!(s.mark_derived(b"token-number-0000"), Ok(true));
+        let cost = s.cost();
+        for _ in 0..100 {
+            assert_eq!(s.mark_derived(b"token-number-0000"), Ok(false));
+        }
+        assert_eq!(s.cost(), cost, "marking the same value again is free");
+        for i in 1..=u32::from(DERIVED_VALUES) {
+            assert_eq!(
+                s.mark_derived(format!("token-number-{i:04}").as_bytes()),
+                Ok(true)
+            );
+        }
+        // The first value left the ring but is still scrubbed while retired values fit.
+        let r = s.redactor();
+        assert!(r.finds_whole("token-number-0000"));
+        assert!(r.finds_whole(&format!("token-number-{:04}", DERIVED_VALUES)));
+        let held = s
+            .lock()
+            .owners
+            .keys()
+            .filter(|(o, _)| &**o == DERIVED_OWNER)
+            .count();
+        assert_eq!(
+            held,
+            usize::from(DERIVED_VALUES),
+            "the ring holds its latest values"
+        );
+        // Far more values than the ring: retired ones are trimmed to an eighth of the limit.
+        for i in 0..2_000u32 {
+            s.mark_derived(format!("rotating-token-{i:06}-{}", "x".repeat(64)).as_bytes())
+                .unwrap();
+        }
+        assert!(
+            s.cost() < DEFAULT_LIMIT_BYTES / 8 + 2 * (1 << 20),
+            "{} bytes",
+            s.cost()
+        );
+    }
 
     #[test]
     fn knows_every_document_and_rebuilds_only_when_something_is_new() {

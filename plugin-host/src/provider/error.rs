@@ -41,6 +41,8 @@ pub enum Op {
     Delete,
     List,
     Check,
+    /// The price of a placement.
+    Quote,
     /// Loading a plugin: `info` and `validate-config`.
     Load,
 }
@@ -53,6 +55,7 @@ impl Op {
             Op::Delete => "delete",
             Op::List => "list",
             Op::Check => "check",
+            Op::Quote => "quote",
             Op::Load => "load",
         }
     }

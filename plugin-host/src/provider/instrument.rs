@@ -4,7 +4,7 @@
 //! here once means every backend gets the same names and labels. The plugin's outgoing
 //! HTTP requests become child spans of the span opened here (see `plugin::http`).
 
-use super::{CreateRequest, Instance, Provider, ProviderError, TargetStatus};
+use super::{CreateRequest, Instance, Placement, Price, Provider, ProviderError, TargetStatus};
 use async_trait::async_trait;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -78,6 +78,7 @@ impl<P: Provider> Instrumented<P> {
             "provider.create" => client_span!("provider.create", self.inner.name(), id),
             "provider.get" => client_span!("provider.get", self.inner.name(), id),
             "provider.delete" => client_span!("provider.delete", self.inner.name(), id),
+            "provider.quote" => client_span!("provider.quote", self.inner.name(), id),
             _ => client_span!("provider.list", self.inner.name(), id),
         };
         let result = fut.instrument(span.clone()).await;
@@ -153,6 +154,11 @@ impl<P: Provider> Provider for Instrumented<P> {
     /// Health checks run under the monitor's own span and feed their own gauges.
     async fn check(&self) -> Option<Vec<TargetStatus>> {
         self.inner.check().await
+    }
+
+    async fn quote(&self, placement: &Placement) -> Result<Option<Price>, ProviderError> {
+        self.run("quote", "provider.quote", "", self.inner.quote(placement))
+            .await
     }
 
     fn remember_cloud_init(

@@ -7,7 +7,6 @@
 mod error;
 mod instrument;
 pub mod priority;
-mod wasm;
 
 pub use egress_contract::name_from_uid;
 pub use error::{Class, Op, ProviderError};
@@ -48,6 +47,52 @@ pub struct Placement {
     pub zone: String,
     pub machine_type: String,
     pub image: String,
+    /// On-demand unless the Proxy asks for spot (contract 0.2.0 and later).
+    #[serde(default)]
+    pub capacity: Capacity,
+}
+
+impl Placement {
+    /// An on-demand placement.
+    pub fn new(region: &str, zone: &str, machine_type: &str, image: &str) -> Self {
+        Placement {
+            region: region.into(),
+            zone: zone.into(),
+            machine_type: machine_type.into(),
+            image: image.into(),
+            capacity: Capacity::OnDemand,
+        }
+    }
+}
+
+/// How the backend may treat an instance.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum Capacity {
+    /// Runs until deleted.
+    #[default]
+    OnDemand,
+    /// Spot or preemptible: the backend may reclaim it at any time.
+    Spot,
+}
+
+/// The address family a Proxy's clients connect over.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum IpFamily {
+    #[default]
+    V4,
+    /// Needs a public IPv6 address (contract 0.2.0 and later).
+    V6,
+}
+
+/// An hourly price: millionths of `currency` (ISO 4217) per hour.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Price {
+    pub currency: String,
+    pub micros_per_hour: u64,
 }
 
 /// Everything Create needs. `name` is the idempotency key (see [`name_from_uid`]).
@@ -62,6 +107,8 @@ pub struct CreateRequest {
     /// Resolved user data. May hold secrets: it is deliberately left out of `Debug`.
     pub cloud_init: Vec<u8>,
     pub port: u16,
+    /// The family the Proxy's clients need.
+    pub ip_family: IpFamily,
 }
 
 impl std::fmt::Debug for CreateRequest {
@@ -75,6 +122,7 @@ impl std::fmt::Debug for CreateRequest {
             .field("placement", &self.placement)
             .field("cloud_init_bytes", &self.cloud_init.len())
             .field("port", &self.port)
+            .field("ip_family", &self.ip_family)
             .finish()
     }
 }
@@ -83,12 +131,42 @@ impl std::fmt::Debug for CreateRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Instance {
     pub id: String,
+    /// IPv4; empty until known, or for good on an IPv6-only instance.
     pub ip: String,
     pub state: State,
     /// Read back from the backend's mark; empty when the mark carries no UID.
     pub uid: String,
     /// `None` counts as very old for orphan GC.
     pub created_at: Option<SystemTime>,
+    /// Public IPv6 address; empty until known or when it has none.
+    pub ipv6: String,
+    /// The backend reclaimed it (spot); only with Stopped or Terminated.
+    pub interrupted: bool,
+    /// What it costs, when the backend says.
+    pub hourly_price: Option<Price>,
+}
+
+impl Instance {
+    /// An instance with only the fields contract 0.1.0 knows (no IPv6, price or
+    /// interruption).
+    pub fn new(
+        id: &str,
+        ip: &str,
+        state: State,
+        uid: &str,
+        created_at: Option<SystemTime>,
+    ) -> Self {
+        Instance {
+            id: id.into(),
+            ip: ip.into(),
+            state,
+            uid: uid.into(),
+            created_at,
+            ipv6: String::new(),
+            interrupted: false,
+            hourly_price: None,
+        }
+    }
 }
 
 /// One independently failing part of a backend.
@@ -115,6 +193,11 @@ pub trait Provider: Send + Sync {
     async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError>;
     /// `None` when the provider has no health check: reported as unsupported, not failed.
     async fn check(&self) -> Option<Vec<TargetStatus>>;
+    /// The hourly price of an instance of `placement` now; `None` when the backend
+    /// publishes none (or the provider cannot say).
+    async fn quote(&self, _placement: &Placement) -> Result<Option<Price>, ProviderError> {
+        Ok(None)
+    }
     /// Tells the provider about the cloud-init of the Proxy `owner` (its UID), whether or
     /// not a call for it follows: a sandboxed plugin must not be able to show any Proxy's
     /// document in any call. Refused when the redactor has no room for it
@@ -179,6 +262,9 @@ impl<P: Provider + ?Sized> Provider for std::sync::Arc<P> {
     }
     async fn check(&self) -> Option<Vec<TargetStatus>> {
         (**self).check().await
+    }
+    async fn quote(&self, placement: &Placement) -> Result<Option<Price>, ProviderError> {
+        (**self).quote(placement).await
     }
     fn remember_cloud_init(&self, owner: &str, doc: &[u8]) -> Result<(), Full> {
         (**self).remember_cloud_init(owner, doc)

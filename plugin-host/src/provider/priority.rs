@@ -48,7 +48,7 @@ impl Priority {
         match op {
             Op::Create | Op::Delete => Priority::Urgent,
             Op::Get => Priority::Transition,
-            Op::List | Op::Check | Op::Load => Priority::Background,
+            Op::List | Op::Check | Op::Quote | Op::Load => Priority::Background,
         }
     }
 }

@@ -166,12 +166,7 @@ mod tests {
     #[test]
     fn placement_is_checked_against_the_catalogue() {
         let c = parse(&with(r#"{"regions":["nyc3","ams3"],"images":{"debian":"debian-12-x64"}}"#)).unwrap();
-        let p = |region: &str, size: &str, image: &str| Placement {
-            region: region.into(),
-            zone: "ignored".into(),
-            machine_type: size.into(),
-            image: image.into(),
-        };
+        let p = |region: &str, size: &str, image: &str| Placement::new(region, "ignored", size, image);
         let r = c.resolve(&p("ams3", "s-1vcpu-1gb", "debian")).unwrap();
         assert_eq!(r, ("ams3".into(), "s-1vcpu-1gb".into(), Value::from("debian-12-x64")));
         for (pl, code) in [

@@ -32,6 +32,10 @@ const PROFILE: &str = "readiness=provisioning-window create-return=submit \
     primary-key=allocated-id provisioning-state=native async-ops=backend-lock \
     secondary-resources=cascade credentials=mounted-files client-kind=thin-client \
     timeouts=per-call logging=tiered child-spans=transport-wrapper backend-test=integration-tag";
+/// The request budget a provider gets when its entry sets none (requests per hour, burst):
+/// EC2's request-rate bucket for non-mutating actions (`Describe*`, every get and list here):
+/// 20 tokens a second up to 100, per account and Region.
+const BUDGET: (u32, u32) = (72_000, 100);
 
 /// Regions whose public EC2 endpoint is allowed by default. `info` cannot see the config,
 /// and the host's wildcard (`*.amazonaws.com`) would also admit every S3 bucket name, a
@@ -160,6 +164,7 @@ fn to_instance(region: &str, inst: &Ec2Instance, mode: IpAddress) -> Instance {
         // EC2's launchTime; the plugin never restarts a stopped instance, so it is the
         // creation time.
         created_at: parse_rfc3339(&inst.launch_time),
+        ..Instance::empty()
     }
 }
 
@@ -392,7 +397,9 @@ impl Provider for Ec2Provider {
         PluginInfo {
             has_check: true,
             default_hosts: default_hosts(),
-            ..PluginInfo::new("ec2", env!("CARGO_PKG_VERSION")).with_profile(PROFILE)
+            ..PluginInfo::new("ec2", env!("CARGO_PKG_VERSION"))
+                .with_profile(PROFILE)
+                .with_budget(BUDGET.0, BUDGET.1)
         }
     }
 

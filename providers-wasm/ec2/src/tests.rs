@@ -573,12 +573,7 @@ fn region_names() {
 // Placement
 
 fn placement(region: &str, zone: &str, machine: &str, image: &str) -> Placement {
-    Placement {
-        region: region.into(),
-        zone: zone.into(),
-        machine_type: machine.into(),
-        image: image.into(),
-    }
+    Placement::new(region, zone, machine, image)
 }
 
 #[test]
@@ -695,6 +690,7 @@ fn request(cloud_init: &[u8]) -> CreateRequest {
         placement: placement("eu-west-1", "eu-west-1a", "t3.micro", "debian-12"),
         cloud_init: cloud_init.to_vec(),
         port: 3128,
+        ip_family: egress_guest_sdk::IpFamily::Ipv4,
     }
 }
 

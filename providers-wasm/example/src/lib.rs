@@ -100,7 +100,7 @@ fn to_instance(w: Wire) -> Instance {
     };
     let uid = w.labels.get(MARK_UID).cloned().unwrap_or_default();
     let created_at = parse_rfc3339(&w.created_at);
-    Instance { id: ID.format(&w.region, &w.id), ip: w.ip, state, uid, created_at }
+    Instance { id: ID.format(&w.region, &w.id), ip: w.ip, state, uid, created_at, ..Instance::empty() }
 }
 
 /// A server-side label filter `k=v`, encoded for the query string.

@@ -196,12 +196,7 @@ mod tests {
     #[test]
     fn placement_is_checked_against_the_catalogue() {
         let c = parse(&with(r#"{"zones":["europe-west1-b","us-central1-a"]}"#)).unwrap();
-        let p = |region: &str, zone: &str, mt: &str, image: &str| Placement {
-            region: region.into(),
-            zone: zone.into(),
-            machine_type: mt.into(),
-            image: image.into(),
-        };
+        let p = |region: &str, zone: &str, mt: &str, image: &str| Placement::new(region, zone, mt, image);
         let want = ("us-central1-a", "e2-micro", "projects/debian-cloud/global/images/family/debian-12");
         assert_eq!(c.resolve(&p("", "us-central1-a", "e2-micro", "debian")).unwrap(), want);
         assert_eq!(c.resolve(&p("us-central1", "us-central1-a", "e2-micro", "debian")).unwrap(), want);

@@ -339,12 +339,7 @@ mod tests {
     fn placement_is_checked_against_the_catalogue() {
         let c = parse(r#"{"locations":["fsn1","nbg1"],"serverTypes":["cx22"],"images":{"ubuntu":"ubuntu-24.04"}}"#)
             .unwrap();
-        let p = |region: &str, mt: &str, image: &str| Placement {
-            region: region.into(),
-            zone: "ignored".into(),
-            machine_type: mt.into(),
-            image: image.into(),
-        };
+        let p = |region: &str, mt: &str, image: &str| Placement::new(region, "ignored", mt, image);
         assert_eq!(
             c.resolve(&p("nbg1", "cx22", "ubuntu")).unwrap(),
             Resolved {

@@ -30,14 +30,10 @@ fn request(uid: &str) -> CreateRequest {
         namespace: "ns".into(),
         proxy_name: "p".into(),
         installation: "inst".into(),
-        placement: Placement {
-            region: String::new(),
-            zone: String::new(),
-            machine_type: String::new(),
-            image: String::new(),
-        },
+        placement: Placement::new("", "", "", ""),
         cloud_init: Vec::new(),
         port: 3128,
+        ip_family: egress_guest_sdk::IpFamily::Ipv4,
     }
 }
 

@@ -43,6 +43,10 @@ const PROFILE: &str = "readiness=provisioning-window create-return=submit delete
     quota=detected not-found=status-404 primary-key=allocated-id provisioning-state=native \
     async-ops=backend-lock secondary-resources=none credentials=mounted-files client-kind=thin-client \
     timeouts=per-call logging=outcome-only child-spans=transport-wrapper backend-test=integration-tag";
+/// The request budget a provider gets when its entry sets none (requests per hour, burst):
+/// Linode's 200 a minute for paginated GETs (every list), the tightest limit steady traffic
+/// meets; a burst of the create limit's 20 per 15 s.
+const BUDGET: (u32, u32) = (12_000, 20);
 
 /// One line per outcome, never the request (cloud-init, root password) or the token.
 const OUTCOMES: Outcomes = Outcomes { plugin: "linode", changes: Level::Info, reads: Level::Debug };
@@ -76,7 +80,7 @@ fn to_instance(l: &Linode, id: String) -> Instance {
     let age = created_at.map(|c| now().seconds.saturating_sub(c.seconds));
     let ip = l.public_ipv4().to_string();
     let state = state_of(&l.status, !ip.is_empty(), age);
-    Instance { id, ip, state, uid: marks::uid_of(&l.tags).to_string(), created_at }
+    Instance { id, ip, state, uid: marks::uid_of(&l.tags).to_string(), created_at, ..Instance::empty() }
 }
 
 /// Base64 of the cloud-init for `metadata.user_data`, byte for byte, or `None` when there
@@ -214,7 +218,7 @@ impl Provider for Linodes {
         PluginInfo {
             has_check: true,
             default_hosts: vec![DEFAULT_HOST.to_string()],
-            ..PluginInfo::new("linode", env!("CARGO_PKG_VERSION")).with_profile(PROFILE)
+            ..PluginInfo::new("linode", env!("CARGO_PKG_VERSION")).with_profile(PROFILE).with_budget(BUDGET.0, BUDGET.1)
         }
     }
 

@@ -28,12 +28,7 @@ fn config_defaults_and_placement() {
     ))
     .unwrap();
     assert_eq!((c.endpoint.as_str(), c.firewall_id), ("http://127.0.0.1:9/v4", Some(7)));
-    let p = Placement {
-        region: "us-east".into(),
-        zone: "x".into(),
-        machine_type: "g6-nanode-1".into(),
-        image: "linode/debian12".into(),
-    };
+    let p = Placement::new("us-east", "x", "g6-nanode-1", "linode/debian12");
     let r = c.resolve(&p).unwrap();
     assert_eq!((r.region, r.linode_type, r.image), ("us-east", "g6-nanode-1", "linode/debian12"));
     for (field, value, code) in [

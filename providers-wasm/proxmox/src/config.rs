@@ -203,12 +203,7 @@ mod tests {
     fn placement_is_checked_against_the_catalogue() {
         let c =
             parse(&with(r#"{"nodes":["pve1","pve2"],"machineTypes":{"small":{"cores":1,"memoryMiB":512}}}"#)).unwrap();
-        let p = |zone: &str, mt: &str, image: &str| Placement {
-            region: "ignored".into(),
-            zone: zone.into(),
-            machine_type: mt.into(),
-            image: image.into(),
-        };
+        let p = |zone: &str, mt: &str, image: &str| Placement::new("ignored", zone, mt, image);
         assert_eq!(c.resolve(&p("pve2", "", "debian")).unwrap(), ("pve2", 9000, None));
         let small = Some(Size { cores: 1, memory_mib: 512 });
         assert_eq!(c.resolve(&p("pve1", "small", "debian")).unwrap(), ("pve1", 9000, small));

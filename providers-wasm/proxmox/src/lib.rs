@@ -28,6 +28,10 @@ const PROFILE: &str = "readiness=provisioning-window create-return=submit delete
     quota=absent not-found=list-and-miss primary-key=allocated-id provisioning-state=marker async-ops=task-handle \
     secondary-resources=explicit credentials=mounted-files client-kind=thin-client timeouts=per-call \
     logging=outcome-only child-spans=transport-wrapper backend-test=integration-tag";
+/// The request budget a provider gets when its entry sets none (requests per hour, burst):
+/// Proxmox VE has no rate limit, but every call takes a pveproxy worker (clones, starts and
+/// uploads fork more): ten a second keeps the operator from crowding out the web UI.
+const BUDGET: (u32, u32) = (36_000, 50);
 
 const OUTCOMES: Outcomes = Outcomes { plugin: "proxmox", changes: Level::Info, reads: Level::Debug };
 
@@ -324,6 +328,7 @@ fn get(id: &str) -> Result<(Instance, String), ProviderError> {
         state,
         uid: m.uid.clone().unwrap_or_default(),
         created_at,
+        ..Instance::empty()
     };
     if st.name != id.name {
         return match st.lock.as_str() {
@@ -446,6 +451,7 @@ fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderEr
         state: if r.status == "running" { State::Running } else { State::Stopped },
         uid: m.uid.unwrap_or_default(),
         created_at: m.created.map(|seconds| Datetime { seconds, nanoseconds: 0 }),
+        ..Instance::empty()
     };
     for r in vms.iter().filter(|r| !r.is_template()) {
         let m = marks::from_tags(&r.tags);
@@ -505,7 +511,12 @@ fn probe(api: &Api, node: &str) -> TargetStatus {
 impl Provider for Proxmox {
     fn info() -> PluginInfo {
         // No default hosts: a cluster's address differs per installation and is listed in the providers file.
-        PluginInfo { has_check: true, ..PluginInfo::new("proxmox", env!("CARGO_PKG_VERSION")).with_profile(PROFILE) }
+        PluginInfo {
+            has_check: true,
+            ..PluginInfo::new("proxmox", env!("CARGO_PKG_VERSION"))
+                .with_profile(PROFILE)
+                .with_budget(BUDGET.0, BUDGET.1)
+        }
     }
 
     fn validate_config(config: &str) -> Result<(), ProviderError> {

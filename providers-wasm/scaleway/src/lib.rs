@@ -27,6 +27,9 @@ const PROFILE: &str = "readiness=provisioning-window create-return=submit delete
     quota=detected not-found=status-404 primary-key=allocated-id provisioning-state=create-blocks \
     async-ops=backend-lock secondary-resources=explicit credentials=mounted-files client-kind=thin-client \
     timeouts=per-call logging=outcome-only child-spans=transport-wrapper backend-test=integration-tag";
+/// The request budget a provider gets when its entry sets none (requests per hour, burst):
+/// Scaleway publishes no limit for the Instances API: Hetzner's figure, this project's choice.
+const BUDGET: (u32, u32) = (3_600, 100);
 
 /// Create and delete at info (a few per Proxy), the polled get and list at debug.
 const OUTCOMES: Outcomes = Outcomes { plugin: "scaleway", changes: Level::Info, reads: Level::Debug };
@@ -66,6 +69,7 @@ fn to_instance(zone: &str, s: &Server) -> Instance {
         state: state_of(s, now().seconds),
         uid: mark(&s.tags, MARK_UID).unwrap_or_default().to_string(),
         created_at: parse_rfc3339(&s.creation_date),
+        ..Instance::empty()
     }
 }
 
@@ -189,7 +193,9 @@ impl Provider for Scaleway {
         PluginInfo {
             has_check: true,
             default_hosts: vec!["https://api.scaleway.com:443".to_string()],
-            ..PluginInfo::new("scaleway", env!("CARGO_PKG_VERSION")).with_profile(PROFILE)
+            ..PluginInfo::new("scaleway", env!("CARGO_PKG_VERSION"))
+                .with_profile(PROFILE)
+                .with_budget(BUDGET.0, BUDGET.1)
         }
     }
 

@@ -185,12 +185,7 @@ fn config_defaults_and_placement() {
     let c = config::parse(MIN).unwrap();
     assert_eq!(c.endpoint, config::DEFAULT_ENDPOINT);
     assert_eq!(c.security_group_id, None);
-    let p = |region: &str, zone: &str, mt: &str, image: &str| Placement {
-        region: region.into(),
-        zone: zone.into(),
-        machine_type: mt.into(),
-        image: image.into(),
-    };
+    let p = |region: &str, zone: &str, mt: &str, image: &str| Placement::new(region, zone, mt, image);
     assert_eq!(
         c.resolve(&p("", "nl-ams-1", "DEV1-S", "ubuntu_noble")).unwrap(),
         ("nl-ams-1", "DEV1-S", "ubuntu_noble")

@@ -30,6 +30,9 @@ const PROFILE: &str = "readiness=provisioning-window create-return=submit delete
     quota=detected not-found=status-404 primary-key=allocated-id provisioning-state=native \
     async-ops=backend-lock secondary-resources=none credentials=mounted-files client-kind=thin-client \
     timeouts=per-call logging=outcome-only child-spans=transport-wrapper backend-test=integration-tag";
+/// The request budget a provider gets when its entry sets none (requests per hour, burst):
+/// Vultr's 30 requests a second per source IP, a second's worth as burst.
+const BUDGET: (u32, u32) = (108_000, 30);
 
 /// Creates and deletes at info (a few per Proxy), the polled reads at debug.
 const OUTCOMES: Outcomes = Outcomes { plugin: "vultr", changes: Level::Info, reads: Level::Debug };
@@ -76,7 +79,7 @@ fn to_instance(w: &Wire, id: String) -> Instance {
         _ => String::new(),
     };
     let uid = w.mark(MARK_UID).unwrap_or_default().to_string();
-    Instance { id, ip, state: state(w), uid, created_at: parse_rfc3339(&w.date_created) }
+    Instance { id, ip, state: state(w), uid, created_at: parse_rfc3339(&w.date_created), ..Instance::empty() }
 }
 
 /// The order in which twins are kept: oldest first, then by ID, the same for every caller.
@@ -258,7 +261,7 @@ impl Provider for Vultr {
         PluginInfo {
             has_check: true,
             default_hosts: vec![DEFAULT_HOST.to_string()],
-            ..PluginInfo::new("vultr", env!("CARGO_PKG_VERSION")).with_profile(PROFILE)
+            ..PluginInfo::new("vultr", env!("CARGO_PKG_VERSION")).with_profile(PROFILE).with_budget(BUDGET.0, BUDGET.1)
         }
     }
 

@@ -170,12 +170,7 @@ fn config_validation_names_field_and_value() {
 #[test]
 fn placement_is_checked_against_the_catalogue() {
     let cfg = config::parse(GOOD).unwrap();
-    let p = |r: &str, m: &str, i: &str| Placement {
-        region: r.into(),
-        zone: "ignored".into(),
-        machine_type: m.into(),
-        image: i.into(),
-    };
+    let p = |r: &str, m: &str, i: &str| Placement::new(r, "ignored", m, i);
     let place = cfg.resolve(&p("fra", "vc2-1c-1gb", "debian")).unwrap();
     assert_eq!((place.region, place.plan, place.os_id), ("fra", "vc2-1c-1gb", 2136));
     let cases = [

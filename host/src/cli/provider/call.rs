@@ -126,6 +126,7 @@ async fn call(p: &WasmProvider, op: CallOp) -> Result<serde_json::Value, Provide
                 placement,
                 cloud_init,
                 port,
+                ip_family: Default::default(),
             };
             serde_json::json!({"id": p.create(&req).await?, "name": req.name})
         }

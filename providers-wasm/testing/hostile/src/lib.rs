@@ -62,6 +62,7 @@ fn instance(id: &str, ip: impl Into<String>, uid: impl Into<String>) -> Instance
         state: State::Running,
         uid: uid.into(),
         created_at: None,
+        ..Instance::empty()
     }
 }
 
@@ -73,6 +74,7 @@ fn report(finding: impl Into<String>) -> Instance {
         state: State::Provisioning,
         uid: "u".into(),
         created_at: None,
+        ..Instance::empty()
     }
 }
 
@@ -484,6 +486,7 @@ fn alias_list(n: usize, bytes: usize) -> Vec<Instance> {
             state: State::Running,
             uid: alias(),
             created_at: None,
+            ..Instance::empty()
         })
         .collect()
 }
@@ -495,11 +498,8 @@ fn leaked_secret() -> String {
 impl Provider for Hostile {
     fn info() -> PluginInfo {
         PluginInfo {
-            type_name: "hostile".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
             has_check: true,
-            default_hosts: vec![],
-            profile: vec![],
+            ..PluginInfo::new("hostile", env!("CARGO_PKG_VERSION"))
         }
     }
 
@@ -572,6 +572,39 @@ impl Provider for Hostile {
             "id-secret" => Ok(instance(&leaked_secret(), "", "u")),
             "uid-secret" => Ok(instance("i-1", "", leaked_secret())),
             "id-stash" => Ok(instance(&stashed(), "", "u")),
+            // Contract 0.2.0: what a plugin marks sensitive itself is scrubbed like a secret.
+            "mark" => {
+                egress_guest_sdk::mark_sensitive(arg.as_bytes());
+                info!("derived token {arg}");
+                Err(ProviderError::transient(format!("token {arg}")).with_code(arg))
+            }
+            "id" => Ok(instance(arg, "", "u")),
+            "mark-huge" => {
+                egress_guest_sdk::mark_sensitive(&vec![b'a'; arg.parse().unwrap_or(1 << 20)]);
+                Ok(report("marked"))
+            }
+            "rate-limited" => Err(ProviderError::quota("backend says: slow down")
+                .with_retry_after(arg.parse().unwrap_or(u32::MAX))),
+            "interrupted" => Ok(Instance {
+                state: match arg {
+                    "running" => State::Running,
+                    _ => State::Terminated,
+                },
+                interrupted: true,
+                ..instance("i-1", "203.0.113.9", "u")
+            }),
+            "price" => Ok(Instance {
+                hourly_price: Some(egress_guest_sdk::Price {
+                    currency: arg.into(),
+                    micros_per_hour: 12_500,
+                }),
+                ..instance("i-1", "203.0.113.9", "u")
+            }),
+            "ipv6" => Ok(Instance {
+                ip: String::new(),
+                ipv6: arg.into(),
+                ..instance("i-1", "", "u")
+            }),
             "created-at" => {
                 let seconds = arg.parse().map_err(|_| {
                     ProviderError::permanent(format!("created-at needs seconds, got {arg:?}"))
@@ -707,6 +740,14 @@ impl Provider for Hostile {
                 _ => Ok(Vec::new()),
             },
         }
+    }
+
+    /// The region names the currency: a hostile price is one with a malformed code.
+    fn quote(placement: Placement) -> Result<Option<egress_guest_sdk::Price>, ProviderError> {
+        Ok(Some(egress_guest_sdk::Price {
+            currency: placement.region,
+            micros_per_hour: 12_500,
+        }))
     }
 
     fn check() -> Vec<TargetStatus> {

@@ -9,13 +9,7 @@ export_provider!(Sockets);
 
 impl Provider for Sockets {
     fn info() -> PluginInfo {
-        PluginInfo {
-            type_name: "sockets".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            has_check: false,
-            default_hosts: vec![],
-            profile: vec![],
-        }
+        PluginInfo::new("sockets", env!("CARGO_PKG_VERSION"))
     }
 
     fn validate_config(_config: &str) -> Result<(), ProviderError> {
@@ -35,6 +29,7 @@ impl Provider for Sockets {
                 state: State::Running,
                 uid: String::new(),
                 created_at: None,
+                ..Instance::empty()
             }),
             Err(e) => Err(ProviderError::transient(e.to_string()).with_code("SocketError")),
         }

@@ -1,27 +1,22 @@
-//! [`Provider`] for plugins: converts between the operator's types and the WIT types, and
+//! [`Provider`] for plugins: calls through the version-neutral [`Call`]/[`Reply`], and
 //! wraps guest errors with the operation, provider name and ID.
 
-use super::{Class, CreateRequest, Instance, Op, Provider, ProviderError, State, TargetStatus};
-use crate::plugin::bindings::egress::provider::types as wit;
-use crate::plugin::sensitive::Full;
-use crate::plugin::{Call, Reply, WasmProvider, class_of};
+use super::abi::{GuestError, RawInstance};
+use super::sensitive::Full;
+use super::{Call, Reply, WasmProvider};
+use crate::provider::{
+    Class, CreateRequest, Instance, Op, Pacing, Placement, Price, Provider, ProviderError, State,
+    TargetStatus,
+};
 use async_trait::async_trait;
 use std::time::{Duration, SystemTime};
 
-fn state_of(s: wit::State) -> State {
-    match s {
-        wit::State::Provisioning => State::Provisioning,
-        wit::State::Running => State::Running,
-        wit::State::Stopped => State::Stopped,
-        wit::State::Terminated => State::Terminated,
-    }
-}
-
-/// Converts and enforces what the host can check on a plugin's answer: Running needs an
-/// IP (a Running answer without one is reported as Provisioning, as the contract says).
-fn instance_of(i: wit::Instance) -> Instance {
-    let mut state = state_of(i.state);
-    if state == State::Running && i.ip.trim().is_empty() {
+/// Converts a checked instance (see `reply::instance`) and applies the one rule the
+/// conversion owns: Running needs an address (a Running answer without one is reported as
+/// Provisioning, as the contract says).
+fn instance_of(i: RawInstance) -> Instance {
+    let mut state = i.state;
+    if state == State::Running && i.ip.trim().is_empty() && i.ipv6.trim().is_empty() {
         state = State::Provisioning;
     }
     Instance {
@@ -29,16 +24,18 @@ fn instance_of(i: wit::Instance) -> Instance {
         ip: i.ip,
         state,
         uid: i.uid,
-        created_at: i.created_at.and_then(|t| {
-            SystemTime::UNIX_EPOCH
-                .checked_add(Duration::new(t.seconds, t.nanoseconds.min(999_999_999)))
+        created_at: i.created_at.and_then(|(s, n)| {
+            SystemTime::UNIX_EPOCH.checked_add(Duration::new(s, n.min(999_999_999)))
         }),
+        ipv6: i.ipv6,
+        interrupted: i.interrupted,
+        hourly_price: i.hourly_price,
     }
 }
 
 impl WasmProvider {
-    fn wrap(&self, op: Op, id: &str, e: wit::ProviderError) -> ProviderError {
-        let mut class = class_of(e.class);
+    fn wrap(&self, op: Op, id: &str, e: GuestError) -> ProviderError {
+        let mut class = e.class;
         // NotFound is an answer only Get can give; from anything else it would mislead.
         if class == Class::NotFound && op != Op::Get && op != Op::Delete {
             class = Class::Transient;
@@ -57,7 +54,7 @@ impl WasmProvider {
         &self,
         op: Op,
         id: &str,
-        document: Option<crate::plugin::Document<'_>>,
+        document: Option<super::Document<'_>>,
         call: Call<'_>,
     ) -> Result<Reply, ProviderError> {
         self.invoke(op, id, document, false, call)
@@ -67,7 +64,7 @@ impl WasmProvider {
 
     /// A call that does nothing in the guest but `check` (with an empty config): what the
     /// overhead benchmark measures. Returns the host-side statistics.
-    pub async fn bench_call(&self) -> Result<crate::plugin::CallStats, ProviderError> {
+    pub async fn bench_call(&self) -> Result<super::CallStats, ProviderError> {
         self.invoke(Op::Check, "", None, false, Call::Check)
             .await
             .map(|(_, stats)| stats)
@@ -81,30 +78,15 @@ impl Provider for WasmProvider {
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
-        let wreq = wit::CreateRequest {
-            name: req.name.clone(),
-            uid: req.uid.clone(),
-            namespace: req.namespace.clone(),
-            proxy_name: req.proxy_name.clone(),
-            installation: req.installation.clone(),
-            placement: wit::Placement {
-                region: req.placement.region.clone(),
-                zone: req.placement.zone.clone(),
-                machine_type: req.placement.machine_type.clone(),
-                image: req.placement.image.clone(),
-            },
-            cloud_init: req.cloud_init.clone(),
-            port: req.port,
-        };
         match self
             .call(
                 Op::Create,
                 &req.name,
-                Some(crate::plugin::Document {
+                Some(super::Document {
                     owner: &req.uid,
                     cloud_init: &req.cloud_init,
                 }),
-                Call::Create(&wreq),
+                Call::Create(req),
             )
             .await?
         {
@@ -172,8 +154,19 @@ impl Provider for WasmProvider {
         WasmProvider::private_addresses_allowed(self)
     }
 
-    fn pacing(&self) -> Option<super::Pacing> {
+    fn pacing(&self) -> Option<Pacing> {
         WasmProvider::pacing(self)
+    }
+
+    async fn quote(&self, placement: &Placement) -> Result<Option<Price>, ProviderError> {
+        match self
+            .call(Op::Quote, "", None, Call::Quote(placement))
+            .await?
+        {
+            Reply::Quote(Ok(p)) => Ok(p),
+            Reply::Quote(Err(e)) => Err(self.wrap(Op::Quote, "", e)),
+            _ => unreachable!("quote returns Reply::Quote"),
+        }
     }
 
     /// A check never fails as a whole: a failed call becomes one not-ready target.
@@ -182,16 +175,7 @@ impl Provider for WasmProvider {
             return None;
         }
         Some(match self.call(Op::Check, "", None, Call::Check).await {
-            Ok(Reply::Check(targets)) => targets
-                .into_iter()
-                .map(|t| TargetStatus {
-                    target: t.target,
-                    ready: t.ready,
-                    reason: t.reason,
-                    message: t.message,
-                    details: t.details,
-                })
-                .collect(),
+            Ok(Reply::Check(targets)) => targets,
             Ok(_) => unreachable!("check returns Reply::Check"),
             Err(e) => vec![TargetStatus {
                 target: "plugin".into(),
@@ -209,16 +193,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn running_without_ip_is_provisioning() {
-        let base = wit::Instance {
+    fn running_without_any_address_is_provisioning() {
+        let base = RawInstance {
             id: "r/1".into(),
             ip: String::new(),
-            state: wit::State::Running,
+            ipv6: String::new(),
+            state: State::Running,
             uid: "u".into(),
-            created_at: Some(wit::Datetime {
-                seconds: 10,
-                nanoseconds: 5,
-            }),
+            created_at: Some((10, 5)),
+            interrupted: false,
+            hourly_price: None,
         };
         let i = instance_of(base.clone());
         assert_eq!(i.state, State::Provisioning);
@@ -226,13 +210,20 @@ mod tests {
             i.created_at,
             Some(SystemTime::UNIX_EPOCH + Duration::new(10, 5))
         );
-        let i = instance_of(wit::Instance {
-            ip: "1.2.3.4".into(),
-            ..base.clone()
-        });
-        assert_eq!(i.state, State::Running);
-        let i = instance_of(wit::Instance {
-            state: wit::State::Stopped,
+        for (ip, ipv6) in [
+            ("1.2.3.4", ""),
+            ("", "2001:db8::1"),
+            ("1.2.3.4", "2001:db8::1"),
+        ] {
+            let i = instance_of(RawInstance {
+                ip: ip.into(),
+                ipv6: ipv6.into(),
+                ..base.clone()
+            });
+            assert_eq!(i.state, State::Running, "{ip:?} {ipv6:?}");
+        }
+        let i = instance_of(RawInstance {
+            state: State::Stopped,
             ..base
         });
         assert_eq!(i.state, State::Stopped);

@@ -1,0 +1,235 @@
+//! `egress:provider@0.1.0`: its bindings, its host interface and its conversions.
+//!
+//! Frozen with `wit/v0.1.0`: plugins built against it keep loading. Kept in a module of
+//! its own that rarely changes: regenerating bindings is the slow part of an incremental
+//! build.
+
+use super::{Call, GuestError, RawInfo, RawInstance, Reply};
+use crate::plugin::host_services::{LogLevel, SecretProblem};
+use crate::plugin::sandbox::CallState;
+use crate::provider::{Capacity, Class, State, TargetStatus};
+use wasmtime::Store;
+use wasmtime::component::{HasSelf, Linker};
+
+wasmtime::component::bindgen!({
+    path: "../wit/v0.1.0",
+    world: "provider-plugin",
+    exports: { default: async },
+});
+
+use egress::provider::host as wit_host;
+use egress::provider::types as wit;
+
+/// The WIT package version this module binds.
+pub const WORLD_VERSION: &str = "0.1.0";
+
+pub(super) fn add_to_linker(l: &mut Linker<CallState>) -> wasmtime::Result<()> {
+    wit_host::add_to_linker::<_, HasSelf<CallState>>(l, |s| s)
+}
+
+/// What 0.1.0 has no field for.
+pub(super) fn unsupported(call: &Call<'_>) -> Option<&'static str> {
+    let placement = match call {
+        Call::Create(req) if super::needs_ipv6(req) => return Some("no IPv6 (ipFamily: IPv6)"),
+        Call::Create(req) => &req.placement,
+        Call::Quote(_) => return Some("no quote (hourly prices)"),
+        _ => return None,
+    };
+    (placement.capacity == Capacity::Spot).then_some("no capacity (spot placements)")
+}
+
+pub(super) async fn dispatch(
+    pre: &ProviderPluginPre<CallState>,
+    store: &mut Store<CallState>,
+    call: Call<'_>,
+) -> wasmtime::Result<Reply> {
+    let plugin = pre.instantiate_async(&mut *store).await?;
+    let p = plugin.egress_provider_plugin();
+    let v = plugin.egress_provider_provider();
+    Ok(match call {
+        Call::Info => Reply::Info(info(p.call_info(&mut *store).await?)),
+        Call::Validate(cfg) => Reply::Unit(
+            p.call_validate_config(&mut *store, cfg)
+                .await?
+                .map_err(error),
+        ),
+        Call::Create(req) => {
+            let wreq = wit::CreateRequest {
+                name: req.name.clone(),
+                uid: req.uid.clone(),
+                namespace: req.namespace.clone(),
+                proxy_name: req.proxy_name.clone(),
+                installation: req.installation.clone(),
+                placement: wit::Placement {
+                    region: req.placement.region.clone(),
+                    zone: req.placement.zone.clone(),
+                    machine_type: req.placement.machine_type.clone(),
+                    image: req.placement.image.clone(),
+                },
+                cloud_init: req.cloud_init.clone(),
+                port: req.port,
+            };
+            Reply::Id(v.call_create(&mut *store, &wreq).await?.map_err(error))
+        }
+        Call::Get(id) => Reply::Instance(
+            v.call_get(&mut *store, id)
+                .await?
+                .map(instance)
+                .map_err(error),
+        ),
+        Call::Delete(id) => Reply::Unit(v.call_delete(&mut *store, id).await?.map_err(error)),
+        Call::List(inst) => Reply::List(
+            v.call_list_by_tag(&mut *store, inst)
+                .await?
+                .map(|l| l.into_iter().map(instance).collect())
+                .map_err(error),
+        ),
+        Call::Check => Reply::Check(
+            v.call_check(&mut *store)
+                .await?
+                .into_iter()
+                .map(target)
+                .collect(),
+        ),
+        Call::Quote(_) => unreachable!("refused by `unsupported` before the call"),
+    })
+}
+
+fn class(c: wit::ErrorClass) -> Class {
+    match c {
+        wit::ErrorClass::NotFound => Class::NotFound,
+        wit::ErrorClass::QuotaExceeded => Class::QuotaExceeded,
+        wit::ErrorClass::Transient => Class::Transient,
+        wit::ErrorClass::Permanent => Class::Permanent,
+    }
+}
+
+fn error(e: wit::ProviderError) -> GuestError {
+    GuestError {
+        class: class(e.class),
+        message: e.message,
+        code: e.code,
+        retry_after_ms: None,
+    }
+}
+
+fn state(s: wit::State) -> State {
+    match s {
+        wit::State::Provisioning => State::Provisioning,
+        wit::State::Running => State::Running,
+        wit::State::Stopped => State::Stopped,
+        wit::State::Terminated => State::Terminated,
+    }
+}
+
+fn instance(i: wit::Instance) -> RawInstance {
+    RawInstance {
+        id: i.id,
+        ip: i.ip,
+        ipv6: String::new(),
+        state: state(i.state),
+        uid: i.uid,
+        created_at: i.created_at.map(|t| (t.seconds, t.nanoseconds)),
+        interrupted: false,
+        hourly_price: None,
+    }
+}
+
+fn target(t: wit::TargetStatus) -> TargetStatus {
+    TargetStatus {
+        target: t.target,
+        ready: t.ready,
+        reason: t.reason,
+        message: t.message,
+        details: t.details,
+    }
+}
+
+fn info(i: wit::PluginInfo) -> RawInfo {
+    RawInfo {
+        type_name: i.type_name,
+        version: i.version,
+        has_check: i.has_check,
+        default_hosts: i.default_hosts,
+        profile: i.profile,
+        default_budget: None,
+    }
+}
+
+impl wit_host::Host for CallState {
+    fn log(&mut self, level: wit_host::Level, message: String) {
+        let level = match level {
+            wit_host::Level::Trace => LogLevel::Trace,
+            wit_host::Level::Debug => LogLevel::Debug,
+            wit_host::Level::Info => LogLevel::Info,
+            wit_host::Level::Warn => LogLevel::Warn,
+            wit_host::Level::Error => LogLevel::Error,
+        };
+        self.guest_log(level, &message);
+    }
+
+    fn config(&mut self) -> String {
+        self.guest_config()
+    }
+
+    fn read_secret(&mut self, key: String) -> Result<Vec<u8>, wit_host::SecretError> {
+        self.guest_read_secret(&key).map_err(|e| match e {
+            SecretProblem::NotConfigured => wit_host::SecretError::NotConfigured,
+            SecretProblem::Missing(m) => wit_host::SecretError::Missing(m),
+            SecretProblem::Unreadable(m) => wit_host::SecretError::Unreadable(m),
+        })
+    }
+
+    fn cache_get(&mut self, key: String) -> Option<Vec<u8>> {
+        self.guest_cache_get(&key)
+    }
+
+    fn cache_set(&mut self, key: String, value: Vec<u8>, ttl_seconds: u32) {
+        self.guest_cache_set(key, value, ttl_seconds);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::{CreateRequest, IpFamily, Placement};
+
+    fn request(capacity: Capacity, ip_family: IpFamily) -> CreateRequest {
+        CreateRequest {
+            name: "proxy-a".into(),
+            uid: "u".into(),
+            namespace: "ns".into(),
+            proxy_name: "p".into(),
+            installation: "i".into(),
+            placement: Placement {
+                capacity,
+                ..Placement::new("r", "z", "m", "img")
+            },
+            cloud_init: vec![],
+            port: 3128,
+            ip_family,
+        }
+    }
+
+    /// Each 0.2.0-only feature is refused by name; what 0.1.0 can carry is not.
+    #[test]
+    fn what_0_1_0_cannot_carry_is_named() {
+        let spot = request(Capacity::Spot, IpFamily::V4);
+        let v6 = request(Capacity::OnDemand, IpFamily::V6);
+        let plain = request(Capacity::OnDemand, IpFamily::V4);
+        let cases: [(&str, Call, Option<&str>); 5] = [
+            ("spot", Call::Create(&spot), Some("no capacity")),
+            ("IPv6", Call::Create(&v6), Some("no IPv6")),
+            ("quote", Call::Quote(&plain.placement), Some("no quote")),
+            ("on-demand IPv4", Call::Create(&plain), None),
+            ("get", Call::Get("x"), None),
+        ];
+        for (what, call, want) in cases {
+            let got = unsupported(&call);
+            match want {
+                None => assert_eq!(got, None, "{what}"),
+                Some(w) => assert!(got.is_some_and(|g| g.contains(w)), "{what}: {got:?}"),
+            }
+        }
+    }
+}
