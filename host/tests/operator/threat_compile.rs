@@ -161,7 +161,7 @@ async fn a_compile_bomb_is_refused_within_its_limits_while_everything_else_serve
     let log = op.log();
     assert!(
         log.lines().any(|l| l.contains("plugin compile limits")
-            && l.contains("memory=224 MiB")
+            && l.contains("memory=232 MiB")
             && l.contains("memory_capped_by_the_pod=true")),
         "the compile's memory is capped by the pod: {log}"
     );
@@ -187,7 +187,7 @@ async fn a_compile_bomb_is_refused_within_its_limits_while_everything_else_serve
             // On a machine too busy to give it 20 s of CPU in 40 s.
             || refused.contains("compile exceeded its wall-time limit of 40s (--plugin-compile-timeout)")
             // Its memory grows with its CPU time: near 20 s it can reach the pod's cap first.
-            || refused.contains("compile exceeded its memory limit of 224 MiB (--plugin-compile-memory)"),
+            || refused.contains("compile exceeded its memory limit of 232 MiB (--plugin-compile-memory)"),
         "{refused}"
     );
     let log = op.log();
@@ -207,7 +207,7 @@ async fn a_compile_bomb_is_refused_within_its_limits_while_everything_else_serve
     wait_running(&proxies, "e2", Duration::from_secs(20)).await;
 
     // 2. The bomb: its memory grows by hundreds of MiB a second. The compile's own limit
-    // (224 MiB here) or, if the pod's memory runs out first, the OOM killer (whose first
+    // (232 MiB here) or, if the pod's memory runs out first, the OOM killer (whose first
     // choice the compile is) ends it.
     replace(
         &plugins.join("example.wasm"),
@@ -225,7 +225,7 @@ async fn a_compile_bomb_is_refused_within_its_limits_while_everything_else_serve
             let line = readyz
                 .lines()
                 .find(|l| l.starts_with("[!] provider ex failed"))?;
-            (line.contains("memory limit of 224 MiB") || line.contains("out-of-memory killer"))
+            (line.contains("memory limit of 232 MiB") || line.contains("out-of-memory killer"))
                 .then(|| line.to_string())
         },
     )
