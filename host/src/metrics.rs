@@ -406,7 +406,9 @@ mod tests {
             Duration::from_millis(3),
             1_000_000,
             2 << 20,
-            Some(egress_plugin_host::plugin::TrapKind::Fuel),
+            Some(egress_plugin_host::plugin::TrapKind::Limit(
+                egress_plugin_host::plugin::limits::LimitHit::Fuel,
+            )),
         );
         m.plugin
             .budget()

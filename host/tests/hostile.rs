@@ -4,6 +4,7 @@
 
 mod support;
 
+use egress_plugin_host::plugin::limits::LimitHit;
 use egress_plugin_host::plugin::{PluginMetrics, TrapKind};
 use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, ProviderError};
 use std::time::{Duration, Instant};
@@ -52,28 +53,28 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
             limits: "fuel: 200000000",
             expect: Expect::Limit("fuel budget (limits.fuel = 200000000)"),
             within: s(3),
-            trap: Some(TrapKind::Fuel),
+            trap: Some(TrapKind::Limit(LimitHit::Fuel)),
         },
         Case {
             attack: "loop".into(),
             limits: "fuel: 1000000000000, timeout: 1s",
             expect: Expect::Limit("wall-clock budget (limits.timeout = 1s)"),
             within: s(3),
-            trap: Some(TrapKind::Deadline),
+            trap: Some(TrapKind::Limit(LimitHit::Deadline)),
         },
         Case {
             attack: "sleep:60000".into(),
             limits: "timeout: 1s",
             expect: Expect::Limit("wall-clock budget (limits.timeout = 1s)"),
             within: s(3),
-            trap: Some(TrapKind::Deadline),
+            trap: Some(TrapKind::Limit(LimitHit::Deadline)),
         },
         Case {
             attack: "memory".into(),
             limits: "memoryMib: 16",
             expect: Expect::Limit("memory cap (limits.memoryMib = 16)"),
             within: s(3),
-            trap: Some(TrapKind::Memory),
+            trap: Some(TrapKind::Limit(LimitHit::Memory)),
         },
         Case {
             attack: "recurse".into(),
@@ -178,7 +179,7 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
             limits: "tmpMib: 1",
             expect: Expect::Limit("/tmp cap (limits.tmpMib = 1)"),
             within: s(4),
-            trap: Some(TrapKind::Tmp),
+            trap: Some(TrapKind::Limit(LimitHit::Tmp)),
         },
         // Host resources: every one below is held by the host for the guest, so linear
         // memory and fuel do not bound it; each has its own cap and trap kind.
@@ -190,7 +191,7 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
                 "host handles (HTTP fields, requests, bodies, streams, pollables, files) than its cap (limits.handles = 256)",
             ),
             within: s(3),
-            trap: Some(TrapKind::Handles),
+            trap: Some(TrapKind::Limit(LimitHit::Handles)),
         },
         Case {
             // One header set bigger than maxHeaderBytes: wasmtime-wasi-http traps.
@@ -200,7 +201,7 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
                 "header set larger than its cap (limits.http.maxHeaderBytes = 16384)",
             ),
             within: s(2),
-            trap: Some(TrapKind::Headers),
+            trap: Some(TrapKind::Limit(LimitHit::Headers)),
         },
         Case {
             attack: format!("hold-requests:{}", u("/slow")),
@@ -209,7 +210,7 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
                 "HTTP requests in flight than its cap (limits.http.maxInFlight = 4)",
             ),
             within: s(3),
-            trap: Some(TrapKind::Requests),
+            trap: Some(TrapKind::Limit(LimitHit::Requests)),
         },
         Case {
             // One request after the other never trips the cap, even at its tightest.
@@ -224,14 +225,14 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
             limits: "logLines: 10",
             expect: Expect::Limit("more files open than its cap (limits.openFiles = 32)"),
             within: s(3),
-            trap: Some(TrapKind::Files),
+            trap: Some(TrapKind::Limit(LimitHit::Files)),
         },
         Case {
             attack: "unlink-write:33554432".into(),
             limits: "tmpMib: 1",
             expect: Expect::Limit("/tmp cap (limits.tmpMib = 1)"),
             within: s(3),
-            trap: Some(TrapKind::Tmp),
+            trap: Some(TrapKind::Limit(LimitHit::Tmp)),
         },
         Case {
             // 50 levels of 100-byte names: the file is 5 KB of path deep, past PATH_MAX.
@@ -239,7 +240,7 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
             limits: "tmpMib: 1",
             expect: Expect::Limit("/tmp cap (limits.tmpMib = 1)"),
             within: s(3),
-            trap: Some(TrapKind::Tmp),
+            trap: Some(TrapKind::Limit(LimitHit::Tmp)),
         },
         Case {
             // The chain itself: 4 KiB per directory, 4096 levels at the default cap.
@@ -247,7 +248,7 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
             limits: "tmpMib: 16, timeout: 20s",
             expect: Expect::Limit("/tmp cap (limits.tmpMib = 16)"),
             within: s(8),
-            trap: Some(TrapKind::Tmp),
+            trap: Some(TrapKind::Limit(LimitHit::Tmp)),
         },
         Case {
             // 16k directories: counted, and removed after the call without delaying it.
@@ -255,14 +256,14 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
             limits: "tmpMib: 64, timeout: 20s",
             expect: Expect::Limit("/tmp cap (limits.tmpMib = 64)"),
             within: s(10),
-            trap: Some(TrapKind::Tmp),
+            trap: Some(TrapKind::Limit(LimitHit::Tmp)),
         },
         Case {
             attack: "grow-tmp:1099511627776".into(),
             limits: "tmpMib: 1",
             expect: Expect::Limit("/tmp cap (limits.tmpMib = 1)"),
             within: s(3),
-            trap: Some(TrapKind::Tmp),
+            trap: Some(TrapKind::Limit(LimitHit::Tmp)),
         },
         Case {
             attack: format!("http:{}", u("/big")),
@@ -431,7 +432,7 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
         }
         // Each call is counted once, under its own kind only.
         let provider = format!("hostile-{i}");
-        for kind in ALL_TRAP_KINDS {
+        for kind in TrapKind::all() {
             let want = u64::from(case.trap == Some(kind));
             let got = metrics.traps(&provider, "get", kind);
             if got != want {
@@ -487,7 +488,10 @@ async fn a_request_flood_is_held_to_the_budget_and_stopped() {
             .contains("request budget (budget.requestsPerHour = 36000, burst = 3)"),
         "{err:?}"
     );
-    assert_eq!(metrics.traps("hostile", "get", TrapKind::Budget), 1);
+    assert_eq!(
+        metrics.traps("hostile", "get", TrapKind::Limit(LimitHit::Budget)),
+        1
+    );
     // Burst 3, then one every 100 ms over at most 0.3 s + 3 s: 36 at most.
     assert!(sent <= 3 + 34, "{sent} requests reached the backend");
     assert!(sent >= 3, "the burst was let through: {sent}");
@@ -530,22 +534,6 @@ async fn nothing_written_to_tmp_reaches_the_next_call() {
         }
     }
 }
-
-const ALL_TRAP_KINDS: [TrapKind; 13] = [
-    TrapKind::Fuel,
-    TrapKind::Deadline,
-    TrapKind::Memory,
-    TrapKind::Tmp,
-    TrapKind::Files,
-    TrapKind::Handles,
-    TrapKind::Requests,
-    TrapKind::Headers,
-    TrapKind::Stack,
-    TrapKind::Panic,
-    TrapKind::Other,
-    TrapKind::Shutdown,
-    TrapKind::Budget,
-];
 
 fn check(
     case: &Case,
@@ -1041,7 +1029,10 @@ async fn contract_0_2_0_inputs_are_checked_and_bounded() {
         .await
         .expect_err("paused");
     assert!(e.message.contains("request budget"), "{e}");
-    assert_eq!(metrics.traps("slowed", "get", TrapKind::Budget), 1);
+    assert_eq!(
+        metrics.traps("slowed", "get", TrapKind::Limit(LimitHit::Budget)),
+        1
+    );
     assert_eq!(
         server.hits.load(std::sync::atomic::Ordering::SeqCst),
         before

@@ -360,7 +360,7 @@ async fn refuses_a_plugin_file_over_the_size_limit() {
 /// it is compiled at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compile_limits_refuse_a_compile_bomb() {
-    use egress_plugin_host::plugin::compiler::{CompileLimits, LimitHit};
+    use egress_plugin_host::plugin::compiler::{CompileLimit, CompileLimits};
     use std::time::{Duration, Instant};
     let dir = plugins_or_skip!();
     let scratch = tempfile::tempdir().unwrap();
@@ -388,7 +388,7 @@ async fn compile_limits_refuse_a_compile_bomb() {
         (
             "the default limits: memory first",
             CompileLimits::default(),
-            LimitHit::Memory(CompileLimits::DEFAULT_MEMORY_BYTES),
+            CompileLimit::Memory(CompileLimits::DEFAULT_MEMORY_BYTES),
         ),
         (
             "2 s of CPU",
@@ -397,7 +397,7 @@ async fn compile_limits_refuse_a_compile_bomb() {
                 memory_bytes: 2 * gib,
                 wall: secs(60),
             },
-            LimitHit::Cpu(secs(2)),
+            CompileLimit::Cpu(secs(2)),
         ),
         (
             "1 s of wall time",
@@ -406,7 +406,7 @@ async fn compile_limits_refuse_a_compile_bomb() {
                 memory_bytes: 2 * gib,
                 wall: secs(1),
             },
-            LimitHit::Wall(secs(1)),
+            CompileLimit::Wall(secs(1)),
         ),
     ] {
         let started = Instant::now();

@@ -131,7 +131,7 @@ pub struct CompileStats {
 
 /// A limit a compile child reached.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LimitHit {
+pub enum CompileLimit {
     #[error("compile exceeded its CPU-time limit of {} (--plugin-compile-cpu)", secs(*.0))]
     Cpu(Duration),
     #[error("compile exceeded its memory limit of {} MiB (--plugin-compile-memory)", .0 / MIB)]
@@ -162,7 +162,7 @@ pub enum CompileError {
     Invalid(String),
     /// The child reached a limit: the plugin is refused.
     #[error("{0}")]
-    Limit(LimitHit),
+    Limit(CompileLimit),
     /// The child failed some other way (it crashed, or could not be waited for).
     #[error("{0}")]
     Failed(String),
@@ -369,7 +369,7 @@ async fn in_child(
         wall,
     };
     let verdict = if talk.oversized {
-        Err(CompileError::Limit(LimitHit::Artifact(cap)))
+        Err(CompileError::Limit(CompileLimit::Artifact(cap)))
     } else {
         classify(exit.status, exit.cpu, &talk.stderr, limits, timed_out)
     };
@@ -580,19 +580,19 @@ fn classify(
 ) -> Result<(), CompileError> {
     let limit = |hit| Err(CompileError::Limit(hit));
     if timed_out {
-        return limit(LimitHit::Wall(limits.wall));
+        return limit(CompileLimit::Wall(limits.wall));
     }
     let stderr_text = stderr.trim();
     if let Some(signal) = status.signal() {
         return match signal {
-            libc::SIGXCPU => limit(LimitHit::Cpu(limits.cpu)),
+            libc::SIGXCPU => limit(CompileLimit::Cpu(limits.cpu)),
             // At the hard CPU limit the kernel sends SIGKILL; otherwise only the OOM
             // killer sends it (the deadline is `timed_out`).
             libc::SIGKILL if cpu >= Duration::from_secs(limits.cpu_secs()) => {
-                limit(LimitHit::Cpu(limits.cpu))
+                limit(CompileLimit::Cpu(limits.cpu))
             }
-            libc::SIGKILL => limit(LimitHit::OomKilled(limits.memory_bytes)),
-            _ if out_of_memory(stderr) => limit(LimitHit::Memory(limits.memory_bytes)),
+            libc::SIGKILL => limit(CompileLimit::OomKilled(limits.memory_bytes)),
+            _ if out_of_memory(stderr) => limit(CompileLimit::Memory(limits.memory_bytes)),
             _ => Err(CompileError::Failed(format!(
                 "{SUBCOMMAND} was killed by signal {signal}: {stderr_text}"
             ))),
@@ -601,7 +601,7 @@ fn classify(
     match status.code() {
         Some(0) => Ok(()),
         Some(COMPILE_FAILED) => Err(CompileError::Invalid(stderr_text.to_string())),
-        _ if out_of_memory(stderr) => limit(LimitHit::Memory(limits.memory_bytes)),
+        _ if out_of_memory(stderr) => limit(CompileLimit::Memory(limits.memory_bytes)),
         _ => Err(CompileError::Failed(format!(
             "{SUBCOMMAND} exited with {status}: {stderr_text}"
         ))),
@@ -711,9 +711,9 @@ mod tests {
     #[test]
     fn each_end_of_a_child_names_its_limit() {
         let secs = Duration::from_secs;
-        let cpu = LimitHit::Cpu(LIMITS.cpu);
-        let memory = LimitHit::Memory(LIMITS.memory_bytes);
-        let oom = LimitHit::OomKilled(LIMITS.memory_bytes);
+        let cpu = CompileLimit::Cpu(LIMITS.cpu);
+        let memory = CompileLimit::Memory(LIMITS.memory_bytes);
+        let oom = CompileLimit::OomKilled(LIMITS.memory_bytes);
         let alloc = "memory allocation of 786432 bytes failed\n";
         type Case<'a> = (
             &'a str,
@@ -755,7 +755,7 @@ mod tests {
                 secs(3),
                 "",
                 true,
-                Err(CompileError::Limit(LimitHit::Wall(LIMITS.wall))),
+                Err(CompileError::Limit(CompileLimit::Wall(LIMITS.wall))),
             ),
             (
                 "allocation failure, then abort",
@@ -815,22 +815,22 @@ mod tests {
     fn messages_name_the_limit_and_its_flag() {
         for (hit, want) in [
             (
-                LimitHit::Cpu(Duration::from_secs(20)),
+                CompileLimit::Cpu(Duration::from_secs(20)),
                 "compile exceeded its CPU-time limit of 20s (--plugin-compile-cpu)",
             ),
             (
-                LimitHit::Memory(128 * MIB),
+                CompileLimit::Memory(128 * MIB),
                 "compile exceeded its memory limit of 128 MiB (--plugin-compile-memory)",
             ),
             (
-                LimitHit::Wall(Duration::from_secs(40)),
+                CompileLimit::Wall(Duration::from_secs(40)),
                 "compile exceeded its wall-time limit of 40s (--plugin-compile-timeout)",
             ),
         ] {
             assert_eq!(hit.to_string(), want);
         }
         assert!(
-            LimitHit::OomKilled(128 * MIB)
+            CompileLimit::OomKilled(128 * MIB)
                 .to_string()
                 .contains("out-of-memory killer")
         );
@@ -887,7 +887,7 @@ mod tests {
         };
         let spin = script(d.path(), "while :; do :; done");
         let e = compile(&spin, short).await.unwrap_err();
-        assert_eq!(e, CompileError::Limit(LimitHit::Cpu(short.cpu)), "{e}");
+        assert_eq!(e, CompileError::Limit(CompileLimit::Cpu(short.cpu)), "{e}");
 
         // The wall-time deadline: a child that sleeps is killed, and reaped.
         let quick = CompileLimits {
@@ -897,7 +897,11 @@ mod tests {
         let sleeper = script(d.path(), "exec sleep 30");
         let started = Instant::now();
         let e = compile(&sleeper, quick).await.unwrap_err();
-        assert_eq!(e, CompileError::Limit(LimitHit::Wall(quick.wall)), "{e}");
+        assert_eq!(
+            e,
+            CompileError::Limit(CompileLimit::Wall(quick.wall)),
+            "{e}"
+        );
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "{:?}",
@@ -909,7 +913,7 @@ mod tests {
         let e = compile(&killed, LIMITS).await.unwrap_err();
         assert_eq!(
             e,
-            CompileError::Limit(LimitHit::OomKilled(LIMITS.memory_bytes)),
+            CompileError::Limit(CompileLimit::OomKilled(LIMITS.memory_bytes)),
             "{e}"
         );
 
@@ -934,7 +938,7 @@ mod tests {
         let e = compile(&flood, LIMITS).await.unwrap_err();
         assert_eq!(
             e,
-            CompileError::Limit(LimitHit::Artifact(MIN_ARTIFACT_BYTES)),
+            CompileError::Limit(CompileLimit::Artifact(MIN_ARTIFACT_BYTES)),
             "{e}"
         );
 

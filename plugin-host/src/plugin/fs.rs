@@ -21,7 +21,8 @@
 //! [`remove_tree`] removes a call's `/tmp` afterwards with a bounded number of descriptors
 //! and no recursion, however deep the tree.
 
-use super::sandbox::{CallState, LimitHit, Tripwire};
+use super::limits::{LimitHit, Tripwire};
+use super::sandbox::CallState;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};

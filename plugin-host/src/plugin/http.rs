@@ -13,8 +13,8 @@
 //! `limits.http.maxInFlight` requests at once (each a socket and hyper's buffers), and at
 //! most [`OUTGOING_CHUNK_BYTES`] buffered per outgoing body.
 
+use super::limits::{LimitHit, Tripwire};
 use super::policy::{AllowList, Decision, Target, address_problem};
-use super::sandbox::{LimitHit, Tripwire};
 use crate::config::HttpLimits;
 use bytes::Bytes;
 use http_body_util::BodyExt;

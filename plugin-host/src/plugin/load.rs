@@ -2,7 +2,7 @@
 
 use super::abi::{self, WorldVersion};
 use super::cache::CacheOutcome;
-use super::compiler::{CompileError, CompileStats, LimitHit};
+use super::compiler::{CompileError, CompileLimit, CompileStats};
 use super::precheck::{self, Refusal};
 use super::{Call, Reply, Runtime, WasmProvider, http, provider_shared};
 use crate::config::{Limits, ProviderEntry, ProvidersFile};
@@ -116,7 +116,7 @@ pub enum LoadError {
     Compile { path: PathBuf, message: String },
     /// The compile reached one of its limits (`--plugin-compile-*`): the plugin is refused.
     #[error("plugin {path}: {limit}")]
-    CompileLimit { path: PathBuf, limit: LimitHit },
+    CompileLimit { path: PathBuf, limit: CompileLimit },
     #[error("plugin {path}: compile failed: {message}")]
     CompileFailed { path: PathBuf, message: String },
     #[error(

@@ -5,6 +5,7 @@
 //! `validate-config`) never pass through the decorator. The labels are the configured
 //! provider name and the operation; never anything a plugin or a user wrote.
 
+use super::limits::LimitHit;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -42,22 +43,8 @@ pub struct ProviderLabels {
 /// Why the sandbox stopped a call. A fixed set, so the label cannot grow without bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TrapKind {
-    /// `limits.fuel` used up.
-    Fuel,
-    /// `limits.timeout` (or the load-time budget) passed.
-    Deadline,
-    /// `limits.memoryMib` reached.
-    Memory,
-    /// `limits.tmpMib` exceeded.
-    Tmp,
-    /// `limits.openFiles` reached.
-    Files,
-    /// `limits.handles` reached: the call's resource table is full.
-    Handles,
-    /// `limits.http.maxInFlight` exceeded.
-    Requests,
-    /// `limits.http.maxHeaderBytes` exceeded by one header set.
-    Headers,
+    /// A limit of the sandbox stopped the call (see `plugin::limits`).
+    Limit(LimitHit),
     /// Native stack overflow, or an out-of-bounds access (a Rust guest's stack overflow).
     Stack,
     /// The guest panicked (`unreachable`).
@@ -66,26 +53,30 @@ pub enum TrapKind {
     Other,
     /// The call was cut short because the operator is shutting down.
     Shutdown,
-    /// The provider's request budget had no token for a request before the call's deadline.
-    Budget,
 }
 
 impl TrapKind {
+    /// Every kind, each limit's first.
+    pub fn all() -> Vec<TrapKind> {
+        LimitHit::ALL
+            .into_iter()
+            .map(TrapKind::Limit)
+            .chain([
+                TrapKind::Stack,
+                TrapKind::Panic,
+                TrapKind::Other,
+                TrapKind::Shutdown,
+            ])
+            .collect()
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
-            TrapKind::Fuel => "fuel",
-            TrapKind::Deadline => "deadline",
-            TrapKind::Memory => "memory",
-            TrapKind::Tmp => "tmp",
-            TrapKind::Files => "files",
-            TrapKind::Handles => "handles",
-            TrapKind::Requests => "requests",
-            TrapKind::Headers => "headers",
+            TrapKind::Limit(hit) => hit.label(),
             TrapKind::Stack => "stack",
             TrapKind::Panic => "panic",
             TrapKind::Other => "other",
             TrapKind::Shutdown => "shutdown",
-            TrapKind::Budget => "budget",
         }
     }
 }

@@ -17,6 +17,7 @@ mod fs;
 mod host_services;
 mod http;
 mod interfaces;
+pub mod limits;
 mod load;
 mod metrics;
 mod output;
@@ -41,7 +42,8 @@ use crate::config::{Limits, ProviderEntry, ProvidersFile};
 use crate::provider::{Class, Op, ProviderError};
 pub use abi::WorldVersion;
 pub(crate) use abi::{Call, Reply};
-use sandbox::{CallState, LimitHit, MemoryLimiter, ProviderShared, Tripwire};
+use limits::{LimitHit, Tripwire};
+use sandbox::{CallState, MemoryLimiter, ProviderShared};
 use slots::Slots;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -541,7 +543,7 @@ impl WasmProvider {
             ),
             Some(outcome) => {
                 if let Some(Err(trap)) = outcome.as_ref().ok()
-                    && let Some(hit) = limit_of_trap(trap)
+                    && let Some(hit) = LimitHit::of_trap(trap)
                 {
                     stop.trip(hit);
                 }
@@ -554,15 +556,19 @@ impl WasmProvider {
                     });
                 }
                 match (stop.hit(), outcome) {
-                    (Some(hit), _) => (
-                        Err(fail(
-                            Class::Transient,
-                            limit_message(hit, limits, timeout, self.budget_spec()),
-                        )),
-                        Some(trap_kind(hit)),
-                    ),
+                    (Some(hit), _) => {
+                        let context = limits::Context {
+                            limits,
+                            timeout,
+                            budget: self.budget_spec(),
+                        };
+                        (
+                            Err(fail(Class::Transient, hit.message(&context))),
+                            Some(TrapKind::Limit(hit)),
+                        )
+                    }
                     (None, Ok(Err(trap))) => {
-                        let (kind, message) = trap_message(&trap, state, limits);
+                        let (kind, message) = trap_message(&trap, state);
                         (Err(fail(Class::Transient, message)), kind)
                     }
                     (None, Ok(Ok(reply))) => {
@@ -722,95 +728,10 @@ const SHUTDOWN_CANCELLED: &str =
 /// entry's fuel, memory, `/tmp` and handle limits.
 pub const LOAD_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn limit_message(
-    hit: LimitHit,
-    limits: &Limits,
-    timeout: Duration,
-    budget: Option<budget::Spec>,
-) -> String {
-    match hit {
-        LimitHit::Budget => {
-            let (per_hour, burst) = budget.map_or((0, 0), |b| (b.per_hour, b.burst));
-            format!(
-                "the provider's request budget (budget.requestsPerHour = {per_hour}, burst = {burst}) had no token for a backend request before the call's deadline (limits.timeout = {}); the call was stopped without sending it",
-                humantime::format_duration(limits.timeout)
-            )
-        }
-        LimitHit::Deadline if timeout < limits.timeout => format!(
-            "plugin call ran past the load-time wall-clock budget ({}) and was stopped",
-            humantime::format_duration(timeout)
-        ),
-        LimitHit::Deadline => format!(
-            "plugin call ran past its wall-clock budget (limits.timeout = {}) and was stopped",
-            humantime::format_duration(limits.timeout)
-        ),
-        LimitHit::Memory => format!(
-            "plugin hit its memory cap (limits.memoryMib = {}) and was stopped",
-            limits.memory_mib
-        ),
-        LimitHit::Tmp => format!(
-            "plugin wrote more than its /tmp cap (limits.tmpMib = {}) and was stopped",
-            limits.tmp_mib
-        ),
-        LimitHit::Files => format!(
-            "plugin held more files open than its cap (limits.openFiles = {}) and was stopped",
-            limits.open_files
-        ),
-        LimitHit::Handles => format!(
-            "plugin held more host handles (HTTP fields, requests, bodies, streams, pollables, files) than its cap (limits.handles = {}) and was stopped",
-            limits.handles
-        ),
-        LimitHit::Requests => format!(
-            "plugin had more HTTP requests in flight than its cap (limits.http.maxInFlight = {}) and was stopped",
-            limits.http.max_in_flight
-        ),
-        LimitHit::Headers => format!(
-            "plugin built a header set larger than its cap (limits.http.maxHeaderBytes = {}) and was stopped",
-            limits.http.max_header_bytes
-        ),
-    }
-}
-
-fn trap_kind(hit: LimitHit) -> TrapKind {
-    match hit {
-        LimitHit::Deadline => TrapKind::Deadline,
-        LimitHit::Budget => TrapKind::Budget,
-        LimitHit::Memory => TrapKind::Memory,
-        LimitHit::Tmp => TrapKind::Tmp,
-        LimitHit::Files => TrapKind::Files,
-        LimitHit::Handles => TrapKind::Handles,
-        LimitHit::Requests => TrapKind::Requests,
-        LimitHit::Headers => TrapKind::Headers,
-    }
-}
-
-/// The limit behind a trap that wasmtime raised itself: a host call that could not push
-/// its result into the full resource table (`limits.handles`), or a header set grown past
-/// `limits.http.maxHeaderBytes` (wasmtime-wasi-http traps rather than return an error).
-fn limit_of_trap(err: &wasmtime::Error) -> Option<LimitHit> {
-    use wasmtime::component::ResourceTableError;
-    use wasmtime_wasi_http::FieldMapError;
-    err.chain().find_map(|e| {
-        if let Some(ResourceTableError::Full) = e.downcast_ref::<ResourceTableError>() {
-            return Some(LimitHit::Handles);
-        }
-        match e.downcast_ref::<FieldMapError>() {
-            Some(FieldMapError::TotalSizeTooBig | FieldMapError::TooManyFields) => {
-                Some(LimitHit::Headers)
-            }
-            _ => None,
-        }
-    })
-}
-
 /// Says what the trap was, and its kind for the traps metric (`None`: the guest failed
 /// without trapping, e.g. a host call error), when no limit stopped the call. Always
 /// Transient: the next call gets a fresh instance.
-fn trap_message(
-    err: &wasmtime::Error,
-    state: &CallState,
-    limits: &Limits,
-) -> (Option<TrapKind>, String) {
+fn trap_message(err: &wasmtime::Error, state: &CallState) -> (Option<TrapKind>, String) {
     if past_lift_bound(err) {
         return (
             None,
@@ -821,10 +742,6 @@ fn trap_message(
         );
     }
     let (kind, message) = match err.downcast_ref::<Trap>() {
-        Some(Trap::OutOfFuel) => (TrapKind::Fuel, format!(
-            "plugin used up its fuel budget (limits.fuel = {}) and was stopped: a runaway loop or far too much work in one call",
-            limits.fuel
-        )),
         Some(Trap::StackOverflow) => (TrapKind::Stack, "plugin overflowed its stack (runaway recursion) and was stopped".to_string()),
         // A Rust guest keeps its stack in linear memory: overflowing it shows up as an
         // access below address zero rather than as a native stack overflow.

@@ -8,72 +8,19 @@
 
 use super::fs::FsLimits;
 use super::http::HttpHooks;
+use super::limits::{LimitHit, Tripwire};
 use super::output::CapturedOutput;
 use super::redact::{Redactor, escape_controls};
 use super::sensitive::Sensitive;
 use crate::config::Limits;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
-
-/// Which limit stopped a call. Set by the host when it cuts a call short, so the error can
-/// say exactly why instead of showing a bare trap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LimitHit {
-    /// `limits.timeout` (or the load-time budget).
-    Deadline,
-    /// The provider's request budget had no token before the call's deadline.
-    Budget,
-    /// `limits.memoryMib`.
-    Memory,
-    /// `limits.tmpMib`: bytes written to `/tmp` plus 4 KiB per entry created.
-    Tmp,
-    /// `limits.openFiles`.
-    Files,
-    /// `limits.handles`: the call's resource table is full.
-    Handles,
-    /// `limits.http.maxInFlight`.
-    Requests,
-    /// `limits.http.maxHeaderBytes`: a header set grew past it (wasmtime-wasi-http traps).
-    Headers,
-}
-
-/// The one place that knows which limit stopped a call: the first one to trip wins.
-///
-/// Shared (behind an `Arc`) by everything that enforces a limit: the memory limiter, the
-/// `/tmp` accounting, the HTTP hooks (whose futures run outside the Store), the epoch
-/// callback and the table-full detection. Tripping it also wakes the call's driver, so a
-/// guest blocked in a host call (a pollable, an HTTP request) stops at once instead of at
-/// its deadline.
-#[derive(Debug, Default)]
-pub struct Tripwire {
-    hit: OnceLock<LimitHit>,
-    tripped: CancellationToken,
-}
-
-impl Tripwire {
-    /// Records `hit` unless a limit was already recorded, and wakes [`Tripwire::tripped`].
-    pub fn trip(&self, hit: LimitHit) {
-        let _ = self.hit.set(hit);
-        self.tripped.cancel();
-    }
-
-    /// The limit that stopped the call, if one did.
-    pub fn hit(&self) -> Option<LimitHit> {
-        self.hit.get().copied()
-    }
-
-    /// Resolves once a limit has tripped.
-    pub async fn tripped(&self) {
-        self.tripped.cancelled().await
-    }
-}
 
 /// Per-provider state shared by all its calls.
 pub struct ProviderShared {
@@ -375,17 +322,6 @@ mod tests {
             now,
         );
         assert_eq!(c.get("huge", now), None);
-    }
-
-    #[test]
-    fn the_first_limit_to_trip_wins_and_wakes_the_call() {
-        let stop = Arc::new(Tripwire::default());
-        assert_eq!(stop.hit(), None);
-        stop.trip(LimitHit::Requests);
-        stop.trip(LimitHit::Deadline);
-        assert_eq!(stop.hit(), Some(LimitHit::Requests));
-        // Already tripped: resolves at once.
-        futures::executor::block_on(stop.tripped());
     }
 
     #[test]
