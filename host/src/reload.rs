@@ -21,7 +21,7 @@
 
 use crate::endpoints::{ProviderLoad, Readiness};
 use crate::registry::{Entry, ProviderRegistry};
-use egress_plugin_host::config::{Budget, ProviderEntry, ProvidersFile};
+use egress_plugin_host::config::{PodResources, ProviderEntry, ProvidersFile};
 use egress_plugin_host::plugin::{LoadedPlugin, ProviderLoadError, Runtime, WasmProvider};
 use egress_plugin_host::provider::{Instrumented, Provider, ProviderMetrics};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -314,7 +314,7 @@ pub struct Reloader {
     seen: Option<(String, BTreeMap<String, String>)>,
     errors: BTreeMap<String, String>,
     /// What a providers file must fit (config::fit); a file that does not is refused.
-    budget: Budget,
+    budget: PodResources,
 }
 
 impl Reloader {
@@ -332,14 +332,14 @@ impl Reloader {
             running: BTreeMap::new(),
             seen: None,
             errors: BTreeMap::new(),
-            budget: Budget::default(),
+            budget: PodResources::default(),
         }
     }
 
     /// Refuses a providers file that does not fit `budget` (config::fit), like one that
     /// does not parse: every provider keeps its current version. Default: no budget known,
     /// nothing checked.
-    pub fn with_budget(mut self, budget: Budget) -> Self {
+    pub fn with_budget(mut self, budget: PodResources) -> Self {
         self.budget = budget;
         self
     }

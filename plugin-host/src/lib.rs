@@ -1,6 +1,10 @@
 //! The provider plugin runtime: loads WebAssembly provider components and runs each call in a
 //! sandbox of its own. It knows nothing of Kubernetes; the operator drives it through the
 //! [`provider::Provider`] trait.
+//!
+//! Its modules stand in layers, each using only those below it: `policy`, `redact` and
+//! `sensitive` at the bottom; `provider` and `rate` on them; `config` on those; `plugin` on
+//! all of them.
 
 /// The providers file, its limits, and their fit to the pod's resources.
 pub mod config;
@@ -8,5 +12,13 @@ pub mod config;
 pub mod fdlimit;
 /// The wasmtime runtime: engine, compile and cache, loading, the per-call sandbox.
 pub mod plugin;
+/// Where a plugin may send requests: allow-list rules and the address checks.
+pub mod policy;
 /// The `Provider` trait the operator calls, its types and errors, and its metrics.
 pub mod provider;
+/// A provider's request budget: a token bucket with priorities, and what the backend said.
+pub mod rate;
+/// Scrubbing secrets, cloud-init and credentials out of text, in every encoding.
+pub mod redact;
+/// What is sensitive for each provider, bounded, and the redactor compiled from it.
+pub mod sensitive;

@@ -1,6 +1,6 @@
 //! Argument groups several subcommands share, and their value parsers.
 
-use egress_plugin_host::config::{Budget, ProvidersFile, fit};
+use egress_plugin_host::config::{PodResources, ProvidersFile, fit};
 use egress_plugin_host::plugin::RuntimeOptions;
 use egress_plugin_host::plugin::compiler::CompileLimits;
 use egress_plugin_host::provider::{Capacity, Placement};
@@ -101,7 +101,7 @@ impl RuntimeArgs {
 
     /// [`options`](Self::options), with the compile's memory within what the pod's
     /// `budget` leaves ([`fit::compile_memory`]); logs the compile limits.
-    pub fn options_within(&self, file: &ProvidersFile, budget: &Budget) -> RuntimeOptions {
+    pub fn options_within(&self, file: &ProvidersFile, budget: &PodResources) -> RuntimeOptions {
         let mut opts = self.options(file);
         let (memory, capped) = fit::compile_memory(budget, self.plugin_compile_memory);
         opts.compile_limits.memory_bytes = memory;
@@ -137,8 +137,8 @@ pub struct FitArgs {
 }
 
 impl FitArgs {
-    pub fn budget(&self, runtime: &RuntimeArgs) -> Budget {
-        egress_plugin_host::config::budget::resolve(
+    pub fn budget(&self, runtime: &RuntimeArgs) -> PodResources {
+        egress_plugin_host::config::pod::resolve(
             self.memory_limit,
             self.memory_reserve,
             self.scratch_limit,
@@ -148,7 +148,7 @@ impl FitArgs {
 }
 
 pub fn parse_quantity(s: &str) -> Result<u64, String> {
-    egress_plugin_host::config::budget::parse_quantity(s)
+    egress_plugin_host::config::pod::parse_quantity(s)
 }
 
 /// `region/zone/machineType/image[/spot]`; parts may be empty where the provider ignores

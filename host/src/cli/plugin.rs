@@ -45,7 +45,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         "hasCheck": p.info.has_check,
         // What a provider entry without `budget` gets (0.2.0), after the host's cap.
         "defaultBudget": p.info.default_budget.map(|b| {
-            let capped = egress_plugin_host::plugin::budget::cap_default(b);
+            let capped = egress_plugin_host::rate::cap_default(b);
             serde_json::json!({
                 "requestsPerHour": capped.per_hour,
                 "burst": capped.burst,

@@ -650,7 +650,7 @@ impl<'a> Shell<'a> {
                     self.delete_generated_secret().await?;
                     self.remove_finalizer().await?;
                     // Its instance is gone: what it made sensitive may go when room is
-                    // needed (kept a while: see `plugin::sensitive`).
+                    // needed (kept a while: see `egress_plugin_host::sensitive`).
                     if let Some(p) = &self.provider {
                         p.forget(&self.uid);
                     }

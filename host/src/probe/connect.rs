@@ -116,7 +116,7 @@ const MAX_ECHO_BODY: usize = 1024;
 pub async fn probe(spec: &ProbeSpec, want_ip: &str) -> Result<ProbeOk, ProbeError> {
     if !spec.allow_internal
         && let Some(kind) =
-            egress_plugin_host::plugin::policy::instance_address_problem(spec.proxy.ip(), false)
+            egress_plugin_host::policy::instance_address_problem(spec.proxy.ip(), false)
     {
         return Err(ProbeError::InternalAddress {
             addr: spec.proxy,

@@ -9,7 +9,7 @@
 //! `CI=true` it fails.
 
 use egress_plugin_host::config::fit::{self, Mib};
-use egress_plugin_host::config::{Budget, ProvidersFile, budget};
+use egress_plugin_host::config::{PodResources, ProvidersFile, pod};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -410,7 +410,7 @@ fn default_overlay_renders_valid_hardened_manifests() {
 /// What the pod gives the sandboxes, read from config/manager/manager.yaml as written:
 /// the container's memory limit, `--memory-reserve` (or its default), and the /tmp
 /// emptyDir's sizeLimit, which `--scratch-limit` must repeat.
-fn deployment_budget() -> Budget {
+fn deployment_budget() -> PodResources {
     let text = std::fs::read_to_string(root().join("config/manager/manager.yaml")).unwrap();
     let dep: Deployment = serde_yaml::from_str(&text).unwrap();
     let pod = dep.spec.unwrap().template.spec.unwrap();
@@ -443,8 +443,8 @@ fn deployment_budget() -> Budget {
         Some(size_limit.as_str()),
         "--scratch-limit must equal the /tmp emptyDir's sizeLimit"
     );
-    let q = |s: &str| budget::parse_quantity(s).unwrap();
-    Budget {
+    let q = |s: &str| pod::parse_quantity(s).unwrap();
+    PodResources {
         memory_bytes: Some(q(limit)),
         reserve_bytes: q(&flag("memory-reserve").unwrap_or_else(|| "96Mi".into())),
         scratch_bytes: Some(q(&size_limit)),

@@ -125,7 +125,7 @@ async fn a_file_that_does_not_fit_the_pod_is_refused() {
 
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = ReloadMetrics::register(&mut registry);
-    let budget = egress_plugin_host::config::Budget {
+    let budget = egress_plugin_host::config::PodResources {
         memory_bytes: Some(328 * MIB),
         reserve_bytes: 96 * MIB,
         scratch_bytes: Some(64 * MIB),

@@ -8,11 +8,11 @@ use crate::support;
 
 use egress_emulators::control::Emulator;
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
-use egress_plugin_host::plugin::budget::Spec;
 use egress_plugin_host::plugin::{LoadedPlugin, Runtime, RuntimeOptions, WasmProvider};
 use egress_plugin_host::provider::{
     Capacity, Class, CreateRequest, IpFamily, Placement, Provider, name_from_uid,
 };
+use egress_plugin_host::rate::Spec;
 use proxy_operator::conformance::{self, Control, Options};
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -35,11 +35,21 @@ pub const RESPONSE_BUFFER_BYTES: u64 = 512 * KIB;
 /// allocator: RSS +3.0 MiB), so 1 MiB of stack plus 1 MiB covers it with margin.
 pub const STORE_OVERHEAD_BYTES: u64 = 2 * MIB;
 
-/// What one reply (or one host call's arguments) may make the host copy out of a guest
-/// before it is checked: [`crate::plugin::MAX_LIFT_BYTES`], counted as wasmtime counts it
-/// (string bytes plus each list element's host size, as header fields are counted at their
-/// accounting size).
-pub const LIFT_BYTES: u64 = crate::plugin::MAX_LIFT_BYTES as u64;
+/// Most a plugin can make the host copy out of its sandbox at once: one reply, or the
+/// arguments of one host call (a log line, a cache value, a header list, a file write).
+/// wasmtime copies strings and lists into host memory before any rule here sees them, and
+/// a list can point each of its strings at the same guest bytes, so without this bound a
+/// plugin with 64 KiB of memory made the host allocate over 100 MB for one reply.
+/// Enforced as the Store's hostcall fuel (`Store::set_hostcall_fuel`), which counts every
+/// string's bytes and every list element's host size; past it the call fails, naming
+/// this bound. Counted once per call in the pod's memory fit
+/// ([`crate::config::Limits::host_bytes_per_call`], as [`LIFT_BYTES`]). 3 MiB holds a `list-by-tag` of
+/// 10,000 instances with IDs of up to 64 bytes (the 10,000-Proxy scale run's list) in
+/// either contract version.
+pub const MAX_LIFT_BYTES: usize = 3 << 20;
+
+/// [`MAX_LIFT_BYTES`] in the fit's unit.
+pub const LIFT_BYTES: u64 = MAX_LIFT_BYTES as u64;
 
 /// `/tmp` room kept for the compile cache, per plugin file the providers file names. The
 /// cache writes one artifact (`*.cwasm`) per plugin version; measured for the shipped
@@ -87,7 +97,7 @@ impl Limits {
 
 /// What the pod gives the sandboxes. `None`: not known, that part is not checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Budget {
+pub struct PodResources {
     /// The pod's (the process's cgroup's) memory limit.
     pub memory_bytes: Option<u64>,
     /// What the operator needs for itself; taken off `memory_bytes`.
@@ -189,7 +199,7 @@ pub enum FitError {
 /// so a pod that runs out of memory during a compile loses the compile (that plugin fails,
 /// naming the pod's memory), never the operator or a call. `(limit, capped)`: `capped`
 /// when the pod's budget lowered it.
-pub fn compile_memory(budget: &Budget, requested: u64) -> (u64, bool) {
+pub fn compile_memory(budget: &PodResources, requested: u64) -> (u64, bool) {
     match budget.memory_bytes {
         Some(limit) => {
             let room = limit.saturating_sub(budget.reserve_bytes);
@@ -296,7 +306,7 @@ fn load_time_limits(file: &ProvidersFile, size: fn(&Limits) -> u64) -> Limits {
 
 /// Checks `file` against `budget`; `Ok` carries the needs (for the log). A part of the
 /// budget that is `None` is not checked.
-pub fn check(file: &ProvidersFile, budget: &Budget) -> Result<Need, FitError> {
+pub fn check(file: &ProvidersFile, budget: &PodResources) -> Result<Need, FitError> {
     let need = Need {
         memory: memory_need(file),
         scratch: scratch_need(file),
@@ -400,13 +410,13 @@ providers:
     limits: {tmpMib: 16, concurrency: 8}
 ";
         /// (case, file, budget, Ok or the substrings of the error)
-        type Case<'a> = (&'a str, &'a str, Budget, Result<(), Vec<&'a str>>);
+        type Case<'a> = (&'a str, &'a str, PodResources, Result<(), Vec<&'a str>>);
         let cases: Vec<Case> = vec![
-            ("nothing known", big, Budget::default(), Ok(())),
+            ("nothing known", big, PodResources::default(), Ok(())),
             (
                 "defaults fit 328 MiB minus 96",
                 TWO,
-                Budget {
+                PodResources {
                     memory_bytes: Some(328 * MIB),
                     reserve_bytes: 96 * MIB,
                     scratch_bytes: Some(64 * MIB),
@@ -417,18 +427,18 @@ providers:
             (
                 "defaults within a 1024-descriptor process",
                 TWO,
-                Budget {
+                PodResources {
                     descriptors: Some(1024 + 2 * 2 * (32 + 4 + 1)),
-                    ..Budget::default()
+                    ..PodResources::default()
                 },
                 Ok(()),
             ),
             (
                 "descriptors short",
                 TWO,
-                Budget {
+                PodResources {
                     descriptors: Some(1024 + 2 * 2 * (32 + 4 + 1) - 1),
-                    ..Budget::default()
+                    ..PodResources::default()
                 },
                 Err(vec![
                     "limits.concurrency x (limits.openFiles + limits.http.maxInFlight + 1) is 148",
@@ -438,7 +448,7 @@ providers:
             (
                 "exactly enough",
                 TWO,
-                Budget {
+                PodResources {
                     memory_bytes: Some(default_need + 10),
                     reserve_bytes: 10,
                     scratch_bytes: None,
@@ -449,7 +459,7 @@ providers:
             (
                 "one byte short",
                 TWO,
-                Budget {
+                PodResources {
                     memory_bytes: Some(default_need + 9),
                     reserve_bytes: 10,
                     scratch_bytes: None,
@@ -460,7 +470,7 @@ providers:
             (
                 "memoryMib 512 x concurrency 8",
                 big,
-                Budget {
+                PodResources {
                     memory_bytes: Some(328 * MIB),
                     reserve_bytes: 96 * MIB,
                     scratch_bytes: Some(64 * MIB),
@@ -477,7 +487,7 @@ providers:
             (
                 "reserve above the limit",
                 TWO,
-                Budget {
+                PodResources {
                     memory_bytes: Some(64 * MIB),
                     reserve_bytes: 96 * MIB,
                     scratch_bytes: None,
@@ -488,7 +498,7 @@ providers:
             (
                 "tmpMib 16 x concurrency 8 against 64 MiB",
                 tmp,
-                Budget {
+                PodResources {
                     memory_bytes: None,
                     reserve_bytes: 0,
                     scratch_bytes: Some(64 * MIB),
@@ -506,7 +516,7 @@ providers:
             (
                 "both short",
                 big,
-                Budget {
+                PodResources {
                     memory_bytes: Some(128 * MIB),
                     reserve_bytes: 96 * MIB,
                     scratch_bytes: Some(16 * MIB),
@@ -521,7 +531,7 @@ providers:
             (
                 "an empty file needs one load slot",
                 "providers: []",
-                Budget {
+                PodResources {
                     memory_bytes: Some(per_call),
                     reserve_bytes: 0,
                     scratch_bytes: Some(8 * MIB),
@@ -547,10 +557,10 @@ providers:
 
     #[test]
     fn compile_memory_never_exceeds_what_the_sandboxes_could_have() {
-        let budget = |memory| Budget {
+        let budget = |memory| PodResources {
             memory_bytes: memory,
             reserve_bytes: 96 * MIB,
-            ..Budget::default()
+            ..PodResources::default()
         };
         // The shipped Deployment: 328 MiB minus 96 leaves 232, above the default 128.
         assert_eq!(
@@ -580,7 +590,7 @@ providers:
         );
         let e = check(
             &f,
-            &Budget {
+            &PodResources {
                 memory_bytes: Some(256 * MIB),
                 reserve_bytes: 96 * MIB,
                 scratch_bytes: None,

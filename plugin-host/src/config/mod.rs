@@ -5,12 +5,13 @@
 //! typo never silently falls back to a default. Only the `config` block is free-form; it
 //! belongs to the plugin, which validates it in `validate-config`.
 
-pub mod budget;
 pub mod fit;
+/// The pod's resources the providers must fit: its memory limit and its scratch space.
+pub mod pod;
 
-pub use fit::{Budget, FitError};
+pub use fit::{FitError, PodResources};
 
-use crate::plugin::policy::{AllowRule, RuleError, plugin_default_problem};
+use crate::policy::{AllowRule, RuleError, plugin_default_problem};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -42,7 +43,7 @@ pub struct ProviderEntry {
     pub limits: Limits,
     /// Backend requests this provider may send, across all its calls (reconciler, GC,
     /// provider checks). Unset: the default the plugin declares (`plugin-info.default-budget`,
-    /// capped at [`crate::plugin::budget::MAX_DEFAULT`]), or unlimited when it declares none.
+    /// capped at [`crate::rate::MAX_DEFAULT`]), or unlimited when it declares none.
     #[serde(default)]
     pub budget: Option<RequestBudget>,
     /// Secret key -> file path (usually in an optional Secret mount). Read on every call.
@@ -125,8 +126,8 @@ pub struct RequestBudget {
 }
 
 impl RequestBudget {
-    pub fn spec(self) -> crate::plugin::budget::Spec {
-        crate::plugin::budget::Spec {
+    pub fn spec(self) -> crate::rate::Spec {
+        crate::rate::Spec {
             per_hour: self.requests_per_hour,
             burst: self.burst,
         }

@@ -1,13 +1,13 @@
-//! [`Provider`] for plugins: calls through the version-neutral [`Call`]/[`Reply`], and
+//! [`Provider`] for plugins: calls through the version-neutral [`GuestCall`]/[`GuestReply`], and
 //! wraps guest errors with the operation, provider name and ID.
 
-use super::abi::{GuestError, RawInstance};
-use super::sensitive::Full;
-use super::{Call, Reply, WasmProvider};
+use super::guest::{GuestError, RawInstance};
+use super::{GuestCall, GuestReply, WasmProvider};
 use crate::provider::{
     Class, CreateRequest, Instance, Op, Pacing, Placement, Price, Provider, ProviderError, State,
     TargetStatus,
 };
+use crate::sensitive::Full;
 use async_trait::async_trait;
 use std::time::{Duration, SystemTime};
 
@@ -55,8 +55,8 @@ impl WasmProvider {
         op: Op,
         id: &str,
         document: Option<super::Document<'_>>,
-        call: Call<'_>,
-    ) -> Result<Reply, ProviderError> {
+        call: GuestCall<'_>,
+    ) -> Result<GuestReply, ProviderError> {
         self.invoke(op, id, document, false, call)
             .await
             .map(|(reply, _)| reply)
@@ -65,7 +65,7 @@ impl WasmProvider {
     /// A call that does nothing in the guest but `check` (with an empty config): what the
     /// overhead benchmark measures. Returns the host-side statistics.
     pub async fn bench_call(&self) -> Result<super::CallStats, ProviderError> {
-        self.invoke(Op::Check, "", None, false, Call::Check)
+        self.invoke(Op::Check, "", None, false, GuestCall::Check)
             .await
             .map(|(_, stats)| stats)
     }
@@ -86,50 +86,53 @@ impl Provider for WasmProvider {
                     owner: &req.uid,
                     cloud_init: &req.cloud_init,
                 }),
-                Call::Create(req),
+                GuestCall::Create(req),
             )
             .await?
         {
-            Reply::Id(Ok(id)) if id.is_empty() => Err(ProviderError::new(
+            GuestReply::Id(Ok(id)) if id.is_empty() => Err(ProviderError::new(
                 Class::Transient,
                 Op::Create,
                 self.name(),
                 &req.name,
                 "plugin returned an empty provider ID",
             )),
-            Reply::Id(Ok(id)) => Ok(id),
-            Reply::Id(Err(e)) => Err(self.wrap(Op::Create, &req.name, e)),
-            _ => unreachable!("create returns Reply::Id"),
+            GuestReply::Id(Ok(id)) => Ok(id),
+            GuestReply::Id(Err(e)) => Err(self.wrap(Op::Create, &req.name, e)),
+            _ => unreachable!("create returns GuestReply::Id"),
         }
     }
 
     async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
-        match self.call(Op::Get, id, None, Call::Get(id)).await? {
-            Reply::Instance(Ok(i)) => Ok(instance_of(i)),
-            Reply::Instance(Err(e)) => Err(self.wrap(Op::Get, id, e)),
-            _ => unreachable!("get returns Reply::Instance"),
+        match self.call(Op::Get, id, None, GuestCall::Get(id)).await? {
+            GuestReply::Instance(Ok(i)) => Ok(instance_of(i)),
+            GuestReply::Instance(Err(e)) => Err(self.wrap(Op::Get, id, e)),
+            _ => unreachable!("get returns GuestReply::Instance"),
         }
     }
 
     async fn delete(&self, id: &str) -> Result<(), ProviderError> {
-        match self.call(Op::Delete, id, None, Call::Delete(id)).await? {
-            Reply::Unit(Ok(())) => Ok(()),
-            Reply::Unit(Err(e)) => Err(self.wrap(Op::Delete, id, e)),
-            _ => unreachable!("delete returns Reply::Unit"),
+        match self
+            .call(Op::Delete, id, None, GuestCall::Delete(id))
+            .await?
+        {
+            GuestReply::Unit(Ok(())) => Ok(()),
+            GuestReply::Unit(Err(e)) => Err(self.wrap(Op::Delete, id, e)),
+            _ => unreachable!("delete returns GuestReply::Unit"),
         }
     }
 
     async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
         let (reply, stats) = self
-            .invoke(Op::List, "", None, false, Call::List(installation))
+            .invoke(Op::List, "", None, false, GuestCall::List(installation))
             .await?;
         match reply {
-            Reply::List(Ok(list)) => {
+            GuestReply::List(Ok(list)) => {
                 self.record_list_cost(&stats);
                 Ok(list.into_iter().map(instance_of).collect())
             }
-            Reply::List(Err(e)) => Err(self.wrap(Op::List, "", e)),
-            _ => unreachable!("list-by-tag returns Reply::List"),
+            GuestReply::List(Err(e)) => Err(self.wrap(Op::List, "", e)),
+            _ => unreachable!("list-by-tag returns GuestReply::List"),
         }
     }
 
@@ -160,12 +163,12 @@ impl Provider for WasmProvider {
 
     async fn quote(&self, placement: &Placement) -> Result<Option<Price>, ProviderError> {
         match self
-            .call(Op::Quote, "", None, Call::Quote(placement))
+            .call(Op::Quote, "", None, GuestCall::Quote(placement))
             .await?
         {
-            Reply::Quote(Ok(p)) => Ok(p),
-            Reply::Quote(Err(e)) => Err(self.wrap(Op::Quote, "", e)),
-            _ => unreachable!("quote returns Reply::Quote"),
+            GuestReply::Quote(Ok(p)) => Ok(p),
+            GuestReply::Quote(Err(e)) => Err(self.wrap(Op::Quote, "", e)),
+            _ => unreachable!("quote returns GuestReply::Quote"),
         }
     }
 
@@ -174,17 +177,19 @@ impl Provider for WasmProvider {
         if !self.info().has_check {
             return None;
         }
-        Some(match self.call(Op::Check, "", None, Call::Check).await {
-            Ok(Reply::Check(targets)) => targets,
-            Ok(_) => unreachable!("check returns Reply::Check"),
-            Err(e) => vec![TargetStatus {
-                target: "plugin".into(),
-                ready: false,
-                reason: "PluginError".into(),
-                message: e.message,
-                details: Vec::new(),
-            }],
-        })
+        Some(
+            match self.call(Op::Check, "", None, GuestCall::Check).await {
+                Ok(GuestReply::Check(targets)) => targets,
+                Ok(_) => unreachable!("check returns GuestReply::Check"),
+                Err(e) => vec![TargetStatus {
+                    target: "plugin".into(),
+                    ready: false,
+                    reason: "PluginError".into(),
+                    message: e.message,
+                    details: Vec::new(),
+                }],
+            },
+        )
     }
 }
 

@@ -22,7 +22,6 @@
 //! and no recursion, however deep the tree.
 
 use super::limits::{LimitHit, Tripwire};
-use super::sandbox::CallState;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -147,15 +146,9 @@ pub struct CountedFsView<'a> {
     limits: &'a mut FsLimits,
 }
 
-impl CallState {
-    pub(super) fn counted_fs(&mut self) -> CountedFsView<'_> {
-        CountedFsView {
-            inner: WasiFilesystemCtxView {
-                ctx: self.wasi.filesystem(),
-                table: &mut self.table,
-            },
-            limits: &mut self.fs,
-        }
+impl<'a> CountedFsView<'a> {
+    pub(super) fn new(inner: WasiFilesystemCtxView<'a>, limits: &'a mut FsLimits) -> Self {
+        CountedFsView { inner, limits }
     }
 }
 

@@ -1,9 +1,9 @@
 //! What the `host` interface gives a plugin, whatever contract version it was built
 //! against: each version's bindings (`abi/`) convert their types and call these.
 
-use super::redact::escape_controls;
 use super::sandbox::{CallState, truncate};
-use super::sensitive::{MAX_DERIVED_BYTES, MIN_DERIVED_BYTES};
+use crate::redact::escape_controls;
+use crate::sensitive::{MAX_DERIVED_BYTES, MIN_DERIVED_BYTES};
 use std::time::{Duration, Instant};
 
 /// A guest log line's level.
@@ -127,5 +127,50 @@ impl CallState {
                 full.limit >> 10
             )),
         }
+    }
+
+    /// Logs what the guest printed, then how much was dropped. Runs when the call ends,
+    /// whatever way it ended.
+    pub(super) fn flush_output(&mut self) {
+        for (stream, out) in [
+            ("stdout", self.stdout.clone()),
+            ("stderr", self.stderr.clone()),
+        ] {
+            let (bytes, dropped) = out.take();
+            // The whole capture is scrubbed before it is split into lines: a multi-line
+            // secret printed as is must not come out line by line, unmatched.
+            let text = self.redactor.scrub_bytes(&bytes);
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                self.guest_log(
+                    super::host_services::LogLevel::Info,
+                    &format!("[{stream}] {line}"),
+                );
+            }
+            if dropped > 0 {
+                tracing::warn!(target: "plugin", provider = self.shared.name.as_str(), stream, dropped_bytes = dropped, "plugin output past the capture cap was dropped");
+            }
+        }
+        if self.log_dropped > 0 {
+            tracing::warn!(
+                target: "plugin",
+                provider = self.shared.name.as_str(),
+                dropped_lines = self.log_dropped,
+                limit = self.shared.limits.log_lines,
+                "plugin log lines past limits.logLines were dropped"
+            );
+            self.log_dropped = 0;
+        }
+    }
+
+    /// The last lines the guest wrote to stderr (a panic message lands there), scrubbed.
+    pub(super) fn stderr_tail(&self) -> String {
+        // Scrub the whole capture before cutting: a cut could split a secret and defeat the match.
+        let bytes = self.stderr.tail(usize::MAX);
+        let text = self.redactor.scrub_bytes(&bytes);
+        let last: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        truncate(
+            &escape_controls(&last[last.len().saturating_sub(2)..].join(" / ")),
+            512,
+        )
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! wasmtime-wasi-http parses the guest's request; this module decides whether it may be
 //! sent and sends it itself, so that every rule holds in one place:
-//! the URL must match the provider's allow-list ([`super::policy`]); every address the
+//! the URL must match the provider's allow-list ([`crate::policy`]); every address the
 //! name resolves to is checked again and the connection goes to a vetted address (never to
 //! whatever a header says); connect, first-byte and between-bytes timeouts are clamped to
 //! the provider's limits; response bodies are capped; TLS uses the provider's trust. Each
@@ -14,8 +14,8 @@
 //! most [`OUTGOING_CHUNK_BYTES`] buffered per outgoing body.
 
 use super::limits::{LimitHit, Tripwire};
-use super::policy::{AllowList, Decision, Target, address_problem};
 use crate::config::HttpLimits;
+use crate::policy::{AllowList, Decision, Target, address_problem};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, SizeHint};
@@ -46,9 +46,9 @@ pub struct HttpPolicy {
     pub limits: HttpLimits,
     pub tls: Arc<rustls::ClientConfig>,
     /// What this provider must never show: request fields the host logs pass through it.
-    pub sensitive: Arc<super::sensitive::Sensitive>,
+    pub sensitive: Arc<crate::sensitive::Sensitive>,
     /// The provider's request budget (shared by all its calls); `None`: unlimited.
-    pub budget: Option<Arc<super::budget::Budget>>,
+    pub budget: Option<Arc<crate::rate::Budget>>,
 }
 
 impl HttpPolicy {
@@ -84,20 +84,20 @@ pub const IN_FLIGHT_GRACE: Duration = Duration::from_millis(500);
 /// What one call's requests need of the provider's request budget.
 pub struct CallBudget {
     /// The call's priority, read from the caller's task when the call started.
-    pub priority: super::budget::Priority,
+    pub priority: crate::rate::Priority,
     /// The call's clock: a token that would come after its last useful moment is not
     /// waited for, and time spent waiting moves its deadline back.
     pub clock: Arc<super::clock::CallClock>,
-    pub metrics: Option<super::PluginMetrics>,
+    pub metrics: Option<super::metrics::PluginMetrics>,
     /// Requests sent, for the call's stats (the inventory paces its lists by them).
     sent: std::sync::atomic::AtomicU32,
 }
 
 impl CallBudget {
     pub fn new(
-        priority: super::budget::Priority,
+        priority: crate::rate::Priority,
         clock: Arc<super::clock::CallClock>,
-        metrics: Option<super::PluginMetrics>,
+        metrics: Option<super::metrics::PluginMetrics>,
     ) -> Self {
         CallBudget {
             priority,
@@ -282,15 +282,14 @@ fn feedback<B>(policy: &HttpPolicy, call: &CallBudget, resp: &http::Response<B>)
     let now_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let fb = super::budget::Feedback {
+    let fb = crate::rate::Feedback {
         status,
-        retry_after: text("retry-after")
-            .and_then(|v| super::budget::parse_retry_after(v, now_unix)),
+        retry_after: text("retry-after").and_then(|v| crate::rate::parse_retry_after(v, now_unix)),
         limit: number("ratelimit-limit"),
         remaining: number("ratelimit-remaining"),
     };
     if fb
-        == (super::budget::Feedback {
+        == (crate::rate::Feedback {
             status,
             ..Default::default()
         })
@@ -382,7 +381,7 @@ async fn send(
         tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, error = %e, "HTTP request refused: the operator's own addresses could not be listed, so the connect-time check cannot be made");
         Error::DestinationIpProhibited
     })?;
-    let lookup = super::policy::lookup_name(host, absolute);
+    let lookup = crate::policy::lookup_name(host, absolute);
     let stream = match dial(&lookup, target.port, &explicit, &own, connect_deadline).await {
         Ok(s) => s,
         Err(Dial::Refused(refused)) => {
@@ -396,7 +395,7 @@ async fn send(
         Err(Dial::Failed(e)) => return Err(e),
     };
 
-    let io: Box<dyn IoStream> = if target.scheme == super::policy::Scheme::Https {
+    let io: Box<dyn IoStream> = if target.scheme == crate::policy::Scheme::Https {
         let name = match host
             .trim_start_matches('[')
             .trim_end_matches(']')
@@ -785,10 +784,7 @@ mod tests {
             Err(Dial::Refused(r)) => {
                 assert_eq!(
                     r,
-                    vec![(
-                        SocketAddr::new(addr, port),
-                        super::super::policy::OWN_ADDRESS
-                    )]
+                    vec![(SocketAddr::new(addr, port), crate::policy::OWN_ADDRESS)]
                 );
             }
             other => panic!("{addr}: want Refused, got {other:?}"),

@@ -1,6 +1,6 @@
 //! The operator's own addresses: every address of every interface of its network
 //! namespace (a pod's), which a plugin's request must never be dialled to
-//! ([`super::policy::address_problem`]). On an IPv6 cluster a pod's address is public, so
+//! ([`crate::policy::address_problem`]). On an IPv6 cluster a pod's address is public, so
 //! the range checks alone would let a plugin whose allowed name resolves to it reach the
 //! operator's own ports (metrics, discovery, the health port).
 //!

@@ -9,8 +9,8 @@
 //! its bounds (and its cost in `config::fit` if it holds memory), and the code that trips
 //! it; then its hostile test.
 
-use super::budget::Spec;
 use crate::config::Limits;
+use crate::rate::Spec;
 use std::sync::OnceLock;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;

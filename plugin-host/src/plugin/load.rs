@@ -4,7 +4,7 @@ use super::abi::{self, WorldVersion};
 use super::cache::CacheOutcome;
 use super::compiler::{CompileError, CompileLimit, CompileStats};
 use super::precheck::{self, Refusal};
-use super::{Call, Reply, Runtime, WasmProvider, http, provider_shared};
+use super::{GuestCall, GuestReply, Runtime, WasmProvider, http, provider_shared};
 use crate::config::{Limits, ProviderEntry, ProvidersFile};
 use crate::provider::Op;
 use sha2::{Digest, Sha256};
@@ -22,7 +22,7 @@ pub struct PluginInfo {
     pub profile: Vec<(String, String)>,
     /// The budget a provider of this plugin gets when its entry sets none (contract 0.2.0;
     /// capped, see `budget::cap_default`).
-    pub default_budget: Option<super::budget::Spec>,
+    pub default_budget: Option<crate::rate::Spec>,
 }
 
 /// A compiled, pre-linked plugin file.
@@ -86,9 +86,9 @@ impl LoadedPlugin {
             .default_hosts
             .iter()
             .map(|h| {
-                let verdict = match h.parse::<super::policy::AllowRule>() {
+                let verdict = match h.parse::<crate::policy::AllowRule>() {
                     Err(e) => Some(e.reason.to_string()),
-                    Ok(rule) => super::policy::plugin_default_problem(&rule).map(String::from),
+                    Ok(rule) => crate::policy::plugin_default_problem(&rule).map(String::from),
                 };
                 (h.clone(), verdict)
             })
@@ -277,14 +277,16 @@ impl Runtime {
             Vec::new(),
             no_tls(),
         );
-        let info = probe.invoke(Op::Load, "", None, true, Call::Info).await;
+        let info = probe
+            .invoke(Op::Load, "", None, true, GuestCall::Info)
+            .await;
         drop(probe);
         let Ok(mut plugin) = Arc::try_unwrap(shared_plugin) else {
             unreachable!("the probe was the only other holder");
         };
         let info = match info {
-            Ok((Reply::Info(i), _)) => i,
-            Ok(_) => unreachable!("info returns Reply::Info"),
+            Ok((GuestReply::Info(i), _)) => i,
+            Ok(_) => unreachable!("info returns GuestReply::Info"),
             Err(e) => {
                 return Err(LoadError::Info {
                     path: p(),
@@ -300,7 +302,7 @@ impl Runtime {
             profile: info.profile,
             default_budget: info
                 .default_budget
-                .map(|(per_hour, burst)| super::budget::Spec { per_hour, burst }),
+                .map(|(per_hour, burst)| crate::rate::Spec { per_hour, burst }),
         };
         tracing::info!(
             plugin = %path.display(),
@@ -349,11 +351,11 @@ impl Runtime {
         );
         let config = entry.config.to_string();
         match provider
-            .invoke(Op::Load, "", None, true, Call::Validate(&config))
+            .invoke(Op::Load, "", None, true, GuestCall::Validate(&config))
             .await
         {
-            Ok((Reply::Unit(Ok(())), _)) => Ok(provider),
-            Ok((Reply::Unit(Err(e)), _)) => {
+            Ok((GuestReply::Unit(Ok(())), _)) => Ok(provider),
+            Ok((GuestReply::Unit(Err(e)), _)) => {
                 Err(ProviderLoadError::Invalid(crate::provider::ProviderError {
                     class: e.class,
                     op: Op::Load,
@@ -363,7 +365,7 @@ impl Runtime {
                     code: e.code,
                 }))
             }
-            Ok(_) => unreachable!("validate-config returns Reply::Unit"),
+            Ok(_) => unreachable!("validate-config returns GuestReply::Unit"),
             Err(e) => Err(ProviderLoadError::Invalid(e)),
         }
     }
@@ -374,7 +376,7 @@ impl Runtime {
         name: &str,
         limits: Limits,
         entry: Option<&ProviderEntry>,
-        rules: Vec<super::policy::AllowRule>,
+        rules: Vec<crate::policy::AllowRule>,
         tls: Arc<rustls::ClientConfig>,
     ) -> WasmProvider {
         // The anonymous sandbox that reads `info` at load shares nothing with any provider.
@@ -390,14 +392,14 @@ impl Runtime {
                     self.default_budgets
                         .then_some(plugin.info.default_budget)
                         .flatten()
-                        .map(super::budget::cap_default)
+                        .map(crate::rate::cap_default)
                 })
             })
             .map(|spec| self.budget(name, spec));
         let http = Arc::new(http::HttpPolicy {
             provider: name.to_string(),
             budget,
-            allow: super::policy::AllowList::new(rules),
+            allow: crate::policy::AllowList::new(rules),
             limits: limits.http.clone(),
             tls,
             sensitive: sensitive.clone(),

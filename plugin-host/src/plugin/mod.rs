@@ -8,12 +8,12 @@
 
 pub mod abi;
 mod adapter;
-pub mod budget;
 mod cache;
 pub mod clock;
 pub mod compiler;
 mod engine;
 mod fs;
+mod guest;
 mod host_services;
 mod http;
 mod interfaces;
@@ -21,13 +21,10 @@ pub mod limits;
 mod load;
 mod metrics;
 mod output;
-pub mod policy;
 mod precheck;
-pub mod redact;
 mod reply;
 mod sandbox;
 mod scratch;
-pub mod sensitive;
 mod slots;
 
 pub use cache::CacheOutcome;
@@ -40,8 +37,9 @@ pub use reply::MAX_LIFT_BYTES;
 
 use crate::config::{Limits, ProviderEntry, ProvidersFile};
 use crate::provider::{Class, Op, ProviderError};
+use crate::rate;
 pub use abi::WorldVersion;
-pub(crate) use abi::{Call, Reply};
+pub(crate) use guest::{GuestCall, GuestReply};
 use limits::{LimitHit, Tripwire};
 use sandbox::{CallState, MemoryLimiter, ProviderShared};
 use slots::Slots;
@@ -63,7 +61,7 @@ pub struct RuntimeOptions {
     /// Largest plugin file loaded; a larger one is refused before it is read.
     pub max_plugin_bytes: u64,
     /// Whether a provider entry without `budget` gets the default its plugin declares
-    /// ([`budget::cap_default`]). On, except where a plugin is driven against an
+    /// ([`rate::cap_default`]). On, except where a plugin is driven against an
     /// emulator far faster than any real backend allows (the conformance suite, tests).
     pub default_budgets: bool,
     /// An executable (this one, `/proc/self/exe`) whose hidden `compile-plugin` subcommand
@@ -149,7 +147,7 @@ impl RuntimeOptions {
             default_budgets: true,
             compile_in: None,
             compile_limits: compiler::CompileLimits::default(),
-            redaction_memory_bytes: sensitive::DEFAULT_LIMIT_BYTES,
+            redaction_memory_bytes: crate::sensitive::DEFAULT_LIMIT_BYTES,
         }
     }
 }
@@ -168,7 +166,7 @@ pub struct Runtime {
     default_budgets: bool,
     metrics: std::sync::OnceLock<PluginMetrics>,
     /// What is sensitive for each provider name; outlives reloads of the provider.
-    sensitive: sensitive::SensitiveByProvider,
+    sensitive: crate::sensitive::SensitiveByProvider,
     /// Each provider name's call slots, kept across reloads so that calls still running on
     /// the previous generation of a provider count against the same `limits.concurrency`
     /// (what the pod's memory fit assumes). A new concurrency gets a new semaphore.
@@ -183,7 +181,7 @@ pub struct Runtime {
     /// Each provider name's request budget, kept across reloads like `permits`: a reload
     /// neither refills the bucket nor forgets what the backend said. A new spec gets a new
     /// bucket.
-    budgets: Mutex<std::collections::BTreeMap<String, Arc<budget::Budget>>>,
+    budgets: Mutex<std::collections::BTreeMap<String, Arc<rate::Budget>>>,
     /// Cancelled at the end of the shutdown grace period: calls in flight stop, new ones
     /// are refused.
     calls_cancelled: tokio_util::sync::CancellationToken,
@@ -218,7 +216,7 @@ impl Runtime {
             max_plugin_bytes: opts.max_plugin_bytes,
             default_budgets: opts.default_budgets,
             metrics: std::sync::OnceLock::new(),
-            sensitive: sensitive::SensitiveByProvider::new(opts.redaction_memory_bytes),
+            sensitive: crate::sensitive::SensitiveByProvider::new(opts.redaction_memory_bytes),
             permits: Mutex::default(),
             load_slots: Slots::new(crate::config::fit::LOAD_SLOTS as usize),
             budgets: Mutex::default(),
@@ -243,12 +241,12 @@ impl Runtime {
 
     /// The request budget of provider `name` at `spec`, shared with its earlier
     /// generations while the spec stays the same.
-    fn budget(&self, name: &str, spec: budget::Spec) -> Arc<budget::Budget> {
+    fn budget(&self, name: &str, spec: rate::Spec) -> Arc<rate::Budget> {
         let mut all = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
         match all.get(name) {
             Some(b) if b.spec() == spec => b.clone(),
             _ => {
-                let b = Arc::new(budget::Budget::new(spec));
+                let b = Arc::new(rate::Budget::new(spec));
                 all.insert(name.to_string(), b.clone());
                 b
             }
@@ -391,7 +389,11 @@ impl WasmProvider {
     /// call of this provider, whichever Proxy the call is for, until the Proxy is forgotten
     /// (see [`sensitive`]). The reconciler calls it for every Proxy it sees; refused when
     /// the redactor has no room left, and the Proxy is then not created.
-    pub fn remember_cloud_init(&self, owner: &str, doc: &[u8]) -> Result<(), sensitive::Full> {
+    pub fn remember_cloud_init(
+        &self,
+        owner: &str,
+        doc: &[u8],
+    ) -> Result<(), crate::sensitive::Full> {
         self.shared.sensitive.hold_cloud_init(owner, doc).map(drop)
     }
 
@@ -403,7 +405,7 @@ impl WasmProvider {
         owner: &str,
         username: &str,
         password: &str,
-    ) -> Result<(), sensitive::Full> {
+    ) -> Result<(), crate::sensitive::Full> {
         self.shared
             .sensitive
             .hold_credentials(owner, username.as_bytes(), password.as_bytes())
@@ -440,8 +442,8 @@ impl WasmProvider {
         id: &str,
         document: Option<Document<'_>>,
         deny_http: bool,
-        call: Call<'_>,
-    ) -> Result<(Reply, CallStats), ProviderError> {
+        call: GuestCall<'_>,
+    ) -> Result<(GuestReply, CallStats), ProviderError> {
         let limits = &self.shared.limits;
         // Load-time calls do no I/O: they get a short budget of their own.
         let timeout = if op == Op::Load {
@@ -507,7 +509,7 @@ impl WasmProvider {
         // it. A limit tripped outside the guest's own code (an HTTP future, a host call the
         // guest is blocked in) ends the call at once.
         // `Err(())`: out of time (see `CallClock`: budget waits do not count).
-        let outcome: Option<Result<wasmtime::Result<Reply>, ()>> = {
+        let outcome: Option<Result<wasmtime::Result<GuestReply>, ()>> = {
             let run = abi::dispatch(&self.plugin.pre, &mut store, call);
             tokio::pin!(run);
             loop {
@@ -618,11 +620,11 @@ impl WasmProvider {
     /// A plugin that read a rate limit from its backend's answer (`retry-after-ms`,
     /// contract 0.2.0) pauses its provider's budget as a 429 with `Retry-After` would: the
     /// plugin can only slow its own provider down, never anyone else's.
-    fn heed_rate_limit(&self, reply: &Reply) {
+    fn heed_rate_limit(&self, reply: &GuestReply) {
         let (Some(budget), Some(ms)) = (&self.http.budget, reply.retry_after_ms()) else {
             return;
         };
-        budget.observe(&budget::Feedback {
+        budget.observe(&rate::Feedback {
             status: 429,
             retry_after: Some(Duration::from_millis(ms.into())),
             limit: None,
@@ -631,7 +633,7 @@ impl WasmProvider {
     }
 
     /// The request budget in force, if any.
-    pub fn budget_spec(&self) -> Option<budget::Spec> {
+    pub fn budget_spec(&self) -> Option<rate::Spec> {
         self.http.budget.as_ref().map(|b| b.spec())
     }
 
@@ -658,7 +660,7 @@ impl WasmProvider {
         tmp: &Path,
         deny_http: bool,
         clock: Arc<clock::CallClock>,
-        priority: budget::Priority,
+        priority: rate::Priority,
     ) -> wasmtime::Result<Store<CallState>> {
         let limits = &self.shared.limits;
         let out_cap = (limits.log_lines as usize) * (limits.log_line_bytes as usize);
@@ -783,7 +785,7 @@ fn provider_shared(
     name: &str,
     limits: Limits,
     entry: Option<&ProviderEntry>,
-    sensitive: Arc<sensitive::Sensitive>,
+    sensitive: Arc<crate::sensitive::Sensitive>,
 ) -> ProviderShared {
     ProviderShared {
         name: name.to_string(),

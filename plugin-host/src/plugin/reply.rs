@@ -17,10 +17,10 @@
 //! camelCase keys (others are dropped). Its message is scrubbed free text like any other,
 //! for the operator's log only: the operator never publishes it.
 
-use super::abi::{GuestError, RawInfo, RawInstance, Reply};
-use super::policy::instance_address_problem;
-use super::redact::{Redactor, cut, escape_controls};
+use super::guest::{GuestError, GuestReply, RawInfo, RawInstance};
+use crate::policy::instance_address_problem;
 use crate::provider::{Price, State, TargetStatus};
+use crate::redact::{Redactor, cut, escape_controls};
 use std::net::IpAddr;
 
 /// Longest instance ID (EC2 `i-` IDs are 19 bytes, region-scoped IDs a few more).
@@ -31,18 +31,8 @@ pub const MAX_UID: usize = 128;
 /// (each instance costs the host 104 bytes before its strings in contract 0.1.0, 160 in
 /// 0.2.0), so the count is the rule a list that is merely long breaks.
 pub const MAX_LIST: usize = 18_000;
-/// Most a plugin can make the host copy out of its sandbox at once: one reply, or the
-/// arguments of one host call (a log line, a cache value, a header list, a file write).
-/// wasmtime copies strings and lists into host memory before any rule here sees them, and
-/// a list can point each of its strings at the same guest bytes, so without this bound a
-/// plugin with 64 KiB of memory made the host allocate over 100 MB for one reply.
-/// Enforced as the Store's hostcall fuel (`Store::set_hostcall_fuel`), which counts every
-/// string's bytes and every list element's host size; past it the call fails, naming
-/// this bound. Counted once per call in the pod's memory fit
-/// ([`crate::config::Limits::host_bytes_per_call`]). 3 MiB holds a `list-by-tag` of
-/// 10,000 instances with IDs of up to 64 bytes (the 10,000-Proxy scale run's list) in
-/// either contract version.
-pub const MAX_LIFT_BYTES: usize = 3 << 20;
+/// Defined with the fit, which counts it per call.
+pub use crate::config::fit::MAX_LIFT_BYTES;
 /// Longest error message or health-check message kept; the rest is cut.
 pub const MAX_TEXT: usize = 4096;
 /// Longest short label (error code) kept.
@@ -71,20 +61,20 @@ pub struct Rules {
 
 /// Checks and cleans one reply. `Err` says which field broke which rule, without quoting a
 /// value that holds something sensitive.
-pub(crate) fn check(reply: Reply, rules: &Rules, r: &Redactor) -> Result<Reply, String> {
+pub(crate) fn check(reply: GuestReply, rules: &Rules, r: &Redactor) -> Result<GuestReply, String> {
     Ok(match reply {
-        Reply::Info(i) => Reply::Info(info(i)?),
-        Reply::Unit(res) => Reply::Unit(res.map_err(|e| error(e, r))),
-        Reply::Id(Ok(id)) => {
+        GuestReply::Info(i) => GuestReply::Info(info(i)?),
+        GuestReply::Unit(res) => GuestReply::Unit(res.map_err(|e| error(e, r))),
+        GuestReply::Id(Ok(id)) => {
             if id.is_empty() {
                 return Err("create returned an empty provider ID".into());
             }
-            Reply::Id(Ok(ident("id", id, MAX_ID, r)?))
+            GuestReply::Id(Ok(ident("id", id, MAX_ID, r)?))
         }
-        Reply::Id(Err(e)) => Reply::Id(Err(error(e, r))),
-        Reply::Instance(Ok(i)) => Reply::Instance(Ok(instance("instance", i, rules, r)?)),
-        Reply::Instance(Err(e)) => Reply::Instance(Err(error(e, r))),
-        Reply::List(Ok(list)) => {
+        GuestReply::Id(Err(e)) => GuestReply::Id(Err(error(e, r))),
+        GuestReply::Instance(Ok(i)) => GuestReply::Instance(Ok(instance("instance", i, rules, r)?)),
+        GuestReply::Instance(Err(e)) => GuestReply::Instance(Err(error(e, r))),
+        GuestReply::List(Ok(list)) => {
             if list.len() > MAX_LIST {
                 return Err(format!(
                     "list-by-tag returned {} instances, more than {MAX_LIST}",
@@ -95,14 +85,16 @@ pub(crate) fn check(reply: Reply, rules: &Rules, r: &Redactor) -> Result<Reply, 
             for (n, i) in list.into_iter().enumerate() {
                 out.push(instance(&format!("instances[{n}]"), i, rules, r)?);
             }
-            Reply::List(Ok(out))
+            GuestReply::List(Ok(out))
         }
-        Reply::List(Err(e)) => Reply::List(Err(error(e, r))),
-        Reply::Quote(Ok(p)) => Reply::Quote(Ok(p.map(|p| price("quote", p)).transpose()?)),
-        Reply::Quote(Err(e)) => Reply::Quote(Err(error(e, r))),
-        Reply::Check(targets) => {
+        GuestReply::List(Err(e)) => GuestReply::List(Err(error(e, r))),
+        GuestReply::Quote(Ok(p)) => {
+            GuestReply::Quote(Ok(p.map(|p| price("quote", p)).transpose()?))
+        }
+        GuestReply::Quote(Err(e)) => GuestReply::Quote(Err(error(e, r))),
+        GuestReply::Check(targets) => {
             let mut names = std::collections::BTreeSet::new();
-            Reply::Check(
+            GuestReply::Check(
                 targets
                     .into_iter()
                     .take(MAX_TARGETS)
@@ -549,7 +541,7 @@ mod tests {
             let rules = Rules {
                 allow_private_addresses: allow,
             };
-            let got = check(Reply::Instance(Ok(i)), &rules, &r);
+            let got = check(GuestReply::Instance(Ok(i)), &rules, &r);
             match (want, got) {
                 (None, Ok(_)) => {}
                 (Some(part), Err(e)) => {
@@ -574,7 +566,7 @@ mod tests {
         };
         let reply = |ip: &str| {
             check(
-                Reply::Instance(Ok(inst("a", ip, "u", None))),
+                GuestReply::Instance(Ok(inst("a", ip, "u", None))),
                 &rules,
                 &Redactor::default(),
             )
@@ -595,11 +587,11 @@ mod tests {
     #[test]
     fn unspecified_address_means_none_yet() {
         let got = check(
-            Reply::Instance(Ok(inst("a", "0.0.0.0", "u", None))),
+            GuestReply::Instance(Ok(inst("a", "0.0.0.0", "u", None))),
             &Rules::default(),
             &Redactor::default(),
         );
-        let Ok(Reply::Instance(Ok(i))) = got else {
+        let Ok(GuestReply::Instance(Ok(i))) = got else {
             panic!("accepted")
         };
         assert_eq!(i.ip, "");
@@ -609,10 +601,10 @@ mod tests {
     fn a_list_is_accepted_whole_or_not_at_all() {
         let r = Redactor::default();
         let good = vec![inst("a", "1.1.1.1", "u", None), inst("b", "", "", None)];
-        assert!(check(Reply::List(Ok(good.clone())), &Rules::default(), &r).is_ok());
+        assert!(check(GuestReply::List(Ok(good.clone())), &Rules::default(), &r).is_ok());
         let mut bad = good;
         bad.push(inst("c", "10.0.0.1", "u", None));
-        let e = check(Reply::List(Ok(bad)), &Rules::default(), &r)
+        let e = check(GuestReply::List(Ok(bad)), &Rules::default(), &r)
             .err()
             .unwrap();
         assert!(e.contains("instances[2].ip"), "{e}");
@@ -627,7 +619,8 @@ mod tests {
             message: format!("leak tok-SECRET-5678\nFAKE LOG LINE {}", "x".repeat(10_000)),
             code: Some("tok-SECRET-5678".into()),
         };
-        let Ok(Reply::Unit(Err(e))) = check(Reply::Unit(Err(e)), &Rules::default(), &r) else {
+        let Ok(GuestReply::Unit(Err(e))) = check(GuestReply::Unit(Err(e)), &Rules::default(), &r)
+        else {
             panic!("errors pass")
         };
         assert!(!e.message.contains("SECRET") && !e.message.contains('\n'));
@@ -641,7 +634,7 @@ mod tests {
     #[test]
     fn check_results_are_structured() {
         const PASS: &str = "Kx9qSENTINELpw7Zb2";
-        let mut p = super::super::redact::Patterns::default();
+        let mut p = crate::redact::Patterns::default();
         p.credentials(b"proxyuserSENTINEL", PASS.as_bytes());
         let r = p.build();
         let t = |target: &str, reason: &str, details: &[(&str, &str)]| TargetStatus {
@@ -680,7 +673,8 @@ mod tests {
             t("nbg1", "rate_limited", &[]),
             t("hel1", "", &[]),
         ];
-        let Ok(Reply::Check(got)) = check(Reply::Check(answer), &Rules::default(), &r) else {
+        let Ok(GuestReply::Check(got)) = check(GuestReply::Check(answer), &Rules::default(), &r)
+        else {
             panic!("checks pass")
         };
         let summary: Vec<(String, bool, String, Vec<String>)> = got
@@ -745,7 +739,8 @@ mod tests {
                 }
             })
             .collect();
-        let Ok(Reply::Check(got)) = check(Reply::Check(many), &Rules::default(), &r) else {
+        let Ok(GuestReply::Check(got)) = check(GuestReply::Check(many), &Rules::default(), &r)
+        else {
             panic!("checks pass")
         };
         assert_eq!(got.len(), MAX_TARGETS);

@@ -6,13 +6,13 @@
 //! outlives the call except what the host deliberately shares (the per-provider cache and
 //! the set of secret values to redact).
 
-use super::fs::FsLimits;
+use super::fs::{CountedFsView, FsLimits};
 use super::http::HttpHooks;
 use super::limits::{LimitHit, Tripwire};
 use super::output::CapturedOutput;
-use super::redact::{Redactor, escape_controls};
-use super::sensitive::Sensitive;
 use crate::config::Limits;
+use crate::redact::Redactor;
+use crate::sensitive::Sensitive;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -244,53 +244,20 @@ impl CallState {
         Ok(wasmtime::UpdateDeadline::Yield(1))
     }
 
-    /// Logs what the guest printed, then how much was dropped. Runs when the call ends,
-    /// whatever way it ended.
-    pub(super) fn flush_output(&mut self) {
-        for (stream, out) in [
-            ("stdout", self.stdout.clone()),
-            ("stderr", self.stderr.clone()),
-        ] {
-            let (bytes, dropped) = out.take();
-            // The whole capture is scrubbed before it is split into lines: a multi-line
-            // secret printed as is must not come out line by line, unmatched.
-            let text = self.redactor.scrub_bytes(&bytes);
-            for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                self.guest_log(
-                    super::host_services::LogLevel::Info,
-                    &format!("[{stream}] {line}"),
-                );
-            }
-            if dropped > 0 {
-                tracing::warn!(target: "plugin", provider = self.shared.name.as_str(), stream, dropped_bytes = dropped, "plugin output past the capture cap was dropped");
-            }
-        }
-        if self.log_dropped > 0 {
-            tracing::warn!(
-                target: "plugin",
-                provider = self.shared.name.as_str(),
-                dropped_lines = self.log_dropped,
-                limit = self.shared.limits.log_lines,
-                "plugin log lines past limits.logLines were dropped"
-            );
-            self.log_dropped = 0;
-        }
-    }
-
-    /// The last lines the guest wrote to stderr (a panic message lands there), scrubbed.
-    pub(super) fn stderr_tail(&self) -> String {
-        // Scrub the whole capture before cutting: a cut could split a secret and defeat the match.
-        let bytes = self.stderr.tail(usize::MAX);
-        let text = self.redactor.scrub_bytes(&bytes);
-        let last: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        truncate(
-            &escape_controls(&last[last.len().saturating_sub(2)..].join(" / ")),
-            512,
+    /// The filesystem view the linker hands `wasi:filesystem/types`: wasmtime-wasi's,
+    /// counted against this call's `/tmp` and open-file limits.
+    pub(super) fn counted_fs(&mut self) -> CountedFsView<'_> {
+        CountedFsView::new(
+            wasmtime_wasi::filesystem::WasiFilesystemCtxView {
+                ctx: self.wasi.filesystem(),
+                table: &mut self.table,
+            },
+            &mut self.fs,
         )
     }
 }
 
-pub(super) use super::redact::cut as truncate;
+pub(super) use crate::redact::cut as truncate;
 
 #[cfg(test)]
 mod tests {

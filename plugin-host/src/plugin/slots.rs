@@ -2,7 +2,7 @@
 //!
 //! With a plain semaphore a user's create could wait behind a queue of background drift
 //! checks for a free slot, before it ever reached the request budget's priority queue
-//! ([`super::budget`]). Here a freed slot goes to the waiting call of the highest priority,
+//! ([`crate::rate`]). Here a freed slot goes to the waiting call of the highest priority,
 //! in arrival order within one priority, so the budget's promise (a user's create is never
 //! starved by background polling) holds from the first queue a call meets.
 

@@ -161,11 +161,7 @@ impl<P: Provider> Provider for Instrumented<P> {
             .await
     }
 
-    fn remember_cloud_init(
-        &self,
-        owner: &str,
-        doc: &[u8],
-    ) -> Result<(), crate::plugin::sensitive::Full> {
+    fn remember_cloud_init(&self, owner: &str, doc: &[u8]) -> Result<(), crate::sensitive::Full> {
         self.inner.remember_cloud_init(owner, doc)
     }
 
@@ -174,7 +170,7 @@ impl<P: Provider> Provider for Instrumented<P> {
         owner: &str,
         username: &str,
         password: &str,
-    ) -> Result<(), crate::plugin::sensitive::Full> {
+    ) -> Result<(), crate::sensitive::Full> {
         self.inner.remember_credentials(owner, username, password)
     }
 

@@ -12,7 +12,7 @@ pub use egress_contract::name_from_uid;
 pub use error::{Class, Op, ProviderError};
 pub use instrument::{Instrumented, ProviderMetrics};
 
-use crate::plugin::sensitive::Full;
+use crate::sensitive::Full;
 use async_trait::async_trait;
 use std::time::SystemTime;
 
@@ -208,7 +208,7 @@ pub trait Provider: Send + Sync {
     /// Tells the provider about a Proxy's username and password, as soon as the reconciler
     /// has read them and before any call that could show them: each is then a whole
     /// sensitive value in every encoding for every later call of the provider, so no
-    /// reply's ID may hold it and no message shows it (see `plugin::redact`).
+    /// reply's ID may hold it and no message shows it (see `crate::redact`).
     fn remember_credentials(
         &self,
         _owner: &str,
@@ -218,7 +218,7 @@ pub trait Provider: Send + Sync {
         Ok(())
     }
     /// The Proxy `owner` is gone: what it made sensitive may be dropped when room is
-    /// needed (see `plugin::sensitive`).
+    /// needed (see `crate::sensitive`).
     fn forget(&self, _owner: &str) {}
     /// Whether its instances may have internal addresses, which the health prober then
     /// connects to. `false` unless the provider's configuration says so.

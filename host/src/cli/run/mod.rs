@@ -12,7 +12,7 @@ mod args;
 pub use args::Args;
 
 use anyhow::Context as _;
-use egress_plugin_host::config::{Budget, ProvidersFile};
+use egress_plugin_host::config::{PodResources, ProvidersFile};
 use egress_plugin_host::plugin::Runtime;
 use proxy_operator::controller::{self, Context, HealthHook, Settings, Timings};
 use proxy_operator::discovery::{Auth, AuthSettings};
@@ -212,7 +212,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
 /// The providers file, and the budget it was checked against: an error when it does not
 /// parse or does not fit the pod.
-fn providers_that_fit(args: &Args) -> anyhow::Result<(ProvidersFile, Budget)> {
+fn providers_that_fit(args: &Args) -> anyhow::Result<(ProvidersFile, PodResources)> {
     use egress_plugin_host::config::fit::{self, Mib};
     let path = &args.source.providers;
     let text = std::fs::read_to_string(path)

@@ -4,10 +4,10 @@
 //! its own that rarely changes: regenerating bindings is the slow part of an incremental
 //! build.
 
-use super::{Call, GuestError, RawInfo, RawInstance, Reply};
+use crate::plugin::guest::{GuestCall, GuestError, GuestReply, RawInfo, RawInstance};
 use crate::plugin::host_services::{LogLevel, SecretProblem};
 use crate::plugin::sandbox::CallState;
-use crate::provider::{Capacity, Class, State, TargetStatus};
+use crate::provider::{Capacity, Class, IpFamily, State, TargetStatus};
 use wasmtime::Store;
 use wasmtime::component::{HasSelf, Linker};
 
@@ -28,11 +28,13 @@ pub(super) fn add_to_linker(l: &mut Linker<CallState>) -> wasmtime::Result<()> {
 }
 
 /// What 0.1.0 has no field for.
-pub(super) fn unsupported(call: &Call<'_>) -> Option<&'static str> {
+pub(super) fn unsupported(call: &GuestCall<'_>) -> Option<&'static str> {
     let placement = match call {
-        Call::Create(req) if super::needs_ipv6(req) => return Some("no IPv6 (ipFamily: IPv6)"),
-        Call::Create(req) => &req.placement,
-        Call::Quote(_) => return Some("no quote (hourly prices)"),
+        GuestCall::Create(req) if req.ip_family == IpFamily::V6 => {
+            return Some("no IPv6 (ipFamily: IPv6)");
+        }
+        GuestCall::Create(req) => &req.placement,
+        GuestCall::Quote(_) => return Some("no quote (hourly prices)"),
         _ => return None,
     };
     (placement.capacity == Capacity::Spot).then_some("no capacity (spot placements)")
@@ -41,19 +43,19 @@ pub(super) fn unsupported(call: &Call<'_>) -> Option<&'static str> {
 pub(super) async fn dispatch(
     pre: &ProviderPluginPre<CallState>,
     store: &mut Store<CallState>,
-    call: Call<'_>,
-) -> wasmtime::Result<Reply> {
+    call: GuestCall<'_>,
+) -> wasmtime::Result<GuestReply> {
     let plugin = pre.instantiate_async(&mut *store).await?;
     let p = plugin.egress_provider_plugin();
     let v = plugin.egress_provider_provider();
     Ok(match call {
-        Call::Info => Reply::Info(info(p.call_info(&mut *store).await?)),
-        Call::Validate(cfg) => Reply::Unit(
+        GuestCall::Info => GuestReply::Info(info(p.call_info(&mut *store).await?)),
+        GuestCall::Validate(cfg) => GuestReply::Unit(
             p.call_validate_config(&mut *store, cfg)
                 .await?
                 .map_err(error),
         ),
-        Call::Create(req) => {
+        GuestCall::Create(req) => {
             let wreq = wit::CreateRequest {
                 name: req.name.clone(),
                 uid: req.uid.clone(),
@@ -69,29 +71,31 @@ pub(super) async fn dispatch(
                 cloud_init: req.cloud_init.clone(),
                 port: req.port,
             };
-            Reply::Id(v.call_create(&mut *store, &wreq).await?.map_err(error))
+            GuestReply::Id(v.call_create(&mut *store, &wreq).await?.map_err(error))
         }
-        Call::Get(id) => Reply::Instance(
+        GuestCall::Get(id) => GuestReply::Instance(
             v.call_get(&mut *store, id)
                 .await?
                 .map(instance)
                 .map_err(error),
         ),
-        Call::Delete(id) => Reply::Unit(v.call_delete(&mut *store, id).await?.map_err(error)),
-        Call::List(inst) => Reply::List(
+        GuestCall::Delete(id) => {
+            GuestReply::Unit(v.call_delete(&mut *store, id).await?.map_err(error))
+        }
+        GuestCall::List(inst) => GuestReply::List(
             v.call_list_by_tag(&mut *store, inst)
                 .await?
                 .map(|l| l.into_iter().map(instance).collect())
                 .map_err(error),
         ),
-        Call::Check => Reply::Check(
+        GuestCall::Check => GuestReply::Check(
             v.call_check(&mut *store)
                 .await?
                 .into_iter()
                 .map(target)
                 .collect(),
         ),
-        Call::Quote(_) => unreachable!("refused by `unsupported` before the call"),
+        GuestCall::Quote(_) => unreachable!("refused by `unsupported` before the call"),
     })
 }
 
@@ -192,7 +196,7 @@ impl wit_host::Host for CallState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::{CreateRequest, IpFamily, Placement};
+    use crate::provider::{CreateRequest, Placement};
 
     fn request(capacity: Capacity, ip_family: IpFamily) -> CreateRequest {
         CreateRequest {
@@ -217,12 +221,16 @@ mod tests {
         let spot = request(Capacity::Spot, IpFamily::V4);
         let v6 = request(Capacity::OnDemand, IpFamily::V6);
         let plain = request(Capacity::OnDemand, IpFamily::V4);
-        let cases: [(&str, Call, Option<&str>); 5] = [
-            ("spot", Call::Create(&spot), Some("no capacity")),
-            ("IPv6", Call::Create(&v6), Some("no IPv6")),
-            ("quote", Call::Quote(&plain.placement), Some("no quote")),
-            ("on-demand IPv4", Call::Create(&plain), None),
-            ("get", Call::Get("x"), None),
+        let cases: [(&str, GuestCall, Option<&str>); 5] = [
+            ("spot", GuestCall::Create(&spot), Some("no capacity")),
+            ("IPv6", GuestCall::Create(&v6), Some("no IPv6")),
+            (
+                "quote",
+                GuestCall::Quote(&plain.placement),
+                Some("no quote"),
+            ),
+            ("on-demand IPv4", GuestCall::Create(&plain), None),
+            ("get", GuestCall::Get("x"), None),
         ];
         for (what, call, want) in cases {
             let got = unsupported(&call);

@@ -3,7 +3,7 @@
 //! Frozen with `wit/v0.2.0` once released. What it adds to 0.1.0 is listed at the top of
 //! its WIT file.
 
-use super::{Call, GuestError, RawInfo, RawInstance, Reply};
+use crate::plugin::guest::{GuestCall, GuestError, GuestReply, RawInfo, RawInstance};
 use crate::plugin::host_services::{LogLevel, SecretProblem};
 use crate::plugin::sandbox::CallState;
 use crate::provider::{Capacity, Class, IpFamily, Placement, Price, State, TargetStatus};
@@ -31,19 +31,19 @@ pub(super) fn add_to_linker(l: &mut Linker<CallState>) -> wasmtime::Result<()> {
 pub(super) async fn dispatch(
     pre: &ProviderPluginPre<CallState>,
     store: &mut Store<CallState>,
-    call: Call<'_>,
-) -> wasmtime::Result<Reply> {
+    call: GuestCall<'_>,
+) -> wasmtime::Result<GuestReply> {
     let plugin = pre.instantiate_async(&mut *store).await?;
     let p = plugin.egress_provider_plugin();
     let v = plugin.egress_provider_provider();
     Ok(match call {
-        Call::Info => Reply::Info(info(p.call_info(&mut *store).await?)),
-        Call::Validate(cfg) => Reply::Unit(
+        GuestCall::Info => GuestReply::Info(info(p.call_info(&mut *store).await?)),
+        GuestCall::Validate(cfg) => GuestReply::Unit(
             p.call_validate_config(&mut *store, cfg)
                 .await?
                 .map_err(error),
         ),
-        Call::Create(req) => {
+        GuestCall::Create(req) => {
             let wreq = wit::CreateRequest {
                 name: req.name.clone(),
                 uid: req.uid.clone(),
@@ -58,29 +58,31 @@ pub(super) async fn dispatch(
                     IpFamily::V6 => wit::IpFamily::Ipv6,
                 },
             };
-            Reply::Id(v.call_create(&mut *store, &wreq).await?.map_err(error))
+            GuestReply::Id(v.call_create(&mut *store, &wreq).await?.map_err(error))
         }
-        Call::Get(id) => Reply::Instance(
+        GuestCall::Get(id) => GuestReply::Instance(
             v.call_get(&mut *store, id)
                 .await?
                 .map(instance)
                 .map_err(error),
         ),
-        Call::Delete(id) => Reply::Unit(v.call_delete(&mut *store, id).await?.map_err(error)),
-        Call::List(inst) => Reply::List(
+        GuestCall::Delete(id) => {
+            GuestReply::Unit(v.call_delete(&mut *store, id).await?.map_err(error))
+        }
+        GuestCall::List(inst) => GuestReply::List(
             v.call_list_by_tag(&mut *store, inst)
                 .await?
                 .map(|l| l.into_iter().map(instance).collect())
                 .map_err(error),
         ),
-        Call::Check => Reply::Check(
+        GuestCall::Check => GuestReply::Check(
             v.call_check(&mut *store)
                 .await?
                 .into_iter()
                 .map(target)
                 .collect(),
         ),
-        Call::Quote(pl) => Reply::Quote(
+        GuestCall::Quote(pl) => GuestReply::Quote(
             v.call_quote(&mut *store, &placement(pl))
                 .await?
                 .map(|p| p.map(price))

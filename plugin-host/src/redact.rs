@@ -7,7 +7,7 @@
 //! scrubbed here before it reaches a log, a span, an event or a status.
 //!
 //! What counts as sensitive is decided per provider, not per call (see
-//! [`super::sensitive`]): every secret the host has handed to the provider, the cloud-init
+//! [`crate::sensitive`]): every secret the host has handed to the provider, the cloud-init
 //! of every Proxy the operator has seen for it, and the credentials (username and password)
 //! of every such Proxy. For each value the redactor matches more than the raw bytes,
 //! because a plugin transforms what it sends:
@@ -46,7 +46,7 @@
 //! Every occurrence of every pattern is scrubbed, overlapping ones included (the union of
 //! their spans becomes one [`REDACTED`]), so one value cannot hide another by overlapping
 //! its start; and the patterns can be split over several automata ([`Segment`]s), which is
-//! how [`super::sensitive`] adds documents without recompiling all the others.
+//! how [`crate::sensitive`] adds documents without recompiling all the others.
 //!
 //! Short fragments would match ordinary text (every log line has `port` or `true` in it), so
 //! a cloud-init fragment must be at least [`MIN_FRAGMENT`] bytes and must not be one of the
@@ -141,7 +141,7 @@ pub struct Patterns {
 }
 
 /// One thing the redactor matches, with every form of it: the unit in which
-/// [`super::sensitive`] shares, counts and forgets patterns. Documents of one fleet share
+/// [`crate::sensitive`] shares, counts and forgets patterns. Documents of one fleet share
 /// most of their units (lines, words), so a unit known from another document costs nothing
 /// more.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -29,7 +29,7 @@
 //!
 //! A Proxy's credentials are held on their own, not only as part of its document: inside
 //! the document they are fragments, matched raw only and not at all in an identifier;
-//! held, they are whole values in every encoding (see [`super::redact`]), so no ID, UID or
+//! held, they are whole values in every encoding (see [`crate::redact`]), so no ID, UID or
 //! health-check name can hold them and no text shows them encoded. A document is then
 //! compiled without the credentials it holds (each one cut out, see [`cut_credentials`]):
 //! their own patterns cover them in every form, and what is left of the documents of a
@@ -42,7 +42,7 @@
 //! newer), so a unit is recompiled O(log n) times and a redactor has O(log n) segments. A
 //! segment whose dropped units cost more than the half of it is recompiled without them.
 
-use super::redact::{
+use crate::redact::{
     MIN_ENCODED, Patterns, Redactor, Segment, Unit, cloud_init_units, credential_units,
     secret_units,
 };
@@ -747,7 +747,7 @@ impl Inner {
 /// `doc` with every occurrence of a `known` credential cut out (each replaced by a line
 /// break, so a line holding one is compiled as the pieces around it); borrowed when it
 /// holds none. Only what a template puts there is looked for: a whitespace-separated word,
-/// or a run between the separators [`super::redact`] splits cloud-init words on (`user:pass`,
+/// or a run between the separators [`crate::redact`] splits cloud-init words on (`user:pass`,
 /// `"pass",`). A credential elsewhere stays in the document, which is then compiled as
 /// before: at a higher cost, never with less coverage. Sound because each registered part
 /// is a whole value in every encoding of its own: whatever form of the document a plugin

@@ -1,4 +1,4 @@
-//! Where the fit check's [`Budget`](super::fit::Budget) comes from: the process's cgroup
+//! Where the fit check's [`PodResources`](super::fit::PodResources) comes from: the process's cgroup
 //! memory limit and the size of the scratch filesystem, each overridable by a flag. A thin
 //! I/O shell; the parsing is pure and tested on sample files.
 
@@ -153,7 +153,7 @@ pub fn resolve(
     reserve: u64,
     scratch_limit: Option<u64>,
     scratch_dir: &Path,
-) -> super::fit::Budget {
+) -> super::fit::PodResources {
     use super::fit::Mib;
     let (memory, memory_from) = match memory_limit {
         Some(m) => (Some(m), "--memory-limit"),
@@ -188,7 +188,7 @@ pub fn resolve(
             "no scratch limit known (no --scratch-limit, scratch directory not on a tmpfs): providers' /tmp is not checked"
         ),
     }
-    super::fit::Budget {
+    super::fit::PodResources {
         memory_bytes: memory,
         reserve_bytes: reserve,
         scratch_bytes: scratch,
