@@ -7,8 +7,10 @@
 //! plugin's instances, a selector the API accepts but the fake refuses), so each lives here
 //! once and every crate uses this one.
 
+/// The marks every managed instance carries (labels or tags on the backend).
 pub mod marks;
 mod name;
+/// Kubernetes label selectors in their string form (`kubectl -l`, `?labelSelector=`).
 pub mod selector;
 
 pub use marks::{MARK_INSTALLATION, MARK_MANAGED, MARK_MANAGED_YES, MARK_PREFIX, MARK_UID};

@@ -51,19 +51,32 @@ pub const CONTRACT_VERSION: &str = "0.2.0";
 #[cfg(feature = "contract-v0-1")]
 pub const CONTRACT_VERSION: &str = "0.1.0";
 
+/// The one table that turns a backend's failed answer into the contract's error classes.
 pub mod classify;
+/// Reading and checking a provider's config block, with errors that name the field and the value.
 pub mod config;
+/// Constructors for `ProviderError`: a class chosen by name where the failure is understood.
 pub mod error;
+/// The `host` interface's services, with errors classified as the contract asks.
 pub mod host;
+/// A blocking HTTP client over `wasi:http/outgoing-handler`.
 pub mod http;
+/// Scoped instance IDs (`<scope>/<key>`), parsed strictly.
 pub mod id;
+/// Small helpers for backends' JSON.
 pub mod json;
 mod log;
+/// One log line per operation result, with secrets cut out.
 pub mod outcome;
+/// A page loop bounded in pages and items, converting page by page.
 pub mod paging;
+/// Random bytes from the host (`wasi:random`), for secrets a plugin makes up itself.
 pub mod random;
+/// Two answers every REST plugin reads the same way, on top of its [`Classifier`].
 pub mod rest;
+/// The contract's marks on backends whose tags are plain strings, not key/value labels.
 pub mod tags;
+/// RFC 3339 to and from the WIT `datetime`.
 pub mod time;
 
 pub use bindings::egress::provider::host::Level;

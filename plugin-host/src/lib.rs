@@ -2,9 +2,9 @@
 //! sandbox of its own. It knows nothing of Kubernetes; the operator drives it through the
 //! [`provider::Provider`] trait.
 //!
-//! Its modules stand in layers, each using only those below it: `policy`, `redact` and
-//! `sensitive` at the bottom; `provider` and `rate` on them; `config` on those; `plugin` on
-//! all of them.
+//! Its modules stand in layers, each using only those below it (`xtask/src/layering.rs`
+//! checks it): `fdlimit`, `policy` and `redact`; `sensitive`; `provider`; `rate`; `config`;
+//! `plugin`.
 
 /// The providers file, its limits, and their fit to the pod's resources.
 pub mod config;

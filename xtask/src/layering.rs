@@ -52,6 +52,63 @@ fn violations(deps: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// The runtime's top-level modules, bottom layer first: each may use only those of lower
+/// layers (`crate::<module>` outside comments), so there is no import loop between them.
+const RUNTIME_LAYERS: &[&[&str]] = &[
+    &["fdlimit", "policy", "redact"],
+    &["sensitive"],
+    &["provider"],
+    &["rate"],
+    &["config"],
+    &["plugin"],
+];
+
+/// The uses of `crate::<module>` in `dir/<module>` (a file or a folder) that break
+/// [`RUNTIME_LAYERS`]: (user, used). Test modules may use any layer.
+fn layer_violations(src: &std::path::Path) -> Vec<(String, String)> {
+    let layer_of = |m: &str| RUNTIME_LAYERS.iter().position(|l| l.contains(&m));
+    let mut bad = Vec::new();
+    for (layer, modules) in RUNTIME_LAYERS.iter().enumerate() {
+        for m in *modules {
+            let mut files = Vec::new();
+            let file = src.join(format!("{m}.rs"));
+            if file.is_file() {
+                files.push(file);
+            }
+            let mut stack = vec![src.join(m)];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else if p.extension().is_some_and(|x| x == "rs") {
+                        files.push(p);
+                    }
+                }
+            }
+            for f in files {
+                let text = std::fs::read_to_string(&f).unwrap_or_default();
+                let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+                for line in code.lines().map(str::trim).filter(|l| !l.starts_with("//")) {
+                    for part in line.split("crate::").skip(1) {
+                        let used: String = part
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
+                        if used != *m
+                            && layer_of(&used).is_some_and(|l| l >= layer)
+                            && !bad.contains(&(m.to_string(), used.clone()))
+                        {
+                            bad.push((m.to_string(), used));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    bad
+}
+
 /// The type names the shipped plugins declare (`PluginInfo::new("<name>", ...)`).
 fn shipped_type_names(root: &std::path::Path) -> Vec<String> {
     let mut names = std::collections::BTreeSet::new();
@@ -140,6 +197,79 @@ mod tests {
             bad.is_empty(),
             "the host decides by a plugin's name; declare it in plugin-info instead:\n{}",
             bad.join("\n")
+        );
+    }
+
+    #[test]
+    fn the_runtime_modules_stand_in_layers_without_loops() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugin-host/src");
+        let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+        for m in RUNTIME_LAYERS.iter().flat_map(|l| l.iter()) {
+            assert!(
+                lib.contains(&format!("pub mod {m};")),
+                "{m} is not a module of lib.rs"
+            );
+        }
+        let bad = layer_violations(&src);
+        assert!(
+            bad.is_empty(),
+            "a runtime module uses one of its own layer or above (user, used): {bad:?}"
+        );
+    }
+
+    /// The layer check sees a use upward (the loop config -> plugin -> config it replaced).
+    #[test]
+    fn a_use_upward_is_found() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("config")).unwrap();
+        std::fs::write(
+            dir.path().join("config/fit.rs"),
+            "// crate::plugin in a comment is fine\npub const L: u64 = crate::plugin::MAX_LIFT_BYTES as u64;\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("policy.rs"),
+            "use crate::sensitive::Full;\n",
+        )
+        .unwrap();
+        assert_eq!(
+            layer_violations(dir.path()),
+            [
+                ("policy".to_string(), "sensitive".to_string()),
+                ("config".to_string(), "plugin".to_string())
+            ]
+        );
+    }
+
+    /// Every `pub mod` of every crate's `lib.rs` says in one line what it is: the map a
+    /// reader starts from.
+    #[test]
+    fn every_public_module_of_a_crate_has_a_doc_line() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut missing = Vec::new();
+        for e in std::fs::read_dir(&root).unwrap().flatten() {
+            let lib = e.path().join("src/lib.rs");
+            let Ok(text) = std::fs::read_to_string(&lib) else {
+                continue;
+            };
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, l) in lines.iter().enumerate() {
+                if l.starts_with("pub mod ") && l.ends_with(';') {
+                    let doc = lines[..i]
+                        .iter()
+                        .rev()
+                        .find(|p| !p.starts_with("#["))
+                        .is_some_and(|p| p.starts_with("///"));
+                    if !doc {
+                        missing.push(format!("{}: {l}", lib.display()));
+                    }
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "undocumented modules:\n{}",
+            missing.join("\n")
         );
     }
 

@@ -106,7 +106,7 @@ pub struct PodResources {
     pub scratch_bytes: Option<u64>,
     /// The process's open-file limit (soft `RLIMIT_NOFILE`, after raising it at start):
     /// the plugins' worst case plus the operator's own reserve must fit
-    /// ([`crate::fdlimit::check_descriptor_budget`]).
+    /// ([`super::descriptors::check_descriptor_budget`]).
     pub descriptors: Option<u64>,
 }
 
@@ -328,7 +328,7 @@ pub fn check(file: &ProvidersFile, budget: &PodResources) -> Result<Need, FitErr
     });
     match (memory, scratch) {
         (None, None) => match budget.descriptors {
-            Some(nofile) => crate::fdlimit::check_descriptor_budget(file, nofile)
+            Some(nofile) => super::descriptors::check_descriptor_budget(file, nofile)
                 .map(|()| need)
                 .map_err(FitError::Descriptors),
             None => Ok(need),

@@ -5,6 +5,8 @@
 //! typo never silently falls back to a default. Only the `config` block is free-form; it
 //! belongs to the plugin, which validates it in `validate-config`.
 
+/// The descriptors the providers may hold, against the open-file limit.
+pub mod descriptors;
 pub mod fit;
 /// The pod's resources the providers must fit: its memory limit and its scratch space.
 pub mod pod;
