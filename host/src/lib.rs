@@ -33,6 +33,8 @@ pub mod probe;
 pub mod provider_check;
 /// Every Kubernetes API call the operator makes, as RBAC rules.
 pub mod rbac;
+/// Whether this replica is ready: the Proxy cache synced, the first plugin load done.
+pub mod readiness;
 /// The configured providers, by name, as the loops see them.
 pub mod registry;
 /// Reloading providers without a restart, when the mounted providers file or a plugin file changes.

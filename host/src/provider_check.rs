@@ -274,7 +274,7 @@ pub async fn publish_rounds(
     cancel: CancellationToken,
     client: &kube::Client,
     registry: &crate::registry::ProviderRegistry,
-    readiness: &crate::endpoints::Readiness,
+    readiness: &crate::readiness::Readiness,
 ) {
     let providers = || registry.snapshot().values().cloned().collect();
     let sink = move |checks: Vec<ProviderCheck>| async move {

@@ -19,7 +19,7 @@
 //! [`Serving`], the one place that updates the provider registry the other loops read and
 //! the load report `/readyz` and the `ProviderHealth` objects show.
 
-use crate::endpoints::{ProviderLoad, Readiness};
+use crate::readiness::{ProviderLoad, Readiness};
 use crate::registry::{Entry, ProviderRegistry};
 use egress_plugin_host::config::{PodResources, ProviderEntry, ProvidersFile};
 use egress_plugin_host::plugin::{LoadedPlugin, ProviderLoadError, Runtime, WasmProvider};

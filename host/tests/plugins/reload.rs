@@ -170,7 +170,7 @@ async fn a_file_that_does_not_fit_the_pod_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reload_loop_keeps_the_registry_and_readiness_in_step_with_the_disk() {
     use futures::StreamExt;
-    use proxy_operator::endpoints::Readiness;
+    use proxy_operator::readiness::Readiness;
     use proxy_operator::reload::Serving;
     use std::time::Duration;
     let plugins = plugins_or_skip!();
