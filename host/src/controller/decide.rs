@@ -12,7 +12,7 @@
 //! with the provider's periodic list (see `crate::inventory`), which can confirm that
 //! nothing changed but never that an instance is gone.
 
-use super::reconcile::{CONDITION_MESSAGE_MAX, truncate};
+use super::bounds::{CONDITION_MESSAGE_MAX, truncate};
 use egress_plugin_host::provider::{Class, Instance, ProviderError, State};
 use std::time::Duration;
 

@@ -16,10 +16,14 @@ pub mod turns;
 
 pub use decide::{Answer, Call, Decision, Input, Next, Observed, Timings, decide};
 pub use spec_hash::{keyed as keyed_spec_hash, spec_hash};
+mod bounds;
+mod context;
 mod reconcile;
-pub(crate) use reconcile::{CONDITION_MESSAGE_MAX, EVENT_NOTE_MAX, truncate};
+mod wiring;
+pub(crate) use bounds::{CONDITION_MESSAGE_MAX, EVENT_NOTE_MAX, truncate};
 
-pub use reconcile::{
+pub use context::{
     Context, FIELD_MANAGER, FINALIZER, HealthHook, ReconcileError, ReconcileMetrics, Settings,
-    backoff, observe, reconcile, run,
 };
+pub use reconcile::{observe, reconcile};
+pub use wiring::{backoff, run};

@@ -1,0 +1,252 @@
+//! The reconciler's wiring: the kube-runtime controller over the Proxy cache, its triggers,
+//! its turns and its error policy. Each reconcile itself is [`super::reconcile()`].
+
+use crate::api::Proxy;
+use crate::cache::{ProxyCache, trim_for_cache};
+use crate::controller::context::{Context, ReconcileError};
+use crate::controller::reconcile::reconcile;
+use crate::controller::secret_cache;
+use crate::controller::secret_cache::SecretCache;
+use crate::controller::turns::Turns;
+
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{debug, warn};
+
+/// Runs the Proxy controller until `shutdown` resolves (then finishes the reconciles in
+/// flight). Every Proxy is reconciled again whenever the provider registry changes.
+pub async fn run(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let proxies: Api<Proxy> = Api::all(ctx.client.clone());
+    let concurrency = ctx.settings.concurrency;
+    // Every probe result re-runs that Proxy's reconcile, which folds the verdict into its
+    // status: the status keeps one writer.
+    let (probed_tx, probed_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<Proxy>>();
+    let probed = futures::stream::unfold(probed_rx, |mut rx| async move {
+        rx.recv().await.map(|r| (r, rx))
+    });
+    let mut recheck_rx = None;
+    let stop_probes = tokio_util::sync::CancellationToken::new();
+    if let Some(hook) = &ctx.health {
+        let engine = hook.engine.clone();
+        let stop = stop_probes.clone();
+        tokio::spawn(async move {
+            engine
+                .run(stop, move |report| {
+                    // Only changes: a status write per probe would be one write per proxy
+                    // per interval. The drift poll refreshes lastProbe (see health_view).
+                    if !report.changed {
+                        return;
+                    }
+                    if let Some((ns, name)) = report.key.split_once('/') {
+                        let _ = probed_tx.send(ObjectRef::new(name).within(ns));
+                    }
+                })
+                .await
+        });
+    }
+    let _stop_probes = stop_probes.drop_guard();
+    let (
+        ProxyCache {
+            store: reader,
+            synced,
+        },
+        applied,
+    ) = proxy_source(&ctx, proxies);
+    let stop_inventory = tokio_util::sync::CancellationToken::new();
+    if let Some(inventory) = &ctx.inventory {
+        // Proxies a new list does not confirm are reconciled at once (and so Get).
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<Proxy>>();
+        recheck_rx = Some(rx);
+        tokio::spawn(crate::inventory::run(
+            inventory.clone(),
+            ctx.registry.clone(),
+            ctx.settings.installation.clone(),
+            ProxyCache {
+                store: reader.clone(),
+                synced: synced.clone(),
+            },
+            ctx.settings.timings.drift_poll,
+            move |r| {
+                let _ = tx.send(r);
+            },
+            stop_inventory.clone(),
+        ));
+    }
+    let _stop_inventory = stop_inventory.drop_guard();
+    // Cloud-init Secrets: a metadata-only watch says when a held copy is stale, and re-runs
+    // the Proxies referencing a Secret that changed. It stops with this controller (and so
+    // with leadership); the held data goes with it.
+    let (secret_changes, _secrets_attached) =
+        secret_cache::watch(ctx.client.clone(), ctx.secrets.clone());
+    let stop_prune = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(prune_secrets(
+        ctx.secrets.clone(),
+        ProxyCache {
+            store: reader.clone(),
+            synced,
+        },
+        ctx.settings.timings.drift_poll,
+        stop_prune.clone(),
+    ));
+    let _stop_prune = stop_prune.drop_guard();
+    let rechecks = futures::stream::unfold(recheck_rx, |rx| async move {
+        let mut rx = rx?;
+        rx.recv().await.map(|r| (r, Some(rx)))
+    });
+    // The watch triggers a reconcile only when something the reconciler reads changed
+    // (see `trigger_hash`): the operator's own status writes come back through the watch
+    // and would otherwise each cost one more reconcile with a provider call.
+    let changes = applied.predicate_filter(trigger_hash, PredicateConfig::default());
+    // kube's runner is unbounded; `turns` admits `concurrency` reconciles at a time, in
+    // the order they came due (see `turns` for why).
+    let turns = Turns::new(concurrency);
+    let close = turns.clone();
+    let store = reader.clone();
+    Controller::for_stream(changes, reader)
+        .with_config(ControllerConfig::default().concurrency(0))
+        .reconcile_all_on(ctx.registry.changes())
+        .reconcile_on(probed)
+        .reconcile_on(rechecks)
+        .reconcile_on(secret_changes)
+        .graceful_shutdown_on(async move {
+            shutdown.await;
+            close.close();
+        })
+        .run(
+            move |proxy, ctx| in_turn(turns.clone(), store.clone(), proxy, ctx),
+            error_policy,
+            ctx,
+        )
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                // Reconcile errors were logged by error_policy; these are watch/queue errors.
+                debug!(error = %e, "controller");
+            }
+        })
+        .await;
+}
+
+/// The Proxy cache the controller reads and the Proxies it is triggered by: the process's
+/// shared cache and a subscription to its feed (the Proxies already known first, read
+/// after subscribing so that none falls between; the predicate drops the repeats), or a
+/// watch of its own.
+fn proxy_source(
+    ctx: &Context,
+    proxies: Api<Proxy>,
+) -> (
+    ProxyCache,
+    futures::stream::BoxStream<'static, Result<Proxy, watcher::Error>>,
+) {
+    if let Some((cache, feed)) = &ctx.proxies {
+        let live = feed.subscribe();
+        let known: Vec<Proxy> = cache.store.state().iter().map(|p| (**p).clone()).collect();
+        let applied = futures::stream::iter(known).chain(live).map(Ok).boxed();
+        return (cache.clone(), applied);
+    }
+    let (store, writer) = reflector::store();
+    let (mark_synced, synced) = crate::cache::channel();
+    let events = reflector(
+        writer,
+        watcher(proxies, watcher::Config::default()).modify(trim_for_cache),
+    )
+    .inspect(move |ev| mark_synced.observe(ev));
+    let applied = crate::cache::applied_once_cached(events, store.clone()).boxed();
+    (ProxyCache { store, synced }, applied)
+}
+
+/// Every `every`, once the Proxy cache has synced: drops the data of Secrets no Proxy
+/// references any more.
+async fn prune_secrets(
+    secrets: Arc<SecretCache>,
+    proxies: crate::cache::ProxyCache,
+    every: Duration,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let every = every.max(Duration::from_millis(10));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        if proxies.synced.is_synced() {
+            let dropped = secrets.prune(&proxies.store);
+            if dropped > 0 {
+                debug!(dropped, "cloud-init Secrets no Proxy references any more");
+            }
+        }
+    }
+}
+
+/// What of a Proxy, when it changes, needs a reconcile: the generation (the spec, and the
+/// API server's bump when deletion starts), the deletion timestamp itself (not every API
+/// server bumps the generation for it), the finalizers (ours may have been removed) and
+/// the annotations (skip-cleanup). Not the status: the reconciler is its only writer, and
+/// everything else it reads (the provider, the instance, the health verdict) arrives by
+/// timer (drift and provisioning polls), by registry swap or by probe.
+pub fn trigger_hash(proxy: &Proxy) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let meta = &proxy.metadata;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    meta.generation.hash(&mut h);
+    meta.deletion_timestamp.is_some().hash(&mut h);
+    meta.finalizers.hash(&mut h);
+    meta.annotations.hash(&mut h);
+    Some(h.finish())
+}
+
+/// Backoff after a failed reconcile: base * 2^(n-1), capped.
+pub fn backoff(failures: u32, base: Duration, max: Duration) -> Duration {
+    let factor = 1u32
+        .checked_shl(failures.saturating_sub(1))
+        .unwrap_or(u32::MAX);
+    base.saturating_mul(factor).min(max)
+}
+
+fn error_policy(proxy: Arc<Proxy>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
+    let key = proxy.uid().unwrap_or_else(|| proxy.name_any());
+    let n = {
+        let mut failures = ctx.failures();
+        let n = failures.entry(key).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let delay = backoff(n, ctx.settings.backoff_base, ctx.settings.backoff_max);
+    warn!(
+        proxy.namespace = proxy.namespace().unwrap_or_default(),
+        proxy.name = proxy.name_any(),
+        error = %err,
+        failures = n,
+        retry_in = ?delay,
+        "reconcile failed"
+    );
+    Action::requeue(delay)
+}
+
+/// Waits for a turn, then reconciles the Proxy as the cache has it by then (a request can
+/// wait minutes behind a large queue). Kept small while it waits: the reconcile's own
+/// future is only built (and boxed) once the turn comes.
+async fn in_turn(
+    turns: Turns,
+    store: Store<Proxy>,
+    proxy: Arc<Proxy>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let Some(_turn) = turns.take().await else {
+        // Shutting down: the next leader (or this process's next term) reconciles it.
+        return Ok(Action::await_change());
+    };
+    // Gone from the cache: deleted and released meanwhile; nothing left to do.
+    let Some(fresh) = store.get(&ObjectRef::from_obj(&*proxy)) else {
+        return Ok(Action::await_change());
+    };
+    Box::pin(reconcile(fresh, ctx)).await
+}
