@@ -15,7 +15,7 @@
 use crate::api::Proxy;
 use crate::inventory::Inventory;
 use crate::registry::ProviderRegistry;
-use egress_plugin_host::provider::priority::{Priority, scope};
+use egress_plugin_host::provider::Priority;
 use egress_plugin_host::provider::{Class, Instance, Provider};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -265,11 +265,9 @@ impl Sweeper {
                 Ok(l.instances.values().cloned().collect())
             }
             None => {
-                let r = scope(
-                    Priority::Background,
-                    provider.list_by_tag(&self.settings.installation),
-                )
-                .await;
+                let r = provider
+                    .list_by_tag_at(&self.settings.installation, Priority::Background)
+                    .await;
                 if let (Some(inv), Ok(list)) = (&self.inventory, &r) {
                     inv.record(name, provider, at, list.clone());
                 }
@@ -307,7 +305,7 @@ impl Sweeper {
                     self.metrics.skip(name, "no_uid");
                 }
                 Verdict::Delete => {
-                    match scope(Priority::Background, provider.delete(&instance.id)).await {
+                    match provider.delete_at(&instance.id, Priority::Background).await {
                         Ok(()) => {
                             info!(
                                 provider.id = instance.id.as_str(),

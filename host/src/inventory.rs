@@ -21,7 +21,7 @@
 use crate::api::Proxy;
 use crate::cache::ProxyCache;
 use crate::registry::ProviderRegistry;
-use egress_plugin_host::provider::priority::{Priority, scope};
+use egress_plugin_host::provider::Priority;
 use egress_plugin_host::provider::{Instance, Pacing, Provider, State};
 use kube::runtime::reflector::{ObjectRef, Store};
 use std::collections::{BTreeMap, HashMap};
@@ -328,7 +328,9 @@ async fn list_one(
     let started = std::time::Instant::now();
     // Until the list is recorded (or has failed).
     let _under_way = inventory.listing_under_way(name);
-    let result = scope(Priority::Background, provider.list_by_tag(installation)).await;
+    let result = provider
+        .list_by_tag_at(installation, Priority::Background)
+        .await;
     let took = started.elapsed();
     inventory.tried(name, provider);
     let interval = list_interval(drift_poll, provider.pacing());

@@ -500,21 +500,27 @@ mod tests {
         })
     }
 
+    use egress_plugin_host::provider::Priority;
+
     #[async_trait]
     impl Provider for Checking {
         fn name(&self) -> &str {
             self.name
         }
-        async fn create(&self, _: &CreateRequest) -> Result<String, ProviderError> {
+        async fn create_at(&self, _: &CreateRequest, _: Priority) -> Result<String, ProviderError> {
             unreachable!("the monitor only checks")
         }
-        async fn get(&self, _: &str) -> Result<Instance, ProviderError> {
+        async fn get_at(&self, _: &str, _: Priority) -> Result<Instance, ProviderError> {
             unreachable!("the monitor only checks")
         }
-        async fn delete(&self, _: &str) -> Result<(), ProviderError> {
+        async fn delete_at(&self, _: &str, _: Priority) -> Result<(), ProviderError> {
             unreachable!("the monitor only checks")
         }
-        async fn list_by_tag(&self, _: &str) -> Result<Vec<Instance>, ProviderError> {
+        async fn list_by_tag_at(
+            &self,
+            _: &str,
+            _: Priority,
+        ) -> Result<Vec<Instance>, ProviderError> {
             unreachable!("the monitor only checks")
         }
         async fn check(&self) -> Option<Vec<TargetStatus>> {

@@ -9,7 +9,7 @@
 
 use async_trait::async_trait;
 use egress_plugin_host::provider::{
-    Class, CreateRequest, Instance, Op, Provider, ProviderError, State, TargetStatus,
+    Class, CreateRequest, Instance, Op, Priority, Provider, ProviderError, State, TargetStatus,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -371,7 +371,11 @@ impl Provider for FakeProvider {
         &self.name
     }
 
-    async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
+    async fn create_at(
+        &self,
+        req: &CreateRequest,
+        _priority: Priority,
+    ) -> Result<String, ProviderError> {
         self.enter(Op::Create, &req.name).await?;
         let (id, hold) = self.create_now(req)?;
         if hold {
@@ -380,7 +384,7 @@ impl Provider for FakeProvider {
         Ok(id)
     }
 
-    async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
+    async fn get_at(&self, id: &str, _priority: Priority) -> Result<Instance, ProviderError> {
         self.enter(Op::Get, id).await?;
         self.check_id(Op::Get, id)?;
         let mut inner = lock(&self.inner);
@@ -405,7 +409,7 @@ impl Provider for FakeProvider {
         Ok(view(i))
     }
 
-    async fn delete(&self, id: &str) -> Result<(), ProviderError> {
+    async fn delete_at(&self, id: &str, _priority: Priority) -> Result<(), ProviderError> {
         self.enter(Op::Delete, id).await?;
         self.check_id(Op::Delete, id)?;
         let deleting_gets = lock(&self.behaviour).deleting_gets;
@@ -425,7 +429,11 @@ impl Provider for FakeProvider {
 
     /// A listing also lets deletions progress (like a Get of each deleting instance), so
     /// instances deleted by GC, which never calls Get, eventually go away.
-    async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
+    async fn list_by_tag_at(
+        &self,
+        installation: &str,
+        _priority: Priority,
+    ) -> Result<Vec<Instance>, ProviderError> {
         self.enter(Op::List, installation).await?;
         let mut inner = lock(&self.inner);
         inner.instances.retain(|_, i| match &mut i.deleting_left {

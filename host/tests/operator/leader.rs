@@ -394,26 +394,36 @@ mod controllers {
         calls: Arc<AtomicU64>,
     }
 
+    use egress_plugin_host::provider::Priority;
+
     #[async_trait::async_trait]
     impl Provider for Counted {
         fn name(&self) -> &str {
             self.inner.name()
         }
-        async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
+        async fn create_at(
+            &self,
+            req: &CreateRequest,
+            priority: Priority,
+        ) -> Result<String, ProviderError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            self.inner.create(req).await
+            self.inner.create_at(req, priority).await
         }
-        async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
+        async fn get_at(&self, id: &str, priority: Priority) -> Result<Instance, ProviderError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            self.inner.get(id).await
+            self.inner.get_at(id, priority).await
         }
-        async fn delete(&self, id: &str) -> Result<(), ProviderError> {
+        async fn delete_at(&self, id: &str, priority: Priority) -> Result<(), ProviderError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            self.inner.delete(id).await
+            self.inner.delete_at(id, priority).await
         }
-        async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
+        async fn list_by_tag_at(
+            &self,
+            installation: &str,
+            priority: Priority,
+        ) -> Result<Vec<Instance>, ProviderError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            self.inner.list_by_tag(installation).await
+            self.inner.list_by_tag_at(installation, priority).await
         }
         async fn check(&self) -> Option<Vec<TargetStatus>> {
             self.inner.check().await

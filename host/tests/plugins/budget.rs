@@ -9,7 +9,7 @@ use egress_emulators::control::{Emulator, Plant};
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
 use egress_emulators::rate_limit::RateLimit;
 use egress_plugin_host::plugin::{PluginMetrics, WasmProvider};
-use egress_plugin_host::provider::priority::{self, Priority};
+use egress_plugin_host::provider::Priority;
 use egress_plugin_host::provider::{CreateRequest, Placement, Provider, name_from_uid};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -130,7 +130,7 @@ async fn a_create_overtakes_queued_drift_checks_within_the_backends_limit() {
     for id in ids {
         let (p, done) = (s.p.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
-            let got = priority::scope(Priority::Background, p.get(&id)).await;
+            let got = p.get_at(&id, Priority::Background).await;
             done.lock()
                 .unwrap()
                 .push((format!("get {id}"), Instant::now()));
@@ -208,7 +208,7 @@ async fn the_host_adapts_to_the_backends_ratelimit_headers() {
     let start = Instant::now();
     for i in 0..16 {
         let id = &ids[i % ids.len()];
-        priority::scope(Priority::Urgent, s.p.get(id))
+        s.p.get_at(id, Priority::Urgent)
             .await
             .unwrap_or_else(|e| panic!("get {i}: {e}"));
     }
@@ -243,7 +243,7 @@ async fn a_429_is_counted_and_empties_the_bucket() {
     assert_eq!(s.metrics.rate_limited("hz"), 1);
     // Empty now: the next request waits about a second (3600/h).
     let start = Instant::now();
-    priority::scope(Priority::Urgent, s.p.get(&id))
+    s.p.get_at(&id, Priority::Urgent)
         .await
         .expect("get after the 429");
     assert!(
@@ -270,9 +270,10 @@ async fn budget_waits_do_not_count_against_the_call_timeout() {
     }
     assert_eq!(s.p.pacing().and_then(|p| p.last_list_requests), None);
     let started = Instant::now();
-    let listed = priority::scope(Priority::Background, s.p.list_by_tag(INST))
-        .await
-        .expect("a paced list completes");
+    let listed =
+        s.p.list_by_tag_at(INST, Priority::Background)
+            .await
+            .expect("a paced list completes");
     let took = started.elapsed();
     assert_eq!(listed.len(), 170);
     assert!(

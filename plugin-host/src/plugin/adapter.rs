@@ -4,8 +4,8 @@
 use super::guest::{GuestError, RawInstance};
 use super::{GuestCall, GuestReply, WasmProvider};
 use crate::provider::{
-    Class, CreateRequest, Instance, Op, Pacing, Placement, Price, Provider, ProviderError, State,
-    TargetStatus,
+    Class, CreateRequest, Instance, Op, Pacing, Placement, Price, Priority, Provider,
+    ProviderError, State, TargetStatus,
 };
 use crate::sensitive::Full;
 use async_trait::async_trait;
@@ -56,8 +56,9 @@ impl WasmProvider {
         id: &str,
         document: Option<super::Document<'_>>,
         call: GuestCall<'_>,
+        priority: Priority,
     ) -> Result<GuestReply, ProviderError> {
-        self.invoke(op, id, document, false, call)
+        self.invoke(op, id, document, false, call, priority)
             .await
             .map(|(reply, _)| reply)
     }
@@ -65,9 +66,16 @@ impl WasmProvider {
     /// A call that does nothing in the guest but `check` (with an empty config): what the
     /// overhead benchmark measures. Returns the host-side statistics.
     pub async fn bench_call(&self) -> Result<super::CallStats, ProviderError> {
-        self.invoke(Op::Check, "", None, false, GuestCall::Check)
-            .await
-            .map(|(_, stats)| stats)
+        self.invoke(
+            Op::Check,
+            "",
+            None,
+            false,
+            GuestCall::Check,
+            Priority::of_op(Op::Check),
+        )
+        .await
+        .map(|(_, stats)| stats)
     }
 }
 
@@ -77,7 +85,11 @@ impl Provider for WasmProvider {
         WasmProvider::name(self)
     }
 
-    async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
+    async fn create_at(
+        &self,
+        req: &CreateRequest,
+        priority: Priority,
+    ) -> Result<String, ProviderError> {
         match self
             .call(
                 Op::Create,
@@ -87,6 +99,7 @@ impl Provider for WasmProvider {
                     cloud_init: &req.cloud_init,
                 }),
                 GuestCall::Create(req),
+                priority,
             )
             .await?
         {
@@ -103,17 +116,20 @@ impl Provider for WasmProvider {
         }
     }
 
-    async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
-        match self.call(Op::Get, id, None, GuestCall::Get(id)).await? {
+    async fn get_at(&self, id: &str, priority: Priority) -> Result<Instance, ProviderError> {
+        match self
+            .call(Op::Get, id, None, GuestCall::Get(id), priority)
+            .await?
+        {
             GuestReply::Instance(Ok(i)) => Ok(instance_of(i)),
             GuestReply::Instance(Err(e)) => Err(self.wrap(Op::Get, id, e)),
             _ => unreachable!("get returns GuestReply::Instance"),
         }
     }
 
-    async fn delete(&self, id: &str) -> Result<(), ProviderError> {
+    async fn delete_at(&self, id: &str, priority: Priority) -> Result<(), ProviderError> {
         match self
-            .call(Op::Delete, id, None, GuestCall::Delete(id))
+            .call(Op::Delete, id, None, GuestCall::Delete(id), priority)
             .await?
         {
             GuestReply::Unit(Ok(())) => Ok(()),
@@ -122,9 +138,20 @@ impl Provider for WasmProvider {
         }
     }
 
-    async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
+    async fn list_by_tag_at(
+        &self,
+        installation: &str,
+        priority: Priority,
+    ) -> Result<Vec<Instance>, ProviderError> {
         let (reply, stats) = self
-            .invoke(Op::List, "", None, false, GuestCall::List(installation))
+            .invoke(
+                Op::List,
+                "",
+                None,
+                false,
+                GuestCall::List(installation),
+                priority,
+            )
             .await?;
         match reply {
             GuestReply::List(Ok(list)) => {
@@ -163,7 +190,13 @@ impl Provider for WasmProvider {
 
     async fn quote(&self, placement: &Placement) -> Result<Option<Price>, ProviderError> {
         match self
-            .call(Op::Quote, "", None, GuestCall::Quote(placement))
+            .call(
+                Op::Quote,
+                "",
+                None,
+                GuestCall::Quote(placement),
+                Priority::of_op(Op::Quote),
+            )
             .await?
         {
             GuestReply::Quote(Ok(p)) => Ok(p),
@@ -178,7 +211,16 @@ impl Provider for WasmProvider {
             return None;
         }
         Some(
-            match self.call(Op::Check, "", None, GuestCall::Check).await {
+            match self
+                .call(
+                    Op::Check,
+                    "",
+                    None,
+                    GuestCall::Check,
+                    Priority::of_op(Op::Check),
+                )
+                .await
+            {
                 Ok(GuestReply::Check(targets)) => targets,
                 Ok(_) => unreachable!("check returns GuestReply::Check"),
                 Err(e) => vec![TargetStatus {

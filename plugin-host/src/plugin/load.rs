@@ -6,7 +6,7 @@ use super::compiler::{CompileError, CompileLimit, CompileStats};
 use super::precheck::{self, Refusal};
 use super::{GuestCall, GuestReply, Runtime, WasmProvider, http, provider_shared};
 use crate::config::{Limits, ProviderEntry, ProvidersFile};
-use crate::provider::Op;
+use crate::provider::{Op, Priority};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -278,7 +278,14 @@ impl Runtime {
             no_tls(),
         );
         let info = probe
-            .invoke(Op::Load, "", None, true, GuestCall::Info)
+            .invoke(
+                Op::Load,
+                "",
+                None,
+                true,
+                GuestCall::Info,
+                Priority::of_op(Op::Load),
+            )
             .await;
         drop(probe);
         let Ok(mut plugin) = Arc::try_unwrap(shared_plugin) else {
@@ -351,7 +358,14 @@ impl Runtime {
         );
         let config = entry.config.to_string();
         match provider
-            .invoke(Op::Load, "", None, true, GuestCall::Validate(&config))
+            .invoke(
+                Op::Load,
+                "",
+                None,
+                true,
+                GuestCall::Validate(&config),
+                Priority::of_op(Op::Load),
+            )
             .await
         {
             Ok((GuestReply::Unit(Ok(())), _)) => Ok(provider),

@@ -36,7 +36,7 @@ pub use metrics::{PluginMetrics, TrapKind};
 pub use reply::MAX_LIFT_BYTES;
 
 use crate::config::{Limits, ProviderEntry, ProvidersFile};
-use crate::provider::{Class, Op, ProviderError};
+use crate::provider::{Class, Op, Priority, ProviderError};
 use crate::rate;
 pub use abi::WorldVersion;
 pub(crate) use guest::{GuestCall, GuestReply};
@@ -443,6 +443,7 @@ impl WasmProvider {
         document: Option<Document<'_>>,
         deny_http: bool,
         call: GuestCall<'_>,
+        priority: Priority,
     ) -> Result<(GuestReply, CallStats), ProviderError> {
         let limits = &self.shared.limits;
         // Load-time calls do no I/O: they get a short budget of their own.
@@ -475,9 +476,7 @@ impl WasmProvider {
                 .hold_cloud_init(d.owner, d.cloud_init)
                 .map_err(|e| fail(Class::Transient, e.to_string()))?;
         }
-        // Read here, in the caller's task: the HTTP hooks run in tasks of their own. The
-        // same priority orders the wait for a call slot and for the request budget.
-        let priority = crate::provider::priority::for_call(op);
+        // The same priority orders the wait for a call slot and for the request budget.
         // A load-time call takes the runtime's load slot, not one of the provider's: those
         // may all be held by calls hanging on the backend (and an older generation's
         // calls share them). It sends no request, so it never meets the budget either.

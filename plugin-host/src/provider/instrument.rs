@@ -4,7 +4,9 @@
 //! here once means every backend gets the same names and labels. The plugin's outgoing
 //! HTTP requests become child spans of the span opened here (see `plugin::http`).
 
-use super::{CreateRequest, Instance, Placement, Price, Provider, ProviderError, TargetStatus};
+use super::{
+    CreateRequest, Instance, Placement, Price, Priority, Provider, ProviderError, TargetStatus,
+};
 use async_trait::async_trait;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -121,32 +123,45 @@ impl<P: Provider> Provider for Instrumented<P> {
         self.inner.name()
     }
 
-    async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
+    async fn create_at(
+        &self,
+        req: &CreateRequest,
+        priority: Priority,
+    ) -> Result<String, ProviderError> {
         self.run(
             "create",
             "provider.create",
             &req.name,
-            self.inner.create(req),
+            self.inner.create_at(req, priority),
         )
         .await
     }
 
-    async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
-        self.run("get", "provider.get", id, self.inner.get(id))
+    async fn get_at(&self, id: &str, priority: Priority) -> Result<Instance, ProviderError> {
+        self.run("get", "provider.get", id, self.inner.get_at(id, priority))
             .await
     }
 
-    async fn delete(&self, id: &str) -> Result<(), ProviderError> {
-        self.run("delete", "provider.delete", id, self.inner.delete(id))
-            .await
+    async fn delete_at(&self, id: &str, priority: Priority) -> Result<(), ProviderError> {
+        self.run(
+            "delete",
+            "provider.delete",
+            id,
+            self.inner.delete_at(id, priority),
+        )
+        .await
     }
 
-    async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
+    async fn list_by_tag_at(
+        &self,
+        installation: &str,
+        priority: Priority,
+    ) -> Result<Vec<Instance>, ProviderError> {
         self.run(
             "list",
             "provider.list",
             "",
-            self.inner.list_by_tag(installation),
+            self.inner.list_by_tag_at(installation, priority),
         )
         .await
     }

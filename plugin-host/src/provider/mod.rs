@@ -11,6 +11,7 @@ pub mod priority;
 pub use egress_contract::name_from_uid;
 pub use error::{Class, Op, ProviderError};
 pub use instrument::{Instrumented, ProviderMetrics};
+pub use priority::Priority;
 
 use crate::sensitive::Full;
 use async_trait::async_trait;
@@ -187,10 +188,37 @@ pub struct TargetStatus {
 pub trait Provider: Send + Sync {
     /// The configured provider name (what `Proxy.spec.provider` refers to).
     fn name(&self) -> &str;
-    async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError>;
-    async fn get(&self, id: &str) -> Result<Instance, ProviderError>;
-    async fn delete(&self, id: &str) -> Result<(), ProviderError>;
-    async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError>;
+    /// Creates `req`, waiting for the provider's call slots and request budget at
+    /// `priority` (see [`priority`]).
+    async fn create_at(
+        &self,
+        req: &CreateRequest,
+        priority: Priority,
+    ) -> Result<String, ProviderError>;
+    async fn get_at(&self, id: &str, priority: Priority) -> Result<Instance, ProviderError>;
+    async fn delete_at(&self, id: &str, priority: Priority) -> Result<(), ProviderError>;
+    async fn list_by_tag_at(
+        &self,
+        installation: &str,
+        priority: Priority,
+    ) -> Result<Vec<Instance>, ProviderError>;
+    /// [`Provider::create_at`] at the operation's default priority ([`Priority::of_op`]).
+    async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
+        self.create_at(req, Priority::of_op(Op::Create)).await
+    }
+    /// [`Provider::get_at`] at the operation's default priority.
+    async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
+        self.get_at(id, Priority::of_op(Op::Get)).await
+    }
+    /// [`Provider::delete_at`] at the operation's default priority.
+    async fn delete(&self, id: &str) -> Result<(), ProviderError> {
+        self.delete_at(id, Priority::of_op(Op::Delete)).await
+    }
+    /// [`Provider::list_by_tag_at`] at the operation's default priority.
+    async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
+        self.list_by_tag_at(installation, Priority::of_op(Op::List))
+            .await
+    }
     /// `None` when the provider has no health check: reported as unsupported, not failed.
     async fn check(&self) -> Option<Vec<TargetStatus>>;
     /// The hourly price of an instance of `placement` now; `None` when the backend
@@ -248,17 +276,25 @@ impl<P: Provider + ?Sized> Provider for std::sync::Arc<P> {
     fn name(&self) -> &str {
         (**self).name()
     }
-    async fn create(&self, req: &CreateRequest) -> Result<String, ProviderError> {
-        (**self).create(req).await
+    async fn create_at(
+        &self,
+        req: &CreateRequest,
+        priority: Priority,
+    ) -> Result<String, ProviderError> {
+        (**self).create_at(req, priority).await
     }
-    async fn get(&self, id: &str) -> Result<Instance, ProviderError> {
-        (**self).get(id).await
+    async fn get_at(&self, id: &str, priority: Priority) -> Result<Instance, ProviderError> {
+        (**self).get_at(id, priority).await
     }
-    async fn delete(&self, id: &str) -> Result<(), ProviderError> {
-        (**self).delete(id).await
+    async fn delete_at(&self, id: &str, priority: Priority) -> Result<(), ProviderError> {
+        (**self).delete_at(id, priority).await
     }
-    async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        (**self).list_by_tag(installation).await
+    async fn list_by_tag_at(
+        &self,
+        installation: &str,
+        priority: Priority,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        (**self).list_by_tag_at(installation, priority).await
     }
     async fn check(&self) -> Option<Vec<TargetStatus>> {
         (**self).check().await

@@ -1,18 +1,16 @@
 //! Which calls go first when a provider's request budget is short.
 //!
-//! The [`Provider`](super::Provider) trait carries no priority: a caller that knows better
-//! than the operation's default wraps its call in [`scope`], and the plugin runtime reads
-//! it when the call starts ([`current`]), in the caller's task. Without a scope a call gets
-//! its operation's default ([`Priority::of_op`]).
+//! Every call of the [`Provider`](super::Provider) trait carries its priority as an argument
+//! (`get_at(id, priority)`); the plain methods (`get(id)`) use the operation's default
+//! ([`Priority::of_op`]). The plugin runtime orders the wait for a call slot and for the
+//! request budget by it.
 //!
 //! ```ignore
-//! use crate::provider::priority::{self, Priority};
-//! // A Proxy being replaced: its `get` goes before drift checks.
-//! let inst = priority::scope(Priority::Transition, provider.get(&id)).await?;
+//! // A Running Proxy's drift check waits behind creates and transitions.
+//! let inst = provider.get_at(&id, Priority::Background).await?;
 //! ```
 
 use super::Op;
-use std::future::Future;
 
 /// A call's place in the queue for its provider's request budget. Ordered: `Urgent` is the
 /// smallest, so it sorts first.
@@ -38,7 +36,7 @@ impl Priority {
         }
     }
 
-    /// The default when no [`scope`] is set: create and delete are a user's change
+    /// The default of a plain call: create and delete are a user's change
     /// (Urgent), `get` usually follows a Proxy in transition, `list-by-tag` and `check` are
     /// background work. Load-time calls wait in neither queue: they run on the runtime's
     /// own load slot, never a provider's call slots, and make no requests
@@ -53,46 +51,26 @@ impl Priority {
     }
 }
 
-tokio::task_local! {
-    static PRIORITY: Priority;
-}
-
-/// Runs `fut` with every provider call it makes at `priority` (unless an inner scope says
-/// otherwise). The reconciler sets it per Proxy (e.g. `Background` for the drift `get` of
-/// a Running Proxy), the GC and the provider health monitor set `Background`.
-pub async fn scope<F: Future>(priority: Priority, fut: F) -> F::Output {
-    PRIORITY.scope(priority, fut).await
-}
-
-/// The priority set by the innermost [`scope`] around the current task, if any.
-pub fn current() -> Option<Priority> {
-    PRIORITY.try_with(|p| *p).ok()
-}
-
-/// The priority of a call of `op` made here: the scope's, or the operation's default.
-pub fn for_call(op: Op) -> Priority {
-    current().unwrap_or_else(|| Priority::of_op(op))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn scope_overrides_the_default_and_nests() {
-        assert_eq!(for_call(Op::Get), Priority::Transition);
-        assert_eq!(for_call(Op::Create), Priority::Urgent);
-        assert_eq!(for_call(Op::List), Priority::Background);
-        assert_eq!(for_call(Op::Check), Priority::Background);
-        scope(Priority::Background, async {
-            assert_eq!(for_call(Op::Get), Priority::Background);
-            scope(Priority::Urgent, async {
-                assert_eq!(for_call(Op::List), Priority::Urgent);
-            })
-            .await;
-            assert_eq!(current(), Some(Priority::Background));
-        })
-        .await;
-        assert_eq!(current(), None);
+    #[test]
+    fn each_operation_has_its_default() {
+        let cases = [
+            (Op::Create, Priority::Urgent),
+            (Op::Delete, Priority::Urgent),
+            (Op::Get, Priority::Transition),
+            (Op::List, Priority::Background),
+            (Op::Check, Priority::Background),
+            (Op::Quote, Priority::Background),
+            (Op::Load, Priority::Background),
+        ];
+        for (op, want) in cases {
+            assert_eq!(Priority::of_op(op), want, "{op}");
+        }
+        assert!(
+            Priority::Urgent < Priority::Transition && Priority::Transition < Priority::Background
+        );
     }
 }

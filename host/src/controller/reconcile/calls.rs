@@ -2,8 +2,8 @@
 
 use super::{Resolved, Shell};
 use crate::controller::decide::{Answer, Call, DeletePurpose, GetPurpose};
+use egress_plugin_host::provider::Priority;
 use egress_plugin_host::provider::State;
-use egress_plugin_host::provider::priority::{Priority, scope};
 use egress_plugin_host::provider::{
     Class, CreateRequest, Op, Placement, Provider, ProviderError, name_from_uid,
 };
@@ -59,7 +59,7 @@ impl<'a> Shell<'a> {
                     port: r.port,
                     ip_family: Default::default(),
                 };
-                let result = scope(Priority::Urgent, provider.create(&req)).await;
+                let result = provider.create_at(&req, Priority::Urgent).await;
                 log_call("create", &req.name, result.as_ref().err());
                 Answer::Created(result)
             }
@@ -72,7 +72,7 @@ impl<'a> Shell<'a> {
                     GetPurpose::Observe if running => Priority::Background,
                     _ => Priority::Transition,
                 };
-                let result = scope(priority, provider.get(&id)).await;
+                let result = provider.get_at(&id, priority).await;
                 log_call("get", &id, result.as_ref().err());
                 Answer::Got(purpose, result)
             }
@@ -84,7 +84,7 @@ impl<'a> Shell<'a> {
                     }
                     DeletePurpose::Replace | DeletePurpose::Stopped => Priority::Transition,
                 };
-                let result = scope(priority, provider.delete(&id)).await;
+                let result = provider.delete_at(&id, priority).await;
                 log_call("delete", &id, result.as_ref().err());
                 Answer::Deleted(purpose, result)
             }
