@@ -1,8 +1,8 @@
 //! Argument groups several subcommands share, and their value parsers.
 
 use egress_plugin_host::config::{PodResources, ProvidersFile, fit};
-use egress_plugin_host::plugin::RuntimeOptions;
 use egress_plugin_host::plugin::compiler::CompileLimits;
+use egress_plugin_host::plugin::{DEFAULT_MAX_PLUGIN_BYTES, RuntimeOptions};
 use egress_plugin_host::provider::{Capacity, Placement};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -61,24 +61,24 @@ pub struct RuntimeArgs {
     pub plugin_scratch_dir: PathBuf,
     /// Largest plugin file loaded (bytes, or a quantity such as 8Mi); a larger one is
     /// refused before it is read.
-    #[arg(long, default_value = "8Mi", value_parser = parse_quantity)]
+    #[arg(long, default_value = quantity_text(DEFAULT_MAX_PLUGIN_BYTES), value_parser = parse_quantity)]
     pub max_plugin_bytes: u64,
     /// CPU time one plugin compile may take (its child process's RLIMIT_CPU, whole
     /// seconds). The shipped plugins take under 1 s; past the limit the plugin is refused.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = duration_text(CompileLimits::default().cpu))]
     pub plugin_compile_cpu: Duration,
     /// Memory one plugin compile may take (its child process's RLIMIT_DATA; at most the
     /// pod's memory limit minus --memory-reserve). The shipped plugins need 47-70 MiB.
-    #[arg(long, default_value = "128Mi", value_parser = parse_quantity)]
+    #[arg(long, default_value = quantity_text(CompileLimits::default().memory_bytes), value_parser = parse_quantity)]
     pub plugin_compile_memory: u64,
     /// Wall time one plugin compile may take; then its child process is killed.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "40s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = duration_text(CompileLimits::default().wall))]
     pub plugin_compile_timeout: Duration,
     /// Memory the redactor may use for all Proxies' cloud-init and credentials together
     /// (part of --memory-reserve). A Proxy whose values do not fit waits, with
     /// CloudInitUnavailable naming this flag; one template shared by a fleet costs a few
     /// KiB per Proxy, a Proxy with its own generated credentials about 5 KiB.
-    #[arg(long, default_value = "32Mi", value_parser = parse_quantity)]
+    #[arg(long, default_value = quantity_text(egress_plugin_host::sensitive::DEFAULT_LIMIT_BYTES as u64), value_parser = parse_quantity)]
     pub redaction_memory: u64,
 }
 
@@ -149,6 +149,22 @@ impl FitArgs {
 
 pub fn parse_quantity(s: &str) -> Result<u64, String> {
     egress_plugin_host::config::pod::parse_quantity(s)
+}
+
+/// A flag's default duration as text, from the constant the code itself uses, so that
+/// `--help` and an unset flag can never disagree with the code's default.
+pub fn duration_text(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// A flag's default byte size as text (`8Mi` when it is whole MiB), from the code's
+/// constant; [`parse_quantity`] reads it back.
+pub fn quantity_text(bytes: u64) -> String {
+    if bytes % (1 << 20) == 0 {
+        format!("{}Mi", bytes >> 20)
+    } else {
+        bytes.to_string()
+    }
 }
 
 /// `region/zone/machineType/image[/spot]`; parts may be empty where the provider ignores

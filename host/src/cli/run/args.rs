@@ -1,6 +1,10 @@
 //! The flags of `proxy-operator run`.
 
-use crate::cli::args::{FitArgs, RuntimeArgs, SourceArgs};
+use crate::cli::args::{FitArgs, RuntimeArgs, SourceArgs, duration_text};
+use proxy_operator::controller::{Settings, Timings};
+use proxy_operator::gc::GcSettings;
+use proxy_operator::http_server::Limits as HttpLimits;
+use proxy_operator::probe::{EngineConfig, Thresholds};
 use std::time::Duration;
 
 #[derive(clap::Args)]
@@ -22,28 +26,28 @@ pub struct Args {
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
     /// Proxies reconciled at once; the others wait their turn in the order they came due.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = Settings::new("").concurrency)]
     pub concurrency: u16,
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = duration_text(Timings::default().provisioning_poll))]
     pub provisioning_poll: Duration,
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = duration_text(Timings::default().deletion_poll))]
     pub deletion_poll: Duration,
     /// How often a Running instance is checked against its provider's list (each provider
     /// is listed this often, or less often when its request budget calls for it). The
     /// health probe notices a dead proxy long before this.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = duration_text(Timings::default().drift_poll))]
     pub drift_poll: Duration,
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = duration_text(Timings::default().requeue_now))]
     pub requeue_now: Duration,
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = duration_text(Timings::default().quota_retry))]
     pub quota_retry: Duration,
     /// Retry interval while a cloud-init Secret (or key) is missing.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = duration_text(Timings::default().input_retry))]
     pub input_retry: Duration,
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = duration_text(GcSettings::new("").interval))]
     pub gc_interval: Duration,
     /// Orphans younger than this are never deleted.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = duration_text(GcSettings::new("").min_age))]
     pub gc_min_age: Duration,
     /// `host:port` every health probe asks the proxy to CONNECT to.
     #[arg(long, default_value = "example.com:443")]
@@ -52,12 +56,12 @@ pub struct Args {
     /// instance's IP (e.g. https://checkip.amazonaws.com/). Replaces --probe-target.
     #[arg(long)]
     pub egress_echo_url: Option<http::Uri>,
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = duration_text(EngineConfig::default().interval))]
     pub probe_interval: Duration,
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub probe_timeout: Duration,
     /// Failed probes in a row before a healthy proxy is marked unhealthy.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = Thresholds::default().failure)]
     pub probe_failure_threshold: u32,
     /// How often every provider's health check runs (results in ProviderHealth objects).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1m")]
@@ -77,15 +81,15 @@ pub struct Args {
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub listen: std::net::SocketAddr,
     /// Connections the HTTP port holds open at once; more are closed at once.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    #[arg(long, default_value_t = HttpLimits::default().max_connections as u32, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub http_max_connections: u32,
     /// Connections the HTTP port holds open at once from one client address, so one
     /// client cannot take the places the kubelet's probes and Prometheus need.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    #[arg(long, default_value_t = HttpLimits::default().max_per_client as u32, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub http_max_connections_per_client: u32,
     /// Time a client has to send a request's headers, and to start the next request on a
     /// kept-alive connection.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = duration_text(HttpLimits::default().header_timeout))]
     pub http_header_timeout: Duration,
     /// Serve the discovery API without authentication (local development only).
     #[arg(long)]
@@ -105,4 +109,77 @@ pub struct Args {
     /// How often the leader renews the Lease (whole seconds, shorter than --lease-duration).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub lease_renew: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use egress_plugin_host::plugin::DEFAULT_MAX_PLUGIN_BYTES;
+    use egress_plugin_host::plugin::compiler::CompileLimits;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: Args,
+    }
+
+    /// `run` with no flags gets exactly the defaults the code has: the flags' default texts
+    /// come from the code's constants and read back to the same values.
+    #[test]
+    fn an_unset_flag_is_the_codes_default() {
+        let a = Cli::try_parse_from(["run"]).unwrap().run;
+        let t = Timings::default();
+        assert_eq!(
+            [
+                a.provisioning_poll,
+                a.deletion_poll,
+                a.drift_poll,
+                a.requeue_now,
+                a.quota_retry,
+                a.input_retry
+            ],
+            [
+                t.provisioning_poll,
+                t.deletion_poll,
+                t.drift_poll,
+                t.requeue_now,
+                t.quota_retry,
+                t.input_retry
+            ]
+        );
+        let gc = GcSettings::new("");
+        assert_eq!((a.gc_interval, a.gc_min_age), (gc.interval, gc.min_age));
+        assert_eq!(a.probe_interval, EngineConfig::default().interval);
+        assert_eq!(a.probe_failure_threshold, Thresholds::default().failure);
+        assert_eq!(a.concurrency, Settings::new("").concurrency);
+        let http = HttpLimits::default();
+        assert_eq!(
+            (
+                a.http_max_connections as usize,
+                a.http_max_connections_per_client as usize,
+                a.http_header_timeout
+            ),
+            (
+                http.max_connections,
+                http.max_per_client,
+                http.header_timeout
+            )
+        );
+        let compile = CompileLimits::default();
+        let r = &a.runtime;
+        assert_eq!(r.max_plugin_bytes, DEFAULT_MAX_PLUGIN_BYTES);
+        assert_eq!(
+            (
+                r.plugin_compile_cpu,
+                r.plugin_compile_memory,
+                r.plugin_compile_timeout
+            ),
+            (compile.cpu, compile.memory_bytes, compile.wall)
+        );
+        assert_eq!(
+            r.redaction_memory,
+            egress_plugin_host::sensitive::DEFAULT_LIMIT_BYTES as u64
+        );
+    }
 }
