@@ -160,7 +160,7 @@ pub fn duration_text(d: Duration) -> String {
 /// A flag's default byte size as text (`8Mi` when it is whole MiB), from the code's
 /// constant; [`parse_quantity`] reads it back.
 pub fn quantity_text(bytes: u64) -> String {
-    if bytes % (1 << 20) == 0 {
+    if bytes.is_multiple_of(1 << 20) {
         format!("{}Mi", bytes >> 20)
     } else {
         bytes.to_string()
