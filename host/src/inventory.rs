@@ -19,7 +19,7 @@
 //! one list.
 
 use crate::api::Proxy;
-use crate::cache::ProxyCache;
+use crate::proxy_cache::ProxyCache;
 use crate::registry::ProviderRegistry;
 use egress_plugin_host::provider::Priority;
 use egress_plugin_host::provider::{Instance, Pacing, Provider, State};

@@ -3,8 +3,6 @@
 
 /// The operator's custom resources, group `egress.proxy-operator.dev`, version `v1alpha1`.
 pub mod api;
-/// The process's one cache of Proxies, and whether a reflector has finished its first list.
-pub mod cache;
 /// The provider conformance suite: the contract's rules, case by case, against an emulator.
 pub mod conformance;
 /// The Proxy reconciler: pure decisions, and the calls and status writes they ask for.
@@ -31,6 +29,8 @@ pub mod pool;
 pub mod probe;
 /// The provider check monitor: each provider's health, published as ProviderHealth.
 pub mod provider_check;
+/// The process's one cache of Proxies, and whether a reflector has finished its first list.
+pub mod proxy_cache;
 /// Every Kubernetes API call the operator makes, as RBAC rules.
 pub mod rbac;
 /// Whether this replica is ready: the Proxy cache synced, the first plugin load done.

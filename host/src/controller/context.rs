@@ -1,12 +1,12 @@
 //! What the reconciler is configured with and shares between reconciles: its settings, its
 //! context (clients, registry, caches, metrics) and its error type.
 
-use crate::cache::{ProxyCache, ProxyFeed};
-use crate::controller::auth::Credentials;
 use crate::controller::decide::{Failure, Timings};
+use crate::controller::proxy_auth::Credentials;
 use crate::controller::secret_cache::SecretCache;
 use crate::inventory::Inventory;
 use crate::probe::{ProbeEngine, ProbeSpec};
+use crate::proxy_cache::{ProxyCache, ProxyFeed};
 use crate::registry::ProviderRegistry;
 use egress_plugin_host::provider::ProviderError;
 
@@ -191,7 +191,7 @@ pub struct Context {
     /// Cloud-init Secrets: read once per change, not once per reconcile (see
     /// [`secret_cache`]); the controller attaches its metadata watch while it runs.
     pub(super) secrets: Arc<SecretCache>,
-    /// The process's Proxy cache and its feed (see [`crate::cache`]); without it, the
+    /// The process's Proxy cache and its feed (see [`crate::proxy_cache`]); without it, the
     /// controller watches Proxies into a cache of its own.
     pub(super) proxies: Option<(ProxyCache, Arc<ProxyFeed>)>,
 }

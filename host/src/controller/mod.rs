@@ -3,10 +3,10 @@
 //! Decisions are pure ([`decide()`], [`spec_hash()`], [`status::apply`]) and table-tested;
 //! the Kubernetes and provider calls live in a thin shell around them.
 
-pub mod auth;
 pub mod decide;
 pub mod events;
 pub mod input;
+pub mod proxy_auth;
 pub mod secret_cache;
 pub mod secrets;
 mod spec_hash;

@@ -25,7 +25,7 @@
 
 use super::secrets::{self, Change, CloudInitError, Held, Plan, SecretKey, Seen};
 use crate::api::Proxy;
-use crate::cache::Synced;
+use crate::proxy_cache::Synced;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta};
@@ -388,14 +388,14 @@ impl SecretCache {
 }
 
 /// The Secrets (names, in the Proxy's namespace) a Proxy's reconcile reads: its cloud-init
-/// Secret and its credentials Secret (see [`super::auth`]), as far as the spec names them.
+/// Secret and its credentials Secret (see [`super::proxy_auth`]), as far as the spec names them.
 pub fn referenced_secrets(p: &Proxy) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(r) = &p.spec.cloud_init.secret_key_ref {
         out.push(r.name.clone());
     }
     if let Some(name) = &p.metadata.name
-        && let Ok(access) = super::auth::access(&p.spec.auth, name)
+        && let Ok(access) = super::proxy_auth::access(&p.spec.auth, name)
         && let Some(s) = access.source.secret_name()
         && !out.iter().any(|o| o == s)
     {
@@ -431,7 +431,7 @@ pub fn watch(
     Attached,
 ) {
     let (store, writer) = reflector::store::<SecretMeta>();
-    let (mark_synced, synced) = crate::cache::channel();
+    let (mark_synced, synced) = crate::proxy_cache::channel();
     let attached = cache.attach(store, synced);
     let api: Api<SecretMeta> = Api::all(client);
     let stream = reflector(
@@ -529,7 +529,7 @@ mod tests {
     async fn events_map_to_the_referencing_proxies() {
         let cache = Arc::new(SecretCache::new());
         let (store, mut writer) = reflector::store::<SecretMeta>();
-        let (mark, synced) = crate::cache::channel();
+        let (mark, synced) = crate::proxy_cache::channel();
         let _attached = cache.attach(store, synced);
         mark.observe::<SecretMeta>(&Ok(watcher::Event::InitDone));
         cache.reference("a", "p1", &["shared"]);
@@ -576,7 +576,7 @@ mod tests {
     async fn prune_and_detach_drop_held_data() {
         let cache = Arc::new(SecretCache::new());
         let (store, _writer) = reflector::store::<SecretMeta>();
-        let (_mark, synced) = crate::cache::channel();
+        let (_mark, synced) = crate::proxy_cache::channel();
         let attached = cache.attach(store, synced);
         let held = |rv: &str| {
             Arc::new(Held::new(

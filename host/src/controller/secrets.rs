@@ -61,10 +61,10 @@ pub struct Held {
     /// happens to have the same name.
     pub controller: Option<String>,
     /// Whether it carries the label that lets a Proxy's `spec.auth.type: Secret` use it
-    /// ([`super::auth::labelled_for_proxies`]).
+    /// ([`super::proxy_auth::labelled_for_proxies`]).
     pub labelled_for_proxies: bool,
     /// Whether it carries the label that lets a Proxy's `spec.cloudInit.secretKeyRef` use
-    /// it ([`super::auth::labelled_for_cloud_init`]).
+    /// it ([`super::proxy_auth::labelled_for_cloud_init`]).
     pub labelled_for_cloud_init: bool,
     /// Key -> value, `data` over `stringData` (see [`super::input::secret_value`]).
     data: BTreeMap<String, Vec<u8>>,
@@ -124,9 +124,9 @@ impl Held {
             .find(|o| o.controller == Some(true))
             .map(|o| o.uid.clone());
         held.labelled_for_proxies =
-            super::auth::labelled_for_proxies(secret.metadata.labels.as_ref());
+            super::proxy_auth::labelled_for_proxies(secret.metadata.labels.as_ref());
         held.labelled_for_cloud_init =
-            super::auth::labelled_for_cloud_init(secret.metadata.labels.as_ref());
+            super::proxy_auth::labelled_for_cloud_init(secret.metadata.labels.as_ref());
         held
     }
 

@@ -71,7 +71,7 @@ pub struct Values<'a> {
     pub port: u16,
     pub name: &'a str,
     pub credentials: Option<(&'a str, &'a str)>,
-    /// Canonical CIDRs (see `auth::Access`).
+    /// Canonical CIDRs (see `proxy_auth::Access`).
     pub allowed_clients: &'a [String],
 }
 

@@ -2,12 +2,12 @@
 //! its turns and its error policy. Each reconcile itself is [`super::reconcile()`].
 
 use crate::api::Proxy;
-use crate::cache::{ProxyCache, trim_for_cache};
 use crate::controller::context::{Context, ReconcileError};
 use crate::controller::reconcile::reconcile;
 use crate::controller::secret_cache;
 use crate::controller::secret_cache::SecretCache;
 use crate::controller::turns::Turns;
+use crate::proxy_cache::{ProxyCache, trim_for_cache};
 
 use futures::StreamExt;
 use kube::ResourceExt;
@@ -153,13 +153,13 @@ fn proxy_source(
         return (cache.clone(), applied);
     }
     let (store, writer) = reflector::store();
-    let (mark_synced, synced) = crate::cache::channel();
+    let (mark_synced, synced) = crate::proxy_cache::channel();
     let events = reflector(
         writer,
         watcher(proxies, watcher::Config::default()).modify(trim_for_cache),
     )
     .inspect(move |ev| mark_synced.observe(ev));
-    let applied = crate::cache::applied_once_cached(events, store.clone()).boxed();
+    let applied = crate::proxy_cache::applied_once_cached(events, store.clone()).boxed();
     (ProxyCache { store, synced }, applied)
 }
 
@@ -167,7 +167,7 @@ fn proxy_source(
 /// references any more.
 async fn prune_secrets(
     secrets: Arc<SecretCache>,
-    proxies: crate::cache::ProxyCache,
+    proxies: crate::proxy_cache::ProxyCache,
     every: Duration,
     stop: tokio_util::sync::CancellationToken,
 ) {

@@ -15,7 +15,7 @@
 //! whose name makes `<name>-credentials` someone else's Secret) would hand it out.
 
 use crate::api::Proxy;
-use crate::controller::auth;
+use crate::controller::proxy_auth;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use serde::Serialize;
@@ -70,7 +70,7 @@ impl CredentialStore {
         let name = p.metadata.name.as_deref()?;
         let namespace = p.metadata.namespace.as_deref()?;
         let uid = p.metadata.uid.as_deref()?;
-        let access = auth::access(&p.spec.auth, name).ok()?;
+        let access = proxy_auth::access(&p.spec.auth, name).ok()?;
         let secret = access.source.secret_name()?.to_string();
         // Keyed by the Proxy too: whether the Secret may be used depends on who asks for
         // it (its controller owner must be this Proxy).
@@ -115,7 +115,7 @@ impl CredentialStore {
 /// logged, naming the Secret and never a value.
 fn view_of(
     secret: &Secret,
-    source: &auth::Source,
+    source: &proxy_auth::Source,
     namespace: &str,
     name: &str,
     uid: &str,
@@ -128,8 +128,10 @@ fn view_of(
         .flatten()
         .find(|o| o.controller == Some(true))
         .map(|o| o.uid.as_str());
-    let labelled = auth::labelled_for_proxies(secret.metadata.labels.as_ref());
-    if let Err(refused) = auth::may_use(source, namespace, secret_name, labelled, controller, uid) {
+    let labelled = proxy_auth::labelled_for_proxies(secret.metadata.labels.as_ref());
+    if let Err(refused) =
+        proxy_auth::may_use(source, namespace, secret_name, labelled, controller, uid)
+    {
         // Its values are not even looked at; the Proxy's condition says the same.
         tracing::warn!(proxy = %format!("{namespace}/{name}"), error = %refused, "discovery: credentials Secret not usable");
         return None;
@@ -141,11 +143,11 @@ fn view_of(
             .and_then(|d| d.get(k))
             .map(|v| v.0.as_slice())
     };
-    match auth::from_values(
+    match proxy_auth::from_values(
         &format!("{namespace}/{secret_name}"),
         source.field(),
-        value(auth::USERNAME_KEY),
-        value(auth::PASSWORD_KEY),
+        value(proxy_auth::USERNAME_KEY),
+        value(proxy_auth::PASSWORD_KEY),
     ) {
         Ok(c) => Some(Arc::new(CredentialsView {
             username: c.username,

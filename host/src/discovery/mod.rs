@@ -17,7 +17,7 @@
 //! for callers also allowed `get` on `proxies/credentials` ([`credentials`]); with auth off,
 //! never. See docs/discovery.md.
 
-pub mod auth;
+pub mod caller_auth;
 pub mod credentials;
 pub mod openapi;
 pub mod pick;
@@ -28,15 +28,15 @@ pub mod status_page;
 pub mod view;
 
 use crate::api::{ProviderHealth, Proxy};
-pub use crate::cache::ProxyCache;
-use crate::cache::Synced;
-use auth::{AuthError, Authenticator, Identity};
+pub use crate::proxy_cache::ProxyCache;
+use crate::proxy_cache::Synced;
 use axum::Router;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use caller_auth::{AuthError, Authenticator, Identity};
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -46,7 +46,7 @@ use serde_json::{Value, json};
 use std::future::Future;
 use std::sync::Arc;
 
-pub use auth::AuthSettings;
+pub use caller_auth::AuthSettings;
 
 /// How callers are checked.
 pub enum Auth {
@@ -128,11 +128,11 @@ pub fn router_with_providers(
 
 /// A cache of every Proxy in the cluster and the future that keeps it filled (run it for
 /// as long as the API serves; it retries with backoff on watch errors): the operator's one
-/// Proxy cache ([`crate::cache::watch_proxies`]) without its feed.
+/// Proxy cache ([`crate::proxy_cache::watch_proxies`]) without its feed.
 pub fn proxy_reflector(
     client: kube::Client,
 ) -> (ProxyCache, impl Future<Output = ()> + Send + 'static) {
-    let (cache, _feed, fut) = crate::cache::watch_proxies(client);
+    let (cache, _feed, fut) = crate::proxy_cache::watch_proxies(client);
     (cache, fut)
 }
 

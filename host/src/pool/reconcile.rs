@@ -15,10 +15,10 @@ use crate::api::Proxy;
 use crate::api::{
     LABEL_POOL, MAX_POOL_NAME, ProxyPool, ProxyPoolStatus, condition, pool_condition,
 };
-use crate::cache::{ProxyCache, ProxyFeed};
 use crate::controller::FIELD_MANAGER;
 use crate::controller::events::Events;
 use crate::controller::status::set_condition;
+use crate::proxy_cache::{ProxyCache, ProxyFeed};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};

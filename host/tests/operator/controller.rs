@@ -13,12 +13,12 @@ use kube::{Resource, ResourceExt};
 use proxy_operator::api::{
     self, ANNOTATION_SKIP_CLEANUP, CloudInit, Proxy, ProxySpec, SecretKeyRef, condition,
 };
-use proxy_operator::cache::{ProxyCache, ProxyFeed};
 use proxy_operator::controller::decide::{event, reason};
 use proxy_operator::controller::secret_cache::SecretCache;
 use proxy_operator::controller::{self, Context, FINALIZER, HealthHook, Settings};
 use proxy_operator::inventory::Inventory;
 use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
+use proxy_operator::proxy_cache::{ProxyCache, ProxyFeed};
 use proxy_operator::registry::ProviderRegistry;
 use proxy_operator::testing::fake_provider::{Behaviour, FakeProvider};
 use serde_json::json;
@@ -1787,7 +1787,7 @@ async fn a_secret_change_reaches_its_proxies_without_waiting_for_the_drift_poll(
 async fn the_controller_runs_on_the_shared_proxy_cache_across_terms() {
     let mut env = Env::start().await;
     env.crash_controller().await;
-    let (cache, feed, reflect) = proxy_operator::cache::watch_proxies(env.api.client());
+    let (cache, feed, reflect) = proxy_operator::proxy_cache::watch_proxies(env.api.client());
     let reflect = tokio::spawn(reflect);
     env.shared = Some((cache.clone(), feed));
     env.start_controller();
@@ -1901,7 +1901,7 @@ async fn a_proxy_created_while_the_watch_was_down_is_reconciled_after_the_relist
         let mut env = Env::start().await;
         if shared {
             env.crash_controller().await;
-            let (cache, feed, watch) = proxy_operator::cache::watch_proxies(env.api.client());
+            let (cache, feed, watch) = proxy_operator::proxy_cache::watch_proxies(env.api.client());
             tokio::spawn(watch);
             env.shared = Some((cache, feed));
             env.start_controller();

@@ -136,7 +136,7 @@ impl Env {
     async fn put_secret(&self, name: &str, username: &str, password: &str) {
         let s: Secret = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": {
-                controller::auth::CREDENTIALS_LABEL: controller::auth::CREDENTIALS_LABEL_VALUE,
+                controller::proxy_auth::CREDENTIALS_LABEL: controller::proxy_auth::CREDENTIALS_LABEL_VALUE,
             }},
             "stringData": {"username": username, "password": password},
         }))

@@ -955,7 +955,7 @@ async fn auth_can_be_disabled_with_a_loud_warning() {
 #[tokio::test]
 async fn an_unsynced_cache_answers_503_not_an_empty_list() {
     let (store, writer) = kube::runtime::reflector::store::<Proxy>();
-    let (mark, synced) = proxy_operator::cache::channel();
+    let (mark, synced) = proxy_operator::proxy_cache::channel();
     let router = discovery::router(
         discovery::ProxyCache { store, synced },
         Auth::DisabledInsecure,

@@ -103,7 +103,7 @@ impl Env {
             probe_refresh: Duration::from_secs(60),
         });
         // One Proxy cache for the reconciler and the pool controller, as in `run`.
-        let (cache, feed, reflect) = proxy_operator::cache::watch_proxies(client.clone());
+        let (cache, feed, reflect) = proxy_operator::proxy_cache::watch_proxies(client.clone());
         tokio::spawn(reflect);
         let ctx = ctx.with_proxy_cache(cache.clone(), feed.clone());
         tokio::spawn(controller::run(Arc::new(ctx), std::future::pending::<()>()));
@@ -515,7 +515,7 @@ async fn a_pool_spec_out_of_bounds_is_refused_by_the_crd_and_reported_by_the_ope
     }
     // Stored before the operator starts: it is in the first list.
     api.create(raw_pool("bad", 1, surge)).unwrap();
-    let (cache, feed, reflect) = proxy_operator::cache::watch_proxies(client.clone());
+    let (cache, feed, reflect) = proxy_operator::proxy_cache::watch_proxies(client.clone());
     tokio::spawn(reflect);
     tokio::spawn(proxy_operator::pool::run(
         client.clone(),

@@ -251,7 +251,7 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
 
     // A ProxyPool of one: the pool controller creates its Proxy, writes the pool's status,
     // and deletes the Proxy again on a scale to zero.
-    let (pool_cache, feed, pool_reflect) = proxy_operator::cache::watch_proxies(op.clone());
+    let (pool_cache, feed, pool_reflect) = proxy_operator::proxy_cache::watch_proxies(op.clone());
     let pool_reflect = tokio::spawn(pool_reflect);
     let pool_controller = tokio::spawn(proxy_operator::pool::run(
         op.clone(),

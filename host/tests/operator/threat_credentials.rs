@@ -25,7 +25,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use proxy_operator::api::{self, ProviderHealth, Proxy, condition};
 use proxy_operator::controller::decide::{event, reason};
-use proxy_operator::controller::{self, Context, auth};
+use proxy_operator::controller::{self, Context, proxy_auth};
 use proxy_operator::discovery::{self, Auth, AuthSettings};
 use proxy_operator::registry::ProviderRegistry;
 use proxy_operator::testing::fake_provider::FakeProvider;
@@ -172,7 +172,7 @@ async fn a_hostile_plugin_cannot_leak_proxy_credentials_in_any_form() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
     let given: Secret = serde_json::from_value(json!({
         "metadata": {"name": "given",
-                     "labels": {auth::CREDENTIALS_LABEL: auth::CREDENTIALS_LABEL_VALUE}},
+                     "labels": {proxy_auth::CREDENTIALS_LABEL: proxy_auth::CREDENTIALS_LABEL_VALUE}},
         "stringData": {"username": GIVEN_USER, "password": GIVEN_PASS},
     }))
     .unwrap();
@@ -533,7 +533,7 @@ async fn only_a_secret_labelled_for_proxies_gives_a_proxy_its_credentials() {
             "db",
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"labels": {
-                auth::CREDENTIALS_LABEL: auth::CREDENTIALS_LABEL_VALUE
+                proxy_auth::CREDENTIALS_LABEL: proxy_auth::CREDENTIALS_LABEL_VALUE
             }}})),
         )
         .await

@@ -1,7 +1,7 @@
 //! Turning `.wasm` files into loaded plugins and configured providers.
 
 use super::abi::{self, WorldVersion};
-use super::cache::CacheOutcome;
+use super::artifact_cache::CacheOutcome;
 use super::compiler::{CompileError, CompileLimit, CompileStats};
 use super::precheck::{self, Refusal};
 use super::{GuestCall, GuestReply, Runtime, WasmProvider, http, provider_shared};

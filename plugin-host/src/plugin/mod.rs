@@ -8,7 +8,7 @@
 
 pub mod abi;
 mod adapter;
-mod cache;
+mod artifact_cache;
 pub mod clock;
 pub mod compiler;
 mod engine;
@@ -27,7 +27,7 @@ mod sandbox;
 mod scratch;
 mod slots;
 
-pub use cache::CacheOutcome;
+pub use artifact_cache::CacheOutcome;
 pub use engine::EngineOptions;
 /// TLS client configuration (system roots, a CA file, or insecure), also used by health probes.
 pub use http::tls_config;
@@ -156,7 +156,7 @@ impl RuntimeOptions {
 pub struct Runtime {
     engine: Engine,
     linker: Linker<CallState>,
-    cache: cache::ArtifactCache,
+    cache: artifact_cache::ArtifactCache,
     compiler: compiler::Compiler,
     pooling: bool,
     max_instances: u32,
@@ -192,7 +192,7 @@ impl Runtime {
     pub fn new(opts: RuntimeOptions) -> anyhow::Result<Arc<Self>> {
         let (engine, pooling) =
             engine::build(&opts.engine).map_err(|e| anyhow::anyhow!("wasm engine: {e:#}"))?;
-        let cache = cache::ArtifactCache::open(&engine, opts.cache_dir.as_deref())?;
+        let cache = artifact_cache::ArtifactCache::open(&engine, opts.cache_dir.as_deref())?;
         std::fs::create_dir_all(&opts.scratch_dir).map_err(|e| {
             anyhow::anyhow!("scratch directory {}: {e}", opts.scratch_dir.display())
         })?;

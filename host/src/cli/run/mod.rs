@@ -53,7 +53,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     // The one Proxy cache: the discovery API, the gauges (read at scrape), and the
     // reconciler on the leader.
-    let (cache, proxy_feed, reflect) = proxy_operator::cache::watch_proxies(client.clone());
+    let (cache, proxy_feed, reflect) = proxy_operator::proxy_cache::watch_proxies(client.clone());
     let metrics = OperatorMetrics::new(cache.store.clone());
     let readiness = Readiness::default();
 
@@ -308,7 +308,7 @@ async fn stop_on_signal(shutdown: CancellationToken, grace: Duration, rt: Arc<Ru
 }
 
 /// Marks the replica ready (as far as the cache goes) once the Proxy cache has synced.
-async fn ready_once_synced(synced: proxy_operator::cache::Synced, readiness: Readiness) {
+async fn ready_once_synced(synced: proxy_operator::proxy_cache::Synced, readiness: Readiness) {
     if synced.wait().await {
         tracing::info!("proxy cache synced");
         readiness.set_cache_synced();

@@ -6,12 +6,12 @@ mod calls;
 mod resolve;
 
 use crate::api::{Proxy, ProxyStatus, condition};
-use crate::controller::auth::{self, Credentials};
 use crate::controller::bounds::{CONDITION_MESSAGE_MAX, EVENT_NOTE_MAX, truncate};
 use crate::controller::context::{Context, FIELD_MANAGER, FINALIZER, ReconcileError};
 use crate::controller::decide::{
     Answer, CondView, Decision, EventNote, Input, Next, Observed, decide,
 };
+use crate::controller::proxy_auth::{self, Credentials};
 use crate::controller::status;
 use egress_plugin_host::provider::Provider;
 use egress_plugin_host::provider::State;
@@ -399,7 +399,7 @@ pub fn observe(
             .metadata
             .name
             .as_deref()
-            .and_then(|name| auth::access(&proxy.spec.auth, name).ok())
+            .and_then(|name| proxy_auth::access(&proxy.spec.auth, name).ok())
             .is_some_and(|a| a.is_open()),
         provisioned: status
             .conditions
@@ -422,8 +422,8 @@ fn now() -> Time {
 mod tests {
     use super::*;
     use crate::api::{CloudInit, ProxySpec};
-    use crate::cache::trim_for_cache;
     use crate::controller::wiring::{backoff, trigger_hash};
+    use crate::proxy_cache::trim_for_cache;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     use std::time::Duration;
 

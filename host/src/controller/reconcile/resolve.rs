@@ -3,9 +3,9 @@
 
 use super::Shell;
 use crate::api::Proxy;
-use crate::controller::auth::{self, Credentials};
 use crate::controller::context::ReconcileError;
 use crate::controller::decide::Input;
+use crate::controller::proxy_auth::{self, Credentials};
 use crate::controller::secrets::CloudInitError;
 use crate::controller::secrets::SecretKey;
 use crate::controller::template;
@@ -33,7 +33,7 @@ impl<'a> Shell<'a> {
             Ok(p) => p,
             Err(message) => return (Input::Invalid { message }, None),
         };
-        let access = auth::access(&spec.auth, &self.name);
+        let access = proxy_auth::access(&spec.auth, &self.name);
         let source = input::source(&spec.cloud_init);
         let mut referenced = vec![];
         if let Ok(input::Source::Secret { name, .. }) = &source {
@@ -68,9 +68,9 @@ impl<'a> Shell<'a> {
                     Err(e) => return (unavailable(&e, e.to_string()), None),
                 };
                 // Only a Secret meant for cloud-init, never any Secret of the namespace
-                // (see `auth::CLOUD_INIT_LABEL`); labelling it re-runs this Proxy at once.
+                // (see `proxy_auth::CLOUD_INIT_LABEL`); labelling it re-runs this Proxy at once.
                 if !held.labelled_for_cloud_init {
-                    let refused = auth::Refused::CloudInitNotLabelled {
+                    let refused = proxy_auth::Refused::CloudInitNotLabelled {
                         namespace: self.namespace.clone(),
                         name: name.to_string(),
                     };
@@ -157,7 +157,7 @@ impl<'a> Shell<'a> {
     /// `type: Generated`, the Secret is created first when it does not exist.
     async fn credentials(
         &self,
-        source: &auth::Source,
+        source: &proxy_auth::Source,
     ) -> Result<Option<(Credentials, Option<String>)>, Input> {
         let Some(name) = source.secret_name() else {
             return Ok(None);
@@ -167,7 +167,7 @@ impl<'a> Shell<'a> {
         let held = match self.ctx.secrets.read_all(&self.ctx.client, &key).await {
             Ok(h) => h,
             Err(CloudInitError::NotFound { .. })
-                if matches!(source, auth::Source::Generated(_)) =>
+                if matches!(source, proxy_auth::Source::Generated(_)) =>
             {
                 match self.create_generated_secret(name).await? {
                     Generated::Created(c, uid) => return Ok(Some((c, uid))),
@@ -182,8 +182,8 @@ impl<'a> Shell<'a> {
             Err(e) => return Err(unavailable(&e, format!("{e} ({field})"))),
         };
         // Only a Secret meant for this Proxy's credentials: never adopted, never any
-        // Secret of the namespace (see `auth::may_use`). Checked before a value is read.
-        auth::may_use(
+        // Secret of the namespace (see `proxy_auth::may_use`). Checked before a value is read.
+        proxy_auth::may_use(
             source,
             &self.namespace,
             name,
@@ -194,23 +194,22 @@ impl<'a> Shell<'a> {
         .map_err(|refused| match refused {
             // The Proxy's own name is taken: only a spec change (or removing that
             // Secret) helps.
-            auth::Refused::NotOwned { .. } => Input::Invalid {
+            proxy_auth::Refused::NotOwned { .. } => Input::Invalid {
                 message: refused.to_string(),
             },
             // Labelling the Secret fixes it, and its change re-runs this Proxy at once.
-            auth::Refused::NotLabelled { .. } | auth::Refused::CloudInitNotLabelled { .. } => {
-                Input::Unavailable {
-                    message: refused.to_string(),
-                }
-            }
+            proxy_auth::Refused::NotLabelled { .. }
+            | proxy_auth::Refused::CloudInitNotLabelled { .. } => Input::Unavailable {
+                message: refused.to_string(),
+            },
         })?;
         // A Secret the user can fix by editing it: a condition, retried (its change
         // re-runs this Proxy at once).
-        let credentials = auth::from_values(
+        let credentials = proxy_auth::from_values(
             &key.to_string(),
             field,
-            held.value(auth::USERNAME_KEY),
-            held.value(auth::PASSWORD_KEY),
+            held.value(proxy_auth::USERNAME_KEY),
+            held.value(proxy_auth::PASSWORD_KEY),
         )
         .map_err(|e| Input::Unavailable {
             message: e.to_string(),
@@ -221,14 +220,14 @@ impl<'a> Shell<'a> {
     /// Creates the Secret of generated credentials, owned by the Proxy (so it goes with it
     /// wherever owner references are collected) and labelled with its name.
     async fn create_generated_secret(&self, name: &str) -> Result<Generated, Input> {
-        let credentials = auth::generate().map_err(|e| Input::Unreadable {
+        let credentials = proxy_auth::generate().map_err(|e| Input::Unreadable {
             message: format!("generating credentials: the random number generator failed: {e}"),
         })?;
         let secret = k8s_openapi::api::core::v1::Secret {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.to_string()),
                 namespace: Some(self.namespace.clone()),
-                labels: Some([(auth::PROXY_LABEL.to_string(), self.name.clone())].into()),
+                labels: Some([(proxy_auth::PROXY_LABEL.to_string(), self.name.clone())].into()),
                 owner_references: Some(vec![
                     k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
                         api_version: Proxy::api_version(&()).into_owned(),
@@ -244,8 +243,14 @@ impl<'a> Shell<'a> {
             type_: Some("Opaque".into()),
             string_data: Some(
                 [
-                    (auth::USERNAME_KEY.to_string(), credentials.username.clone()),
-                    (auth::PASSWORD_KEY.to_string(), credentials.password.clone()),
+                    (
+                        proxy_auth::USERNAME_KEY.to_string(),
+                        credentials.username.clone(),
+                    ),
+                    (
+                        proxy_auth::PASSWORD_KEY.to_string(),
+                        credentials.password.clone(),
+                    ),
                 ]
                 .into(),
             ),
@@ -292,7 +297,7 @@ impl<'a> Shell<'a> {
     /// Deletes the Secret of generated credentials, if there is one and this Proxy owns
     /// it (a user's Secret of the same name stays).
     pub(super) async fn delete_generated_secret(&self) -> Result<(), ReconcileError> {
-        let name = auth::generated_secret_name(&self.name);
+        let name = proxy_auth::generated_secret_name(&self.name);
         let api: Api<k8s_openapi::api::core::v1::Secret> =
             Api::namespaced(self.ctx.client.clone(), &self.namespace);
         let Some(secret) = api.get_opt(&name).await? else {
