@@ -13,7 +13,7 @@ use egress_emulators::control::Emulator;
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
 use egress_plugin_host::config::ProvidersFile;
 use egress_plugin_host::plugin::{Runtime, RuntimeOptions};
-use egress_plugin_host::provider::{CreateRequest, Placement, Provider, State, name_from_uid};
+use egress_plugin_host::provider::{CreateRequest, Placement, Provider, State};
 use http_body_util::{BodyExt, Empty};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -99,15 +99,14 @@ async fn main() {
     let uid = "0b0e2f5e-5ca1-4e00-8000-000000000001";
     let id = p
         .create(&CreateRequest {
-            name: name_from_uid(uid),
-            uid: uid.into(),
             namespace: "bench".into(),
             proxy_name: "bench".into(),
-            installation: "sandbox-bench".into(),
-            placement: Placement::new("fsn1", "fsn1-dc14", "cpx11", "ubuntu"),
             cloud_init: b"#cloud-config\n".to_vec(),
-            port: 3128,
-            ip_family: Default::default(),
+            ..CreateRequest::new(
+                uid,
+                "sandbox-bench",
+                Placement::new("fsn1", "fsn1-dc14", "cpx11", "ubuntu"),
+            )
         })
         .await
         .expect("create");

@@ -379,18 +379,16 @@ async fn every_attack_is_contained_while_a_good_provider_keeps_working() {
     )
     .await;
     let req = CreateRequest {
-        name: egress_plugin_host::provider::name_from_uid("good-uid"),
-        uid: "good-uid".into(),
         namespace: "ns".into(),
         proxy_name: "good".into(),
-        installation: "test".into(),
-        placement: Placement {
-            region: "r1".into(),
-            ..Placement::default()
-        },
-        cloud_init: Vec::new(),
-        port: 3128,
-        ip_family: Default::default(),
+        ..CreateRequest::new(
+            "good-uid",
+            "test",
+            Placement {
+                region: "r1".into(),
+                ..Placement::default()
+            },
+        )
     };
     let good_id = good.create(&req).await.expect("the good provider creates");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -691,18 +689,17 @@ async fn nothing_sensitive_leaves_through_any_channel() {
     );
     let mut seen = String::new();
     let mut req = CreateRequest {
-        name: egress_plugin_host::provider::name_from_uid("uid-1"),
-        uid: "uid-1".into(),
         namespace: "ns".into(),
         proxy_name: "p".into(),
-        installation: "test".into(),
-        placement: Placement {
-            machine_type: "stash".into(),
-            ..Placement::default()
-        },
         cloud_init: cloud_init.clone().into_bytes(),
-        port: 3128,
-        ip_family: Default::default(),
+        ..CreateRequest::new(
+            "uid-1",
+            "test",
+            Placement {
+                machine_type: "stash".into(),
+                ..Placement::default()
+            },
+        )
     };
     // Create stashes the document; every later call is a different Proxy's or none.
     seen.push_str(&format!("{:?}\n", p.create(&req).await));

@@ -10,7 +10,7 @@ use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
 use egress_emulators::rate_limit::RateLimit;
 use egress_plugin_host::plugin::{PluginMetrics, WasmProvider};
 use egress_plugin_host::provider::Priority;
-use egress_plugin_host::provider::{CreateRequest, Placement, Provider, name_from_uid};
+use egress_plugin_host::provider::{CreateRequest, Placement, Provider};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -82,15 +82,9 @@ fn plant(emu: &HetznerEmulator, i: usize) -> String {
 
 fn request(uid: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: INST.into(),
-        placement: Placement::new("fsn1", "", "cpx11", "ubuntu"),
         cloud_init: b"#cloud-config\n".to_vec(),
-        port: 3128,
-        ip_family: Default::default(),
+        ..CreateRequest::new(uid, INST, Placement::new("fsn1", "", "cpx11", "ubuntu"))
     }
 }
 

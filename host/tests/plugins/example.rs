@@ -4,9 +4,7 @@
 use crate::support;
 
 use egress_emulators::example::ExampleBackend;
-use egress_plugin_host::provider::{
-    Class, CreateRequest, Placement, Provider, State, name_from_uid,
-};
+use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, State};
 
 fn entry(backend: &ExampleBackend, secret: &std::path::Path) -> String {
     format!(
@@ -18,15 +16,9 @@ fn entry(backend: &ExampleBackend, secret: &std::path::Path) -> String {
 
 fn request(uid: &str, region: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: "inst-a".into(),
-        placement: Placement::new(region, "z", "small", "img"),
         cloud_init: b"#cloud-config\n\x00\xffbytes kept as they are\n".to_vec(),
-        port: 3128,
-        ip_family: Default::default(),
+        ..CreateRequest::new(uid, "inst-a", Placement::new(region, "z", "small", "img"))
     }
 }
 

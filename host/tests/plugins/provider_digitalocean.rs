@@ -13,9 +13,7 @@ use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, Rate
 use egress_emulators::digitalocean::{DigitalOceanConfig, DigitalOceanEmulator, DoError};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use egress_plugin_host::plugin::WasmProvider;
-use egress_plugin_host::provider::{
-    Class, CreateRequest, Placement, Provider, State, name_from_uid,
-};
+use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, State};
 use std::io::{Read, Write};
 use std::path::Path;
 
@@ -62,15 +60,13 @@ async fn setup() -> Do {
 
 fn request(uid: &str, region: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: INST.into(),
-        placement: Placement::new(region, "ignored", "s-1vcpu-1gb", "debian"),
         cloud_init: b"#cloud-config\nruncmd: [echo hello]\n".to_vec(),
-        port: 3128,
-        ip_family: Default::default(),
+        ..CreateRequest::new(
+            uid,
+            INST,
+            Placement::new(region, "ignored", "s-1vcpu-1gb", "debian"),
+        )
     }
 }
 

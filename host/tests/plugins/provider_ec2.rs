@@ -91,15 +91,13 @@ async fn fixture(cfg: Ec2Config) -> Fixture {
 
 fn request(uid: &str, region: &str, zone: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: "inst-a".into(),
-        placement: Placement::new(region, zone, "t3.micro", "debian"),
         cloud_init: b"#cloud-config\n\x00\xff bytes kept as they are\n".to_vec(),
-        port: 3128,
-        ip_family: Default::default(),
+        ..CreateRequest::new(
+            uid,
+            "inst-a",
+            Placement::new(region, zone, "t3.micro", "debian"),
+        )
     }
 }
 

@@ -23,7 +23,7 @@ use crate::support;
 use egress_plugin_host::plugin::WasmProvider;
 use egress_plugin_host::provider::{
     Class, CreateRequest, Instance, MARK_INSTALLATION, MARK_MANAGED, MARK_UID, Placement, Provider,
-    ProviderError, State, name_from_uid,
+    ProviderError, State,
 };
 use sha2::{Digest, Sha256};
 use std::path::Path;
@@ -169,15 +169,13 @@ async fn fixture(m: &Moto, secret_access_key: &str, extra_types: &[&str]) -> Fix
 
 fn request(m: &Moto, uid: &str, installation: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: installation.into(),
-        placement: Placement::new(&m.region, &m.zone, &m.instance_type, "amzn2"),
         cloud_init: b"#cloud-config\n\x00\xff bytes kept as they are\n".to_vec(),
-        port: 3128,
-        ip_family: Default::default(),
+        ..CreateRequest::new(
+            uid,
+            installation,
+            Placement::new(&m.region, &m.zone, &m.instance_type, "amzn2"),
+        )
     }
 }
 

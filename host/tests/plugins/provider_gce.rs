@@ -15,9 +15,7 @@ use egress_emulators::gce::test_keys::{TEST_CLIENT_EMAIL, TEST_KEY_PEM, WRONG_KE
 use egress_emulators::gce::{GceConfig, GceEmulator};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use egress_plugin_host::plugin::WasmProvider;
-use egress_plugin_host::provider::{
-    Class, CreateRequest, Placement, Provider, State, name_from_uid,
-};
+use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, State};
 use std::path::Path;
 use std::time::Duration;
 
@@ -59,15 +57,9 @@ async fn setup() -> Gce {
 
 fn request(uid: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: INST.into(),
-        placement: Placement::new("", ZONE, "e2-micro", "debian"),
         cloud_init: b"#cloud-config\nruncmd: [echo hello]\n".to_vec(),
-        port: 3128,
-        ip_family: Default::default(),
+        ..CreateRequest::new(uid, INST, Placement::new("", ZONE, "e2-micro", "debian"))
     }
 }
 

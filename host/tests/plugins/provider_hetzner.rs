@@ -13,9 +13,7 @@ use egress_emulators::hetzner::{
 };
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use egress_plugin_host::plugin::WasmProvider;
-use egress_plugin_host::provider::{
-    Class, CreateRequest, Placement, Provider, State, name_from_uid,
-};
+use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, State};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -55,15 +53,13 @@ async fn setup() -> Hz {
 
 fn request(uid: &str, region: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: INST.into(),
-        placement: Placement::new(region, "any-zone-is-ignored", "cpx11", "ubuntu"),
         cloud_init: b"#cloud-config\nruncmd: [echo hello]\n".to_vec(),
-        port: 3128,
-        ip_family: Default::default(),
+        ..CreateRequest::new(
+            uid,
+            INST,
+            Placement::new(region, "any-zone-is-ignored", "cpx11", "ubuntu"),
+        )
     }
 }
 

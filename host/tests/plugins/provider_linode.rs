@@ -13,9 +13,7 @@ use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant};
 use egress_emulators::linode::{LinodeConfig, LinodeEmulator};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use egress_plugin_host::plugin::WasmProvider;
-use egress_plugin_host::provider::{
-    Class, CreateRequest, Placement, Provider, State, name_from_uid,
-};
+use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, State};
 use std::time::{Duration, SystemTime};
 
 const TOKEN: &str = "ln-test-token";
@@ -61,20 +59,19 @@ async fn setup() -> Ln {
 
 fn request(uid: &str, region: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: INST.into(),
-        placement: Placement::new(
-            region,
-            "zones-are-ignored",
-            "g6-nanode-1",
-            "linode/debian12",
-        ),
         cloud_init: b"#cloud-config\npackages: [tinyproxy]\n".to_vec(),
         port: 8888,
-        ip_family: Default::default(),
+        ..CreateRequest::new(
+            uid,
+            INST,
+            Placement::new(
+                region,
+                "zones-are-ignored",
+                "g6-nanode-1",
+                "linode/debian12",
+            ),
+        )
     }
 }
 

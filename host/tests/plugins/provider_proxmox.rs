@@ -16,9 +16,7 @@ use egress_emulators::proxmox::{EMULATOR_TOKEN_SECRET, ProxmoxConfig, ProxmoxEmu
 use egress_emulators::tls::TestCa;
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use egress_plugin_host::plugin::WasmProvider;
-use egress_plugin_host::provider::{
-    Class, CreateRequest, Placement, Provider, State, name_from_uid,
-};
+use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, State};
 use std::time::Duration;
 
 const INST: &str = "inst-a";
@@ -63,15 +61,9 @@ async fn setup() -> Pve {
 
 fn request(uid: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: INST.into(),
-        placement: Placement::new("", "pve2", "small", "debian"),
         cloud_init: b"#cloud-config\nruncmd: [echo hello]\n# \xff\x00 not text\n".to_vec(),
-        port: 3128,
-        ip_family: Default::default(),
+        ..CreateRequest::new(uid, INST, Placement::new("", "pve2", "small", "debian"))
     }
 }
 

@@ -13,9 +13,7 @@ use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, Rate
 use egress_emulators::scaleway::{EMULATOR_PROJECT, ScalewayConfig, ScalewayEmulator};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use egress_plugin_host::plugin::WasmProvider;
-use egress_plugin_host::provider::{
-    Class, CreateRequest, Placement, Provider, State, name_from_uid,
-};
+use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, State};
 use std::path::Path;
 use std::time::Duration;
 
@@ -63,15 +61,14 @@ async fn setup() -> Scw {
 
 fn request(uid: &str, zone: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: INST.into(),
-        placement: Placement::new("", zone, "DEV1-S", "ubuntu_noble"),
         cloud_init: b"#cloud-config\npackages: [tinyproxy]\n".to_vec(),
         port: 8888,
-        ip_family: Default::default(),
+        ..CreateRequest::new(
+            uid,
+            INST,
+            Placement::new("", zone, "DEV1-S", "ubuntu_noble"),
+        )
     }
 }
 

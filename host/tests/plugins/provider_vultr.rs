@@ -66,15 +66,9 @@ fn placement(region: &str) -> Placement {
 
 fn request(uid: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: INST.into(),
-        placement: placement("ewr"),
         cloud_init: b"#cloud-config\nruncmd: [echo hello]\n".to_vec(),
-        port: 3128,
-        ip_family: Default::default(),
+        ..CreateRequest::new(uid, INST, placement("ewr"))
     }
 }
 

@@ -9,7 +9,7 @@ use crate::support;
 
 use egress_emulators::example::ExampleBackend;
 use egress_emulators::tls::TestCa;
-use egress_plugin_host::provider::{CreateRequest, Placement, Provider, name_from_uid};
+use egress_plugin_host::provider::{CreateRequest, Placement, Provider};
 use std::path::Path;
 
 fn entry(backend: &ExampleBackend, token: &Path, tls: &str) -> String {
@@ -23,15 +23,9 @@ fn entry(backend: &ExampleBackend, token: &Path, tls: &str) -> String {
 
 fn request(uid: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: "inst-a".into(),
-        placement: Placement::new("r1", "z", "small", "img"),
         cloud_init: b"#cloud-config\n".to_vec(),
-        port: 3128,
-        ip_family: Default::default(),
+        ..CreateRequest::new(uid, "inst-a", Placement::new("r1", "z", "small", "img"))
     }
 }
 

@@ -9,9 +9,7 @@ use crate::support;
 use egress_emulators::control::Emulator;
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
 use egress_plugin_host::plugin::{LoadedPlugin, Runtime, RuntimeOptions, WasmProvider};
-use egress_plugin_host::provider::{
-    Capacity, Class, CreateRequest, IpFamily, Placement, Provider, name_from_uid,
-};
+use egress_plugin_host::provider::{Capacity, Class, CreateRequest, IpFamily, Placement, Provider};
 use egress_plugin_host::rate::Spec;
 use proxy_operator::conformance::{self, Control, Options};
 use std::path::PathBuf;
@@ -60,15 +58,14 @@ async fn hetzner(rt: &Arc<Runtime>, plugin: Arc<LoadedPlugin>, extra: &str) -> H
 
 fn request(uid: &str) -> CreateRequest {
     CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.into(),
-        namespace: "default".into(),
         proxy_name: "p1".into(),
-        installation: "versions".into(),
-        placement: Placement::new("fsn1", "", "cpx11", "ubuntu"),
         cloud_init: b"#cloud-config\n".to_vec(),
-        port: 3128,
         ip_family: IpFamily::V4,
+        ..CreateRequest::new(
+            uid,
+            "versions",
+            Placement::new("fsn1", "", "cpx11", "ubuntu"),
+        )
     }
 }
 

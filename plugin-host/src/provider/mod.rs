@@ -112,6 +112,25 @@ pub struct CreateRequest {
     pub ip_family: IpFamily,
 }
 
+impl CreateRequest {
+    /// A request for the Proxy whose UID is `uid` (its name derived from it, as the
+    /// reconciler does) in namespace `default`, with an empty cloud-init, port 3128 and
+    /// IPv4: what tests and tools set the rest of with struct update syntax.
+    pub fn new(uid: &str, installation: &str, placement: Placement) -> Self {
+        CreateRequest {
+            name: name_from_uid(uid),
+            uid: uid.into(),
+            namespace: "default".into(),
+            proxy_name: "proxy".into(),
+            installation: installation.into(),
+            placement,
+            cloud_init: Vec::new(),
+            port: 3128,
+            ip_family: IpFamily::V4,
+        }
+    }
+}
+
 impl std::fmt::Debug for CreateRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CreateRequest")
