@@ -10,7 +10,8 @@
 //! [`config`](mod@config) (parse a config block and check its fields, errors naming field and value),
 //! [`id`] (`<scope>/<key>` instance IDs, parsed strictly), [`paging`] (a bounded page loop
 //! that converts page by page), [`classify`] (the status/code -> error class table),
-//! [`outcome`] (one log line per operation result) and the typed constructors of
+//! [`outcome`] (the one log line per operation result that [`export_provider!`] writes,
+//! with the plugin's own words where it has better ones) and the typed constructors of
 //! [`ProviderError`] in [`error`](mod@error) (`invalid_config`, `invalid_id`, `name_taken`, ...).
 //!
 //! ```ignore
@@ -102,6 +103,10 @@ pub use egress_contract::{
 /// a fresh instance, so there is no state to hold; use [`cache_get`]/[`cache_set`] for
 /// anything that must outlive a call.
 pub trait Provider {
+    /// Who writes the outcome line of every operation, at which levels:
+    /// [`export_provider!`] logs each `create`, `get`, `delete`, `list-by-tag` and `quote`
+    /// with it (see [`outcome`]). `Outcomes::new("<type-name>")` for the usual levels.
+    const OUTCOMES: outcome::Outcomes;
     /// Static facts; called once at load, must not do I/O.
     fn info() -> PluginInfo;
     /// Check a config block (JSON). Runs with HTTP denied: validate, never dial.
@@ -152,23 +157,40 @@ macro_rules! export_provider {
                 fn create(
                     req: $crate::CreateRequest,
                 ) -> ::core::result::Result<::std::string::String, $crate::ProviderError> {
-                    <$ty as $crate::Provider>::create(req)
+                    let name = req.name.clone();
+                    <$ty as $crate::Provider>::OUTCOMES.log(
+                        "create",
+                        &name,
+                        <$ty as $crate::Provider>::create(req),
+                    )
                 }
                 fn get(
                     id: ::std::string::String,
                 ) -> ::core::result::Result<$crate::Instance, $crate::ProviderError> {
-                    <$ty as $crate::Provider>::get(&id)
+                    <$ty as $crate::Provider>::OUTCOMES.log(
+                        "get",
+                        &id,
+                        <$ty as $crate::Provider>::get(&id),
+                    )
                 }
                 fn delete(
                     id: ::std::string::String,
                 ) -> ::core::result::Result<(), $crate::ProviderError> {
-                    <$ty as $crate::Provider>::delete(&id)
+                    <$ty as $crate::Provider>::OUTCOMES.log(
+                        "delete",
+                        &id,
+                        <$ty as $crate::Provider>::delete(&id),
+                    )
                 }
                 fn list_by_tag(
                     installation: ::std::string::String,
                 ) -> ::core::result::Result<::std::vec::Vec<$crate::Instance>, $crate::ProviderError>
                 {
-                    <$ty as $crate::Provider>::list_by_tag(&installation)
+                    <$ty as $crate::Provider>::OUTCOMES.log(
+                        "list",
+                        &installation,
+                        <$ty as $crate::Provider>::list_by_tag(&installation),
+                    )
                 }
                 fn check() -> ::std::vec::Vec<$crate::TargetStatus> {
                     <$ty as $crate::Provider>::check()
@@ -177,7 +199,12 @@ macro_rules! export_provider {
                     placement: $crate::Placement,
                 ) -> ::core::result::Result<::core::option::Option<$crate::Price>, $crate::ProviderError>
                 {
-                    <$ty as $crate::Provider>::quote(placement)
+                    let region = placement.region.clone();
+                    <$ty as $crate::Provider>::OUTCOMES.log(
+                        "quote",
+                        &region,
+                        <$ty as $crate::Provider>::quote(placement),
+                    )
                 }
             }
 
@@ -209,23 +236,40 @@ macro_rules! export_provider {
                 fn create(
                     req: $crate::CreateRequest,
                 ) -> ::core::result::Result<::std::string::String, $crate::ProviderError> {
-                    <$ty as $crate::Provider>::create(req)
+                    let name = req.name.clone();
+                    <$ty as $crate::Provider>::OUTCOMES.log(
+                        "create",
+                        &name,
+                        <$ty as $crate::Provider>::create(req),
+                    )
                 }
                 fn get(
                     id: ::std::string::String,
                 ) -> ::core::result::Result<$crate::Instance, $crate::ProviderError> {
-                    <$ty as $crate::Provider>::get(&id)
+                    <$ty as $crate::Provider>::OUTCOMES.log(
+                        "get",
+                        &id,
+                        <$ty as $crate::Provider>::get(&id),
+                    )
                 }
                 fn delete(
                     id: ::std::string::String,
                 ) -> ::core::result::Result<(), $crate::ProviderError> {
-                    <$ty as $crate::Provider>::delete(&id)
+                    <$ty as $crate::Provider>::OUTCOMES.log(
+                        "delete",
+                        &id,
+                        <$ty as $crate::Provider>::delete(&id),
+                    )
                 }
                 fn list_by_tag(
                     installation: ::std::string::String,
                 ) -> ::core::result::Result<::std::vec::Vec<$crate::Instance>, $crate::ProviderError>
                 {
-                    <$ty as $crate::Provider>::list_by_tag(&installation)
+                    <$ty as $crate::Provider>::OUTCOMES.log(
+                        "list",
+                        &installation,
+                        <$ty as $crate::Provider>::list_by_tag(&installation),
+                    )
                 }
                 fn check() -> ::std::vec::Vec<$crate::TargetStatus> {
                     <$ty as $crate::Provider>::check()

@@ -1,5 +1,9 @@
 //! Outcome logging: one line per operation result (`logging=outcome-only` in the
-//! behaviour profile).
+//! behaviour profile), written by [`export_provider!`](crate::export_provider) for every
+//! `create`, `get`, `delete`, `list-by-tag` and `quote` the host calls: a plugin never logs
+//! its own outcomes. A plugin that has better words for what happened than the default
+//! (`adopted r1/i-1` rather than `id r1/i-1`) returns them with its value and hands the
+//! result to [`keep`] (or runs its body in [`run`]).
 //!
 //! The line names the plugin, the operation, its subject (an instance name, an ID, an
 //! installation; never the request, so cloud-init cannot ride along) and either what
@@ -15,6 +19,26 @@ thread_local! {
     /// Secret values read during this call. Each call runs in a fresh instance, so the
     /// list never outlives the call it belongs to.
     static SECRETS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    /// The plugin's own words for this call's outcome, set by [`keep`], read once by the
+    /// outcome line.
+    static NOTE: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Hands on the value of a result that carries the plugin's own words for the outcome
+/// line (an [`Outcome`] such as `(id, "adopted r1/1")`), keeping the words for the line.
+pub fn keep<R: Outcome>(result: Result<R, ProviderError>) -> Result<R::Value, ProviderError> {
+    result.map(|r| {
+        let (v, what) = r.split();
+        NOTE.with_borrow_mut(|n| *n = Some(what));
+        v
+    })
+}
+
+/// Runs an operation's body, so it can use `?`, and [`keep`]s its result.
+pub fn run<R: Outcome>(
+    f: impl FnOnce() -> Result<R, ProviderError>,
+) -> Result<R::Value, ProviderError> {
+    keep(f())
 }
 
 /// Shorter values are not cut: a 1-3 character secret would mangle every line, and is no
@@ -88,6 +112,19 @@ impl Outcome for Vec<Instance> {
     }
 }
 
+/// `quote`: the price, or that there is none.
+#[cfg(not(feature = "contract-v0-1"))]
+impl Outcome for Option<crate::Price> {
+    type Value = Option<crate::Price>;
+    fn split(self) -> (Option<crate::Price>, String) {
+        let what = match &self {
+            Some(p) => format!("{} {} micros an hour", p.currency, p.micros_per_hour),
+            None => "no price".to_string(),
+        };
+        (self, what)
+    }
+}
+
 /// `delete`.
 impl Outcome for () {
     type Value = ();
@@ -120,16 +157,31 @@ pub struct Outcomes {
 }
 
 impl Outcomes {
-    /// Log the result of `op` on `subject` and hand it on. On success the [`Outcome`]
-    /// says what happened (`id r1/i-1`, `running, 192.0.2.1`, `already gone`); a failure
-    /// logs `class (code): message`, the class as the WIT names it (`quota-exceeded`).
+    /// A logger for the plugin `plugin`: creates and deletes at info, reads at debug.
+    pub const fn new(plugin: &'static str) -> Self {
+        Outcomes {
+            plugin,
+            changes: Level::Info,
+            reads: Level::Debug,
+        }
+    }
+
+    /// Log the result of `op` on `subject` and hand it on: what
+    /// [`export_provider!`](crate::export_provider) does with every call's result. On
+    /// success the line says what happened (the words [`keep`] kept, else the
+    /// [`Outcome`]'s: `id r1/i-1`, `running, 192.0.2.1`); a failure logs
+    /// `class (code): message`, the class as the WIT names it (`quota-exceeded`).
+    #[doc(hidden)]
     pub fn log<R: Outcome>(
         &self,
         op: &str,
         subject: &str,
         result: Result<R, ProviderError>,
     ) -> Result<R::Value, ProviderError> {
-        let (line, out) = self.line(op, subject, result);
+        let (mut line, out) = self.line(op, subject, result);
+        if let (Ok(_), Some(what)) = (&out, NOTE.with_borrow_mut(Option::take)) {
+            line = scrub(format!("{} {op} {subject}: {what}", self.plugin));
+        }
         crate::host::log(self.level(op), &line);
         out
     }
@@ -139,17 +191,6 @@ impl Outcomes {
             "create" | "delete" => self.changes,
             _ => self.reads,
         }
-    }
-
-    /// Run one operation and [`log`](Self::log) its result, so the operation's body can
-    /// use `?` and still get its line.
-    pub fn run<R: Outcome>(
-        &self,
-        op: &str,
-        subject: &str,
-        f: impl FnOnce() -> Result<R, ProviderError>,
-    ) -> Result<R::Value, ProviderError> {
-        self.log(op, subject, f())
     }
 
     /// The line [`log`](Self::log) writes, and the result it returns.
@@ -250,18 +291,23 @@ mod tests {
                 "test delete r1/1: transient (-): t",
             ]
         );
-        let r = OUT.run("get", "r1/1", || {
-            Err::<(), _>(ProviderError::not_found("gone"))
-        });
-        assert_eq!(r.unwrap_err().class, ErrorClass::NotFound);
+    }
+
+    /// The words a plugin keeps replace the default ones in the next line only, and a
+    /// failure's line never shows them.
+    #[test]
+    fn kept_words_go_into_the_next_line_only() {
+        let kept = keep(Ok(("r1/1".to_string(), "adopted r1/1".to_string())));
+        assert_eq!(kept.unwrap(), "r1/1");
         assert_eq!(
-            OUT.run("create", "p", || Ok((
-                "id".to_string(),
-                "created".to_string()
-            )))
-            .unwrap(),
-            "id"
+            NOTE.with_borrow(Clone::clone).as_deref(),
+            Some("adopted r1/1")
         );
+        let id = OUT.log("create", "proxy-x", Ok("r1/1".to_string()));
+        assert_eq!(id.unwrap(), "r1/1");
+        assert_eq!(NOTE.with_borrow(Clone::clone), None, "taken by the line");
+        let r = run(|| Err::<(), _>(ProviderError::not_found("gone")));
+        assert_eq!(r.unwrap_err().class, ErrorClass::NotFound);
     }
 
     #[test]

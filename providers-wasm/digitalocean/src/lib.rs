@@ -8,7 +8,7 @@ mod config;
 mod marks;
 
 use api::{Droplet, classify, client, fetch};
-use egress_guest_sdk::outcome::Outcomes;
+use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::time::parse_rfc3339;
 use egress_guest_sdk::{
     self as sdk, CreateRequest, Instance, Level, PluginInfo, Provider, ProviderError, State, TargetStatus,
@@ -34,10 +34,6 @@ const PROFILE: &str = "readiness=provisioning-window create-return=submit delete
 /// DigitalOcean's 5,000 requests an hour per token; a burst of 100 keeps the busiest
 /// minute under its 250 a minute.
 const BUDGET: (u32, u32) = (5_000, 100);
-
-/// Creates and deletes at info (a few per Proxy), the polled get and list at debug; never the request (cloud-init) or
-/// the token.
-const OUTCOMES: Outcomes = Outcomes { plugin: "digitalocean", changes: Level::Info, reads: Level::Debug };
 
 /// This provider's config block, parsed as `validate-config` parsed it.
 fn cfg() -> Result<config::Config, ProviderError> {
@@ -206,6 +202,10 @@ fn probe(api: &sdk::http::Client) -> TargetStatus {
 }
 
 impl Provider for DigitalOcean {
+    /// Creates and deletes at info (a few per Proxy), the polled get and list at debug; never the request (cloud-init) or
+    /// the token.
+    const OUTCOMES: Outcomes = Outcomes { plugin: "digitalocean", changes: Level::Info, reads: Level::Debug };
+
     fn info() -> PluginInfo {
         PluginInfo {
             has_check: true,
@@ -222,19 +222,19 @@ impl Provider for DigitalOcean {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        OUTCOMES.log("create", &req.name, create(&req))
+        outcome::keep(create(&req))
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        OUTCOMES.log("get", id, get(id))
+        outcome::keep(get(id))
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        OUTCOMES.log("delete", id, delete(id))
+        outcome::keep(delete(id))
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        OUTCOMES.log("list", installation, list_by_tag(installation))
+        outcome::keep(list_by_tag(installation))
     }
 
     fn check() -> Vec<TargetStatus> {

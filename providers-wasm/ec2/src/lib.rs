@@ -14,7 +14,7 @@ mod wire;
 use api::{Ec2, Ec2Error, classify};
 use config::{Config, IpAddress, Launch};
 use egress_guest_sdk::id::IdFormat;
-use egress_guest_sdk::outcome::Outcomes;
+use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::paging::{Bounds, Page};
 use egress_guest_sdk::time::parse_rfc3339;
 use egress_guest_sdk::{self as sdk, *};
@@ -104,14 +104,6 @@ const PAGES: Bounds = Bounds {
     what: "EC2 DescribeInstances",
     max_pages: 100,
     max_items: 100 * 1000,
-};
-
-/// Info per create and delete (the user's actions), debug per get and list (polled):
-/// the `tiered` logging of the profile. Never the request (cloud-init) or credentials.
-const OUTCOMES: Outcomes = Outcomes {
-    plugin: "ec2",
-    changes: Level::Info,
-    reads: Level::Debug,
 };
 
 fn load_config() -> Result<Config, ProviderError> {
@@ -393,6 +385,14 @@ fn default_hosts() -> Vec<String> {
 }
 
 impl Provider for Ec2Provider {
+    /// Info per create and delete (the user's actions), debug per get and list (polled):
+    /// the `tiered` logging of the profile. Never the request (cloud-init) or credentials.
+    const OUTCOMES: Outcomes = Outcomes {
+        plugin: "ec2",
+        changes: Level::Info,
+        reads: Level::Debug,
+    };
+
     fn info() -> PluginInfo {
         PluginInfo {
             has_check: true,
@@ -424,7 +424,7 @@ impl Provider for Ec2Provider {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        OUTCOMES.run("create", &req.name, || {
+        outcome::run(|| {
             let cfg = load_config()?;
             let launch = config::resolve(&cfg, &req.placement)?;
             if req.cloud_init.len() > MAX_USER_DATA {
@@ -456,7 +456,7 @@ impl Provider for Ec2Provider {
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        OUTCOMES.run("get", id, || {
+        outcome::run(|| {
             let (region, iid) = parse_id(id)?;
             let cfg = load_config()?;
             let ec2 = client(&cfg, region, api::credentials()?)?;
@@ -476,7 +476,7 @@ impl Provider for Ec2Provider {
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        OUTCOMES.run("delete", id, || {
+        outcome::run(|| {
             let (region, iid) = parse_id(id)?;
             let cfg = load_config()?;
             let ec2 = client(&cfg, region, api::credentials()?)?;
@@ -493,7 +493,7 @@ impl Provider for Ec2Provider {
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        OUTCOMES.run("list", installation, || {
+        outcome::run(|| {
             let cfg = load_config()?;
             let creds = api::credentials()?;
             let params = filters(&[

@@ -9,7 +9,7 @@ use data_encoding::BASE64;
 use egress_guest_sdk::classify::{Classifier, Kind, Rule};
 use egress_guest_sdk::http::{Client, HttpError, encode_component};
 use egress_guest_sdk::id::{IdFormat, is_word};
-use egress_guest_sdk::outcome::Outcomes;
+use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::time::parse_rfc3339;
 use egress_guest_sdk::{self as sdk, *};
 use serde::Deserialize;
@@ -141,11 +141,11 @@ const PROFILE: &str = "readiness=immediate create-return=submit delete-return=wa
     credentials=mounted-files client-kind=thin-client timeouts=per-call logging=outcome-only \
     child-spans=transport-wrapper backend-test=integration-tag";
 
-/// One line per operation outcome, never the request (cloud-init) or the token: create and
-/// delete at info (a few per Proxy), the polled get and list at debug.
-const OUTCOMES: Outcomes = Outcomes { plugin: "example", changes: Level::Info, reads: Level::Debug };
-
 impl Provider for Example {
+    /// One line per operation outcome, never the request (cloud-init) or the token: create and
+    /// delete at info (a few per Proxy), the polled get and list at debug.
+    const OUTCOMES: Outcomes = Outcomes { plugin: "example", changes: Level::Info, reads: Level::Debug };
+
     fn info() -> PluginInfo {
         // No default hosts: the endpoint differs per installation and is listed in the config.
         PluginInfo { has_check: true, ..PluginInfo::new("example", env!("CARGO_PKG_VERSION")).with_profile(PROFILE) }
@@ -156,7 +156,7 @@ impl Provider for Example {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        OUTCOMES.run("create", &req.name, || {
+        outcome::run(|| {
             let cfg = parse_config(&config())?;
             let p = &req.placement;
             let region = sdk::config::one_of(PlacementField::Region, &p.region, &cfg.regions, "regions")?;
@@ -187,14 +187,14 @@ impl Provider for Example {
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        OUTCOMES.run("get", id, || {
+        outcome::run(|| {
             let (_, key) = ID.parse(id)?;
             api()?.get_json::<Wire>(&format!("/v1/instances/{key}")).map(to_instance).map_err(classify)
         })
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        OUTCOMES.run("delete", id, || {
+        outcome::run(|| {
             let (_, key) = ID.parse(id)?;
             match api()?.delete(&format!("/v1/instances/{key}")).send_ok() {
                 Ok(_) => Ok(((), "deleting".into())), // 204 deleted, 202 a delete already in progress
@@ -205,7 +205,7 @@ impl Provider for Example {
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        OUTCOMES.run("list", installation, || {
+        outcome::run(|| {
             let (managed, ours) = (label(MARK_MANAGED, MARK_MANAGED_YES), label(MARK_INSTALLATION, installation));
             let found = list(&api()?, &format!("label={managed}&label={ours}"))?;
             // Filtered again here: a backend that ignored a filter must not hand this

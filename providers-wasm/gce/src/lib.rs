@@ -10,7 +10,7 @@ mod marks;
 
 use api::{Api, GCE, Operation, Vm, classify};
 use egress_guest_sdk::http::{Method, encode_component};
-use egress_guest_sdk::outcome::Outcomes;
+use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::paging::Bounds;
 use egress_guest_sdk::time::parse_rfc3339;
 use egress_guest_sdk::{
@@ -37,8 +37,6 @@ const PROFILE: &str = "readiness=provisioning-window create-return=submit delete
 /// (https://cloud.google.com/compute/api-quota): 1,400 a minute plus a burst of 100 keeps even a
 /// minute spent in one group under 1,500.
 const BUDGET: (u32, u32) = (84_000, 100);
-
-const OUTCOMES: Outcomes = Outcomes { plugin: "gce", changes: Level::Info, reads: Level::Debug };
 
 /// 500 instances a page (the API's maximum), at most 100 pages: a page token that never ends fails the list.
 const PAGES: Bounds = Bounds { what: "GCE aggregated instance list", max_pages: 100, max_items: 50_000 };
@@ -243,6 +241,8 @@ fn probe(api: &Api, zone: &str) -> TargetStatus {
 }
 
 impl Provider for Gce {
+    const OUTCOMES: Outcomes = Outcomes { plugin: "gce", changes: Level::Info, reads: Level::Debug };
+
     fn info() -> PluginInfo {
         PluginInfo {
             has_check: true,
@@ -261,19 +261,19 @@ impl Provider for Gce {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        OUTCOMES.log("create", &req.name, create(&req))
+        outcome::keep(create(&req))
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        OUTCOMES.log("get", id, get(id))
+        outcome::keep(get(id))
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        OUTCOMES.log("delete", id, delete(id))
+        outcome::keep(delete(id))
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        OUTCOMES.log("list", installation, list_by_tag(installation))
+        outcome::keep(list_by_tag(installation))
     }
 
     fn check() -> Vec<TargetStatus> {

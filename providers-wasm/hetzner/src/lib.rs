@@ -16,7 +16,7 @@ use data_encoding::BASE64;
 #[cfg(feature = "export")]
 use egress_guest_sdk::export_provider;
 use egress_guest_sdk::http::{Client, encode_component};
-use egress_guest_sdk::outcome::Outcomes;
+use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::time::{now, parse_rfc3339};
 use egress_guest_sdk::{
     self as sdk, CreateRequest, ErrorClass, Instance, Level, MARK_MANAGED, MARK_MANAGED_YES,
@@ -57,13 +57,6 @@ const BUDGET: (u32, u32) = (3_600, 100);
 fn cfg() -> Result<Config, ProviderError> {
     config::parse(&sdk::config())
 }
-
-/// One debug line per operation outcome: what happened, never tokens or user data.
-const OUTCOMES: Outcomes = Outcomes {
-    plugin: "hetzner",
-    changes: Level::Debug,
-    reads: Level::Debug,
-};
 
 /// Hetzner takes `user_data` as a JSON string, so bytes that are not UTF-8 cannot travel
 /// as they are. They are sent base64-encoded instead: cloud-init's Hetzner datasource
@@ -447,6 +440,13 @@ fn probe(api: &Client, location: &str) -> TargetStatus {
 }
 
 impl Provider for Hetzner {
+    /// One debug line per operation outcome: what happened, never tokens or user data.
+    const OUTCOMES: Outcomes = Outcomes {
+        plugin: "hetzner",
+        changes: Level::Debug,
+        reads: Level::Debug,
+    };
+
     fn info() -> PluginInfo {
         PluginInfo {
             has_check: true,
@@ -462,19 +462,19 @@ impl Provider for Hetzner {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        OUTCOMES.log("create", &req.name, create(&req))
+        outcome::keep(create(&req))
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        OUTCOMES.log("get", id, get(id))
+        outcome::keep(get(id))
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        OUTCOMES.log("delete", id, delete(id))
+        outcome::keep(delete(id))
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        OUTCOMES.log("list", installation, list_by_tag(installation))
+        outcome::keep(list_by_tag(installation))
     }
 
     fn check() -> Vec<TargetStatus> {

@@ -13,7 +13,7 @@ use api::{LN, Linode, classify, client, created_rfc3339, fetch, find_by_label, l
 use config::Config;
 use data_encoding::{BASE64, BASE64URL_NOPAD};
 use egress_guest_sdk::http::Client;
-use egress_guest_sdk::outcome::Outcomes;
+use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::time::{now, parse_rfc3339};
 use egress_guest_sdk::{
     self as sdk, CreateRequest, Instance, Level, PluginInfo, Provider, ProviderError, State, TargetStatus,
@@ -47,9 +47,6 @@ const PROFILE: &str = "readiness=provisioning-window create-return=submit delete
 /// Linode's 200 a minute for paginated GETs (every list), the tightest limit steady traffic
 /// meets; a burst of the create limit's 20 per 15 s.
 const BUDGET: (u32, u32) = (12_000, 20);
-
-/// One line per outcome, never the request (cloud-init, root password) or the token.
-const OUTCOMES: Outcomes = Outcomes { plugin: "linode", changes: Level::Info, reads: Level::Debug };
 
 fn cfg() -> Result<Config, ProviderError> {
     config::parse(&sdk::config())
@@ -214,6 +211,9 @@ fn probe(api: &Client, region: &str) -> TargetStatus {
 }
 
 impl Provider for Linodes {
+    /// One line per outcome, never the request (cloud-init, root password) or the token.
+    const OUTCOMES: Outcomes = Outcomes { plugin: "linode", changes: Level::Info, reads: Level::Debug };
+
     fn info() -> PluginInfo {
         PluginInfo {
             has_check: true,
@@ -227,19 +227,19 @@ impl Provider for Linodes {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        OUTCOMES.log("create", &req.name, create(&req))
+        outcome::keep(create(&req))
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        OUTCOMES.log("get", id, get(id))
+        outcome::keep(get(id))
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        OUTCOMES.log("delete", id, delete(id))
+        outcome::keep(delete(id))
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        OUTCOMES.log("list", installation, list_by_tag(installation))
+        outcome::keep(list_by_tag(installation))
     }
 
     fn check() -> Vec<TargetStatus> {

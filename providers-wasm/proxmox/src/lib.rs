@@ -10,7 +10,7 @@ mod marks;
 
 use api::{Api, Resource, Status, Task, VmConfig, task_failure};
 use egress_guest_sdk::http::{HttpError, Method, encode_component};
-use egress_guest_sdk::outcome::Outcomes;
+use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::{
     self as sdk, CreateRequest, Datetime, Instance, Level, PluginInfo, Provider, ProviderError, State, TargetStatus,
     export_provider,
@@ -32,8 +32,6 @@ const PROFILE: &str = "readiness=provisioning-window create-return=submit delete
 /// Proxmox VE has no rate limit, but every call takes a pveproxy worker (clones, starts and
 /// uploads fork more): ten a second keeps the operator from crowding out the web UI.
 const BUDGET: (u32, u32) = (36_000, 50);
-
-const OUTCOMES: Outcomes = Outcomes { plugin: "proxmox", changes: Level::Info, reads: Level::Debug };
 
 /// The largest cloud-init the seed image takes: far more than a proxy needs, well inside the `/tmp` budget.
 const USER_DATA_MAX: usize = 1024 * 1024;
@@ -509,6 +507,8 @@ fn probe(api: &Api, node: &str) -> TargetStatus {
 }
 
 impl Provider for Proxmox {
+    const OUTCOMES: Outcomes = Outcomes { plugin: "proxmox", changes: Level::Info, reads: Level::Debug };
+
     fn info() -> PluginInfo {
         // No default hosts: a cluster's address differs per installation and is listed in the providers file.
         PluginInfo {
@@ -524,19 +524,19 @@ impl Provider for Proxmox {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        OUTCOMES.log("create", &req.name, create(&req))
+        outcome::keep(create(&req))
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        OUTCOMES.log("get", id, get(id))
+        outcome::keep(get(id))
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        OUTCOMES.log("delete", id, delete(id))
+        outcome::keep(delete(id))
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        OUTCOMES.log("list", installation, list_by_tag(installation))
+        outcome::keep(list_by_tag(installation))
     }
 
     fn check() -> Vec<TargetStatus> {

@@ -13,7 +13,7 @@ mod config;
 use api::{SCW, Server, classify};
 use config::{Config, mark};
 use egress_guest_sdk::id::IdFormat;
-use egress_guest_sdk::outcome::Outcomes;
+use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::time::{now, parse_rfc3339};
 use egress_guest_sdk::{self as sdk, *};
 use serde_json::json;
@@ -30,9 +30,6 @@ const PROFILE: &str = "readiness=provisioning-window create-return=submit delete
 /// The request budget a provider gets when its entry sets none (requests per hour, burst):
 /// Scaleway publishes no limit for the Instances API: Hetzner's figure, this project's choice.
 const BUDGET: (u32, u32) = (3_600, 100);
-
-/// Create and delete at info (a few per Proxy), the polled get and list at debug.
-const OUTCOMES: Outcomes = Outcomes { plugin: "scaleway", changes: Level::Info, reads: Level::Debug };
 
 /// `<zone>/<server id>`, parsed strictly: anything else is permanent and never reaches a URL.
 const ID: IdFormat = IdFormat {
@@ -189,6 +186,9 @@ fn probe(api: &http::Client, cfg: &Config, zone: &str) -> TargetStatus {
 }
 
 impl Provider for Scaleway {
+    /// Create and delete at info (a few per Proxy), the polled get and list at debug.
+    const OUTCOMES: Outcomes = Outcomes { plugin: "scaleway", changes: Level::Info, reads: Level::Debug };
+
     fn info() -> PluginInfo {
         PluginInfo {
             has_check: true,
@@ -204,11 +204,11 @@ impl Provider for Scaleway {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        OUTCOMES.log("create", &req.name, create(&req))
+        outcome::keep(create(&req))
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        OUTCOMES.run("get", id, || {
+        outcome::run(|| {
             let (zone, key) = ID.parse(id)?;
             let Some(s) = api::fetch(&api::client(&cfg()?)?, zone, key)? else {
                 return Err(ProviderError::not_found(format!("server {key} does not exist")).with_code("not_found"));
@@ -220,7 +220,7 @@ impl Provider for Scaleway {
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        OUTCOMES.run("delete", id, || {
+        outcome::run(|| {
             let (zone, key) = ID.parse(id)?;
             let api = api::client(&cfg()?)?;
             let Some(s) = api::fetch(&api, zone, key)? else { return Ok(((), "already gone".into())) };
@@ -230,7 +230,7 @@ impl Provider for Scaleway {
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        OUTCOMES.run("list", installation, || {
+        outcome::run(|| {
             let cfg = cfg()?;
             let api = api::client(&cfg)?;
             let (managed, ours) = (config::tag(MARK_MANAGED, MARK_MANAGED_YES), config::installation_tag(installation));

@@ -12,7 +12,7 @@ use api::{VULTR, Wire, classify, client, fetch};
 use data_encoding::BASE64;
 use egress_guest_sdk::http::{Client, encode_component};
 use egress_guest_sdk::id::IdFormat;
-use egress_guest_sdk::outcome::Outcomes;
+use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::time::parse_rfc3339;
 use egress_guest_sdk::{self as sdk, *};
 use serde_json::json;
@@ -33,9 +33,6 @@ const PROFILE: &str = "readiness=provisioning-window create-return=submit delete
 /// The request budget a provider gets when its entry sets none (requests per hour, burst):
 /// Vultr's 30 requests a second per source IP, a second's worth as burst.
 const BUDGET: (u32, u32) = (108_000, 30);
-
-/// Creates and deletes at info (a few per Proxy), the polled reads at debug.
-const OUTCOMES: Outcomes = Outcomes { plugin: "vultr", changes: Level::Info, reads: Level::Debug };
 
 /// `<region>/<instance id>`. Vultr instance IDs are global: get and delete use the key only.
 const ID: IdFormat = IdFormat {
@@ -257,6 +254,9 @@ fn probe(api: &Client, region: &str) -> TargetStatus {
 }
 
 impl Provider for Vultr {
+    /// Creates and deletes at info (a few per Proxy), the polled reads at debug.
+    const OUTCOMES: Outcomes = Outcomes { plugin: "vultr", changes: Level::Info, reads: Level::Debug };
+
     fn info() -> PluginInfo {
         PluginInfo {
             has_check: true,
@@ -270,19 +270,19 @@ impl Provider for Vultr {
     }
 
     fn create(req: CreateRequest) -> Result<String, ProviderError> {
-        OUTCOMES.log("create", &req.name, create(&req))
+        outcome::keep(create(&req))
     }
 
     fn get(id: &str) -> Result<Instance, ProviderError> {
-        OUTCOMES.log("get", id, get(id))
+        outcome::keep(get(id))
     }
 
     fn delete(id: &str) -> Result<(), ProviderError> {
-        OUTCOMES.log("delete", id, delete(id))
+        outcome::keep(delete(id))
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        OUTCOMES.log("list", installation, list_by_tag(installation))
+        outcome::keep(list_by_tag(installation))
     }
 
     fn check() -> Vec<TargetStatus> {

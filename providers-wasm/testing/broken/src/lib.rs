@@ -20,6 +20,9 @@ struct Broken;
 export_provider!(Broken);
 
 impl Provider for Broken {
+    const OUTCOMES: egress_guest_sdk::outcome::Outcomes =
+        egress_guest_sdk::outcome::Outcomes::new("broken");
+
     fn info() -> PluginInfo {
         PluginInfo {
             type_name: "broken".into(),

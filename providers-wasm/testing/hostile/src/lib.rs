@@ -496,6 +496,9 @@ fn leaked_secret() -> String {
 }
 
 impl Provider for Hostile {
+    const OUTCOMES: egress_guest_sdk::outcome::Outcomes =
+        egress_guest_sdk::outcome::Outcomes::new("hostile");
+
     fn info() -> PluginInfo {
         PluginInfo {
             has_check: true,

@@ -8,6 +8,9 @@ struct Sockets;
 export_provider!(Sockets);
 
 impl Provider for Sockets {
+    const OUTCOMES: egress_guest_sdk::outcome::Outcomes =
+        egress_guest_sdk::outcome::Outcomes::new("sockets");
+
     fn info() -> PluginInfo {
         PluginInfo::new("sockets", env!("CARGO_PKG_VERSION"))
     }
