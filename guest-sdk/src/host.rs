@@ -30,7 +30,7 @@ pub fn parse_config<T: DeserializeOwned>(json: &str) -> Result<T, ProviderError>
 pub fn secret(key: &str) -> Result<Vec<u8>, ProviderError> {
     let value = raw::read_secret(key).map_err(|e| secret_error(key, e))?;
     if let Ok(text) = std::str::from_utf8(&value) {
-        crate::outcome::remember_secret(text);
+        crate::secrets_seen::remember_secret(text);
     }
     Ok(value)
 }
@@ -53,7 +53,7 @@ pub fn secret_string(key: &str) -> Result<String, ProviderError> {
 #[cfg(not(feature = "contract-v0-1"))]
 pub fn mark_sensitive(value: &[u8]) {
     if let Ok(text) = std::str::from_utf8(value) {
-        crate::outcome::remember_secret(text);
+        crate::secrets_seen::remember_secret(text);
     }
     raw::mark_sensitive(value);
 }

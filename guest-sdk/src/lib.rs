@@ -75,6 +75,7 @@ pub mod paging;
 pub mod random;
 /// Two answers every REST plugin reads the same way, on top of its [`Classifier`].
 pub mod rest;
+mod secrets_seen;
 /// The contract's marks on backends whose tags are plain strings, not key/value labels.
 pub mod tags;
 /// RFC 3339 to and from the WIT `datetime`.

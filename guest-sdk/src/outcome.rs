@@ -12,13 +12,13 @@
 //! them as well, but a plugin that never emits them is the contract, and the host's
 //! `[REDACTED]` in a log means a plugin bug.
 
+#[cfg(test)]
+use crate::secrets_seen::remember_secret;
+use crate::secrets_seen::scrub;
 use crate::{ErrorClass, Instance, Level, ProviderError, State};
 use std::cell::RefCell;
 
 thread_local! {
-    /// Secret values read during this call. Each call runs in a fresh instance, so the
-    /// list never outlives the call it belongs to.
-    static SECRETS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
     /// The plugin's own words for this call's outcome, set by [`keep`], read once by the
     /// outcome line.
     static NOTE: RefCell<Option<String>> = const { RefCell::new(None) };
@@ -39,33 +39,6 @@ pub fn run<R: Outcome>(
     f: impl FnOnce() -> Result<R, ProviderError>,
 ) -> Result<R::Value, ProviderError> {
     keep(f())
-}
-
-/// Shorter values are not cut: a 1-3 character secret would mangle every line, and is no
-/// secret worth the name.
-const MIN_SECRET_LEN: usize = 4;
-
-/// Remember a secret value so outcome lines never carry it.
-pub(crate) fn remember_secret(value: &str) {
-    let value = value.trim();
-    if value.len() >= MIN_SECRET_LEN {
-        SECRETS.with_borrow_mut(|s| {
-            if !s.iter().any(|v| v == value) {
-                s.push(value.to_string());
-            }
-        });
-    }
-}
-
-fn scrub(mut line: String) -> String {
-    SECRETS.with_borrow(|secrets| {
-        for s in secrets {
-            if line.contains(s.as_str()) {
-                line = line.replace(s.as_str(), "[secret]");
-            }
-        }
-    });
-    line
 }
 
 /// What a successful operation returns, and the words its outcome line uses for it.
