@@ -136,7 +136,6 @@ pub trait Provider {
 
 /// Export a [`Provider`] implementation as the plugin's `plugin` and `provider` interfaces.
 /// Use it exactly once per plugin crate.
-#[cfg(not(feature = "contract-v0-1"))]
 #[macro_export]
 macro_rules! export_provider {
     ($ty:ty) => {
@@ -196,17 +195,7 @@ macro_rules! export_provider {
                 fn check() -> ::std::vec::Vec<$crate::TargetStatus> {
                     <$ty as $crate::Provider>::check()
                 }
-                fn quote(
-                    placement: $crate::Placement,
-                ) -> ::core::result::Result<::core::option::Option<$crate::Price>, $crate::ProviderError>
-                {
-                    let region = placement.region.clone();
-                    <$ty as $crate::Provider>::OUTCOMES.log(
-                        "quote",
-                        &region,
-                        <$ty as $crate::Provider>::quote(placement),
-                    )
-                }
+                $crate::__export_quote!($ty);
             }
 
             $crate::bindings::export!(__EgressExport with_types_in $crate::bindings);
@@ -214,72 +203,32 @@ macro_rules! export_provider {
     };
 }
 
-/// [`export_provider!`] for `egress:provider@0.1.0`.
+/// The `quote` export of [`export_provider!`]: a function of `egress:provider@0.2.0`, and
+/// nothing under the `contract-v0-1` feature (0.1.0 has no `quote`).
+#[doc(hidden)]
+#[cfg(not(feature = "contract-v0-1"))]
+#[macro_export]
+macro_rules! __export_quote {
+    ($ty:ty) => {
+        fn quote(
+            placement: $crate::Placement,
+        ) -> ::core::result::Result<::core::option::Option<$crate::Price>, $crate::ProviderError> {
+            let region = placement.region.clone();
+            <$ty as $crate::Provider>::OUTCOMES.log(
+                "quote",
+                &region,
+                <$ty as $crate::Provider>::quote(placement),
+            )
+        }
+    };
+}
+
+/// See the 0.2.0 definition: 0.1.0 has no `quote`.
+#[doc(hidden)]
 #[cfg(feature = "contract-v0-1")]
 #[macro_export]
-macro_rules! export_provider {
-    ($ty:ty) => {
-        const _: () = {
-            struct __EgressExport;
-
-            impl $crate::bindings::exports::egress::provider::plugin::Guest for __EgressExport {
-                fn info() -> $crate::PluginInfo {
-                    <$ty as $crate::Provider>::info()
-                }
-                fn validate_config(
-                    config: ::std::string::String,
-                ) -> ::core::result::Result<(), $crate::ProviderError> {
-                    <$ty as $crate::Provider>::validate_config(&config)
-                }
-            }
-
-            impl $crate::bindings::exports::egress::provider::provider::Guest for __EgressExport {
-                fn create(
-                    req: $crate::CreateRequest,
-                ) -> ::core::result::Result<::std::string::String, $crate::ProviderError> {
-                    let name = req.name.clone();
-                    <$ty as $crate::Provider>::OUTCOMES.log(
-                        "create",
-                        &name,
-                        <$ty as $crate::Provider>::create(req),
-                    )
-                }
-                fn get(
-                    id: ::std::string::String,
-                ) -> ::core::result::Result<$crate::Instance, $crate::ProviderError> {
-                    <$ty as $crate::Provider>::OUTCOMES.log(
-                        "get",
-                        &id,
-                        <$ty as $crate::Provider>::get(&id),
-                    )
-                }
-                fn delete(
-                    id: ::std::string::String,
-                ) -> ::core::result::Result<(), $crate::ProviderError> {
-                    <$ty as $crate::Provider>::OUTCOMES.log(
-                        "delete",
-                        &id,
-                        <$ty as $crate::Provider>::delete(&id),
-                    )
-                }
-                fn list_by_tag(
-                    installation: ::std::string::String,
-                ) -> ::core::result::Result<::std::vec::Vec<$crate::Instance>, $crate::ProviderError>
-                {
-                    <$ty as $crate::Provider>::OUTCOMES.log(
-                        "list",
-                        &installation,
-                        <$ty as $crate::Provider>::list_by_tag(&installation),
-                    )
-                }
-                fn check() -> ::std::vec::Vec<$crate::TargetStatus> {
-                    <$ty as $crate::Provider>::check()
-                }
-            }
-
-            $crate::bindings::export!(__EgressExport with_types_in $crate::bindings);
-        };
-    };
+macro_rules! __export_quote {
+    ($ty:ty) => {};
 }
 
 impl PluginInfo {

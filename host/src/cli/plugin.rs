@@ -39,7 +39,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         "file": p.path,
         "sha256": p.sha256,
         "sizeBytes": p.size,
-        "world": format!("egress:provider@{}", p.world_version),
+        "world": format!("egress:provider@{}", p.version()),
         "type": p.info.type_name,
         "version": p.info.version,
         "hasCheck": p.info.has_check,

@@ -161,7 +161,7 @@ async fn example_passes_the_suite() {
 async fn the_example_built_by_the_sdk_for_0_1_0_passes_the_suite() {
     let _dir = plugins_or_skip!();
     let s = example_from("example-v0.1.0.wasm").await;
-    assert_eq!(s.p.plugin().world_version, "0.1.0");
+    assert_eq!(s.p.plugin().version().as_str(), "0.1.0");
     assert_all_pass(&run_suite(&s).await);
     assert!(s.emu.dump().instances.is_empty(), "the suite cleans up");
 }

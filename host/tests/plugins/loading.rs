@@ -14,7 +14,7 @@ async fn loads_components_and_reads_info() {
         let rt = support::runtime_with(pooling);
         assert_eq!(rt.pooling(), pooling);
         let example = rt.load_plugin(&dir.join("example.wasm")).await.unwrap();
-        assert_eq!(example.world_version, "0.2.0");
+        assert_eq!(example.version().as_str(), "0.2.0");
         assert_eq!(example.info.type_name, "example");
         assert!(example.info.has_check);
         let hostile = rt

@@ -80,7 +80,7 @@ async fn a_0_1_0_plugin_and_a_0_2_0_plugin_pass_the_suite_in_one_run() {
         (dir.join("hetzner.wasm"), "0.2.0"),
     ] {
         let plugin = load_path(&rt, &path).await;
-        assert_eq!(plugin.world_version, version, "{}", path.display());
+        assert_eq!(plugin.version().as_str(), version, "{}", path.display());
         assert_eq!(plugin.info.type_name, "hetzner");
         let hz = hetzner(&rt, plugin, "").await;
         let control = Control::new(&hz.emu.url()).unwrap();

@@ -19,7 +19,7 @@ pub(crate) enum GuestCall<'a> {
 /// A plugin's answer, lifted out of its version's types and not yet checked (see
 /// `reply::check`).
 pub(crate) enum GuestReply {
-    Info(RawInfo),
+    Info(PluginInfo),
     Unit(Result<(), GuestError>),
     Id(Result<String, GuestError>),
     Instance(Result<RawInstance, GuestError>),
@@ -67,14 +67,16 @@ pub(crate) struct RawInstance {
     pub hourly_price: Option<Price>,
 }
 
-/// What a plugin says about itself, before the host checks it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RawInfo {
+/// What a plugin says about itself (`plugin.info`), read once at load; checked by
+/// `reply::check` before the host keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginInfo {
     pub type_name: String,
     pub version: String,
     pub has_check: bool,
     pub default_hosts: Vec<String>,
     pub profile: Vec<(String, String)>,
-    /// Requests per hour and burst (0.2.0 and later).
-    pub default_budget: Option<(u32, u32)>,
+    /// The budget a provider of this plugin gets when its entry sets none (contract 0.2.0;
+    /// capped, see `budget::cap_default`).
+    pub default_budget: Option<crate::rate::Spec>,
 }

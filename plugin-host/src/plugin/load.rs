@@ -12,25 +12,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// What a plugin says about itself (`plugin.info`), read once at load.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PluginInfo {
-    pub type_name: String,
-    pub version: String,
-    pub has_check: bool,
-    pub default_hosts: Vec<String>,
-    pub profile: Vec<(String, String)>,
-    /// The budget a provider of this plugin gets when its entry sets none (contract 0.2.0;
-    /// capped, see `budget::cap_default`).
-    pub default_budget: Option<crate::rate::Spec>,
-}
+pub use super::guest::PluginInfo;
 
 /// A compiled, pre-linked plugin file.
 pub struct LoadedPlugin {
     pub path: PathBuf,
     pub sha256: String,
     pub size: u64,
-    pub world_version: String,
     pub info: PluginInfo,
     pub cache: CacheOutcome,
     /// What its compile used, when it was compiled in a child process.
@@ -45,7 +33,7 @@ impl std::fmt::Debug for LoadedPlugin {
         f.debug_struct("LoadedPlugin")
             .field("path", &self.path)
             .field("sha256", &self.sha256)
-            .field("world_version", &self.world_version)
+            .field("world_version", &self.version())
             .field("info", &self.info)
             .finish_non_exhaustive()
     }
@@ -250,15 +238,7 @@ impl Runtime {
             path: p(),
             sha256,
             size: bytes.len() as u64,
-            world_version: world_version.as_str().to_string(),
-            info: PluginInfo {
-                type_name: String::new(),
-                version: String::new(),
-                has_check: false,
-                default_hosts: Vec::new(),
-                profile: Vec::new(),
-                default_budget: None,
-            },
+            info: PluginInfo::default(),
             cache,
             compile,
             load_time,
@@ -301,21 +281,12 @@ impl Runtime {
                 });
             }
         };
-        plugin.info = PluginInfo {
-            type_name: info.type_name,
-            version: info.version,
-            has_check: info.has_check,
-            default_hosts: info.default_hosts,
-            profile: info.profile,
-            default_budget: info
-                .default_budget
-                .map(|(per_hour, burst)| crate::rate::Spec { per_hour, burst }),
-        };
+        plugin.info = info;
         tracing::info!(
             plugin = %path.display(),
             r#type = %plugin.info.type_name,
             version = %plugin.info.version,
-            world = %plugin.world_version,
+            world = %plugin.version(),
             size = plugin.size,
             cache = ?plugin.cache,
             load_ms = plugin.load_time.as_secs_f64() * 1000.0,

@@ -17,7 +17,7 @@
 //! camelCase keys (others are dropped). Its message is scrubbed free text like any other,
 //! for the operator's log only: the operator never publishes it.
 
-use super::guest::{GuestError, GuestReply, RawInfo, RawInstance};
+use super::guest::{GuestError, GuestReply, PluginInfo, RawInstance};
 use crate::policy::instance_address_problem;
 use crate::provider::{Price, State, TargetStatus};
 use crate::redact::{Redactor, cut, escape_controls};
@@ -327,7 +327,7 @@ fn quote(v: &str) -> String {
     format!("{:?}", cut(&escape_controls(v), 64))
 }
 
-fn info(i: RawInfo) -> Result<RawInfo, String> {
+fn info(i: PluginInfo) -> Result<PluginInfo, String> {
     if !crate::config::is_dns1123_label(&i.type_name) {
         return Err(format!(
             "info.type-name {} must be a DNS-1123 label (1 to 63 lowercase letters, digits or '-')",
@@ -357,7 +357,7 @@ fn info(i: RawInfo) -> Result<RawInfo, String> {
             "info.profile must be at most 64 printable pairs of at most {MAX_LABEL} bytes"
         ));
     }
-    if let Some((per_hour, burst)) = i.default_budget
+    if let Some(crate::rate::Spec { per_hour, burst }) = i.default_budget
         && (per_hour == 0 || burst == 0)
     {
         return Err(format!(
@@ -749,25 +749,28 @@ mod tests {
 
     #[test]
     fn info_rules() {
-        let base = RawInfo {
+        let base = PluginInfo {
             type_name: "hetzner".into(),
             version: "0.1.0".into(),
             has_check: true,
             default_hosts: vec!["https://api.hetzner.cloud".into()],
             profile: vec![("create".into(), "sync".into())],
-            default_budget: Some((3600, 100)),
+            default_budget: Some(crate::rate::Spec {
+                per_hour: 3600,
+                burst: 100,
+            }),
         };
         assert!(info(base.clone()).is_ok());
         let bad = [
-            RawInfo {
+            PluginInfo {
                 type_name: "Bad Name".into(),
                 ..base.clone()
             },
-            RawInfo {
+            PluginInfo {
                 version: "1\n2".into(),
                 ..base.clone()
             },
-            RawInfo {
+            PluginInfo {
                 profile: vec![("k".into(), "v\u{1b}[31m".into())],
                 ..base.clone()
             },

@@ -4,7 +4,7 @@
 //! its own that rarely changes: regenerating bindings is the slow part of an incremental
 //! build.
 
-use crate::plugin::guest::{GuestCall, GuestError, GuestReply, RawInfo, RawInstance};
+use crate::plugin::guest::{GuestCall, GuestError, GuestReply, PluginInfo, RawInstance};
 use crate::plugin::host_services::{LogLevel, SecretProblem};
 use crate::plugin::sandbox::CallState;
 use crate::provider::{Capacity, Class, IpFamily, State, TargetStatus};
@@ -149,8 +149,8 @@ fn target(t: wit::TargetStatus) -> TargetStatus {
     }
 }
 
-fn info(i: wit::PluginInfo) -> RawInfo {
-    RawInfo {
+fn info(i: wit::PluginInfo) -> PluginInfo {
+    PluginInfo {
         type_name: i.type_name,
         version: i.version,
         has_check: i.has_check,

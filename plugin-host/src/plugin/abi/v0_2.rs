@@ -3,7 +3,7 @@
 //! Frozen with `wit/v0.2.0` once released. What it adds to 0.1.0 is listed at the top of
 //! its WIT file.
 
-use crate::plugin::guest::{GuestCall, GuestError, GuestReply, RawInfo, RawInstance};
+use crate::plugin::guest::{GuestCall, GuestError, GuestReply, PluginInfo, RawInstance};
 use crate::plugin::host_services::{LogLevel, SecretProblem};
 use crate::plugin::sandbox::CallState;
 use crate::provider::{Capacity, Class, IpFamily, Placement, Price, State, TargetStatus};
@@ -161,14 +161,17 @@ fn target(t: wit::TargetStatus) -> TargetStatus {
     }
 }
 
-fn info(i: wit::PluginInfo) -> RawInfo {
-    RawInfo {
+fn info(i: wit::PluginInfo) -> PluginInfo {
+    PluginInfo {
         type_name: i.type_name,
         version: i.version,
         has_check: i.has_check,
         default_hosts: i.default_hosts,
         profile: i.profile,
-        default_budget: i.default_budget.map(|b| (b.requests_per_hour, b.burst)),
+        default_budget: i.default_budget.map(|b| crate::rate::Spec {
+            per_hour: b.requests_per_hour,
+            burst: b.burst,
+        }),
     }
 }
 
