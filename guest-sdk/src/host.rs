@@ -49,7 +49,8 @@ pub fn secret_string(key: &str) -> Result<String, ProviderError> {
 /// Makes `value` a secret of this provider, as its configured secrets are: the host then
 /// removes it from every log line, error and reply of every later call, in every encoding.
 /// For what the plugin derives from its secrets: an exchanged access token, a signature,
-/// a session cookie. Values under 8 bytes are ignored; one over 4096 bytes ends the call.
+/// a session cookie. Values under 8 bytes are ignored; one over 2048 bytes ends the call. The
+/// host holds the 8 latest values.
 #[cfg(not(feature = "contract-v0-1"))]
 pub fn mark_sensitive(value: &[u8]) {
     if let Ok(text) = std::str::from_utf8(value) {

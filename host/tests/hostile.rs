@@ -958,7 +958,7 @@ async fn contract_0_2_0_inputs_are_checked_and_bounded() {
     // Too long to hold: the call ends, naming the bound; the value is never shown.
     let e = p.get("mark-huge:5000").await.expect_err("too long");
     assert_eq!(e.class, Class::Transient);
-    assert!(e.message.contains("5000 bytes, more than the 4096"), "{e}");
+    assert!(e.message.contains("5000 bytes, more than the 2048"), "{e}");
 
     // New reply fields: an interrupted instance must be stopped or terminated, a price
     // must name an ISO 4217 currency, an IPv6 address must be one and public.

@@ -173,12 +173,15 @@ enum Slot {
 }
 
 /// What a plugin marks sensitive itself (`host.mark-sensitive`, contract 0.2.0): its
-/// latest this many values are held, an older one is retired (kept while there is room,
-/// like a gone Proxy's values).
-pub const DERIVED_VALUES: u8 = 16;
-/// The longest value a plugin may mark sensitive: an access token or a signature is far
-/// shorter; a longer value ends the call (see `host_services`).
-pub const MAX_DERIVED_BYTES: usize = 4096;
+/// latest this many values are held, and an older one is dropped at once (a token replaced
+/// by its successor), never kept as retired: the redaction memory is shared by every
+/// provider, and what a plugin marks must not take another provider's room. At
+/// [`MAX_DERIVED_BYTES`] a value costs about 130 KiB of automaton, so a plugin holds at most
+/// about 1 MiB (`tests::a_flood_of_derived_values_stays_within_the_ring`).
+pub const DERIVED_VALUES: u8 = 8;
+/// The longest value a plugin may mark sensitive: an access token, a signed assertion or a
+/// signature is shorter; a longer value ends the call (see `host_services`).
+pub const MAX_DERIVED_BYTES: usize = 2048;
 /// Shorter values are ignored: they would match ordinary text everywhere.
 pub const MIN_DERIVED_BYTES: usize = 8;
 /// The owner of derived values: a Proxy's UID is never empty.
@@ -460,10 +463,24 @@ impl Sensitive {
             return Ok(false);
         }
         let place = inner.next_derived % DERIVED_VALUES;
+        let previous = inner
+            .owners
+            .get(&(owner.clone(), Slot::Derived(place)))
+            .copied();
         let new = self.hold(&mut inner, DERIVED_OWNER, Slot::Derived(place), k, |_| {
             (secret_units(value), vec![])
         })?;
         inner.next_derived = (place + 1) % DERIVED_VALUES;
+        // The value pushed out of the ring goes now, unless something else holds it.
+        if let Some(p) = previous
+            && inner.holdings.get(&p).is_some_and(|h| h.retired)
+        {
+            let freed = inner.drop_holding(p);
+            self.limit.give(freed);
+            if inner.segments.iter().any(|c| c.dead * 2 > c.cost) {
+                inner.compiled = None;
+            }
+        }
         Ok(new)
     }
 
@@ -837,8 +854,7 @@ mod tests {
 
     /// What a plugin marks sensitive is held in a ring of its latest values: the same value
     /// marked again (a cached token, on every call) keeps its place and costs nothing; one
-    /// pushed out of the ring is retired, still scrubbed while there is room, and dropped
-    /// first when there is none.
+    /// pushed out of the ring is dropped at once.
     #[test]
     fn derived_values_are_held_in_a_ring() {
         let s = Sensitive::new(MemoryLimit::new(DEFAULT_LIMIT_BYTES));
@@ -859,9 +875,9 @@ mod tests {
                 Ok(true)
             );
         }
-        // The first value left the ring but is still scrubbed while retired values fit.
         let r = s.redactor();
-        assert!(r.finds_whole("token-number-0000"));
+        assert!(!r.finds_whole("token-number-0000"), "pushed out, dropped");
+        assert!(r.finds_whole("token-number-0001"));
         assert!(r.finds_whole(&format!("token-number-{:04}", DERIVED_VALUES)));
         let held = s
             .lock()
@@ -874,15 +890,35 @@ mod tests {
             usize::from(DERIVED_VALUES),
             "the ring holds its latest values"
         );
-        // Far more values than the ring: retired ones are trimmed to an eighth of the limit.
-        for i in 0..2_000u32 {
-            s.mark_derived(format!("rotating-token-{i:06}-{}", "x".repeat(64)).as_bytes())
-                .unwrap();
+    }
+
+    /// A hostile plugin marking a new value of the largest size on and on (what a call of
+    /// `mark-flood` does) holds no more of the shared redaction memory than its ring: about
+    /// 1 MiB, whatever the number of values.
+    #[test]
+    fn a_flood_of_derived_values_stays_within_the_ring() {
+        let limit = MemoryLimit::new(DEFAULT_LIMIT_BYTES);
+        let s = Sensitive::new(limit.clone());
+        let mut seed = 7u64;
+        let mut value = || {
+            (0..MAX_DERIVED_BYTES)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    b'a' + ((seed >> 33) % 26) as u8
+                })
+                .collect::<Vec<u8>>()
+        };
+        let mut peak = 0;
+        for _ in 0..300 {
+            s.mark_derived(&value()).unwrap();
+            let _ = s.redactor();
+            peak = peak.max(limit.used());
         }
+        assert!(peak < 3 << 20, "the ring's values took {} KiB", peak >> 10);
         assert!(
-            s.cost() < DEFAULT_LIMIT_BYTES / 8 + 2 * (1 << 20),
-            "{} bytes",
-            s.cost()
+            s.cost() < 3 << 19,
+            "held after the flood: {} KiB",
+            s.cost() >> 10
         );
     }
 

@@ -25,6 +25,7 @@ mod rbac;
 mod run;
 mod status_page;
 mod threat_compile;
+mod threat_contract;
 mod threat_credentials;
 mod threat_http;
 mod threat_network;

@@ -582,6 +582,19 @@ impl Provider for Hostile {
                 Err(ProviderError::transient(format!("token {arg}")).with_code(arg))
             }
             "id" => Ok(instance(arg, "", "u")),
+            // A new value of the largest size, again and again: the shared redaction memory
+            // must not fill with one plugin's values. The last one goes into the error.
+            "mark-flood" => {
+                let mut last = String::new();
+                for _ in 0..arg.parse().unwrap_or(100) {
+                    last = egress_guest_sdk::random::random_bytes(1024)
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect();
+                    egress_guest_sdk::mark_sensitive(last.as_bytes());
+                }
+                Err(ProviderError::transient(format!("flooded, last {last}")))
+            }
             "mark-huge" => {
                 egress_guest_sdk::mark_sensitive(&vec![b'a'; arg.parse().unwrap_or(1 << 20)]);
                 Ok(report("marked"))

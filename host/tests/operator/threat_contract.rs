@@ -1,0 +1,202 @@
+//! Contract 0.2.0's inputs against the real `proxy-operator run` binary under the
+//! Deployment's limits (threat model: plugin -> host, 0.2.0 rows): the hostile plugin is the
+//! only provider, and each Proxy's create runs one attack (`machineType: get:<attack>`).
+//! What a plugin marks sensitive never reaches a Proxy's status, an Event, `/metrics` or the
+//! log; a flood of marked values stays within the operator's memory; a value too long to
+//! hold fails that Proxy's create and says why on it; a rate limit the plugin reports is a
+//! quota wait; and the operator stays ready throughout. (The reply fields 0.2.0 adds come
+//! back from `get`, which `create` does not return: `hostile.rs` attacks them.)
+
+use crate::harness::{Limits, fake_cluster, start_operator_limited, wait_for};
+use crate::support;
+
+use kube::api::{Api, PostParams};
+use proxy_operator::api::{Proxy, condition};
+use proxy_operator::controller::decide::reason;
+use serde_json::json;
+use std::time::Duration;
+
+const TOKEN: &str = "derived-token-SENTINEL-8f3a";
+
+fn proxy(name: &str, attack: &str) -> Proxy {
+    serde_json::from_value(json!({
+        "apiVersion": "egress.proxy-operator.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"provider": "hostile",
+                 "placement": {"region": "r1", "machineType": format!("get:{attack}")},
+                 "cloudInit": {"inline": "#cloud-config\n"}, "port": 3128},
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_0_2_0_inputs_are_bounded_in_a_running_operator() {
+    let plugin_dir = plugins_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    std::fs::copy(
+        plugin_dir.join("testing").join("hostile.wasm"),
+        plugins.join("hostile.wasm"),
+    )
+    .unwrap();
+    let (fake, client, kubeconfig) = fake_cluster(dir.path()).await;
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(
+        &providers,
+        "providers:\n- name: hostile\n  plugin: hostile.wasm\n",
+    )
+    .unwrap();
+    let Some(op) = start_operator_limited(
+        &plugins,
+        &providers,
+        &kubeconfig,
+        dir.path(),
+        &[],
+        &[],
+        Limits::Deployment,
+    ) else {
+        return;
+    };
+    wait_for("/readyz", Duration::from_secs(60), async || {
+        (op.get("/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+
+    // (name, attack, reason on the Proxy, what its message says)
+    let cases = [
+        (
+            "marked",
+            format!("mark:{TOKEN}"),
+            reason::PROVIDER_ERROR,
+            "[REDACTED]",
+        ),
+        (
+            "huge",
+            "mark-huge:5000".to_string(),
+            reason::PROVIDER_ERROR,
+            "5000 bytes, more than the 2048",
+        ),
+        (
+            "rate",
+            "rate-limited:4294967295".to_string(),
+            reason::QUOTA_EXCEEDED,
+            "slow down",
+        ),
+    ];
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    for (name, attack, _, _) in &cases {
+        proxies
+            .create(&PostParams::default(), &proxy(name, attack))
+            .await
+            .unwrap();
+    }
+    for (name, attack, want_reason, says) in &cases {
+        let c = wait_for(
+            &format!("{name} ({attack}) said on the Proxy"),
+            Duration::from_secs(90),
+            async || {
+                let p = proxies.get(name).await.ok()?;
+                let c = p.condition(condition::PROVISIONED)?.clone();
+                (c.reason == *want_reason && c.message.contains(says)).then_some(c)
+            },
+        )
+        .await;
+        assert!(!c.message.contains(TOKEN), "{name}: {c:?}");
+    }
+    // Once marked, the value is refused as an instance ID (value withheld).
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy("as-id", &format!("id:{TOKEN}")),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "the marked value refused as an ID",
+        Duration::from_secs(90),
+        async || {
+            let p = proxies.get("as-id").await.ok()?;
+            let c = p.condition(condition::PROVISIONED)?.clone();
+            c.message
+                .contains("plugin reply rejected: id holds a secret")
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        proxies
+            .get("as-id")
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default()
+            .provider_id,
+        None
+    );
+
+    // Nothing shows the marked value: statuses, Events, /metrics, the log.
+    // (Only the statuses: the specs hold the value, in the attack the test wrote.)
+    let statuses: Vec<_> = proxies
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|p| p.status)
+        .collect();
+    let statuses = serde_json::to_string(&statuses).unwrap();
+    let events = serde_json::to_string(&fake.objects("events.events.k8s.io")).unwrap();
+    let (_, metrics) = op.get("/metrics").await;
+    for (what, text) in [
+        ("statuses", &statuses),
+        ("events", &events),
+        ("metrics", &metrics),
+        ("log", &op.log()),
+    ] {
+        if let Some(at) = text.find(TOKEN) {
+            let from = text[..at]
+                .char_indices()
+                .rev()
+                .nth(300)
+                .map_or(0, |(i, _)| i);
+            panic!(
+                "the marked value is in the {what}: ...{}",
+                &text[from..(at + 60).min(text.len())]
+            );
+        }
+    }
+    assert!(
+        op.log().contains("[REDACTED]"),
+        "the marked value was scrubbed from the log"
+    );
+
+    // A flood of marked values (each create marks 400 new ones, and is retried again and
+    // again): scrubbed too, and the operator stays ready and within the Deployment's memory.
+    // It comes last: it pushes the plugin's earlier values out of their ring of 8, so the
+    // marked value may then show (the plugin forgot its own secret, which a hostile plugin
+    // can show anyway); it can never push out a Proxy's values or another provider's.
+    proxies
+        .create(&PostParams::default(), &proxy("flood", "mark-flood:400"))
+        .await
+        .unwrap();
+    wait_for(
+        "the flood said on the Proxy",
+        Duration::from_secs(90),
+        async || {
+            let p = proxies.get("flood").await.ok()?;
+            let c = p.condition(condition::PROVISIONED)?.clone();
+            (c.reason == reason::PROVIDER_ERROR && c.message.contains("flooded, last [REDACTED]"))
+                .then_some(())
+        },
+    )
+    .await;
+
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(op.get("/readyz").await.0, 200);
+    if let Some(cgroup) = op.cgroup.as_ref() {
+        assert_eq!(cgroup.oom_kills(), 0, "OOM kills in the operator's cgroup");
+        eprintln!("the pod's memory peaked at {} MiB", cgroup.peak() >> 20);
+    }
+}
