@@ -10,7 +10,12 @@ use tokio::task::JoinHandle;
 /// Serves on `127.0.0.1:port` (0: any free port) until the returned task is aborted or the
 /// runtime ends; returns the bound port.
 pub async fn start(port: u16) -> io::Result<(u16, JoinHandle<()>)> {
-    let l = TcpListener::bind(("127.0.0.1", port)).await?;
+    start_at(std::net::Ipv4Addr::LOCALHOST.into(), port).await
+}
+
+/// [`start`] on another loopback address: `::1` for clients that come over IPv6.
+pub async fn start_at(ip: std::net::IpAddr, port: u16) -> io::Result<(u16, JoinHandle<()>)> {
+    let l = TcpListener::bind((ip, port)).await?;
     let port = l.local_addr()?.port();
     let task = tokio::spawn(async move {
         loop {

@@ -63,7 +63,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -211,7 +211,7 @@ enum Resolved {
 }
 
 enum Running {
-    Tinyproxy { child: Child, conf: PathBuf, addr: SocketAddr },
+    Tinyproxy { child: Child, conf: PathBuf, addr: SocketAddr, ipv6: bool },
     Builtin(BuiltinProxy),
 }
 
@@ -220,6 +220,14 @@ impl Running {
         match self {
             Running::Tinyproxy { addr, .. } => *addr,
             Running::Builtin(b) => b.addr,
+        }
+    }
+
+    /// It listens on `[::1]:port` too.
+    fn ipv6(&self) -> bool {
+        match self {
+            Running::Tinyproxy { ipv6, .. } => *ipv6,
+            Running::Builtin(b) => b.ipv6,
         }
     }
 
@@ -410,6 +418,13 @@ impl RealProxies {
         self.lock().get(id).map(Running::port)
     }
 
+    /// The IPv6 address instance `id`'s proxy also listens on: `::1`, when its port was
+    /// free there. There is one IPv6 loopback address, so of instances sharing a port only
+    /// the first gets it; an emulator reports the others' IPv6 as unreachable.
+    pub fn ipv6_of(&self, id: &str) -> Option<Ipv6Addr> {
+        self.lock().get(id).filter(|r| r.ipv6()).map(|_| Ipv6Addr::LOCALHOST)
+    }
+
     /// Every running proxy: instance ID and port.
     pub fn listening(&self) -> Vec<(String, u16)> {
         self.lock().iter().map(|(id, r)| (id.clone(), r.port())).collect()
@@ -427,14 +442,20 @@ impl RealProxies {
         // then find the other listener; ask first. The built-in proxy binds for real here.
         let listener = TcpListener::bind((ip, port))
             .map_err(|e| format!("port {port} on {ip} is not available: {e}"))?;
+        // Dual stack where the IPv6 loopback has the port free, as a cloud instance has
+        // both addresses; without it (taken, or no IPv6 on this machine) IPv4 only.
+        let v6 = TcpListener::bind((Ipv6Addr::LOCALHOST, port)).ok();
         match &self.kind {
             Resolved::Builtin => {
                 let egress = self.own_addresses.then_some(ip);
-                BuiltinProxy::start(listener, id, users, clients, egress).map(Running::Builtin)
+                BuiltinProxy::start(listener, v6, id, users, clients, egress).map(Running::Builtin)
             }
             Resolved::Tinyproxy(bin) => {
                 drop(listener);
-                self.spawn_tinyproxy(bin, id, SocketAddr::from((ip, port)), &users, &clients)
+                let ipv6 = v6.is_some();
+                drop(v6);
+                let addr = SocketAddr::from((ip, port));
+                self.spawn_tinyproxy(bin, id, addr, ipv6, &users, &clients)
             }
         }
     }
@@ -444,15 +465,17 @@ impl RealProxies {
         bin: &Path,
         id: &str,
         addr: SocketAddr,
+        ipv6: bool,
         users: &[(String, String)],
         clients: &[Network],
     ) -> Result<Running, String> {
         let (ip, port) = (addr.ip(), addr.port());
+        let listen_v6 = if ipv6 { "Listen ::1\n" } else { "" };
         // With own addresses, outgoing connections leave from the instance's address.
         let bind = if self.own_addresses { format!("Bind {ip}\n") } else { String::new() };
         // The user data's client networks, or every loopback client.
         let allow: String = if clients.is_empty() {
-            "Allow 127.0.0.0/8\n".into()
+            "Allow 127.0.0.0/8\nAllow ::1\n".into()
         } else {
             clients.iter().map(|n| format!("Allow {}/{}\n", n.addr, n.prefix)).collect()
         };
@@ -465,7 +488,7 @@ impl RealProxies {
         std::fs::write(
             &conf,
             format!(
-                "Port {port}\nListen {ip}\n{bind}{allow}LogLevel Error\nMaxClients 100\nTimeout 120\n{auth}"
+                "Port {port}\nListen {ip}\n{listen_v6}{bind}{allow}LogLevel Error\nMaxClients 100\nTimeout 120\n{auth}"
             ),
         )
         .map_err(|e| format!("writing {}: {e}", conf.display()))?;
@@ -485,7 +508,7 @@ impl RealProxies {
                 return Err(format!("tinyproxy exited at start ({status})"));
             }
             if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                return Ok(Running::Tinyproxy { child, conf, addr });
+                return Ok(Running::Tinyproxy { child, conf, addr, ipv6 });
             }
             if Instant::now() >= deadline {
                 let _ = child.kill();
@@ -508,6 +531,8 @@ impl Drop for RealProxies {
 /// The built-in forward proxy: a thread with its own runtime, serving until dropped.
 struct BuiltinProxy {
     addr: SocketAddr,
+    /// It listens on `[::1]:port` too.
+    ipv6: bool,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -518,6 +543,7 @@ const MAX_HEAD: usize = 16 * 1024;
 impl BuiltinProxy {
     fn start(
         listener: TcpListener,
+        v6: Option<TcpListener>,
         id: &str,
         users: Vec<(String, String)>,
         clients: Vec<Network>,
@@ -530,8 +556,12 @@ impl BuiltinProxy {
                 .map(|(u, p)| data_encoding::BASE64.encode(format!("{u}:{p}").as_bytes()))
                 .collect(),
         );
-        listener.set_nonblocking(true).map_err(|e| format!("non-blocking listener: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let ipv6 = v6.is_some();
+        let listeners: Vec<TcpListener> = std::iter::once(listener).chain(v6).collect();
+        for l in &listeners {
+            l.set_nonblocking(true).map_err(|e| format!("non-blocking listener: {e}"))?;
+        }
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name(format!("proxy-{id}"))
@@ -544,32 +574,35 @@ impl BuiltinProxy {
                     }
                 };
                 rt.block_on(async move {
-                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                        return;
-                    };
-                    let accept = async {
-                        loop {
-                            let Ok((stream, peer)) = listener.accept().await else {
-                                continue;
-                            };
-                            if !peer.ip().is_loopback() {
-                                continue;
+                    let clients = Arc::new(clients);
+                    let accepts = listeners.into_iter().filter_map(|l| {
+                        let listener = tokio::net::TcpListener::from_std(l).ok()?;
+                        let (accepted, clients) = (accepted.clone(), clients.clone());
+                        Some(tokio::spawn(async move {
+                            loop {
+                                let Ok((stream, peer)) = listener.accept().await else {
+                                    continue;
+                                };
+                                if !peer.ip().is_loopback() {
+                                    continue;
+                                }
+                                // Like tinyproxy: a client outside the Allow networks gets 403.
+                                let allowed = clients.is_empty()
+                                    || clients.iter().any(|n| n.contains(peer.ip()));
+                                tokio::spawn(serve(stream, accepted.clone(), allowed, egress));
                             }
-                            // Like tinyproxy: a client outside the Allow networks gets 403.
-                            let allowed =
-                                clients.is_empty() || clients.iter().any(|n| n.contains(peer.ip()));
-                            tokio::spawn(serve(stream, accepted.clone(), allowed, egress));
-                        }
-                    };
-                    tokio::select! {
-                        _ = accept => {}
-                        _ = rx => {}
+                        }))
+                    });
+                    let accepts: Vec<_> = accepts.collect();
+                    let _ = rx.await;
+                    for a in accepts {
+                        a.abort();
                     }
                 });
                 // Dropping the runtime closes every open tunnel.
             })
             .map_err(|e| format!("spawning the proxy thread: {e}"))?;
-        Ok(BuiltinProxy { addr, shutdown: Some(tx), thread: Some(thread) })
+        Ok(BuiltinProxy { addr, ipv6, shutdown: Some(tx), thread: Some(thread) })
     }
 }
 

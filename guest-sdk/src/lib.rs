@@ -80,6 +80,10 @@ mod secrets_seen;
 pub mod tags;
 /// RFC 3339 to and from the WIT `datetime`.
 pub mod time;
+/// What a plugin did not declare it supports ([`Provider::IPV6`], [`Provider::SPOT`]),
+/// refused before its code runs.
+#[doc(hidden)]
+pub mod unsupported;
 
 pub use bindings::egress::provider::host::Level;
 #[cfg(not(feature = "contract-v0-1"))]
@@ -108,6 +112,17 @@ pub trait Provider {
     /// [`export_provider!`] logs each `create`, `get`, `delete`, `list-by-tag` and `quote`
     /// with it (see [`outcome`]). `Outcomes::new("<type-name>")` for the usual levels.
     const OUTCOMES: outcome::Outcomes;
+    /// `create` honours `ip-family: ipv6`: the instance gets a public IPv6 address, reported
+    /// in `Instance::ipv6`. Left false, [`export_provider!`] refuses an IPv6 request as
+    /// permanent before `create` runs, so a plugin that never read the field cannot make
+    /// an instance its Proxy's clients cannot reach.
+    #[cfg(not(feature = "contract-v0-1"))]
+    const IPV6: bool = false;
+    /// `create` and `quote` honour `capacity: spot`. Left false, [`export_provider!`]
+    /// refuses a spot placement as permanent before either runs, so an on-demand instance
+    /// is never billed for what the user asked to be cheaper.
+    #[cfg(not(feature = "contract-v0-1"))]
+    const SPOT: bool = false;
     /// Static facts; called once at load, must not do I/O.
     fn info() -> PluginInfo;
     /// Check a config block (JSON). Runs with HTTP denied: validate, never dial.
@@ -158,11 +173,11 @@ macro_rules! export_provider {
                     req: $crate::CreateRequest,
                 ) -> ::core::result::Result<::std::string::String, $crate::ProviderError> {
                     let name = req.name.clone();
-                    <$ty as $crate::Provider>::OUTCOMES.log(
-                        "create",
-                        &name,
-                        <$ty as $crate::Provider>::create(req),
-                    )
+                    let result = match $crate::unsupported::create::<$ty>(&req) {
+                        Some(refused) => Err(refused),
+                        None => <$ty as $crate::Provider>::create(req),
+                    };
+                    <$ty as $crate::Provider>::OUTCOMES.log("create", &name, result)
                 }
                 fn get(
                     id: ::std::string::String,
@@ -214,11 +229,11 @@ macro_rules! __export_quote {
             placement: $crate::Placement,
         ) -> ::core::result::Result<::core::option::Option<$crate::Price>, $crate::ProviderError> {
             let region = placement.region.clone();
-            <$ty as $crate::Provider>::OUTCOMES.log(
-                "quote",
-                &region,
-                <$ty as $crate::Provider>::quote(placement),
-            )
+            let result = match $crate::unsupported::placement::<$ty>(&placement) {
+                Some(refused) => Err(refused),
+                None => <$ty as $crate::Provider>::quote(placement),
+            };
+            <$ty as $crate::Provider>::OUTCOMES.log("quote", &region, result)
         }
     };
 }

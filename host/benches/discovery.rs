@@ -72,6 +72,7 @@ async fn seed(client: &kube::Client) {
                 },
                 port: 3128,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         p.metadata.namespace = Some(ns.clone());

@@ -454,6 +454,7 @@ mod tests {
                 },
                 port: 3128,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         p.metadata.namespace = Some("default".into());
@@ -657,6 +658,7 @@ mod tests {
                 },
                 port: 1,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         p.metadata.namespace = Some("kube-public".into());

@@ -22,7 +22,7 @@ use crate::api::Proxy;
 use crate::proxy_cache::ProxyCache;
 use crate::registry::ProviderRegistry;
 use egress_plugin_host::provider::Priority;
-use egress_plugin_host::provider::{Instance, Pacing, Provider, State};
+use egress_plugin_host::provider::{Instance, IpFamily, Pacing, Provider, State};
 use kube::runtime::reflector::{ObjectRef, Store};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -243,6 +243,8 @@ impl Drop for InFlight {
 pub struct RunningView {
     pub id: String,
     pub ip: String,
+    /// The family `ip` was chosen in (`spec.ipFamily`).
+    pub family: IpFamily,
 }
 
 /// The Running view of a Proxy of provider `name`: not being deleted, `Running` with an
@@ -258,18 +260,23 @@ pub fn running_view(p: &Proxy, name: &str) -> Option<RunningView> {
     Some(RunningView {
         id: s.provider_id.clone().filter(|i| !i.is_empty())?,
         ip: s.ip.clone().filter(|i| !i.is_empty())?,
+        family: p.spec.ip_family.to_provider(),
     })
 }
 
 /// Whether `listing` confirms a Running Proxy as it is: its instance listed, Running, at
 /// the same address. Anything else (missing, stopped, another address) needs a Get.
 pub fn confirms(listing: &Listing, view: &RunningView) -> bool {
-    listed_running_at(listing.instances.get(&view.id), &view.ip)
+    listed_running_at(listing.instances.get(&view.id), &view.ip, view.family)
 }
 
-/// Whether a listed instance runs at `ip`.
-pub fn listed_running_at(listed: Option<&Instance>, ip: &str) -> bool {
-    listed.is_some_and(|i| i.state == State::Running && !i.ip.is_empty() && i.ip == ip)
+/// Whether a listed instance runs at `ip`, its address of `family`.
+pub fn listed_running_at(listed: Option<&Instance>, ip: &str, family: IpFamily) -> bool {
+    listed.is_some_and(|i| {
+        i.state == State::Running
+            && i.address(family)
+                .is_some_and(|a| Ok(a) == ip.parse::<std::net::IpAddr>())
+    })
 }
 
 /// The Proxies (keys) among `running` a new list does not confirm.
@@ -662,6 +669,10 @@ mod tests {
                 inst("moved", State::Running, "192.0.2.9"),
                 inst("stopped", State::Stopped, "192.0.2.3"),
                 inst("booting", State::Running, ""),
+                Instance {
+                    ipv6: "2001:db8::1".into(),
+                    ..inst("dual", State::Running, "192.0.2.5")
+                },
             ]
             .into_iter()
             .map(|i| (i.id.clone(), i))
@@ -671,6 +682,11 @@ mod tests {
         let view = |id: &str, ip: &str| RunningView {
             id: id.into(),
             ip: ip.into(),
+            family: IpFamily::V4,
+        };
+        let view6 = |id: &str, ip: &str| RunningView {
+            family: IpFamily::V6,
+            ..view(id, ip)
         };
         for (name, v, confirmed) in [
             (
@@ -694,6 +710,31 @@ mod tests {
                 view("booting", "192.0.2.4"),
                 false,
             ),
+            (
+                "IPv4 of a dual-stack instance",
+                view("dual", "192.0.2.5"),
+                true,
+            ),
+            (
+                "IPv6 of a dual-stack instance",
+                view6("dual", "2001:db8::1"),
+                true,
+            ),
+            (
+                "IPv6 written another way",
+                view6("dual", "2001:0db8:0::1"),
+                true,
+            ),
+            (
+                "an IPv6 Proxy at the instance's IPv4 address",
+                view6("dual", "192.0.2.5"),
+                false,
+            ),
+            (
+                "an IPv6 Proxy of an IPv4-only instance",
+                view6("running", "192.0.2.1"),
+                false,
+            ),
         ] {
             assert_eq!(confirms(&listing, &v), confirmed, "{name}");
         }
@@ -715,6 +756,7 @@ mod tests {
                 cloud_init: CloudInit::default(),
                 port: 3128,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         assert_eq!(running_view(&p, "a"), None, "no status");
@@ -728,7 +770,8 @@ mod tests {
             running_view(&p, "a"),
             Some(RunningView {
                 id: "i-1".into(),
-                ip: "192.0.2.1".into()
+                ip: "192.0.2.1".into(),
+                family: IpFamily::V4,
             })
         );
         assert_eq!(running_view(&p, "b"), None, "another provider's");

@@ -235,6 +235,7 @@ mod tests {
                 cloud_init: Default::default(),
                 port: 3128,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         p.metadata.namespace = Some("ns".into());

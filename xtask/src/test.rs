@@ -67,6 +67,11 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
 
+    let mut ipv6 = None;
+    if !ipv6_loopback() {
+        ipv6 = Some(("EGRESS_NO_IPV6_LOOPBACK", "1"));
+    }
+
     // Formatting and clippy first: the cheapest way for a change to fail.
     let ws = crate::workspace()?;
     crate::lint::run(&ws.root)?;
@@ -96,6 +101,7 @@ pub fn run(args: &Args) -> Result<()> {
     for (k, v) in moto.iter().flat_map(MotoServer::env) {
         test.env(k, v);
     }
+    test.envs(ipv6);
 
     println!(
         "running: cargo test --workspace {}",
@@ -120,6 +126,33 @@ pub fn run(args: &Args) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) => Err(e.context("the e2e scenario against fake-kube failed")),
     }
+}
+
+/// The IPv6 loopback address (`::1`), which the IPv6 tests listen and dial on. Containers
+/// often start with IPv6 disabled on `lo`; as root it is turned on (nothing leaves the
+/// machine either way). Where it cannot be, the IPv6 tests are excused by name, said here
+/// once and loudly, rather than failing the run on a kernel setting no package installs.
+fn ipv6_loopback() -> bool {
+    let bound = || std::net::TcpListener::bind("[::1]:0").is_ok();
+    if bound() {
+        return true;
+    }
+    let knob = "/proc/sys/net/ipv6/conf/lo/disable_ipv6";
+    if std::fs::write(knob, "0").is_ok() {
+        // The address comes back a moment after the setting.
+        for _ in 0..50 {
+            if bound() {
+                println!("turned on IPv6 on the loopback interface ({knob}=0) for the IPv6 tests");
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    eprintln!(
+        "\n!!! this machine has no IPv6 loopback address (::1) and it could not be turned on \
+         ({knob}): the IPv6 tests are SKIPPED (EGRESS_NO_IPV6_LOOPBACK=1)\n"
+    );
+    false
 }
 
 fn on_path(bin: &str) -> bool {

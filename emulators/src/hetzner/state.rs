@@ -326,8 +326,16 @@ impl Backend {
             return;
         };
         let ip = proxies.start(&id.to_string(), s.user_data.as_deref().map(str::as_bytes));
+        let ipv6 = s.ipv6;
         if let Some(addr) = s.ipv4.and_then(|i| self.ips.get_mut(&i)) {
             addr.ip = ip.to_string();
+        }
+        // Hetzner gives a server a /64 and its images configure the network's `::1` on it:
+        // `::/64` makes that `::1`, where the proxy listens too (when the port was free).
+        if proxies.ipv6_of(&id.to_string()).is_some()
+            && let Some(net) = ipv6.and_then(|i| self.ips.get_mut(&i))
+        {
+            net.ip = "::/64".into();
         }
     }
 
@@ -418,13 +426,22 @@ impl Backend {
 
     // ---- control surface ----------------------------------------------------------------
 
-    /// `None` deletes the server's primary IPv4 (as if it had been created without one);
-    /// `Some` gives it that address, creating an auto-delete primary IP when it has none.
+    /// `None` deletes the server's primary IPs, IPv4 and IPv6 (as if it had been created
+    /// without any: no address at all); `Some` gives it that IPv4 address, creating an
+    /// auto-delete primary IP when it has none.
     fn set_address_server(&mut self, id: u64, ip: Option<&str>) -> bool {
         let Some(s) = self.servers.get(&id) else {
             return false;
         };
         let (current, location) = (s.ipv4, s.location.clone());
+        if ip.is_none()
+            && let Some(v6) = s.ipv6
+        {
+            self.ips.remove(&v6);
+            if let Some(s) = self.servers.get_mut(&id) {
+                s.ipv6 = None;
+            }
+        }
         match (ip, current) {
             (None, Some(iid)) => {
                 self.ips.remove(&iid);

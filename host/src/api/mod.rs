@@ -13,10 +13,10 @@ mod schema;
 
 pub use provider_health::{ProviderHealth, ProviderHealthSpec, ProviderHealthStatus, TargetHealth};
 pub use proxy::{
-    ANNOTATION_SKIP_CLEANUP, AuthType, CloudInit, LABEL_POOL, LastProbe, MAX_ALLOWED_CLIENTS,
-    MAX_CLIENT, MAX_IMAGE, MAX_INLINE_CLOUD_INIT, MAX_PLACEMENT_VALUE, MAX_PROVIDER_NAME,
-    MAX_SECRET_KEY, MAX_SECRET_NAME, Placement, Proxy, ProxyAuth, ProxySpec, ProxyStatus,
-    SecretKeyRef,
+    ANNOTATION_SKIP_CLEANUP, AuthType, CloudInit, IpFamily, LABEL_POOL, LastProbe,
+    MAX_ALLOWED_CLIENTS, MAX_CLIENT, MAX_IMAGE, MAX_INLINE_CLOUD_INIT, MAX_PLACEMENT_VALUE,
+    MAX_PROVIDER_NAME, MAX_SECRET_KEY, MAX_SECRET_NAME, Placement, Proxy, ProxyAuth, ProxySpec,
+    ProxyStatus, SecretKeyRef,
 };
 pub use proxy_pool::{
     MAX_ANNOTATION_VALUE, MAX_DURATION_TEXT, MAX_JITTER_PERCENT, MAX_LABEL_VALUE, MAX_MIN_READY,
@@ -194,6 +194,7 @@ mod tests {
                 },
                 port: 3128,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         p.metadata.namespace = Some("default".into());

@@ -98,6 +98,36 @@ pub struct ProxySpec {
     /// Who may use the proxy. Absent: credentials the operator generates.
     #[serde(default, skip_serializing_if = "ProxyAuth::is_default")]
     pub auth: ProxyAuth,
+    /// The address family the proxy's clients connect over: `IPv4` (the default) or
+    /// `IPv6`. With `IPv6` the instance must get a public IPv6 address (a provider that
+    /// cannot give one refuses the Proxy, naming this field), and `status.ip` and the
+    /// discovery API give that address. Changing it replaces the instance.
+    #[serde(default, skip_serializing_if = "IpFamily::is_default")]
+    pub ip_family: IpFamily,
+}
+
+/// See [`ProxySpec::ip_family`]. Spelled as a Service's `ipFamilies` entries are.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum IpFamily {
+    #[default]
+    IPv4,
+    IPv6,
+}
+
+impl IpFamily {
+    /// Not serialized when default, so a Proxy written before `ipFamily` existed reads
+    /// back (and hashes) the same.
+    pub fn is_default(&self) -> bool {
+        *self == IpFamily::default()
+    }
+
+    /// The runtime's name for it, as a create request carries it.
+    pub fn to_provider(self) -> egress_plugin_host::provider::IpFamily {
+        match self {
+            IpFamily::IPv4 => egress_plugin_host::provider::IpFamily::V4,
+            IpFamily::IPv6 => egress_plugin_host::provider::IpFamily::V6,
+        }
+    }
 }
 
 /// How the proxy admits clients. The operator hands the values to the cloud-init through

@@ -5,7 +5,7 @@ use super::control::Control;
 use super::{Options, Profile, Subject};
 use egress_emulator_protocol::{DumpInstance, Fault, FaultKind, FaultOp, Plant};
 use egress_plugin_host::provider::{
-    Class, CreateRequest, Instance, Provider, ProviderError, State, name_from_uid,
+    Class, CreateRequest, Instance, IpFamily, Provider, ProviderError, State, name_from_uid,
 };
 use std::future::Future;
 use std::pin::Pin;
@@ -57,6 +57,7 @@ pub const CASES: &[Case] = &[
     case!("concurrent-creates-make-one-instance", concurrent_creates),
     case!("running-has-an-ip", running_has_an_ip),
     case!("running-without-an-ip-is-provisioning", running_without_ip),
+    case!("ipv6-is-served-or-refused", ipv6_served_or_refused),
     case!("not-started-is-never-stopped", not_started_is_never_stopped),
     case!("unknown-state-is-stopped", unknown_state_is_stopped),
     case!("uid-and-created-at-come-from-the-backend", read_back),
@@ -217,8 +218,10 @@ fn is_class<T>(r: &Result<T, ProviderError>, class: Class) -> bool {
 /// A Get answer in one short phrase.
 fn show(r: &Result<Instance, ProviderError>) -> String {
     match r {
-        Ok(i) if i.ip.is_empty() => format!("{:?} without an IP", i.state),
-        Ok(i) => format!("{:?} at {}", i.state, i.ip),
+        Ok(i) if i.ip.is_empty() && i.ipv6.is_empty() => format!("{:?} without an IP", i.state),
+        Ok(i) if i.ipv6.is_empty() => format!("{:?} at {}", i.state, i.ip),
+        Ok(i) if i.ip.is_empty() => format!("{:?} at {} only", i.state, i.ipv6),
+        Ok(i) => format!("{:?} at {} and {}", i.state, i.ip, i.ipv6),
         Err(e) => format!("{:?} ({})", e.class, e.message),
     }
 }
@@ -294,6 +297,39 @@ async fn running_without_ip(ctx: &Ctx<'_>) -> Result<(), Fail> {
         "the backend runs it without an address: want Provisioning without an IP, Get answers {}",
         show(&r)
     );
+    Ok(())
+}
+
+/// An IPv6 Proxy's create either makes an instance that gets an IPv6 address, or is
+/// refused as permanent naming IPv6 before anything exists: never an IPv4-only instance
+/// that its clients cannot reach.
+async fn ipv6_served_or_refused(ctx: &Ctx<'_>) -> Result<(), Fail> {
+    let req = CreateRequest {
+        ip_family: IpFamily::V6,
+        ..ctx.request("a")
+    };
+    match ctx.p.create(&req).await {
+        Ok(id) => {
+            let v6 = |r: &Result<Instance, ProviderError>| matches!(r, Ok(i) if i.state == State::Running && i.address(IpFamily::V6).is_some());
+            let _running = ctx
+                .get_until(&id, "Running with an IPv6 address", v6)
+                .await?;
+        }
+        Err(e) if e.class == Class::Permanent => {
+            ensure!(
+                e.message.contains("IPv6"),
+                "an IPv6 request refused without naming IPv6: {e}"
+            );
+            let found = ctx.control.by_name(&req.name).await?;
+            ensure!(
+                found.is_empty(),
+                "an IPv6 request was refused, yet the backend holds {} instances named {:?}",
+                found.len(),
+                req.name
+            );
+        }
+        Err(e) => return Err(e.into()),
+    }
     Ok(())
 }
 

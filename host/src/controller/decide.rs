@@ -13,7 +13,7 @@
 //! nothing changed but never that an instance is gone.
 
 use super::bounds::{CONDITION_MESSAGE_MAX, truncate};
-use egress_plugin_host::provider::{Class, Instance, ProviderError, State};
+use egress_plugin_host::provider::{Class, Instance, IpFamily, ProviderError, State, host_port};
 use std::time::Duration;
 
 /// How long to wait before looking again, per situation. Defaults from the design brief,
@@ -144,6 +144,8 @@ pub struct Observed {
     pub list_pending: bool,
     /// `spec.auth` asks for neither credentials nor an allow-list: the proxy is open.
     pub open: bool,
+    /// `spec.ipFamily`: which of the instance's addresses clients get.
+    pub ip_family: IpFamily,
 }
 
 impl Observed {
@@ -169,7 +171,7 @@ impl Observed {
         }
         let inst = self.listed.as_ref()?;
         let same = Some(&inst.id) == self.provider_id.as_ref()
-            && crate::inventory::listed_running_at(Some(inst), self.ip.as_deref()?);
+            && crate::inventory::listed_running_at(Some(inst), self.ip.as_deref()?, self.ip_family);
         same.then_some(inst)
     }
 
@@ -782,13 +784,17 @@ fn observe(o: &Observed, inst: &Instance, t: &Timings) -> Decision {
         (None, Input::Resolved { hash }) => Some(Some(hash.clone())),
         _ => None,
     };
+    let ip = inst.address(o.ip_family);
     match inst.state {
-        State::Running if !inst.ip.is_empty() => {
-            let address = format!("{}:{}", inst.ip, o.port);
+        State::Running if let Some(ip) = ip => {
+            let address = match u16::try_from(o.port) {
+                Ok(port) => host_port(ip, port),
+                Err(_) => format!("{ip} port {}", o.port),
+            };
             let d = Decision::next(Next::Requeue(t.drift_poll)).status(StatusChange {
                 spec_hash: adopt_hash,
                 state: Some(Some(State::Running)),
-                address: Some(Some((inst.ip.clone(), o.port))),
+                address: Some(Some((ip.to_string(), o.port))),
                 provisioned: Some(Cond::ok(
                     reason::RUNNING,
                     format!("instance {} running at {address}", inst.id),
@@ -804,18 +810,25 @@ fn observe(o: &Observed, inst: &Instance, t: &Timings) -> Decision {
                 ))
             }
         }
-        // Running without an address is still provisioning as far as clients care.
-        State::Running | State::Provisioning => Decision::next(Next::Requeue(t.provisioning_poll))
-            .status(StatusChange {
+        // Running without an address (of the Proxy's family) is still provisioning as far
+        // as clients care.
+        State::Running | State::Provisioning => {
+            let message = match (inst.state, o.ip_family) {
+                (State::Running, IpFamily::V6) if !inst.ip.is_empty() => format!(
+                    "instance {} is running at {} but has no IPv6 address yet, which \
+                     spec.ipFamily IPv6 needs",
+                    inst.id, inst.ip
+                ),
+                _ => format!("instance {} is provisioning", inst.id),
+            };
+            Decision::next(Next::Requeue(t.provisioning_poll)).status(StatusChange {
                 spec_hash: adopt_hash,
                 state: Some(Some(State::Provisioning)),
                 address: Some(None),
-                provisioned: Some(Cond::not(
-                    reason::PROVISIONING,
-                    format!("instance {} is provisioning", inst.id),
-                )),
+                provisioned: Some(Cond::not(reason::PROVISIONING, message)),
                 ..Default::default()
-            }),
+            })
+        }
         State::Stopped | State::Terminated => {
             // It will not come back by itself. Delete it, keep the ID, and recreate once
             // Get says NotFound.
@@ -970,6 +983,7 @@ mod tests {
             listed: None,
             list_pending: false,
             open: false,
+            ip_family: IpFamily::V4,
         }
     }
 
@@ -1469,6 +1483,78 @@ mod tests {
                 Some(Answer::Got(
                     GetPurpose::Observe,
                     Ok(inst(State::Running, "")),
+                )),
+                want(Next::Requeue(t.provisioning_poll))
+                    .cond(false, reason::PROVISIONING)
+                    .status(|s| {
+                        s.state = Some(Some(State::Provisioning));
+                        s.address = Some(None);
+                    }),
+            ),
+            (
+                "IPv6 Proxy, dual-stack instance: the IPv6 address is published",
+                with(|o| {
+                    o.ip_family = IpFamily::V6;
+                    o.ip = Some("2001:db8::7".into());
+                }),
+                Some(Answer::Got(
+                    GetPurpose::Observe,
+                    Ok(Instance {
+                        ipv6: "2001:db8::7".into(),
+                        ..inst(State::Running, "192.0.2.7")
+                    }),
+                )),
+                want(Next::Requeue(t.drift_poll))
+                    .cond(true, reason::RUNNING)
+                    .status(|s| {
+                        s.state = Some(Some(State::Running));
+                        s.address = Some(Some(("2001:db8::7".into(), 3128)));
+                    }),
+            ),
+            (
+                "IPv6 Proxy, IPv6-only instance: Running",
+                with(|o| {
+                    o.ip_family = IpFamily::V6;
+                    o.provisioned = Some(cond("False", reason::PROVISIONING, 1));
+                }),
+                Some(Answer::Got(
+                    GetPurpose::Observe,
+                    Ok(Instance {
+                        ipv6: "2001:db8::7".into(),
+                        ..inst(State::Running, "")
+                    }),
+                )),
+                want(Next::Requeue(t.drift_poll))
+                    .cond(true, reason::RUNNING)
+                    .status(|s| {
+                        s.state = Some(Some(State::Running));
+                        s.address = Some(Some(("2001:db8::7".into(), 3128)));
+                    })
+                    .events(&[event::PROVISIONED]),
+            ),
+            (
+                "IPv6 Proxy, IPv4-only instance: not Running, no address published",
+                with(|o| o.ip_family = IpFamily::V6),
+                Some(Answer::Got(
+                    GetPurpose::Observe,
+                    Ok(inst(State::Running, "192.0.2.7")),
+                )),
+                want(Next::Requeue(t.provisioning_poll))
+                    .cond(false, reason::PROVISIONING)
+                    .status(|s| {
+                        s.state = Some(Some(State::Provisioning));
+                        s.address = Some(None);
+                    }),
+            ),
+            (
+                "IPv4 Proxy, IPv6-only instance: not Running either",
+                obs(),
+                Some(Answer::Got(
+                    GetPurpose::Observe,
+                    Ok(Instance {
+                        ipv6: "2001:db8::7".into(),
+                        ..inst(State::Running, "")
+                    }),
                 )),
                 want(Next::Requeue(t.provisioning_poll))
                     .cond(false, reason::PROVISIONING)
@@ -2352,5 +2438,45 @@ mod tests {
         assert!(d.events[0].note.contains(ID), "{:?}", d.events);
         let d = decide(&with(|o| o.provider_configured = false), None, &t);
         assert!(d.events[0].warning && d.events[0].note.contains("hetzner-eu"));
+    }
+
+    /// An IPv6 Proxy says where its instance runs as a client would dial it, and why an
+    /// instance with only IPv4 does not serve it.
+    #[test]
+    fn an_ipv6_proxy_names_its_address_and_what_it_lacks() {
+        let t = t();
+        let v6 = |o: &mut Observed| {
+            o.ip_family = IpFamily::V6;
+            o.provisioned = None;
+        };
+        let running = Instance {
+            ipv6: "2001:db8::7".into(),
+            ..inst(State::Running, "192.0.2.7")
+        };
+        let d = decide(
+            &with(v6),
+            Some(&Answer::Got(GetPurpose::Observe, Ok(running))),
+            &t,
+        );
+        let c = d.status.provisioned.unwrap();
+        assert!(c.message.contains("[2001:db8::7]:3128"), "{}", c.message);
+        assert!(
+            d.events[0].note.contains("[2001:db8::7]:3128"),
+            "{:?}",
+            d.events
+        );
+
+        let v4_only = inst(State::Running, "192.0.2.7");
+        let d = decide(
+            &with(v6),
+            Some(&Answer::Got(GetPurpose::Observe, Ok(v4_only))),
+            &t,
+        );
+        let c = d.status.provisioned.unwrap();
+        assert!(
+            c.message.contains("no IPv6 address") && c.message.contains("spec.ipFamily"),
+            "{}",
+            c.message
+        );
     }
 }

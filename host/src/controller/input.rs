@@ -95,6 +95,7 @@ mod tests {
             cloud_init: CloudInit::default(),
             port,
             auth: Default::default(),
+            ip_family: Default::default(),
         };
         assert_eq!(port(&spec(3128)), Ok(3128));
         assert_eq!(port(&spec(65535)), Ok(65535));

@@ -489,6 +489,7 @@ mod tests {
                 },
                 port: 3128,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         p.metadata.namespace = Some(ns.into());

@@ -1,6 +1,6 @@
 //! The spec hash: decides whether the running instance still matches its Proxy.
 
-use crate::api::Placement;
+use crate::api::{IpFamily, Placement};
 use sha2::{Digest, Sha256};
 
 /// Domain separator and encoding version. Changing the encoding changes every hash, which
@@ -8,14 +8,18 @@ use sha2::{Digest, Sha256};
 const DOMAIN: &[u8] = b"egress.proxy-operator.dev/spec-hash/v1\n";
 
 /// SHA-256, in lowercase hex, over what the instance was built from: the placement, the
-/// resolved cloud-init bytes and the port.
+/// resolved cloud-init bytes, the port and the address family.
 ///
 /// Deliberately not a hash of the serialized spec: it covers the resolved cloud-init (an
 /// edit of the referenced Secret replaces the instance, a switch from inline text to an
 /// identical Secret does not), and it must not change when the CRD gains fields or serde
 /// changes its output. Each field is length-prefixed, so no two different inputs encode to
 /// the same bytes. The provider name is left out: it is immutable.
-pub fn spec_hash(placement: &Placement, cloud_init: &[u8], port: u16) -> String {
+///
+/// The family is hashed only when it is not the default: a Proxy from before `ipFamily`
+/// existed keeps its hash, so an upgrade replaces nothing. An IPv6 encoding is the IPv4
+/// one with bytes appended, so the two never coincide.
+pub fn spec_hash(placement: &Placement, cloud_init: &[u8], port: u16, family: IpFamily) -> String {
     let mut h = Sha256::new();
     h.update(DOMAIN);
     for field in [
@@ -29,6 +33,9 @@ pub fn spec_hash(placement: &Placement, cloud_init: &[u8], port: u16) -> String 
         h.update(field);
     }
     h.update(port.to_be_bytes());
+    if family == IpFamily::IPv6 {
+        h.update(b"\nipFamily=IPv6");
+    }
     hex::encode(h.finalize())
 }
 
@@ -82,43 +89,59 @@ mod tests {
     /// encoding cannot go unnoticed: it would replace every instance in every cluster.
     #[test]
     fn known_vectors() {
-        for (p, ci, port, want) in [
+        let ci = &b"#cloud-config\npackages: [tinyproxy]\n"[..];
+        for (p, ci, port, family, want) in [
             (
                 placement("", "", "", ""),
                 &b""[..],
                 1,
+                IpFamily::IPv4,
                 "44e581b2e84385a57c0751743c4da4e1b50513d9ecb0408508d8c35494600d80",
             ),
             (
                 placement("eu-central", "fsn1", "cx22", "debian-12"),
-                &b"#cloud-config\npackages: [tinyproxy]\n"[..],
+                ci,
                 3128,
+                IpFamily::IPv4,
                 "f232c86732b95dddd2dcb284626969ecadda061cb97c6ccc8730510a181e9620",
             ),
+            // The same bytes and `\nipFamily=IPv6` after them.
+            (
+                placement("eu-central", "fsn1", "cx22", "debian-12"),
+                ci,
+                3128,
+                IpFamily::IPv6,
+                "21a5d5a52e2aba052e99c39479ef18b4d354d4910c265c3ded94910eb6e60804",
+            ),
         ] {
-            assert_eq!(spec_hash(&p, ci, port), want);
+            assert_eq!(spec_hash(&p, ci, port, family), want);
         }
     }
 
     #[test]
     fn every_input_matters_and_boundaries_are_unambiguous() {
         let base = placement("r", "z", "m", "i");
-        let h = spec_hash(&base, b"ci", 3128);
+        let h = spec_hash(&base, b"ci", 3128, IpFamily::IPv4);
         let variants = [
-            spec_hash(&placement("r2", "z", "m", "i"), b"ci", 3128),
-            spec_hash(&placement("r", "z2", "m", "i"), b"ci", 3128),
-            spec_hash(&placement("r", "z", "m2", "i"), b"ci", 3128),
-            spec_hash(&placement("r", "z", "m", "i2"), b"ci", 3128),
-            spec_hash(&base, b"ci2", 3128),
-            spec_hash(&base, b"ci", 3129),
+            spec_hash(&placement("r2", "z", "m", "i"), b"ci", 3128, IpFamily::IPv4),
+            spec_hash(&placement("r", "z2", "m", "i"), b"ci", 3128, IpFamily::IPv4),
+            spec_hash(&placement("r", "z", "m2", "i"), b"ci", 3128, IpFamily::IPv4),
+            spec_hash(&placement("r", "z", "m", "i2"), b"ci", 3128, IpFamily::IPv4),
+            spec_hash(&base, b"ci2", 3128, IpFamily::IPv4),
+            spec_hash(&base, b"ci", 3129, IpFamily::IPv4),
+            spec_hash(&base, b"ci", 3128, IpFamily::IPv6),
             // Moving bytes across a field boundary must not collide.
-            spec_hash(&placement("rz", "", "m", "i"), b"ci", 3128),
-            spec_hash(&placement("r", "z", "m", "ic"), b"i", 3128),
+            spec_hash(&placement("rz", "", "m", "i"), b"ci", 3128, IpFamily::IPv4),
+            spec_hash(&placement("r", "z", "m", "ic"), b"i", 3128, IpFamily::IPv4),
         ];
         for (i, v) in variants.iter().enumerate() {
             assert_ne!(&h, v, "variant {i}");
         }
-        assert_eq!(h, spec_hash(&base, b"ci", 3128), "deterministic");
+        assert_eq!(
+            h,
+            spec_hash(&base, b"ci", 3128, IpFamily::IPv4),
+            "deterministic"
+        );
         assert_eq!(h.len(), 64);
     }
 }

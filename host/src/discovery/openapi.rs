@@ -153,7 +153,7 @@ pub fn document() -> Value {
                 },
                 "Proxy": {
                     "type": "object",
-                    "required": ["namespace", "name", "provider", "region", "zone", "ip", "port", "ready", "healthy", "state", "lastProbe"],
+                    "required": ["namespace", "name", "provider", "region", "zone", "ip", "port", "address", "ipFamily", "ready", "healthy", "state", "lastProbe"],
                     "additionalProperties": false,
                     "properties": {
                         "namespace": {"type": "string"},
@@ -161,8 +161,10 @@ pub fn document() -> Value {
                         "provider": {"type": "string", "description": "`spec.provider`"},
                         "region": {"type": "string", "description": "`spec.placement.region` (may be empty)"},
                         "zone": {"type": "string", "description": "`spec.placement.zone` (may be empty)"},
-                        "ip": {"type": "string", "nullable": true, "description": "Connect here. Null only when not Ready and no IP is known."},
+                        "ip": {"type": "string", "nullable": true, "description": "Connect here: an address of the Proxy's `ipFamily`. Null only when not Ready and no IP is known."},
                         "port": {"type": "integer", "format": "int32", "description": "The status port, else the spec port."},
+                        "address": {"type": "string", "nullable": true, "example": "[2001:db8::7]:3128", "description": "`ip` and `port` as a proxy URL writes them (`http://ADDRESS`): an IPv6 address in brackets. Null when `ip` is."},
+                        "ipFamily": {"type": "string", "enum": ["IPv4", "IPv6"], "description": "`spec.ipFamily`: the family of `ip`."},
                         "ready": {"type": "boolean", "description": "Clients may use it: Ready condition True, an IP, not being deleted. Always true in lists and picks."},
                         "healthy": {"type": "boolean", "description": "The Healthy condition is True (the last CONNECT probe through the proxy succeeded)."},
                         "state": {"type": "string", "nullable": true, "description": "Instance state: Provisioning, Running, Stopped or Terminated."},

@@ -96,6 +96,7 @@ mod tests {
                 cloud_init: CloudInit::default(),
                 port: 3128,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         p.metadata.namespace = Some("default".into());

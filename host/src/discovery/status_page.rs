@@ -174,16 +174,9 @@ pub fn fragment_at(
                 let _ = write!(out, r#"<div class="msg">{}</div>"#, escape(m));
             }
             out.push_str("</td><td class=\"addr\">");
-            match v.ip {
-                Some(ip) => {
-                    // IPv6 addresses take brackets, as in a proxy URL.
-                    let host = if ip.contains(':') {
-                        format!("[{ip}]")
-                    } else {
-                        ip.to_string()
-                    };
-                    let _ = write!(out, "{}:{}", escape(&host), v.port);
-                }
+            match &v.address {
+                // IPv6 addresses take brackets, as in a proxy URL.
+                Some(a) => out.push_str(&escape(a)),
                 None => out.push('-'),
             }
             let latency = match &v.last_probe {
@@ -380,6 +373,7 @@ mod tests {
                 },
                 port: 3128,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         p.metadata.namespace = Some("team-a".into());

@@ -1,6 +1,6 @@
 //! What the discovery API says about one Proxy, and when a Proxy counts as Ready.
 
-use crate::api::{Proxy, condition};
+use crate::api::{IpFamily, Proxy, condition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use serde::Serialize;
@@ -63,6 +63,10 @@ pub struct ProxyView<'a> {
     pub ip: Option<&'a str>,
     /// The status port, else the spec port.
     pub port: i32,
+    /// `ip:port`, or `[ip]:port` for IPv6: what a proxy URL holds after `http://`.
+    pub address: Option<String>,
+    /// `spec.ipFamily`: `IPv4` or `IPv6`.
+    pub ip_family: IpFamily,
     pub ready: bool,
     /// The `Healthy` condition is True: the last CONNECT probe through the proxy succeeded.
     pub healthy: bool,
@@ -99,6 +103,7 @@ impl<'a> ProxyView<'a> {
                 Some(nr.message).filter(|m| !m.is_empty()),
             ),
         };
+        let port = status.and_then(|s| s.port).unwrap_or(p.spec.port);
         ProxyView {
             namespace: p.metadata.namespace.as_deref().unwrap_or(""),
             name: p.metadata.name.as_deref().unwrap_or(""),
@@ -106,7 +111,9 @@ impl<'a> ProxyView<'a> {
             region: &p.spec.placement.region,
             zone: &p.spec.placement.zone,
             ip,
-            port: status.and_then(|s| s.port).unwrap_or(p.spec.port),
+            port,
+            address: ip.map(|ip| address(ip, port)),
+            ip_family: p.spec.ip_family,
             ready,
             healthy: p
                 .condition(condition::HEALTHY)
@@ -122,6 +129,16 @@ impl<'a> ProxyView<'a> {
                     error: lp.error.as_deref(),
                 }),
         }
+    }
+}
+
+/// `ip:port` as a proxy URL writes it: an IPv6 address in brackets. The status holds
+/// what the operator wrote, so `ip` parses; anything else is given as it is.
+pub fn address(ip: &str, port: i32) -> String {
+    match (ip.parse::<std::net::IpAddr>(), u16::try_from(port)) {
+        (Ok(ip), Ok(port)) => egress_plugin_host::provider::host_port(ip, port),
+        _ if ip.contains(':') => format!("[{ip}]:{port}"),
+        _ => format!("{ip}:{port}"),
     }
 }
 

@@ -815,6 +815,7 @@ mod tests {
             },
             port: 3128,
             auth: Default::default(),
+            ip_family: Default::default(),
         }
     }
 

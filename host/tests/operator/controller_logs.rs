@@ -76,6 +76,7 @@ async fn cloud_init_from_a_secret_never_reaches_logs() {
             },
             port: 3128,
             auth: Default::default(),
+            ip_family: Default::default(),
         },
     );
     p.metadata.namespace = Some("default".into());

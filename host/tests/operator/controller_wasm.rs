@@ -9,7 +9,7 @@ use egress_plugin_host::provider::{Instrumented, Provider, ProviderMetrics};
 use fake_kube::FakeApi;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use proxy_operator::api::{self, CloudInit, Placement, Proxy, ProxySpec, condition};
+use proxy_operator::api::{self, CloudInit, Placement, Proxy, ProxyAuth, ProxySpec, condition};
 use proxy_operator::controller::{self, Context};
 use proxy_operator::registry::ProviderRegistry;
 use serde_json::json;
@@ -96,6 +96,7 @@ async fn proxy_lifecycle_through_the_example_plugin() {
             },
             port: 3128,
             auth: Default::default(),
+            ip_family: Default::default(),
         },
     );
     p.metadata.namespace = Some("default".into());
@@ -231,6 +232,7 @@ async fn fault_injection_run_through_the_wasm_plugin() {
                 },
                 port: i32::from(tp.addr.port()),
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         p.metadata.namespace = Some("default".into());
@@ -338,4 +340,52 @@ async fn fault_injection_run_through_the_wasm_plugin() {
          every Proxy was released, 0 after {sweeps} GC sweep(s)",
         converged.as_secs_f64(),
     );
+}
+
+/// An IPv6 Proxy on a provider that cannot give IPv6 (the example plugin declares none):
+/// the SDK refuses the create before the plugin runs, the Proxy says why naming the field
+/// and the provider, and the backend never holds an IPv4-only instance for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_proxy_on_a_provider_without_ipv6_is_refused_by_name() {
+    let _dir = plugins_or_skip!();
+    let backend = ExampleBackend::start("tok");
+    let (_secrets, registry) = example_registry(&backend, "", "r1").await;
+    let (_fake, client) = cluster().await;
+    let settings = support::fast_settings("install-v6", 300, 300);
+    let ctx = Arc::new(Context::new(client.clone(), registry, settings));
+    tokio::spawn(controller::run(ctx, std::future::pending::<()>()));
+
+    let proxies: Api<Proxy> = Api::namespaced(client, "default");
+    let mut p = Proxy::new(
+        "p1",
+        ProxySpec {
+            provider: "ex".into(),
+            placement: Placement::new("r1", "z1", "small", "img"),
+            cloud_init: CloudInit {
+                inline: Some("#cloud-config\n".into()),
+                secret_key_ref: None,
+            },
+            port: 3128,
+            auth: ProxyAuth {
+                type_: api::AuthType::None,
+                ..Default::default()
+            },
+            ip_family: api::IpFamily::IPv6,
+        },
+    );
+    p.metadata.namespace = Some("default".into());
+    proxies.create(&PostParams::default(), &p).await.unwrap();
+    wait(&proxies, "refused", |p| {
+        p.and_then(|p| p.condition(condition::PROVISIONED))
+            .is_some_and(|c| c.reason == "PermanentError")
+    })
+    .await;
+    let p = proxies.get("p1").await.unwrap();
+    let c = p.condition(condition::PROVISIONED).unwrap();
+    assert!(
+        c.message.contains("ipFamily IPv6") && c.message.contains("example"),
+        "{}",
+        c.message
+    );
+    assert!(backend.instances().is_empty(), "{:?}", backend.instances());
 }

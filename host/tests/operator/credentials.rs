@@ -266,6 +266,7 @@ async fn credentials_lifecycle(kind: ProxyKind) {
         &p.spec.placement,
         &user_data,
         u16::try_from(p.spec.port).unwrap(),
+        p.spec.ip_family,
     );
     assert_ne!(hash, unkeyed);
     assert_eq!(
@@ -422,4 +423,97 @@ async fn credentials_never_reach_logs_events_status_or_metrics() {
             && seen.contains("proxy_operator_health_probes_total"),
         "{seen}"
     );
+}
+
+/// `spec.ipFamily: IPv6`, end to end: the Hetzner plugin gets `ip-family: ipv6`, the
+/// emulated server has a /64 whose `::1` its real proxy listens on, the Proxy goes Ready at
+/// that address (the probe's CONNECT goes to `[::1]:port` with the generated credentials),
+/// and the discovery view gives `[::1]:port`. An IPv4 Proxy next to it keeps its IPv4
+/// address: the family picks the address, not the instance.
+async fn ipv6_lifecycle(kind: ProxyKind) {
+    if !support::ipv6_loopback() {
+        return;
+    }
+    let Some(env) = Env::start(kind).await else {
+        return;
+    };
+    let port = support::tinyproxy::free_port();
+    let mut p = Proxy::new(
+        "six",
+        ProxySpec {
+            ip_family: api::IpFamily::IPv6,
+            ..support::hetzner_spec(TEMPLATE, port)
+        },
+    );
+    p.metadata.namespace = Some("default".into());
+    env.proxies
+        .create(&PostParams::default(), &p)
+        .await
+        .unwrap();
+    let four = env.create("four", TEMPLATE, ProxyAuth::default()).await;
+
+    let six = env
+        .wait_cond("six", condition::READY, "True", "Ready")
+        .await;
+    let status = six.status.as_ref().unwrap();
+    assert_eq!(status.ip.as_deref(), Some("::1"), "{status:#?}");
+    let view = proxy_operator::discovery::view::ProxyView::of(&six);
+    assert_eq!(
+        view.address.as_deref(),
+        Some(format!("[::1]:{port}").as_str())
+    );
+    let json = serde_json::to_value(&view).unwrap();
+    assert_eq!(json["ipFamily"], "IPv6", "{json}");
+    let provisioned = six.condition(condition::PROVISIONED).unwrap();
+    assert!(
+        provisioned.message.contains(&format!("[::1]:{port}")),
+        "{}",
+        provisioned.message
+    );
+
+    let four_p = env
+        .wait_cond("four", condition::READY, "True", "Ready")
+        .await;
+    let four_ip = four_p.status.as_ref().unwrap().ip.clone().unwrap();
+    assert!(four_ip.parse::<std::net::Ipv4Addr>().is_ok(), "{four_ip}");
+    let view = proxy_operator::discovery::view::ProxyView::of(&four_p);
+    assert_eq!(view.address, Some(format!("{four_ip}:{four}")));
+
+    // A client over IPv6 gets through with the Proxy's credentials, and not without.
+    let (user, pass) = env.credentials_in("six-credentials").await;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for (creds, want) in [(None, " 407 "), (Some((user, pass)), " 200 ")] {
+        let mut s = tokio::net::TcpStream::connect(("::1", port)).await.unwrap();
+        let req = proxy_operator::probe::connect::connect_request(
+            &format!("127.0.0.1:{}", env.echo),
+            creds.as_ref(),
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut head = [0u8; 64];
+        let n = s.read(&mut head).await.unwrap();
+        let line = String::from_utf8_lossy(&head[..n]).to_string();
+        assert!(
+            line.contains(want) || (want == " 407 " && line.contains(" 401 ")),
+            "{line}"
+        );
+    }
+    env.delete_and_wait("six").await;
+    env.delete_and_wait("four").await;
+    assert!(
+        env.hz.dump().instances.is_empty(),
+        "no instance left behind"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_proxy_through_tinyproxy() {
+    let Some(bin) = support::tinyproxy::tinyproxy_bin() else {
+        return;
+    };
+    ipv6_lifecycle(ProxyKind::Tinyproxy(bin)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_proxy_through_the_builtin_proxy() {
+    ipv6_lifecycle(ProxyKind::Builtin).await;
 }

@@ -208,6 +208,7 @@ impl Env {
                 },
                 port: 3128,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         p.metadata.namespace = Some(s.ns.into());
@@ -353,6 +354,8 @@ async fn lists_only_ready_proxies_sorted_with_their_fields() {
             "zone": "fsn1",
             "ip": "192.0.2.10",
             "port": 3128,
+            "address": "192.0.2.10:3128",
+            "ipFamily": "IPv4",
             "ready": true,
             "healthy": true,
             "state": "Running",
@@ -551,6 +554,7 @@ async fn get_one_answers_ready_or_not_and_404_when_absent() {
         json!({
             "namespace": "team-a", "name": "x-unhealthy", "provider": "hetzner",
             "region": "eu", "zone": "fsn1", "ip": "192.0.2.99", "port": 3128,
+            "address": "192.0.2.99:3128", "ipFamily": "IPv4",
             "ready": false, "healthy": false, "state": "Provisioning",
             "reason": "Unhealthy", "message": "CONNECT through the proxy timed out",
             "lastProbe": {"time": T0, "latencyMs": null, "error": "timeout"},

@@ -30,6 +30,35 @@ fn spec(proxy: SocketAddr, target_port: u16, echo: bool) -> ProbeSpec {
     }
 }
 
+/// The probe over IPv6: the CONNECT goes to `[::1]:port`, and the egress check compares
+/// the echo's answer with the Proxy's IPv6 address.
+#[tokio::test]
+async fn connect_and_egress_check_over_ipv6() {
+    let Some(bin) = tinyproxy_bin() else { return };
+    if !support::ipv6_loopback() {
+        return;
+    }
+    let v6: std::net::IpAddr = std::net::Ipv6Addr::LOCALHOST.into();
+    let (echo, _e) = egress_emulators::echo::start_at(v6, 0).await.unwrap();
+    let tp = Tinyproxy::start_at(&bin, v6, free_port(), &format!("ConnectPort {echo}")).await;
+    assert_eq!(tp.addr.to_string(), format!("[::1]:{}", tp.addr.port()));
+    let spec = ProbeSpec {
+        target: format!("[::1]:{echo}"),
+        egress_echo: Some(format!("http://[::1]:{echo}/ip").parse().unwrap()),
+        ..spec(tp.addr, echo, true)
+    };
+    let ok = probe(&spec, "::1").await.unwrap();
+    assert_eq!(ok.egress_ip.as_deref(), Some("::1"));
+    let err = probe(&spec, "2001:db8::7").await.unwrap_err();
+    assert_eq!(
+        err,
+        ProbeError::EgressMismatch {
+            got: "::1".into(),
+            want: "2001:db8::7".into()
+        }
+    );
+}
+
 #[tokio::test]
 async fn connect_and_egress_check_through_an_open_proxy() {
     let Some(bin) = tinyproxy_bin() else { return };

@@ -69,6 +69,7 @@ async fn start(auth_on: bool) -> Env {
                 },
                 port: 3128,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         proxies.create(&PostParams::default(), &p).await.unwrap();

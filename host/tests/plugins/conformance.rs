@@ -424,4 +424,27 @@ async fn provider_call_command_makes_one_call_at_a_time() {
     let (ok, err) = run(&["get", "not-an-id"]);
     assert!(!ok);
     assert_eq!(err["error"]["class"], "Permanent", "{err}");
+
+    // `--ipv6` asks as an IPv6 Proxy does; the EC2 plugin cannot give one and says so.
+    let v6 = [
+        "create",
+        "--placement",
+        placement,
+        "--uid",
+        "cli-uid-6",
+        "--ipv6",
+    ];
+    let (ok, err) = run(&v6);
+    assert!(!ok);
+    assert_eq!(err["error"]["code"], "Unsupported", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("ipFamily IPv6")),
+        "{err}"
+    );
+    assert_eq!(
+        got["ipv6"], "",
+        "the instance JSON names its IPv6 address: {got}"
+    );
 }

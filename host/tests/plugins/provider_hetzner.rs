@@ -270,17 +270,35 @@ async fn backend_states_map_as_the_contract_says() {
         assert_eq!(p.get(&id).await.unwrap().state, want, "{status}");
     }
 
-    // Running needs an IP: take the server's IPv4 away (only possible while it is off).
+    // Running needs an address: take the server's IPv4 away (only possible while it is
+    // off), then its IPv6. With the /64 left it runs IPv6-only, at the network's `::1`
+    // (the operator keeps an IPv4 Proxy of it provisioning); with neither it is not
+    // running as far as anyone can reach it.
     let id = p.create(&request("uid-ip", "fsn1")).await.unwrap();
-    let v4 = emu.server(&id).unwrap()["public_net"]["ipv4"]["id"]
-        .as_u64()
-        .unwrap();
+    let server = emu.server(&id).unwrap();
+    let ip_id = |family: &str| server["public_net"][family]["id"].as_u64().unwrap();
+    let (v4, v6) = (ip_id("ipv4"), ip_id("ipv6"));
+    let net = server["public_net"]["ipv6"]["ip"].as_str().unwrap();
+    let want_v6 = net.replace("::/64", "::1");
     emu.set_backend_state(&id, "off");
     let answer = raw(emu, "DELETE", &format!("/v1/primary_ips/{v4}"));
     assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
     emu.set_backend_state(&id, "running");
+    let v6_only = p.get(&id).await.unwrap();
+    assert_eq!(
+        (v6_only.state, v6_only.ip.as_str(), v6_only.ipv6.as_str()),
+        (State::Running, "", want_v6.as_str()),
+        "{net}"
+    );
+    emu.set_backend_state(&id, "off");
+    let answer = raw(emu, "DELETE", &format!("/v1/primary_ips/{v6}"));
+    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+    emu.set_backend_state(&id, "running");
     let no_ip = p.get(&id).await.unwrap();
-    assert_eq!((no_ip.state, no_ip.ip.as_str()), (State::Provisioning, ""));
+    assert_eq!(
+        (no_ip.state, no_ip.ip.as_str(), no_ip.ipv6.as_str()),
+        (State::Provisioning, "", "")
+    );
 }
 
 /// A created but not yet started server is never Stopped (the reconciler would delete it

@@ -43,6 +43,25 @@ pub fn plugin_dir() -> Option<PathBuf> {
     None
 }
 
+/// Whether this machine has the IPv6 loopback address (`::1`) for the IPv6 tests.
+///
+/// A kernel setting, not a tool we can install: `cargo xtask test` turns it on when it can
+/// (`net.ipv6.conf.lo.disable_ipv6=0`, as root) and otherwise sets
+/// `EGRESS_NO_IPV6_LOOPBACK=1` after saying so, loudly and once. Only then do these tests
+/// skip; anywhere else, under `CI=true`, a missing `::1` fails them.
+pub fn ipv6_loopback() -> bool {
+    if std::net::TcpListener::bind("[::1]:0").is_ok() {
+        return true;
+    }
+    let msg = "this machine has no IPv6 loopback address (::1): the IPv6 tests cannot run";
+    let excused = std::env::var("EGRESS_NO_IPV6_LOOPBACK").is_ok_and(|v| v == "1");
+    if std::env::var("CI").is_ok_and(|v| v == "true") && !excused {
+        panic!("{msg}");
+    }
+    eprintln!("\n!!! SKIPPING: {msg}\n");
+    false
+}
+
 /// Skips the test (loudly) when the plugins are not built.
 #[macro_export]
 macro_rules! plugins_or_skip {
@@ -271,6 +290,7 @@ pub fn fake_spec(zone: &str) -> proxy_operator::api::ProxySpec {
         },
         port: 3128,
         auth: Default::default(),
+        ip_family: Default::default(),
     }
 }
 
@@ -287,6 +307,7 @@ pub fn hetzner_spec(cloud_init: &str, port: u16) -> proxy_operator::api::ProxySp
         },
         port: i32::from(port),
         auth: Default::default(),
+        ip_family: Default::default(),
     }
 }
 

@@ -54,11 +54,23 @@ impl Tinyproxy {
 
     /// On a given port (a proxy coming back where it was).
     pub async fn start_on(bin: &PathBuf, port: u16, extra: &str) -> Tinyproxy {
+        Self::start_at(bin, std::net::Ipv4Addr::LOCALHOST.into(), port, extra).await
+    }
+
+    /// On another loopback address, `::1` for the IPv6 tests.
+    pub async fn start_at(
+        bin: &PathBuf,
+        ip: std::net::IpAddr,
+        port: u16,
+        extra: &str,
+    ) -> Tinyproxy {
         let dir = tempfile::tempdir().unwrap();
         let conf = dir.path().join("tinyproxy.conf");
         std::fs::write(
             &conf,
-            format!("Port {port}\nListen 127.0.0.1\nAllow 127.0.0.1\nLogLevel Error\nMaxClients 50\n{extra}\n"),
+            format!(
+                "Port {port}\nListen {ip}\nAllow {ip}\nLogLevel Error\nMaxClients 50\n{extra}\n"
+            ),
         )
         .unwrap();
         let child = Command::new(bin)
@@ -69,7 +81,7 @@ impl Tinyproxy {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let addr = SocketAddr::new(ip, port);
         let deadline = Instant::now() + Duration::from_secs(10);
         while tokio::net::TcpStream::connect(addr).await.is_err() {
             assert!(

@@ -187,6 +187,38 @@ impl Instance {
             hourly_price: None,
         }
     }
+
+    /// The address clients of `family` connect to, once known.
+    ///
+    /// IPv4 is `ip`, whatever it holds: a 0.1.0 plugin may have put an IPv6 address there,
+    /// and such an instance served IPv4 Proxies before `ip-family` existed, so it still does.
+    /// IPv6 is `ipv6`, else an IPv6 address in `ip` (a 0.1.0 plugin's only field); never
+    /// an IPv4 address, which an IPv6 client cannot reach.
+    pub fn address(&self, family: IpFamily) -> Option<std::net::IpAddr> {
+        let parsed = |s: &str| s.trim().parse::<std::net::IpAddr>().ok();
+        match family {
+            IpFamily::V4 => parsed(&self.ip),
+            IpFamily::V6 => parsed(&self.ipv6)
+                .filter(std::net::IpAddr::is_ipv6)
+                .or_else(|| parsed(&self.ip).filter(std::net::IpAddr::is_ipv6)),
+        }
+    }
+}
+
+impl IpFamily {
+    /// The name the Proxy's `spec.ipFamily` uses: `IPv4` or `IPv6`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        }
+    }
+}
+
+/// `ip:port`, with an IPv6 address in brackets as URLs and proxy settings write it
+/// (`[2001:db8::1]:3128`).
+pub fn host_port(ip: std::net::IpAddr, port: u16) -> String {
+    std::net::SocketAddr::new(ip, port).to_string()
 }
 
 /// One independently failing part of a backend.
@@ -340,5 +372,61 @@ impl<P: Provider + ?Sized> Provider for std::sync::Arc<P> {
     }
     fn pacing(&self) -> Option<Pacing> {
         (**self).pacing()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which address a Proxy of each family is served at, for what a plugin reports.
+    #[test]
+    fn the_address_of_each_family() {
+        let cases = [
+            // (ip, ipv6, IPv4 Proxy, IPv6 Proxy)
+            ("203.0.113.7", "", Some("203.0.113.7"), None),
+            (
+                "203.0.113.7",
+                "2001:db8::1",
+                Some("203.0.113.7"),
+                Some("2001:db8::1"),
+            ),
+            ("", "2001:db8::1", None, Some("2001:db8::1")),
+            // A 0.1.0 plugin's only field: it served IPv4 Proxies before, and serves IPv6.
+            ("2001:db8::2", "", Some("2001:db8::2"), Some("2001:db8::2")),
+            // An IPv4 address in `ipv6` is no IPv6 address (the reply check refuses it too).
+            ("", "203.0.113.7", None, None),
+            ("", "", None, None),
+            ("not an address", "", None, None),
+        ];
+        for (ip, ipv6, v4, v6) in cases {
+            let i = Instance {
+                ipv6: ipv6.into(),
+                ..Instance::new("i-1", ip, State::Running, "u", None)
+            };
+            let text = |f| i.address(f).map(|a| a.to_string());
+            assert_eq!(
+                text(IpFamily::V4).as_deref(),
+                v4,
+                "{ip:?} {ipv6:?} for IPv4"
+            );
+            assert_eq!(
+                text(IpFamily::V6).as_deref(),
+                v6,
+                "{ip:?} {ipv6:?} for IPv6"
+            );
+        }
+    }
+
+    #[test]
+    fn an_ipv6_address_takes_brackets_before_its_port() {
+        assert_eq!(
+            host_port("203.0.113.7".parse().unwrap(), 3128),
+            "203.0.113.7:3128"
+        );
+        assert_eq!(
+            host_port("2001:db8::1".parse().unwrap(), 3128),
+            "[2001:db8::1]:3128"
+        );
     }
 }

@@ -98,6 +98,20 @@ impl Server {
             .unwrap_or_default()
     }
 
+    /// The server's IPv6 address, or empty. Hetzner assigns a /64 (`public_net.ipv6.ip`
+    /// is the network, `2a01:4f8:c17:1a2b::/64`) and its images configure the network's
+    /// first address, `::1`, on the server: that is where clients reach it.
+    pub fn ipv6(&self) -> String {
+        let Some(net) = self.public_net.ipv6.as_ref().map(|i| i.ip.as_str()) else {
+            return String::new();
+        };
+        let prefix = net.split_once('/').map_or(net, |(p, _)| p);
+        match prefix.parse::<std::net::Ipv6Addr>() {
+            Ok(p) => std::net::Ipv6Addr::from(u128::from(p) | 1).to_string(),
+            Err(_) => String::new(),
+        }
+    }
+
     /// The IDs of the server's Primary IPs (IPv4 and IPv6), which must not outlive it.
     pub fn primary_ip_ids(&self) -> Vec<u64> {
         [&self.public_net.ipv4, &self.public_net.ipv6]
@@ -563,6 +577,8 @@ mod tests {
         .unwrap();
         assert_eq!(old.server.location(), Some("nbg1"));
         assert_eq!(old.server.ipv4(), "");
+        assert_eq!(old.server.ipv6(), "2001:db8::1");
+        assert_eq!(new.server.ipv6(), "");
         assert_eq!(old.server.primary_ip_ids(), vec![10]);
         assert!(old.server.labels.is_empty() && old.server.locked);
     }

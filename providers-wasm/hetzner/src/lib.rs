@@ -82,10 +82,12 @@ fn user_data(cloud_init: &[u8]) -> Result<Option<String>, ProviderError> {
 }
 
 fn to_instance(s: &Server, id: String) -> Instance {
+    let ipv6 = s.ipv6();
     Instance {
         id,
         ip: s.ipv4().to_string(),
-        state: state::base_state(&s.status, !s.ipv4().is_empty()),
+        state: state::base_state(&s.status, !s.ipv4().is_empty() || !ipv6.is_empty()),
+        ipv6,
         uid: s.labels.get(MARK_UID).cloned().unwrap_or_default(),
         created_at: parse_rfc3339(&s.created),
         ..Instance::empty()
@@ -446,6 +448,9 @@ impl Provider for Hetzner {
         changes: Level::Debug,
         reads: Level::Debug,
     };
+    /// Every server gets a /64 (`enable_ipv6`), and its IPv4 too: an IPv6 Proxy's
+    /// instance still reaches IPv4-only sites.
+    const IPV6: bool = true;
 
     fn info() -> PluginInfo {
         PluginInfo {

@@ -12,13 +12,13 @@ use egress_guest_sdk::State;
 pub const START_GRACE_SECS: u64 = 180;
 
 /// The state a status means on its own. `off` needs more evidence: see [`off_is_starting`].
-pub fn base_state(status: &str, has_ipv4: bool) -> State {
+pub fn base_state(status: &str, has_address: bool) -> State {
     match status {
         // Being created or booted.
         "initializing" | "starting" => State::Provisioning,
         // A Hetzner server has its address before it boots; an address alone is not
         // readiness, and running without one is not reachable.
-        "running" if has_ipv4 => State::Running,
+        "running" if has_address => State::Running,
         "running" => State::Provisioning,
         // An asynchronous operation on a live server: it comes back by itself.
         "rebuilding" | "migrating" => State::Provisioning,

@@ -4,7 +4,7 @@
 use crate::cli::args::{RuntimeArgs, parse_placement};
 use egress_plugin_host::plugin::WasmProvider;
 use egress_plugin_host::provider::{
-    Class, CreateRequest, Instance, Op, Placement, Provider, ProviderError, name_from_uid,
+    Class, CreateRequest, Instance, IpFamily, Op, Placement, Provider, ProviderError, name_from_uid,
 };
 use std::path::PathBuf;
 
@@ -48,6 +48,9 @@ enum CallOp {
         port: u16,
         #[arg(long, default_value = "egress-cli")]
         installation: String,
+        /// Ask for a public IPv6 address, as a Proxy with `ipFamily: IPv6` does.
+        #[arg(long)]
+        ipv6: bool,
     },
     /// The instance behind an ID.
     Get { id: String },
@@ -92,6 +95,7 @@ async fn call(p: &WasmProvider, op: CallOp) -> Result<serde_json::Value, Provide
         serde_json::json!({
             "id": i.id,
             "ip": i.ip,
+            "ipv6": i.ipv6,
             "state": i.state.as_str(),
             "uid": i.uid,
             "createdAt": i.created_at.map(|t| humantime::format_rfc3339_seconds(t).to_string()),
@@ -104,6 +108,7 @@ async fn call(p: &WasmProvider, op: CallOp) -> Result<serde_json::Value, Provide
             cloud_init,
             port,
             installation,
+            ipv6,
         } => {
             let cloud_init = match cloud_init {
                 Some(path) => std::fs::read(&path).map_err(|e| {
@@ -126,7 +131,7 @@ async fn call(p: &WasmProvider, op: CallOp) -> Result<serde_json::Value, Provide
                 placement,
                 cloud_init,
                 port,
-                ip_family: Default::default(),
+                ip_family: if ipv6 { IpFamily::V6 } else { IpFamily::V4 },
             };
             serde_json::json!({"id": p.create(&req).await?, "name": req.name})
         }

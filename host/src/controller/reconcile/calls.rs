@@ -57,7 +57,7 @@ impl<'a> Shell<'a> {
                     },
                     cloud_init: r.cloud_init.clone(),
                     port: r.port,
-                    ip_family: Default::default(),
+                    ip_family: self.proxy.spec.ip_family.to_provider(),
                 };
                 let result = provider.create_at(&req, Priority::Urgent).await;
                 log_call("create", &req.name, result.as_ref().err());

@@ -401,6 +401,7 @@ pub fn observe(
             .as_deref()
             .and_then(|name| proxy_auth::access(&proxy.spec.auth, name).ok())
             .is_some_and(|a| a.is_open()),
+        ip_family: proxy.spec.ip_family.to_provider(),
         provisioned: status
             .conditions
             .iter()
@@ -449,6 +450,7 @@ mod tests {
                 cloud_init: CloudInit::default(),
                 port: 8080,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         p.metadata.generation = Some(3);
@@ -507,6 +509,7 @@ mod tests {
                 cloud_init: CloudInit::default(),
                 port: 8080,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         base.metadata.generation = Some(1);
@@ -556,6 +559,7 @@ mod tests {
                 cloud_init: CloudInit::default(),
                 port: 8080,
                 auth: Default::default(),
+                ip_family: Default::default(),
             },
         );
         p.metadata.managed_fields = Some(vec![ManagedFieldsEntry {

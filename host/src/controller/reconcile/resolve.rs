@@ -138,7 +138,7 @@ impl<'a> Shell<'a> {
                 None,
             );
         }
-        let mut hash = spec_hash(&spec.placement, &cloud_init, port);
+        let mut hash = spec_hash(&spec.placement, &cloud_init, port, spec.ip_family);
         if rendered.has_credentials() {
             // Never an unkeyed hash of a password into the status (see `keyed`).
             hash = keyed_spec_hash(&hash, key.as_deref().unwrap_or_default());
