@@ -13,7 +13,7 @@ mod schema;
 
 pub use provider_health::{ProviderHealth, ProviderHealthSpec, ProviderHealthStatus, TargetHealth};
 pub use proxy::{
-    ANNOTATION_SKIP_CLEANUP, AuthType, CloudInit, IpFamily, LABEL_POOL, LastProbe,
+    ANNOTATION_SKIP_CLEANUP, AuthType, Capacity, CloudInit, IpFamily, LABEL_POOL, LastProbe,
     MAX_ALLOWED_CLIENTS, MAX_CLIENT, MAX_IMAGE, MAX_INLINE_CLOUD_INIT, MAX_PLACEMENT_VALUE,
     MAX_PROVIDER_NAME, MAX_SECRET_KEY, MAX_SECRET_NAME, Placement, Proxy, ProxyAuth, ProxySpec,
     ProxyStatus, SecretKeyRef,
@@ -184,6 +184,7 @@ mod tests {
                     zone: "fsn1".into(),
                     machine_type: "cx22".into(),
                     image: "debian-12".into(),
+                    capacity: Default::default(),
                 },
                 cloud_init: CloudInit {
                     inline: None,

@@ -204,15 +204,46 @@ pub struct Placement {
     #[serde(default)]
     #[schemars(length(max = MAX_IMAGE))]
     pub image: String,
+    /// `OnDemand` (the default) or `Spot`: spot or preemptible capacity, cheaper, which
+    /// the cloud may reclaim at any time; a reclaimed instance is replaced like a lost one
+    /// (Event `Interrupted`). A provider without spot refuses it, naming this field.
+    #[serde(default, skip_serializing_if = "Capacity::is_default")]
+    pub capacity: Capacity,
+}
+
+/// See [`Placement::capacity`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Capacity {
+    #[default]
+    OnDemand,
+    Spot,
+}
+
+impl Capacity {
+    /// Not serialized when default, so a Proxy written before `capacity` existed reads
+    /// back (and hashes) the same.
+    pub fn is_default(&self) -> bool {
+        *self == Capacity::default()
+    }
+
+    /// The runtime's name for it, as a create request carries it.
+    pub fn to_provider(self) -> egress_plugin_host::provider::Capacity {
+        match self {
+            Capacity::OnDemand => egress_plugin_host::provider::Capacity::OnDemand,
+            Capacity::Spot => egress_plugin_host::provider::Capacity::Spot,
+        }
+    }
 }
 
 impl Placement {
+    /// An on-demand placement.
     pub fn new(region: &str, zone: &str, machine_type: &str, image: &str) -> Self {
         Placement {
             region: region.into(),
             zone: zone.into(),
             machine_type: machine_type.into(),
             image: image.into(),
+            capacity: Capacity::OnDemand,
         }
     }
 }

@@ -4,7 +4,9 @@
 //! `controller: true`, the [`super::LABEL_POOL`] label). It never calls a provider: it creates
 //! and deletes Proxy objects, and the Proxy reconciler, with its request budget, does the rest.
 
-use super::proxy::{MAX_IMAGE, MAX_PLACEMENT_VALUE, MAX_PROVIDER_NAME, Placement, ProxySpec};
+use super::proxy::{
+    Capacity, MAX_IMAGE, MAX_PLACEMENT_VALUE, MAX_PROVIDER_NAME, Placement, ProxySpec,
+};
 use super::schema;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -235,6 +237,9 @@ pub struct PoolPlacement {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_IMAGE))]
     pub image: Option<String>,
+    /// `OnDemand` or `Spot`, in place of the template's `placement.capacity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<Capacity>,
     /// Share of the pool relative to the other placements. Absent: 1. Zero: no new Proxies
     /// here (the ones already here stay until rotated). At most 1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -248,6 +253,7 @@ impl PoolPlacement {
         if let Some(n) = &self.name {
             return n.clone();
         }
+        let spot = (self.capacity == Some(Capacity::Spot)).then_some("spot");
         let parts: Vec<&str> = [
             &self.provider,
             &self.region,
@@ -257,6 +263,7 @@ impl PoolPlacement {
         ]
         .into_iter()
         .filter_map(|v| v.as_deref().filter(|s| !s.is_empty()))
+        .chain(spot)
         .collect();
         if parts.is_empty() {
             "default".into()
@@ -279,11 +286,15 @@ impl PoolPlacement {
             zone,
             machine_type,
             image,
+            capacity,
         } = &mut spec.placement;
         set(region, &self.region);
         set(zone, &self.zone);
         set(machine_type, &self.machine_type);
         set(image, &self.image);
+        if let Some(c) = self.capacity {
+            *capacity = c;
+        }
         spec
     }
 }

@@ -108,17 +108,28 @@ impl HealthHook {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ProviderLabel {
+    provider: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 struct ReconcileLabels {
     /// `ok`, or what failed: `provider_<class>`, `input`, `kube` or `metadata`.
     result: String,
 }
 
-/// `proxy_operator_reconciles_total{result}` and
-/// `proxy_operator_reconcile_duration_seconds{result}`.
+/// `proxy_operator_reconciles_total{result}`,
+/// `proxy_operator_reconcile_duration_seconds{result}` and
+/// `proxy_operator_instance_interruptions_total{provider}`.
 #[derive(Clone)]
 pub struct ReconcileMetrics {
     count: prometheus_client::metrics::family::Family<
         ReconcileLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    /// Instances the cloud reclaimed (spot interruptions), by provider.
+    interruptions: prometheus_client::metrics::family::Family<
+        ProviderLabel,
         prometheus_client::metrics::counter::Counter,
     >,
     duration: prometheus_client::metrics::family::Family<
@@ -131,6 +142,7 @@ impl Default for ReconcileMetrics {
     fn default() -> Self {
         ReconcileMetrics {
             count: Default::default(),
+            interruptions: Default::default(),
             duration: prometheus_client::metrics::family::Family::new_with_constructor(|| {
                 prometheus_client::metrics::histogram::Histogram::new([
                     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -153,7 +165,21 @@ impl ReconcileMetrics {
             "Time one Proxy reconcile took, provider calls included, by result",
             m.duration.clone(),
         );
+        registry.register(
+            "proxy_operator_instance_interruptions",
+            "Instances the cloud reclaimed (spot interruptions), each replaced, by provider",
+            m.interruptions.clone(),
+        );
         m
+    }
+
+    /// One instance of `provider` was found reclaimed (said by an `Interrupted` Event).
+    pub(crate) fn interrupted(&self, provider: &str) {
+        self.interruptions
+            .get_or_create(&ProviderLabel {
+                provider: provider.to_string(),
+            })
+            .inc();
     }
 
     pub(crate) fn observe(&self, result: &Result<Action, ReconcileError>, took: Duration) {
@@ -183,6 +209,10 @@ pub struct Context {
     pub(super) settings: Settings,
     /// Consecutive failures per Proxy UID, for the backoff.
     pub(super) failures: Mutex<HashMap<String, u32>>,
+    /// Running Proxies (`namespace/name`) whose probe just failed: their next reconcile
+    /// asks the provider (Get) instead of trusting the last list, so an instance the cloud
+    /// reclaimed or stopped is found within a probe interval, not a drift poll.
+    pub(super) suspects: Mutex<std::collections::HashSet<String>>,
     pub(super) health: Option<HealthHook>,
     pub(super) metrics: ReconcileMetrics,
     /// Drift detection by list (see [`crate::inventory`]); without it, one Get per Running
@@ -211,12 +241,30 @@ impl Context {
             recorder,
             settings,
             failures: Mutex::new(HashMap::new()),
+            suspects: Mutex::new(Default::default()),
             health: None,
             metrics: ReconcileMetrics::default(),
             inventory: None,
             secrets: Arc::new(SecretCache::new()),
             proxies: None,
         }
+    }
+
+    /// The probe of `key` (`namespace/name`) failed where it had succeeded: its next
+    /// reconcile asks the provider.
+    pub(super) fn suspect(&self, key: &str) {
+        self.suspects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_string());
+    }
+
+    /// Whether `key` is suspect, clearing it: one Get per failure that raised it.
+    pub(super) fn take_suspect(&self, key: &str) -> bool {
+        self.suspects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key)
     }
 
     /// Detect drift of Running Proxies from one ListByTag per provider per drift poll,

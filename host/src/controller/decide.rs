@@ -79,6 +79,10 @@ pub mod event {
     pub const PERMANENT_ERROR: &str = "PermanentError";
     pub const INSTANCE_STOPPED: &str = "InstanceStopped";
     pub const INSTANCE_LOST: &str = "InstanceLost";
+    /// The cloud reclaimed a spot instance (the plugin said `interrupted`, or answered
+    /// NotFound with code `Interrupted`): replaced like a stopped or lost one, but said
+    /// apart, since it is the price of spot capacity rather than a fault.
+    pub const INTERRUPTED: &str = "Interrupted";
     pub const PROVIDER_NOT_CONFIGURED: &str = "ProviderNotConfigured";
     pub const CLOUD_INIT_UNAVAILABLE: &str = "CloudInitUnavailable";
     pub const INVALID_SPEC: &str = "InvalidSpec";
@@ -90,6 +94,10 @@ pub mod event {
     /// message changes, not on every retry.
     pub const PROVIDER_ERROR: &str = "ProviderError";
 }
+
+/// The error code of a NotFound that says the cloud reclaimed the instance (a spot
+/// instance its backend deleted on preemption), as the provider contract defines it.
+pub const INTERRUPTED_CODE: &str = "Interrupted";
 
 /// The spec's inputs as far as they could be resolved this reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -684,6 +692,13 @@ fn after_get(
             );
             if o.provisioned_reason() == reason::INSTANCE_STOPPED {
                 d // we deleted it ourselves
+            } else if e.code.as_deref() == Some(INTERRUPTED_CODE) {
+                d.event(EventNote::warning(
+                    event::INTERRUPTED,
+                    format!(
+                        "instance {id} was reclaimed by the provider (spot interruption); creating it again"
+                    ),
+                ))
             } else {
                 d.event(EventNote::warning(
                     event::INSTANCE_LOST,
@@ -832,11 +847,22 @@ fn observe(o: &Observed, inst: &Instance, t: &Timings) -> Decision {
         State::Stopped | State::Terminated => {
             // It will not come back by itself. Delete it, keep the ID, and recreate once
             // Get says NotFound.
-            let message = format!(
-                "instance {} is {}; deleting it to create it again",
-                inst.id,
-                inst.state.as_str()
-            );
+            let (message, said_as) = if inst.interrupted {
+                let m = format!(
+                    "instance {} was reclaimed by the provider (spot interruption) and is {}; \
+                     deleting it to create it again",
+                    inst.id,
+                    inst.state.as_str()
+                );
+                (m, event::INTERRUPTED)
+            } else {
+                let m = format!(
+                    "instance {} is {}; deleting it to create it again",
+                    inst.id,
+                    inst.state.as_str()
+                );
+                (m, event::INSTANCE_STOPPED)
+            };
             // Already InstanceStopped: the condition is kept, so that the failure of the
             // last Delete (retried now) stays the news instead of being written over and
             // reported again on every retry.
@@ -851,9 +877,7 @@ fn observe(o: &Observed, inst: &Instance, t: &Timings) -> Decision {
                 provisioned: (!already).then(|| Cond::not(reason::INSTANCE_STOPPED, &message)),
                 ..Default::default()
             })
-            .event_if(!already, || {
-                EventNote::warning(event::INSTANCE_STOPPED, message)
-            })
+            .event_if(!already, || EventNote::warning(said_as, message))
         }
     }
 }
@@ -1579,6 +1603,24 @@ mod tests {
                     .events(&[event::INSTANCE_STOPPED]),
             ),
             (
+                "Terminated because the cloud reclaimed it (spot): same steps, said as Interrupted",
+                obs(),
+                Some(Answer::Got(
+                    GetPurpose::Observe,
+                    Ok(Instance {
+                        interrupted: true,
+                        ..inst(State::Terminated, "")
+                    }),
+                )),
+                want(delete(DeletePurpose::Stopped))
+                    .cond(false, reason::INSTANCE_STOPPED)
+                    .status(|s| {
+                        s.state = Some(Some(State::Terminated));
+                        s.address = Some(None);
+                    })
+                    .events(&[event::INTERRUPTED]),
+            ),
+            (
                 "Terminated: same as Stopped",
                 obs(),
                 Some(Answer::Got(
@@ -1633,6 +1675,18 @@ mod tests {
                     .cond(false, reason::PROVISIONING)
                     .status(forget)
                     .events(&[event::INSTANCE_LOST]),
+            ),
+            (
+                "reclaimed and already removed (NotFound, code Interrupted): create again, said as Interrupted",
+                obs(),
+                Some(Answer::Got(
+                    GetPurpose::Observe,
+                    Err(err(Class::NotFound, Op::Get).with_code(INTERRUPTED_CODE)),
+                )),
+                want(Next::Call(Call::Create))
+                    .cond(false, reason::PROVISIONING)
+                    .status(forget)
+                    .events(&[event::INTERRUPTED]),
             ),
             (
                 "drift Get of a running instance: quota keeps it Ready, slow retry",

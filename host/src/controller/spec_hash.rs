@@ -1,6 +1,6 @@
 //! The spec hash: decides whether the running instance still matches its Proxy.
 
-use crate::api::{IpFamily, Placement};
+use crate::api::{Capacity, IpFamily, Placement};
 use sha2::{Digest, Sha256};
 
 /// Domain separator and encoding version. Changing the encoding changes every hash, which
@@ -16,9 +16,10 @@ const DOMAIN: &[u8] = b"egress.proxy-operator.dev/spec-hash/v1\n";
 /// changes its output. Each field is length-prefixed, so no two different inputs encode to
 /// the same bytes. The provider name is left out: it is immutable.
 ///
-/// The family is hashed only when it is not the default: a Proxy from before `ipFamily`
-/// existed keeps its hash, so an upgrade replaces nothing. An IPv6 encoding is the IPv4
-/// one with bytes appended, so the two never coincide.
+/// The family and the capacity are hashed only when they are not the default: a Proxy from
+/// before `ipFamily` and `capacity` existed keeps its hash, so an upgrade replaces nothing.
+/// Each appends a tagged line after the fixed-length port, so no two of the four
+/// combinations encode to the same bytes.
 pub fn spec_hash(placement: &Placement, cloud_init: &[u8], port: u16, family: IpFamily) -> String {
     let mut h = Sha256::new();
     h.update(DOMAIN);
@@ -35,6 +36,9 @@ pub fn spec_hash(placement: &Placement, cloud_init: &[u8], port: u16, family: Ip
     h.update(port.to_be_bytes());
     if family == IpFamily::IPv6 {
         h.update(b"\nipFamily=IPv6");
+    }
+    if placement.capacity == Capacity::Spot {
+        h.update(b"\ncapacity=Spot");
     }
     hex::encode(h.finalize())
 }
@@ -77,11 +81,13 @@ mod tests {
     }
 
     fn placement(region: &str, zone: &str, machine_type: &str, image: &str) -> Placement {
+        Placement::new(region, zone, machine_type, image)
+    }
+
+    fn spot(region: &str, zone: &str, machine_type: &str, image: &str) -> Placement {
         Placement {
-            region: region.into(),
-            zone: zone.into(),
-            machine_type: machine_type.into(),
-            image: image.into(),
+            capacity: Capacity::Spot,
+            ..placement(region, zone, machine_type, image)
         }
     }
 
@@ -113,6 +119,22 @@ mod tests {
                 IpFamily::IPv6,
                 "21a5d5a52e2aba052e99c39479ef18b4d354d4910c265c3ded94910eb6e60804",
             ),
+            // `\ncapacity=Spot`.
+            (
+                spot("eu-central", "fsn1", "cx22", "debian-12"),
+                ci,
+                3128,
+                IpFamily::IPv4,
+                "78891f0125316e3f113ae569eafe396d9a1b0c6024972aeafc268eb4448b61bf",
+            ),
+            // Both.
+            (
+                spot("eu-central", "fsn1", "cx22", "debian-12"),
+                ci,
+                3128,
+                IpFamily::IPv6,
+                "de75295d7b785c991e1bb181c41ab4b69b531ed9c4df9b0123b76cc6ad9cc64c",
+            ),
         ] {
             assert_eq!(spec_hash(&p, ci, port, family), want);
         }
@@ -130,6 +152,8 @@ mod tests {
             spec_hash(&base, b"ci2", 3128, IpFamily::IPv4),
             spec_hash(&base, b"ci", 3129, IpFamily::IPv4),
             spec_hash(&base, b"ci", 3128, IpFamily::IPv6),
+            spec_hash(&spot("r", "z", "m", "i"), b"ci", 3128, IpFamily::IPv4),
+            spec_hash(&spot("r", "z", "m", "i"), b"ci", 3128, IpFamily::IPv6),
             // Moving bytes across a field boundary must not collide.
             spec_hash(&placement("rz", "", "m", "i"), b"ci", 3128, IpFamily::IPv4),
             spec_hash(&placement("r", "z", "m", "ic"), b"i", 3128, IpFamily::IPv4),

@@ -38,12 +38,21 @@ pub async fn run(
     if let Some(hook) = &ctx.health {
         let engine = hook.engine.clone();
         let stop = stop_probes.clone();
+        let suspects = ctx.clone();
         tokio::spawn(async move {
             engine
                 .run(stop, move |report| {
+                    // A first failure of a healthy proxy (and a turn to unhealthy): the
+                    // instance may be gone (a spot instance reclaimed), which the last list
+                    // cannot tell; the next reconcile Gets it.
+                    let failing = report.verdict.failures() > 0;
+                    let first = report.verdict.healthy && report.verdict.failures() == 1;
+                    if first || (report.changed && failing) {
+                        suspects.suspect(&report.key);
+                    }
                     // Only changes: a status write per probe would be one write per proxy
                     // per interval. The drift poll refreshes lastProbe (see health_view).
-                    if !report.changed {
+                    if !report.changed && !first {
                         return;
                     }
                     if let Some((ns, name)) = report.key.split_once('/') {

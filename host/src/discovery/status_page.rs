@@ -366,6 +366,7 @@ mod tests {
                     zone: "fsn1".into(),
                     machine_type: "cx22".into(),
                     image: "debian-12".into(),
+                    capacity: Default::default(),
                 },
                 cloud_init: CloudInit {
                     inline: Some(String::new()),

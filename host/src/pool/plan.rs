@@ -808,6 +808,7 @@ mod tests {
                 zone: String::new(),
                 machine_type: "cx22".into(),
                 image: "debian".into(),
+                capacity: Default::default(),
             },
             cloud_init: CloudInit {
                 inline: Some("#cloud-config".into()),

@@ -54,6 +54,11 @@ impl Default for Verdict {
 }
 
 impl Verdict {
+    /// Failures in a row since the last success.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
     /// Folds one result in; returns whether `healthy` changed.
     pub fn observe(&mut self, result: &Result<ProbeOk, ProbeError>, t: Thresholds) -> bool {
         let before = self.healthy;

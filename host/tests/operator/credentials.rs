@@ -45,6 +45,12 @@ struct Env {
 impl Env {
     /// None (the test is skipped) when the plugins are not built.
     async fn start(kind: ProxyKind) -> Option<Env> {
+        Self::start_with(kind, 500, 1).await
+    }
+
+    /// With a drift poll of `drift_ms` and `failures` probe failures in a row before a
+    /// proxy is unhealthy.
+    async fn start_with(kind: ProxyKind, drift_ms: u64, failures: u32) -> Option<Env> {
         support::plugin_dir()?;
         let api = FakeApi::new();
         // Nothing collects garbage here: the operator must delete its Secret itself.
@@ -80,7 +86,7 @@ impl Env {
                 interval: Duration::from_millis(50),
                 concurrency: 8,
                 thresholds: Thresholds {
-                    failure: 1,
+                    failure: failures,
                     success: 1,
                 },
             },
@@ -90,7 +96,7 @@ impl Env {
         let ctx = Context::new(
             client.clone(),
             ProviderRegistry::new([provider]),
-            support::fast_settings("install-creds", 500, 300),
+            support::fast_settings("install-creds", drift_ms, 300),
         )
         .with_metrics(reconcile_metrics)
         .with_health(HealthHook {
@@ -516,4 +522,44 @@ async fn an_ipv6_proxy_through_tinyproxy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ipv6_proxy_through_the_builtin_proxy() {
     ipv6_lifecycle(ProxyKind::Builtin).await;
+}
+
+/// A probe that fails where it had succeeded has the instance checked (a Get) at once,
+/// without waiting for the drift poll (an hour here) or for the verdict to turn (never
+/// here: 1,000 failures in a row). The instance was stopped behind the operator's back, as
+/// a cloud stops or reclaims one: the Proxy says so and gets a new instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_probe_has_the_instance_checked_before_the_drift_poll() {
+    let Some(env) = Env::start_with(ProxyKind::Builtin, 3_600_000, 1000).await else {
+        return;
+    };
+    env.create("gone", TEMPLATE, ProxyAuth::default()).await;
+    let p = env
+        .wait_cond("gone", condition::READY, "True", "Ready")
+        .await;
+    let first = p.status.as_ref().unwrap().provider_id.clone().unwrap();
+    let server = first.rsplit('/').next().unwrap().to_string();
+    assert!(env.hz.set_backend_state(&server, "off"), "{first}");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let p = env.proxies.get("gone").await.unwrap();
+        let now = p.status.as_ref().and_then(|s| s.provider_id.clone());
+        let ready = p
+            .condition(condition::READY)
+            .is_some_and(|c| c.status == "True");
+        if ready && now.as_deref().is_some_and(|id| id != first) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stopped instance {first} was not replaced: {:#?}",
+            p.status
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let events = env.api.objects("events.events.k8s.io");
+    assert!(
+        events.iter().any(|e| e["reason"] == "InstanceStopped"),
+        "{events:#?}"
+    );
 }

@@ -201,6 +201,7 @@ impl Env {
                     zone: s.zone.into(),
                     machine_type: "small".into(),
                     image: "debian-12".into(),
+                    capacity: Default::default(),
                 },
                 cloud_init: CloudInit {
                     inline: Some("#cloud-config\n".into()),

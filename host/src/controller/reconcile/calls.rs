@@ -53,7 +53,7 @@ impl<'a> Shell<'a> {
                         zone: p.zone.clone(),
                         machine_type: p.machine_type.clone(),
                         image: p.image.clone(),
-                        capacity: Default::default(),
+                        capacity: p.capacity.to_provider(),
                     },
                     cloud_init: r.cloud_init.clone(),
                     port: r.port,

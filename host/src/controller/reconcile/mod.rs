@@ -9,7 +9,7 @@ use crate::api::{Proxy, ProxyStatus, condition};
 use crate::controller::bounds::{CONDITION_MESSAGE_MAX, EVENT_NOTE_MAX, truncate};
 use crate::controller::context::{Context, FIELD_MANAGER, FINALIZER, ReconcileError};
 use crate::controller::decide::{
-    Answer, CondView, Decision, EventNote, Input, Next, Observed, decide,
+    Answer, CondView, Decision, EventNote, Input, Next, Observed, decide, event,
 };
 use crate::controller::proxy_auth::{self, Credentials};
 use crate::controller::status;
@@ -110,8 +110,10 @@ impl<'a> Shell<'a> {
         };
         let mut status = self.proxy.status.clone().unwrap_or_default();
         let has_finalizer = self.proxy.finalizers().iter().any(|f| f == FINALIZER);
-        let listed = self.listed(&status);
-        let list_pending = listed.is_none() && self.list_pending();
+        // A probe that just failed outweighs the last list: ask the provider.
+        let suspect = self.ctx.take_suspect(&self.health_key());
+        let listed = (!suspect).then(|| self.listed(&status)).flatten();
+        let list_pending = !suspect && listed.is_none() && self.list_pending();
         let mut answer: Option<Answer> = None;
         for _ in 0..MAX_STEPS {
             let observed = observe(
@@ -134,6 +136,9 @@ impl<'a> Shell<'a> {
             }
             self.sync_health(&status, deleting, resolved.as_ref());
             for e in events {
+                if e.reason == event::INTERRUPTED {
+                    self.ctx.metrics.interrupted(&self.proxy.spec.provider);
+                }
                 self.publish(e).await;
             }
             match next {
