@@ -240,6 +240,13 @@ pub struct PoolPlacement {
     /// `OnDemand` or `Spot`, in place of the template's `placement.capacity`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Capacity>,
+    /// Used only while no other placement can take a Proxy (all failing, for instance a
+    /// spot placement whose backend has no spot capacity: `QuotaExceeded`, backed off for
+    /// `placementBackoff`). Once another takes Proxies again, this one's are replaced
+    /// there, never taking Ready below `minReady`. The usual pair: a `Spot` placement and
+    /// the same one `OnDemand` with `fallback: true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<bool>,
     /// Share of the pool relative to the other placements. Absent: 1. Zero: no new Proxies
     /// here (the ones already here stay until rotated). At most 1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]

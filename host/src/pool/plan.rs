@@ -72,6 +72,8 @@ pub enum DeleteWhy {
     ScaleDown,
     Outdated,
     Expired,
+    /// On a fallback placement while a preferred one takes Proxies again.
+    FallenBack,
 }
 
 impl DeleteWhy {
@@ -81,6 +83,7 @@ impl DeleteWhy {
             DeleteWhy::ScaleDown => "scale down",
             DeleteWhy::Outdated => "template or placement changed",
             DeleteWhy::Expired => "older than maxAge",
+            DeleteWhy::FallenBack => "a preferred placement takes Proxies again",
         }
     }
 }
@@ -122,6 +125,9 @@ pub struct Resolved {
     pub backoff: Duration,
     /// (name, weight, spec) per placement, in spec order.
     pub placements: Vec<(String, u32, ProxySpec)>,
+    /// Names of the placements marked `fallback`: used only while no other can take a
+    /// Proxy.
+    pub fallbacks: std::collections::BTreeSet<String>,
 }
 
 /// A spec the plan cannot work from. Each message names the field, the value and the limit.
@@ -274,6 +280,7 @@ impl Resolved {
             &spec.placements
         };
         let mut placements: Vec<(String, u32, ProxySpec)> = Vec::with_capacity(list.len());
+        let mut fallbacks = std::collections::BTreeSet::new();
         for (index, p) in list.iter().enumerate() {
             let weight = within(
                 format!("placements[{index}].weight"),
@@ -289,6 +296,9 @@ impl Resolved {
             }
             // At most MAX_WEIGHT, checked above.
             let weight = u32::try_from(weight).unwrap_or(0);
+            if p.fallback == Some(true) {
+                fallbacks.insert(name.clone());
+            }
             placements.push((name, weight, p.apply(&spec.template.spec)));
         }
         Ok(Resolved {
@@ -300,6 +310,7 @@ impl Resolved {
             jitter_percent: u32::try_from(jitter).unwrap_or(0),
             backoff: spec.placement_backoff.unwrap_or(DEFAULT_PLACEMENT_BACKOFF),
             placements,
+            fallbacks,
         })
     }
 
@@ -376,6 +387,13 @@ pub fn plan(
         alive.push(c);
     }
 
+    // A preferred (not fallback) placement takes Proxies: fallback ones are replaced, as
+    // stale ones are (never below minReady), so the pool returns to, say, spot capacity
+    // once the backend has it again.
+    let preferred_usable = spec
+        .placements
+        .iter()
+        .any(|(name, weight, _)| usable(name, *weight, &failing) && !spec.fallbacks.contains(name));
     let stale_why = |c: &Child| -> Option<DeleteWhy> {
         let fits = c
             .placement
@@ -384,6 +402,13 @@ pub fn plan(
             .is_some_and(|i| spec.placements[i].2 == c.spec);
         if !fits {
             return Some(DeleteWhy::Outdated);
+        }
+        if c.placement
+            .as_deref()
+            .is_some_and(|p| spec.fallbacks.contains(p))
+            && preferred_usable
+        {
+            return Some(DeleteWhy::FallenBack);
         }
         let limit = spec.age_limit(&c.uid)?;
         (age(now, c.created) >= limit).then_some(DeleteWhy::Expired)
@@ -766,16 +791,26 @@ fn scale_down_victim(spec: &Resolved, fresh: &[&Child]) -> usize {
     best
 }
 
+/// Whether a placement may take a new Proxy now: weight above 0, not backing off.
+fn usable(name: &str, weight: u32, failing: &BTreeMap<String, PlacementFailure>) -> bool {
+    weight > 0 && !failing.contains_key(name)
+}
+
 /// The usable placement furthest below its weighted share: least (count + 1) / weight,
-/// ties to the earlier entry. None when every placement is failing or has weight 0.
+/// ties to the earlier entry; a fallback placement only when no other is usable. None when
+/// every placement is failing or has weight 0.
 fn next_placement(
     spec: &Resolved,
     counts: &[usize],
     failing: &BTreeMap<String, PlacementFailure>,
 ) -> Option<usize> {
+    let preferred = spec
+        .placements
+        .iter()
+        .any(|(n, w, _)| usable(n, *w, failing) && !spec.fallbacks.contains(n));
     let mut best: Option<usize> = None;
     for (i, (name, weight, _)) in spec.placements.iter().enumerate() {
-        if *weight == 0 || failing.contains_key(name) {
+        if !usable(name, *weight, failing) || (preferred && spec.fallbacks.contains(name)) {
             continue;
         }
         let better = match best {
@@ -1186,6 +1221,78 @@ mod tests {
         );
         assert_eq!(created(&again), ["a"]);
         assert!(again.status.placements.iter().all(|s| s.failing.is_none()));
+    }
+
+    /// Spot with an on-demand fallback: spot while it has capacity, on-demand while spot
+    /// backs off, and back to spot afterwards without dropping below `minReady`.
+    #[test]
+    fn a_fallback_placement_serves_only_while_the_preferred_one_cannot() {
+        use crate::api::Capacity;
+        let placement = |name: &str, capacity, fallback| PoolPlacement {
+            name: Some(name.into()),
+            zone: Some("z".into()),
+            capacity: Some(capacity),
+            fallback,
+            ..Default::default()
+        };
+        let spec = ProxyPoolSpec {
+            placements: vec![
+                placement("spot", Capacity::Spot, None),
+                placement("on-demand", Capacity::OnDemand, Some(true)),
+            ],
+            min_ready: Some(2),
+            max_surge: Some(2),
+            ..ProxyPoolSpec::new(2, template())
+        };
+        let r = resolved(&spec);
+        let on = |name: &str, placement: &str, ready: bool| {
+            let i = r
+                .placements
+                .iter()
+                .position(|(n, ..)| n == placement)
+                .unwrap();
+            Child {
+                spec: r.placements[i].2.clone(),
+                placement: Some(placement.into()),
+                ..child(name, "z", ready, 100)
+            }
+        };
+
+        // Spot has capacity: the fallback takes nothing.
+        assert_eq!(created(&run(&spec, &[])), ["spot", "spot"]);
+
+        // No spot capacity: the spot placement backs off, the fallback fills.
+        let mut refused = on("s1", "spot", false);
+        refused.failure = Some(("QuotaExceeded".into(), "SpotCapacityUnavailable".into()));
+        let p = run(&spec, &[refused]);
+        assert_eq!(deleted(&p), [("s1", DeleteWhy::PlacementFailed)]);
+        assert_eq!(created(&p), ["on-demand", "on-demand"]);
+        // Within the back-off the fallback's Proxies stay.
+        let fallen = [on("o1", "on-demand", true), on("o2", "on-demand", true)];
+        let within = plan("web", &r, &p.status, 1, &fallen, now());
+        assert!(
+            within.delete.is_empty() && within.create.is_empty(),
+            "{within:?}"
+        );
+
+        // The back-off is over: back to spot, the fallback's Proxies replaced, never
+        // below minReady (2): first the surge on spot, then the deletions.
+        let after = Timestamp::from_second(NOW + 601).unwrap();
+        let back = plan("web", &r, &p.status, 1, &fallen, after);
+        assert_eq!(created(&back), ["spot", "spot"]);
+        assert!(back.delete.is_empty(), "{:?}", back.delete);
+        let both = [
+            on("o1", "on-demand", true),
+            on("o2", "on-demand", true),
+            on("s2", "spot", true),
+            on("s3", "spot", true),
+        ];
+        let done = plan("web", &r, &back.status, 1, &both, after);
+        assert_eq!(
+            deleted(&done),
+            [("o1", DeleteWhy::FallenBack), ("o2", DeleteWhy::FallenBack)]
+        );
+        assert!(done.create.is_empty());
     }
 
     #[test]
