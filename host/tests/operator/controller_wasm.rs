@@ -73,17 +73,27 @@ async fn cluster() -> (FakeApi, kube::Client) {
     (fake, client)
 }
 
+/// The controller running over the example plugin against `backend` (the provider `ex`,
+/// its `regions`), in an in-memory cluster; the Proxies of namespace `default`. Keep the
+/// first value for the test's length: it holds the secrets directory and the cluster.
+async fn controller_on(
+    backend: &ExampleBackend,
+    regions: &str,
+    installation: &str,
+) -> ((tempfile::TempDir, FakeApi), Api<Proxy>) {
+    let (secrets, registry) = example_registry(backend, "", regions).await;
+    let (fake, client) = cluster().await;
+    let settings = support::fast_settings(installation, 300, 300);
+    let ctx = Arc::new(Context::new(client.clone(), registry, settings));
+    tokio::spawn(controller::run(ctx, std::future::pending::<()>()));
+    ((secrets, fake), Api::namespaced(client, "default"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_lifecycle_through_the_example_plugin() {
     let _dir = plugins_or_skip!();
     let backend = ExampleBackend::start("tok");
-    let (_secrets, registry) = example_registry(&backend, "", "r1, r2").await;
-    let (_fake, client) = cluster().await;
-    let settings = support::fast_settings("install-wasm", 300, 300);
-    let ctx = Arc::new(Context::new(client.clone(), registry, settings));
-    tokio::spawn(controller::run(ctx, std::future::pending::<()>()));
-
-    let proxies: Api<Proxy> = Api::namespaced(client, "default");
+    let (_running, proxies) = controller_on(&backend, "r1, r2", "install-wasm").await;
     let cloud_init = "#cloud-config\npackages: [tinyproxy]\n";
     let mut p = Proxy::new(
         "p1",
@@ -349,13 +359,7 @@ async fn fault_injection_run_through_the_wasm_plugin() {
 async fn an_ipv6_proxy_on_a_provider_without_ipv6_is_refused_by_name() {
     let _dir = plugins_or_skip!();
     let backend = ExampleBackend::start("tok");
-    let (_secrets, registry) = example_registry(&backend, "", "r1").await;
-    let (_fake, client) = cluster().await;
-    let settings = support::fast_settings("install-v6", 300, 300);
-    let ctx = Arc::new(Context::new(client.clone(), registry, settings));
-    tokio::spawn(controller::run(ctx, std::future::pending::<()>()));
-
-    let proxies: Api<Proxy> = Api::namespaced(client, "default");
+    let (_running, proxies) = controller_on(&backend, "r1", "install-v6").await;
     let mut p = Proxy::new(
         "p1",
         ProxySpec {
