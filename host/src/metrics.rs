@@ -113,6 +113,16 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     ),
     ("proxy_operator_reconciles", "counter", &["result"]),
     (
+        "proxy_operator_instance_interruptions",
+        "counter",
+        &["provider"],
+    ),
+    (
+        "proxy_operator_cost_per_hour",
+        "gauge",
+        &["provider", "placement", "capacity", "currency"],
+    ),
+    (
         "proxy_operator_reconcile_duration_seconds",
         "histogram",
         &["result"],
@@ -194,9 +204,68 @@ pub fn proxy_counts<'a>(
     counts
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CostLabels {
+    pub provider: String,
+    /// `region/zone/machineType`: the placement's price-relevant part, as many series as
+    /// the placements the users wrote.
+    pub placement: String,
+    /// `OnDemand` or `Spot`.
+    pub capacity: String,
+    pub currency: String,
+}
+
+/// What the running instances cost per hour, summed by provider, placement, capacity and
+/// currency, in units of the currency (from each Proxy's `status.hourlyPrice`). Pure.
+pub fn costs<'a>(
+    proxies: impl IntoIterator<Item = &'a Proxy>,
+) -> std::collections::BTreeMap<(String, String, String, String), u64> {
+    let mut sums = std::collections::BTreeMap::new();
+    for p in proxies {
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let Some(price) = p.status.as_ref().and_then(|s| s.hourly_price.as_ref()) else {
+            continue;
+        };
+        let Some(micros) = price.micros() else {
+            continue;
+        };
+        let pl = &p.spec.placement;
+        let key = (
+            p.spec.provider.clone(),
+            format!("{}/{}/{}", pl.region, pl.zone, pl.machine_type),
+            format!("{:?}", pl.capacity),
+            price.currency.clone(),
+        );
+        let sum: &mut u64 = sums.entry(key).or_insert(0);
+        *sum = sum.saturating_add(micros);
+    }
+    sums
+}
+
 impl Collector for ProxyGauges {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let snapshot = self.proxies.state();
+        let cost = Family::<CostLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        for ((provider, placement, capacity, currency), micros) in
+            costs(snapshot.iter().map(AsRef::as_ref))
+        {
+            cost.get_or_create(&CostLabels {
+                provider,
+                placement,
+                capacity,
+                currency,
+            })
+            .set(micros as f64 / 1_000_000.0);
+        }
+        let metric = encoder.encode_descriptor(
+            "proxy_operator_cost_per_hour",
+            "What the running instances cost per hour, in units of the currency, by provider, placement, capacity and currency",
+            None,
+            cost.metric_type(),
+        )?;
+        cost.encode(metric)?;
         let family = Family::<ProxyLabels, Gauge>::default();
         for ((provider, state, ready), n) in proxy_counts(snapshot.iter().map(AsRef::as_ref)) {
             family
@@ -288,6 +357,16 @@ mod tests {
         let (reader, mut writer) = store::<Proxy>();
         writer.apply_watcher_event(&Event::Init);
         writer.apply_watcher_event(&Event::InitApply(proxy("a", "ec2", Some("Running"), true)));
+        for name in ["b", "c"] {
+            let mut p = proxy(name, "ec2", Some("Running"), true);
+            p.spec.placement =
+                crate::api::Placement::new("eu-west-1", "eu-west-1a", "t3.micro", "ami");
+            p.status.as_mut().unwrap().hourly_price = Some(crate::api::HourlyPrice {
+                currency: "USD".into(),
+                per_hour: "0.0104".into(),
+            });
+            writer.apply_watcher_event(&Event::InitApply(p));
+        }
         writer.apply_watcher_event(&Event::InitDone);
         let m = OperatorMetrics::new(reader);
         feed_one_of_each(&m);
@@ -319,7 +398,14 @@ mod tests {
         );
         assert!(
             text.contains(
-                "proxy_operator_proxies{provider=\"ec2\",state=\"Running\",ready=\"true\"} 1"
+                "proxy_operator_proxies{provider=\"ec2\",state=\"Running\",ready=\"true\"} 3"
+            ),
+            "{text}"
+        );
+        // Two instances of 0.0104 USD an hour: the fleet's cost, summed by placement.
+        assert!(
+            text.contains(
+                "proxy_operator_cost_per_hour{provider=\"ec2\",placement=\"eu-west-1/eu-west-1a/t3.micro\",capacity=\"OnDemand\",currency=\"USD\"} 0.0208"
             ),
             "{text}"
         );
@@ -419,6 +505,7 @@ mod tests {
             &Ok(kube::runtime::controller::Action::await_change()),
             Duration::from_millis(5),
         );
+        m.reconcile.interrupted("ec2");
         GcMetrics::provider(&m.gc.swept, "ec2");
         GcMetrics::provider(&m.gc.deleted, "ec2");
         m.gc.skip("ec2", "too_young");

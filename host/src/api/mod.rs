@@ -13,10 +13,10 @@ mod schema;
 
 pub use provider_health::{ProviderHealth, ProviderHealthSpec, ProviderHealthStatus, TargetHealth};
 pub use proxy::{
-    ANNOTATION_SKIP_CLEANUP, AuthType, Capacity, CloudInit, IpFamily, LABEL_POOL, LastProbe,
-    MAX_ALLOWED_CLIENTS, MAX_CLIENT, MAX_IMAGE, MAX_INLINE_CLOUD_INIT, MAX_PLACEMENT_VALUE,
-    MAX_PROVIDER_NAME, MAX_SECRET_KEY, MAX_SECRET_NAME, Placement, Proxy, ProxyAuth, ProxySpec,
-    ProxyStatus, SecretKeyRef,
+    ANNOTATION_SKIP_CLEANUP, AuthType, Capacity, CloudInit, HourlyPrice, IpFamily, LABEL_POOL,
+    LastProbe, MAX_ALLOWED_CLIENTS, MAX_CLIENT, MAX_IMAGE, MAX_INLINE_CLOUD_INIT,
+    MAX_PLACEMENT_VALUE, MAX_PROVIDER_NAME, MAX_SECRET_KEY, MAX_SECRET_NAME, Placement, Proxy,
+    ProxyAuth, ProxySpec, ProxyStatus, SecretKeyRef,
 };
 pub use proxy_pool::{
     MAX_ANNOTATION_VALUE, MAX_DURATION_TEXT, MAX_JITTER_PERCENT, MAX_LABEL_VALUE, MAX_MIN_READY,
@@ -222,6 +222,7 @@ mod tests {
                 latency_ms: Some(12),
                 error: None,
             }),
+            hourly_price: Default::default(),
         };
         let patch = json!({"apiVersion": "egress.proxy-operator.dev/v1alpha1", "kind": "Proxy", "status": status});
         let got = proxies

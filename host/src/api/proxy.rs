@@ -313,6 +313,38 @@ pub struct ProxyStatus {
     /// The health engine's last CONNECT probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_probe: Option<LastProbe>,
+    /// What the instance costs per hour, once it runs: the price the backend reports for
+    /// it, else the providers file's `prices`, else the plugin's quote for the placement.
+    /// Absent when none of them knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hourly_price: Option<HourlyPrice>,
+}
+
+/// An amount per hour, as decimal text (never a float: `"0.0104"`), and its currency.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HourlyPrice {
+    /// ISO 4217, e.g. `EUR`.
+    #[schemars(length(min = 3, max = 3))]
+    pub currency: String,
+    /// At most six decimals.
+    #[schemars(length(min = 1, max = 16))]
+    pub per_hour: String,
+}
+
+impl HourlyPrice {
+    /// The status form of a runtime price.
+    pub fn of(p: &egress_plugin_host::provider::Price) -> Self {
+        HourlyPrice {
+            currency: p.currency.clone(),
+            per_hour: egress_plugin_host::config::prices::decimal(p.micros_per_hour),
+        }
+    }
+
+    /// Millionths of the currency, for sums; `None` for text the operator did not write.
+    pub fn micros(&self) -> Option<u64> {
+        egress_plugin_host::config::prices::micros(&self.per_hour)
+    }
 }
 
 /// One CONNECT probe through the proxy.

@@ -5,7 +5,7 @@
 //! and deletes Proxy objects, and the Proxy reconciler, with its request budget, does the rest.
 
 use super::proxy::{
-    Capacity, MAX_IMAGE, MAX_PLACEMENT_VALUE, MAX_PROVIDER_NAME, Placement, ProxySpec,
+    Capacity, HourlyPrice, MAX_IMAGE, MAX_PLACEMENT_VALUE, MAX_PROVIDER_NAME, Placement, ProxySpec,
 };
 use super::schema;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -332,6 +332,12 @@ pub struct ProxyPoolStatus {
     /// Per placement: how many Proxies, how many Ready, and whether it is skipped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placements: Vec<PlacementStatus>,
+    /// What the pool's instances cost per hour: the sum of its Proxies' `hourlyPrice`, one
+    /// entry per currency (a pool over two clouds may pay in two). Proxies without a known
+    /// price are not in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub hourly_prices: Vec<HourlyPrice>,
     /// Available, Progressing and PlacementsFailing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "schema::conditions")]

@@ -309,6 +309,9 @@ pub struct StatusChange {
     /// `ip` and `port` together: the address clients are given.
     pub address: Option<Option<(String, i32)>>,
     pub provisioned: Option<Cond>,
+    /// What the instance costs (set by the shell, which looks prices up); cleared with the
+    /// instance.
+    pub hourly_price: Option<Option<crate::api::HourlyPrice>>,
 }
 
 impl StatusChange {
@@ -324,6 +327,7 @@ impl StatusChange {
             state: Some(None),
             address: Some(None),
             provisioned: None,
+            hourly_price: Some(None),
         }
     }
 
@@ -648,6 +652,8 @@ fn after_create(o: &Observed, r: &Result<String, ProviderError>, t: &Timings) ->
                     state: Some(None),
                     address: Some(None),
                     provisioned: None,
+                    // The instance it replaced was forgotten with its price.
+                    hourly_price: None,
                 })
                 .cond(Cond::not(
                     reason::PROVISIONING,
@@ -1105,6 +1111,7 @@ mod tests {
         s.spec_hash = Some(None);
         s.state = Some(None);
         s.address = Some(None);
+        s.hourly_price = Some(None);
     }
 
     #[test]

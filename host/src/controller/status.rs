@@ -44,6 +44,9 @@ pub fn apply(
     if let Some(state) = &change.state {
         s.state = state.map(|st| st.as_str().to_string());
     }
+    if let Some(price) = &change.hourly_price {
+        s.hourly_price = price.clone();
+    }
     if let Some(address) = &change.address {
         let (ip, port) = match address {
             Some((ip, port)) => (Some(ip.clone()), Some(*port)),
@@ -316,6 +319,7 @@ mod tests {
             state: Some(Some(State::Running)),
             address: Some(Some(("192.0.2.1".into(), 3128))),
             provisioned: None,
+            hourly_price: Default::default(),
         };
         let s = apply(&ProxyStatus::default(), &running, 1, &at(1));
         assert_eq!(
@@ -345,6 +349,7 @@ mod tests {
                 state: Some(None),
                 address: Some(None),
                 provisioned: None,
+                hourly_price: Default::default(),
             },
             1,
             &at(3),

@@ -58,6 +58,8 @@ pub struct Child {
     pub deleting: bool,
     /// Its Ready condition is True.
     pub ready: bool,
+    /// Its `status.hourlyPrice`.
+    pub price: Option<crate::api::HourlyPrice>,
     pub spec: ProxySpec,
     /// The placement annotation it was created with.
     pub placement: Option<String>,
@@ -497,6 +499,7 @@ pub fn plan(
         selector: Some(format!("{}={pool}", crate::api::LABEL_POOL)),
         observed_generation: Some(generation),
         placements,
+        hourly_prices: price_sum(children.iter().filter(|c| !c.deleting)),
         conditions: status.conditions.clone(),
     };
     let min_ready = spec.min_ready;
@@ -791,6 +794,29 @@ fn scale_down_victim(spec: &Resolved, fresh: &[&Child]) -> usize {
     best
 }
 
+/// The most currencies a pool's status sums separately; more (no real pool spans eight
+/// clouds billing in eight currencies) are left out rather than growing the status.
+const MAX_CURRENCIES: usize = 8;
+
+/// The hourly prices of `children`, summed per currency (saturating: no sum overflows).
+fn price_sum<'a>(children: impl Iterator<Item = &'a Child>) -> Vec<crate::api::HourlyPrice> {
+    let mut sums: BTreeMap<&str, u64> = BTreeMap::new();
+    for c in children {
+        let Some(p) = &c.price else { continue };
+        let Some(m) = p.micros() else { continue };
+        if sums.len() < MAX_CURRENCIES || sums.contains_key(p.currency.as_str()) {
+            let sum = sums.entry(p.currency.as_str()).or_insert(0);
+            *sum = sum.saturating_add(m);
+        }
+    }
+    sums.into_iter()
+        .map(|(currency, m)| crate::api::HourlyPrice {
+            currency: currency.to_string(),
+            per_hour: egress_plugin_host::config::prices::decimal(m),
+        })
+        .collect()
+}
+
 /// Whether a placement may take a new Proxy now: weight above 0, not backing off.
 fn usable(name: &str, weight: u32, failing: &BTreeMap<String, PlacementFailure>) -> bool {
     weight > 0 && !failing.contains_key(name)
@@ -889,6 +915,7 @@ mod tests {
             spec,
             placement: Some(zone.into()),
             failure: None,
+            price: None,
         }
     }
 
@@ -1293,6 +1320,39 @@ mod tests {
             [("o1", DeleteWhy::FallenBack), ("o2", DeleteWhy::FallenBack)]
         );
         assert!(done.create.is_empty());
+    }
+
+    /// The pool's cost is its Proxies' prices summed per currency; a Proxy without a
+    /// price, or being deleted, is not in it.
+    #[test]
+    fn the_pool_costs_the_sum_of_its_proxies_per_currency() {
+        let spec = pool(4, &[("a", 1)]);
+        let priced = |name: &str, currency: &str, per_hour: &str| Child {
+            price: Some(crate::api::HourlyPrice {
+                currency: currency.into(),
+                per_hour: per_hour.into(),
+            }),
+            ..child(name, "a", true, 10)
+        };
+        let mut gone = priced("d", "EUR", "100");
+        gone.deleting = true;
+        let p = run(
+            &spec,
+            &[
+                priced("a1", "EUR", "0.0125"),
+                priced("a2", "EUR", "0.0075"),
+                priced("a3", "USD", "0.0104"),
+                child("a4", "a", true, 10),
+                gone,
+            ],
+        );
+        let sums: Vec<(&str, &str)> = p
+            .status
+            .hourly_prices
+            .iter()
+            .map(|h| (h.currency.as_str(), h.per_hour.as_str()))
+            .collect();
+        assert_eq!(sums, [("EUR", "0.02"), ("USD", "0.0104")]);
     }
 
     #[test]

@@ -187,6 +187,7 @@ fn child(p: &Proxy) -> Child {
         spec: p.spec.clone(),
         placement: p.annotations().get(ANNOTATION_PLACEMENT).cloned(),
         failure,
+        price: p.status.as_ref().and_then(|s| s.hourly_price.clone()),
     }
 }
 

@@ -81,7 +81,17 @@ async fn controller_on(
     regions: &str,
     installation: &str,
 ) -> ((tempfile::TempDir, FakeApi), Api<Proxy>) {
-    let (secrets, registry) = example_registry(backend, "", regions).await;
+    controller_with(backend, "", regions, installation).await
+}
+
+/// [`controller_on`] with `extra` spliced into the providers-file entry.
+async fn controller_with(
+    backend: &ExampleBackend,
+    extra: &str,
+    regions: &str,
+    installation: &str,
+) -> ((tempfile::TempDir, FakeApi), Api<Proxy>) {
+    let (secrets, registry) = example_registry(backend, extra, regions).await;
     let (fake, client) = cluster().await;
     let settings = support::fast_settings(installation, 300, 300);
     let ctx = Arc::new(Context::new(client.clone(), registry, settings));
@@ -392,4 +402,75 @@ async fn an_ipv6_proxy_on_a_provider_without_ipv6_is_refused_by_name() {
         c.message
     );
     assert!(backend.instances().is_empty(), "{:?}", backend.instances());
+}
+
+/// A running Proxy says what its instance costs: here from the providers file's `prices`
+/// (the example backend publishes none), the most specific rule for its placement; a
+/// placement no rule prices has no price rather than a wrong one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_proxy_shows_what_it_costs() {
+    let _dir = plugins_or_skip!();
+    let backend = ExampleBackend::start("tok");
+    let prices = "prices: [{machineType: small, currency: EUR, perHour: '0.0125'}, \
+                  {machineType: small, region: r1, currency: EUR, perHour: '0.011'}]\n";
+    let (_running, proxies) = controller_with(&backend, prices, "r1, r2", "install-cost").await;
+    for (name, region, machine_type) in [
+        ("p1", "r1", "small"),
+        ("p2", "r2", "small"),
+        ("p3", "r1", "large"),
+    ] {
+        let mut p = Proxy::new(
+            name,
+            ProxySpec {
+                provider: "ex".into(),
+                placement: Placement::new(region, "z1", machine_type, "img"),
+                cloud_init: CloudInit {
+                    inline: Some("#cloud-config\n".into()),
+                    secret_key_ref: None,
+                },
+                port: 3128,
+                auth: ProxyAuth {
+                    type_: api::AuthType::None,
+                    ..Default::default()
+                },
+                ip_family: Default::default(),
+            },
+        );
+        p.metadata.namespace = Some("default".into());
+        proxies.create(&PostParams::default(), &p).await.unwrap();
+    }
+    let price = |p: &Proxy| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.hourly_price.as_ref())
+            .map(|h| format!("{} {}", h.per_hour, h.currency))
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut all = Vec::new();
+        for name in ["p1", "p2", "p3"] {
+            all.push(proxies.get(name).await.unwrap());
+        }
+        let running = all.iter().all(|p| running_with(Some(p), "z1"));
+        if running && price(&all[0]).is_some() && price(&all[1]).is_some() {
+            assert_eq!(
+                price(&all[0]).as_deref(),
+                Some("0.011 EUR"),
+                "the region's rule"
+            );
+            assert_eq!(
+                price(&all[1]).as_deref(),
+                Some("0.0125 EUR"),
+                "every region's rule"
+            );
+            assert_eq!(price(&all[2]), None, "no rule for large");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:#?}",
+            all.iter().map(|p| &p.status).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -10,6 +10,8 @@ pub mod descriptors;
 pub mod fit;
 /// The pod's resources the providers must fit: its memory limit and its scratch space.
 pub mod pod;
+/// `prices`: what an instance costs where the plugin cannot say, and the account's own.
+pub mod prices;
 
 pub use fit::{FitError, PodResources};
 
@@ -59,6 +61,10 @@ pub struct ProviderEntry {
     /// pod network or the metadata service. For labs, emulators and private clouds.
     #[serde(default)]
     pub allow_private_addresses: bool,
+    /// Hourly prices by machine type (and region, capacity): they win over the plugin's
+    /// `quote` (see [`prices`]).
+    #[serde(default)]
+    pub prices: Vec<prices::PriceRule>,
     /// The plugin's own config block, handed over as JSON.
     #[serde(default = "empty_object")]
     pub config: serde_json::Value,
@@ -230,6 +236,11 @@ pub enum ConfigError {
         "provider {name:?}: tls.caFile ({ca_file}) and tls.insecureSkipTlsVerify: true contradict each other; keep the CA file and drop the insecure switch"
     )]
     TlsContradiction { name: String, ca_file: String },
+    #[error("provider {name:?}: {source}")]
+    Prices {
+        name: String,
+        source: prices::PriceError,
+    },
 }
 
 impl ProvidersFile {
@@ -288,6 +299,10 @@ impl ProviderEntry {
                 })?;
             }
         }
+        prices::validate(&self.prices).map_err(|source| ConfigError::Prices {
+            name: name.clone(),
+            source,
+        })?;
         let l = &self.limits;
         let limit = |field, value: String, range| ConfigError::Limit {
             name: name.clone(),

@@ -188,8 +188,24 @@ impl Provider for WasmProvider {
         WasmProvider::pacing(self)
     }
 
+    /// The providers file's `prices` first (what this account pays), then the plugin's
+    /// `quote`, kept an hour per placement (see `quotes`). A 0.1.0 plugin has no `quote`:
+    /// without a rule its placements have no price.
     async fn quote(&self, placement: &Placement) -> Result<Option<Price>, ProviderError> {
-        match self
+        if let Some(p) = crate::config::prices::price_of(&self.shared.prices, placement) {
+            return Ok(Some(p));
+        }
+        if self.plugin.version() == super::abi::WorldVersion::V0_1 {
+            return Ok(None);
+        }
+        let now = std::time::Instant::now();
+        let kept = (self.shared.quotes.lock())
+            .unwrap_or_else(|e| e.into_inner())
+            .get(placement, now);
+        if let Some(hit) = kept {
+            return Ok(hit);
+        }
+        let price = match self
             .call(
                 Op::Quote,
                 "",
@@ -199,10 +215,16 @@ impl Provider for WasmProvider {
             )
             .await?
         {
-            GuestReply::Quote(Ok(p)) => Ok(p),
-            GuestReply::Quote(Err(e)) => Err(self.wrap(Op::Quote, "", e)),
+            GuestReply::Quote(Ok(p)) => p,
+            GuestReply::Quote(Err(e)) => return Err(self.wrap(Op::Quote, "", e)),
             _ => unreachable!("quote returns GuestReply::Quote"),
-        }
+        };
+        self.shared
+            .quotes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .put(placement, price.clone(), now);
+        Ok(price)
     }
 
     /// A check never fails as a whole: a failed call becomes one not-ready target.

@@ -22,6 +22,7 @@ mod load;
 mod metrics;
 mod output;
 mod precheck;
+mod quotes;
 mod reply;
 mod sandbox;
 mod scratch;
@@ -796,6 +797,8 @@ fn provider_shared(
         reply_rules: reply::Rules {
             allow_private_addresses: entry.is_some_and(|e| e.allow_private_addresses),
         },
+        prices: entry.map(|e| e.prices.clone()).unwrap_or_default(),
+        quotes: Mutex::new(quotes::QuoteCache::default()),
     }
 }
 

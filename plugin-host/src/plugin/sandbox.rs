@@ -34,6 +34,10 @@ pub struct ProviderShared {
     pub sensitive: Arc<Sensitive>,
     /// What a reply must satisfy to be accepted.
     pub reply_rules: super::reply::Rules,
+    /// The providers file's `prices`, which win over the plugin's `quote`.
+    pub prices: Vec<crate::config::prices::PriceRule>,
+    /// The plugin's answers to `quote`, by placement.
+    pub quotes: Mutex<super::quotes::QuoteCache>,
 }
 
 /// The small per-provider key-value cache behind `cache-get`/`cache-set`.

@@ -125,11 +125,16 @@ impl<'a> Shell<'a> {
                 listed.clone(),
                 list_pending,
             );
+            let reported = match &answer {
+                Some(Answer::Got(_, Ok(i))) => i.hourly_price.clone(),
+                _ => None,
+            };
             let Decision {
-                status: change,
+                status: mut change,
                 events,
                 next,
             } = decide(&observed, answer.take().as_ref(), timings);
+            change.hourly_price = self.price_change(&status, &change, reported).await;
             debug!(next = ?next, status_change = ?change, "decided");
             if !change.is_empty() || self.health_view(&status).is_some() {
                 status = self.write_status(&status, &change).await?;
@@ -200,6 +205,55 @@ impl<'a> Shell<'a> {
 
     /// Applies the whole status (current + change) under our field manager. Skipped when
     /// nothing would change, so steady-state polling does not write.
+    /// The `hourlyPrice` to write with `change`, if it changes: once the instance runs,
+    /// the price the backend reported for it (`reported`), else the provider's price for
+    /// the placement (the providers file's `prices`, else the plugin's quote, kept an hour
+    /// per placement), asked only while the status has none. A failed quote leaves the
+    /// price unknown; it never fails the reconcile.
+    async fn price_change(
+        &self,
+        status: &ProxyStatus,
+        change: &super::decide::StatusChange,
+        reported: Option<egress_plugin_host::provider::Price>,
+    ) -> Option<Option<crate::api::HourlyPrice>> {
+        if change.hourly_price.is_some() {
+            return change.hourly_price.clone();
+        }
+        let running = match change.state {
+            Some(state) => state == Some(State::Running),
+            None => status.state.as_deref() == Some(State::Running.as_str()),
+        };
+        if !running {
+            return None;
+        }
+        let price = match reported {
+            Some(p) => p,
+            None if status.hourly_price.is_some() => return None,
+            None => {
+                let provider = self.provider.as_ref()?;
+                let p = &self.proxy.spec.placement;
+                let placement = egress_plugin_host::provider::Placement {
+                    capacity: p.capacity.to_provider(),
+                    ..egress_plugin_host::provider::Placement::new(
+                        &p.region,
+                        &p.zone,
+                        &p.machine_type,
+                        &p.image,
+                    )
+                };
+                match provider.quote(&placement).await {
+                    Ok(found) => found?,
+                    Err(e) => {
+                        debug!(error = %e, "no price for the placement");
+                        return None;
+                    }
+                }
+            }
+        };
+        let price = crate::api::HourlyPrice::of(&price);
+        (status.hourly_price.as_ref() != Some(&price)).then_some(Some(price))
+    }
+
     async fn write_status(
         &mut self,
         current: &ProxyStatus,
