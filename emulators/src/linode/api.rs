@@ -21,6 +21,29 @@ pub(super) fn routes() -> Router<Shared<Backend>> {
     Router::new()
         .route("/v4/linode/instances", get(list).post(create))
         .route("/v4/linode/instances/{id}", get(read).delete(delete))
+        .route("/v4/linode/types/{id}", get(linode_type))
+}
+
+/// `GET /v4/linode/types/{typeId}`: the type's prices (the fields of the spec's
+/// `LinodeType` a price reader uses, with the addon and sizes left at plausible values).
+async fn linode_type(State(s): St, Path(id): Path<String>) -> Response {
+    let b = s.lock();
+    let Some((_, hourly, regions)) = b.backend.cfg.prices.iter().find(|(t, ..)| *t == id) else {
+        return LinodeError::not_found().into_response();
+    };
+    let monthly = |h: f64| (h * 730.0 * 100.0).round() / 100.0;
+    let region_prices: Vec<Value> = regions
+        .iter()
+        .map(|(r, h)| json!({"id": r, "hourly": h, "monthly": monthly(*h)}))
+        .collect();
+    Json(json!({
+        "id": id, "label": id, "class": "standard", "disk": 25600, "memory": 1024, "vcpus": 1,
+        "gpus": 0, "network_out": 1000, "transfer": 1000, "successor": null,
+        "price": {"hourly": hourly, "monthly": monthly(*hourly)},
+        "region_prices": region_prices,
+        "addons": {"backups": {"price": {"hourly": 0.003, "monthly": 2.0}, "region_prices": []}},
+    }))
+    .into_response()
 }
 
 /// Linode's times: UTC, no offset.

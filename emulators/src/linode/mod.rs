@@ -77,6 +77,9 @@ pub struct LinodeConfig {
     /// Regions with the Metadata capability (user data).
     pub metadata_regions: Vec<String>,
     pub types: Vec<String>,
+    /// `GET /v4/linode/types/{typeId}`'s prices: (type, dollars an hour, regions priced
+    /// apart with theirs).
+    pub prices: Vec<(String, f64, Vec<(String, f64)>)>,
     /// When a new Linode runs by itself.
     pub schedule: Schedule,
     /// Enforce the dedicated create limit (off by default: tests create far faster than
@@ -97,6 +100,16 @@ impl LinodeConfig {
             // us-southeast stands for a region without Metadata.
             metadata_regions: s(&["us-east", "eu-central", "se-sto"]),
             types: s(&["g6-nanode-1", "g6-standard-1"]),
+            // Linode's published prices (techdocs "List types"): Jakarta and Sao Paulo
+            // are priced apart.
+            prices: vec![
+                (
+                    "g6-nanode-1".into(),
+                    0.0075,
+                    vec![("id-cgk".into(), 0.009), ("br-gru".into(), 0.0105)],
+                ),
+                ("g6-standard-1".into(), 0.018, vec![("id-cgk".into(), 0.0216)]),
+            ],
             schedule: Schedule::AfterReads(2),
             create_limit: false,
             rate_limit: None,
@@ -309,6 +322,9 @@ impl Adapter for Linode {
     }
 
     fn classify(&self, method: &Method, path: &str) -> (Option<FaultOp>, String) {
+        if path.starts_with("/v4/linode/types/") {
+            return (None, format!("{method} /v4/linode/types/{{typeId}}"));
+        }
         let rest = path.strip_prefix("/v4/linode/instances");
         let op = match (method.as_str(), rest) {
             ("POST", Some("")) => Some(FaultOp::Create),

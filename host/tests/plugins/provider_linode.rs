@@ -509,3 +509,56 @@ async fn real_linode_lifecycle() {
     )
     .await;
 }
+
+/// A placement's price from Linode's public price list: the type's hourly price, or the
+/// region's own where Linode prices a region apart, in US dollars. The host asks once per
+/// placement (the second quote sends no request); a spot placement is refused by name (the
+/// plugin has none), and a type the config does not allow is refused as a create would be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quote_reads_the_type_price_list() {
+    let _dir = plugins_or_skip!();
+    let cfg = LinodeConfig {
+        prices: vec![(
+            "g6-nanode-1".into(),
+            0.0075,
+            vec![("eu-central".into(), 0.0081)],
+        )],
+        ..LinodeConfig::new(TOKEN)
+    };
+    let ln = setup_with(cfg, "").await;
+    let at = |region: &str| Placement::new(region, "", "g6-nanode-1", "linode/debian12");
+    let usd = |micros_per_hour| {
+        Some(egress_plugin_host::provider::Price {
+            currency: "USD".into(),
+            micros_per_hour,
+        })
+    };
+    assert_eq!(ln.p.quote(&at("us-east")).await.unwrap(), usd(7_500));
+    assert_eq!(ln.p.quote(&at("eu-central")).await.unwrap(), usd(8_100));
+    let types = |s: &egress_emulators::control::RequestStats| {
+        s.by_call
+            .get("GET /v4/linode/types/{typeId}")
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = types(&ln.emu.stats());
+    assert_eq!(before, 2);
+    assert_eq!(ln.p.quote(&at("us-east")).await.unwrap(), usd(7_500));
+    assert_eq!(types(&ln.emu.stats()), before, "kept: no second request");
+
+    let spot = Placement {
+        capacity: egress_plugin_host::provider::Capacity::Spot,
+        ..at("us-east")
+    };
+    let e = ln.p.quote(&spot).await.unwrap_err();
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (Class::Permanent, Some("Unsupported")),
+        "{e}"
+    );
+    assert!(e.message.contains("placement.capacity Spot"), "{e}");
+    let other = Placement::new("us-east", "", "g6-dedicated-2", "linode/debian12");
+    let e = ln.p.quote(&other).await.unwrap_err();
+    assert_eq!(e.class, Class::Permanent, "{e}");
+    assert!(e.message.contains("g6-dedicated-2"), "{e}");
+}

@@ -52,6 +52,44 @@ impl Linode {
     }
 }
 
+/// A Linode type's prices (`GET /linode/types/{typeId}`), in US dollars: Linode bills in
+/// dollars whatever the region.
+#[derive(Deserialize, Default, Debug, Clone)]
+#[serde(default)]
+pub struct LinodeType {
+    pub id: String,
+    pub price: TypePrice,
+    /// Regions priced apart from `price` (Jakarta, Sao Paulo, ...).
+    #[serde(deserialize_with = "nullable")]
+    pub region_prices: Vec<RegionPrice>,
+}
+
+#[derive(Deserialize, Default, Debug, Clone)]
+#[serde(default)]
+pub struct TypePrice {
+    /// Dollars per hour; `null` for a type sold only monthly.
+    pub hourly: Option<f64>,
+}
+
+#[derive(Deserialize, Default, Debug, Clone)]
+#[serde(default)]
+pub struct RegionPrice {
+    pub id: String,
+    pub hourly: Option<f64>,
+}
+
+impl LinodeType {
+    /// The hourly price in `region`, in millionths of a dollar: the region's own price if
+    /// it has one, else the type's; `None` when Linode states none (or states nonsense).
+    pub fn hourly_micros(&self, region: &str) -> Option<u64> {
+        let hourly = match self.region_prices.iter().find(|r| r.id == region) {
+            Some(r) => r.hourly,
+            None => self.price.hourly,
+        }?;
+        (hourly.is_finite() && (0.0..1e6).contains(&hourly)).then(|| (hourly * 1e6).round() as u64)
+    }
+}
+
 /// Linode's times are UTC with no offset (`2018-01-01T00:01:01`), which RFC 3339 parsers
 /// refuse; add the `Z` the API documents ("all times returned by the API are in UTC").
 pub fn created_rfc3339(created: &str) -> String {

@@ -16,7 +16,8 @@ use egress_guest_sdk::http::Client;
 use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::time::{now, parse_rfc3339};
 use egress_guest_sdk::{
-    self as sdk, CreateRequest, Instance, Level, PluginInfo, Provider, ProviderError, State, TargetStatus,
+    self as sdk, CreateRequest, Instance, Level, Placement, PluginInfo, Price, Provider, ProviderError, State,
+    TargetStatus,
     export_provider,
 };
 use marks::{ID, parse_id};
@@ -193,6 +194,29 @@ fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderEr
     Ok((out, what))
 }
 
+/// The hourly price of a placement, from the type's public price list: checked as a create
+/// checks it (a placement create would refuse is refused here the same way), then
+/// `GET /linode/types/{typeId}`.
+fn quote(p: &Placement) -> Result<(Option<Price>, String), ProviderError> {
+    let cfg = cfg()?;
+    let place = cfg.resolve(p)?;
+    let api = client(&cfg.endpoint)?;
+    let t: api::LinodeType = api
+        .get(&format!("/linode/types/{}", place.linode_type))
+        .send_ok()
+        .and_then(|r| r.json())
+        .map_err(|e| not_gone(e, "check config.types against GET /linode/types"))?;
+    let price = t.hourly_micros(place.region).map(|micros_per_hour| Price {
+        currency: "USD".into(),
+        micros_per_hour,
+    });
+    let what = match &price {
+        Some(pr) => format!("{} in {}: {} micro-USD an hour", t.id, place.region, pr.micros_per_hour),
+        None => format!("{} in {}: no hourly price published", t.id, place.region),
+    };
+    Ok((price, what))
+}
+
 /// One cheap authenticated read per region, with the same token, verb and scope as GC's
 /// list; the count of managed Linodes there and the rate limit left are triage details.
 fn probe(api: &Client, region: &str) -> TargetStatus {
@@ -240,6 +264,10 @@ impl Provider for Linodes {
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
         outcome::keep(list_by_tag(installation))
+    }
+
+    fn quote(placement: Placement) -> Result<Option<Price>, ProviderError> {
+        outcome::keep(quote(&placement))
     }
 
     fn check() -> Vec<TargetStatus> {
