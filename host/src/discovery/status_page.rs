@@ -103,6 +103,47 @@ fn pool_of(p: &Proxy) -> Option<String> {
     ))
 }
 
+/// What the fleet costs per hour, per provider and currency (the Proxies' `hourlyPrice`
+/// summed, as `proxy_operator_cost_per_hour` serves it by placement).
+fn cost_section(out: &mut String, proxies: &[&Arc<Proxy>]) {
+    let mut sums: std::collections::BTreeMap<(String, String), (u64, usize)> = Default::default();
+    for ((provider, _, _, currency), micros) in
+        crate::metrics::costs(proxies.iter().map(|p| p.as_ref()))
+    {
+        let e = sums.entry((provider, currency)).or_default();
+        e.0 = e.0.saturating_add(micros);
+    }
+    for p in proxies {
+        if let Some(h) = p.status.as_ref().and_then(|s| s.hourly_price.as_ref())
+            && p.metadata.deletion_timestamp.is_none()
+            && let Some(e) = sums.get_mut(&(p.spec.provider.clone(), h.currency.clone()))
+        {
+            e.1 += 1;
+        }
+    }
+    out.push_str(r#"<section id="cost"><h2>Cost</h2>"#);
+    if sums.is_empty() {
+        out.push_str(
+            r#"<p class="empty">No prices known: set <code>prices</code> in the providers file, or use a plugin that quotes them.</p>"#,
+        );
+    } else {
+        out.push_str(
+            "<table><thead><tr><th>Provider</th><th>Per hour</th><th>Proxies priced</th></tr></thead><tbody>",
+        );
+        for ((provider, currency), (micros, n)) in sums {
+            let _ = write!(
+                out,
+                r#"<tr class="cost"><td>{}</td><td>{} {}</td><td>{n}</td></tr>"#,
+                escape(&provider),
+                egress_plugin_host::config::prices::decimal(micros),
+                escape(&currency),
+            );
+        }
+        out.push_str("</tbody></table>");
+    }
+    out.push_str("</section>");
+}
+
 /// [`fragment`] over plain lists, at `now` (seconds since the epoch).
 pub fn fragment_at(
     proxies: &[Arc<Proxy>],
@@ -205,7 +246,9 @@ pub fn fragment_at(
         }
         out.push_str("</tbody></table>");
     }
-    out.push_str(r#"</section><section id="providers"><h2>Providers</h2>"#);
+    out.push_str("</section>");
+    cost_section(&mut out, &proxies);
+    out.push_str(r#"<section id="providers"><h2>Providers</h2>"#);
     match providers {
         None => out.push_str(r#"<p class="empty">Provider health is not available here.</p>"#),
         Some([]) => out.push_str(r#"<p class="empty">No ProviderHealth objects yet.</p>"#),
@@ -510,6 +553,33 @@ mod tests {
         );
         assert!(html.contains("<td>Reachable</td>"));
         assert!(html.contains("<td>30s ago</td>"));
+    }
+
+    #[test]
+    fn the_fleets_cost_is_shown_per_provider_and_currency() {
+        let html = fragment_at(&[proxy("a", true)], None, NOW);
+        assert!(html.contains("No prices known"), "{html}");
+        let priced = |name: &str, per_hour: &str| {
+            let mut p = (*proxy(name, true)).clone();
+            p.status.as_mut().unwrap().hourly_price = Some(crate::api::HourlyPrice {
+                currency: "EUR".into(),
+                per_hour: per_hour.into(),
+            });
+            Arc::new(p)
+        };
+        let html = fragment_at(
+            &[
+                priced("a", "0.0125"),
+                priced("b", "0.0075"),
+                proxy("c", true),
+            ],
+            None,
+            NOW,
+        );
+        assert!(
+            html.contains(r#"<tr class="cost"><td>hetzner</td><td>0.02 EUR</td><td>2</td></tr>"#),
+            "{html}"
+        );
     }
 
     #[test]
