@@ -7,6 +7,8 @@
 //! plugin's instances, a selector the API accepts but the fake refuses), so each lives here
 //! once and every crate uses this one.
 
+/// Error codes the operator acts on (spot capacity, reclaimed instances, unsupported asks).
+pub mod codes;
 /// The marks every managed instance carries (labels or tags on the backend).
 pub mod marks;
 mod name;

@@ -23,6 +23,14 @@
 //! | `POST /_emulator/reset` | | forget everything, faults included; ids are never reused afterwards |
 //! | `POST /_emulator/rate-limit` | [`RateLimit`] or `null` | optional: enforce the backend's rate limit (a token bucket) the way the backend answers it, or stop enforcing it |
 //! | `GET /_emulator/stats` | | [`RequestStats`] as JSON: the API calls answered since start (or reset), by operation and by backend call, and how many were rate-limited |
+//! | `POST /_emulator/reclaim` | [`Reclaim`] | the backend reclaims that spot instance as the cloud does (EC2: terminated with `Server.SpotInstanceTermination`; GCE: a `compute.instances.preempted` operation, then stopped or deleted); `409` for an on-demand instance, `501` from an emulator without spot |
+//! | `POST /_emulator/spot-capacity` | [`SpotCapacity`] | while `available` is false, spot creates fail the way the cloud fails them for want of capacity (on-demand creates are untouched; a reset makes capacity available again); `501` from an emulator without spot |
+//!
+//! Each instance of the dump also carries `"spot": true` when it runs on spot or
+//! preemptible capacity (absent or `false` otherwise), read with [`DumpCapacities`]: an
+//! emulator in another language adds the key to its dump. (It is not a field of
+//! [`DumpInstance`] because emulators build that struct with a literal, and a new field
+//! would break every one of them at once; see [`DumpCapacity`].)
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -145,6 +153,37 @@ pub struct DumpSecondary {
     pub id: String,
     /// The instance id it belongs to, if attached.
     pub attached_to: Option<String>,
+}
+
+/// Whether a dumped instance runs on spot or preemptible capacity: the `spot` key the
+/// dump carries next to [`DumpInstance`]'s fields, so that a test can tell a spot instance
+/// from an on-demand one that a plugin made instead. Read from the body of
+/// `GET /_emulator/dump` as [`DumpCapacities`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DumpCapacity {
+    pub id: String,
+    pub name: String,
+    /// `false` when the key is absent: an emulator without spot never writes it.
+    #[serde(default)]
+    pub spot: bool,
+}
+
+/// The capacity of every dumped instance (the dump's body read for its `spot` keys).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DumpCapacities {
+    pub instances: Vec<DumpCapacity>,
+}
+
+/// `POST /_emulator/reclaim`: the backend takes this spot instance back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reclaim {
+    pub id: String,
+}
+
+/// `POST /_emulator/spot-capacity`: whether the backend has spot capacity to give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpotCapacity {
+    pub available: bool,
 }
 
 /// Everything that exists, to check for leaks and duplicates. Terminated-and-gone instances

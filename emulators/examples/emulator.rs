@@ -2,7 +2,7 @@
 //! `proxy-operator conformance` by hand:
 //!
 //! ```sh
-//! cargo run -p egress-emulators --example emulator -- hetzner   # or: ec2, digitalocean, gce, proxmox, vultr, linode, scaleway
+//! cargo run -p egress-emulators --example emulator -- hetzner   # or: azure, ec2, digitalocean, gce, proxmox, vultr, linode, scaleway
 //! cargo run -p egress-emulators --example emulator -- example 8080
 //! ```
 //!
@@ -28,6 +28,26 @@ fn main() {
             println!("EC2 emulator at {} (regions us-east-1, eu-west-1)", e.url());
             println!("access key id: {EXAMPLE_ACCESS_KEY}");
             println!("secret access key: {EXAMPLE_SECRET_KEY}");
+            Box::new(e)
+        }
+        "azure" => {
+            use egress_emulators::azure::{
+                AzureConfig, AzureEmulator, EMULATOR_CLIENT_ID, EMULATOR_CLIENT_SECRET,
+                EMULATOR_FEDERATED_CLIENT_ID, EMULATOR_RESOURCE_GROUP, EMULATOR_SUBSCRIPTION,
+                EMULATOR_TENANT,
+            };
+            let config = AzureConfig::default();
+            let subnet = config.default_subnet();
+            let e = AzureEmulator::start(config);
+            println!(
+                "Azure emulator at {} (ARM under /subscriptions, prices under /api/retail/prices)",
+                e.url()
+            );
+            println!("token endpoint: {}", e.token_url());
+            println!("tenant: {EMULATOR_TENANT}\nsubscription: {EMULATOR_SUBSCRIPTION}");
+            println!("client id: {EMULATOR_CLIENT_ID}\nclient secret: {EMULATOR_CLIENT_SECRET}");
+            println!("federated client id (any client_assertion): {EMULATOR_FEDERATED_CLIENT_ID}");
+            println!("resource group: {EMULATOR_RESOURCE_GROUP} (westeurope)\nsubnet: {subnet}");
             Box::new(e)
         }
         "hetzner" => {
@@ -108,7 +128,7 @@ fn main() {
         }
         other => {
             eprintln!(
-                "usage: emulator ec2|hetzner|example|digitalocean|gce|proxmox|vultr|linode|scaleway [PORT] (got {other:?})"
+                "usage: emulator azure|ec2|hetzner|example|digitalocean|gce|proxmox|vultr|linode|scaleway [PORT] (got {other:?})"
             );
             std::process::exit(2);
         }

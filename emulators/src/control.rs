@@ -57,6 +57,26 @@ pub trait Emulator: Send + Sync {
     fn set_rate_limit(&self, limit: Option<RateLimit>);
     /// The API calls answered since start or the last reset (`GET /_emulator/stats`).
     fn stats(&self) -> RequestStats;
+    /// The backend reclaims spot instance `id` as the cloud does (`POST
+    /// /_emulator/reclaim`): `Ok(false)` when there is no such instance, a [`Refusal`]
+    /// (`409`) for an on-demand one. The default answers `501`: an emulator of a backend
+    /// without spot, or one not taught it yet, says so instead of pretending.
+    fn reclaim(&self, id: &str) -> Result<bool, Refusal> {
+        let _ = id;
+        Err(Refusal::unsupported("reclaim"))
+    }
+    /// Whether spot creates find capacity (`POST /_emulator/spot-capacity`); while
+    /// `false` they fail the way the cloud fails them. Answers whether the emulator
+    /// supports it at all; the default does not.
+    fn set_spot_capacity(&self, available: bool) -> bool {
+        let _ = available;
+        false
+    }
+    /// The ids of the instances on spot or preemptible capacity now: the dump's `spot`
+    /// keys. None by default.
+    fn spot_instances(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A backend's refusal of a control request, as the answer the backend would give: the
@@ -73,6 +93,18 @@ impl Refusal {
     /// A backend's error answer: `status` and its JSON body.
     pub fn new(status: u16, body: serde_json::Value) -> Self {
         Refusal { status, body }
+    }
+
+    /// `501`: this emulator does not implement the control request `what`.
+    pub fn unsupported(what: &str) -> Self {
+        let error = format!("{what} is not supported by this emulator");
+        Refusal::new(501, serde_json::json!({ "error": error }))
+    }
+
+    /// `409`: the control request cannot apply to this instance (`reclaim` of an on-demand
+    /// one), saying why.
+    pub fn conflict(id: &str, why: impl Into<String>) -> Self {
+        Refusal::new(409, serde_json::json!({ "error": why.into(), "id": id }))
     }
 
     /// One more field of the body (`resource`, `details`, ...).

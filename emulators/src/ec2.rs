@@ -46,7 +46,31 @@
 //! - `plant`: a `running` instance tagged `Name` plus the marks of
 //!   [`crate::MARK_MANAGED`] / `MARK_UID` / `MARK_INSTALLATION`, with a root
 //!   volume that is deleted on termination.
-//! - `dump`: instances not yet `terminated`, and every volume as a secondary resource.
+//! - `dump`: instances not yet `terminated`, and every volume as a secondary resource;
+//!   Spot Instances carry `spot: true`.
+//! - `reclaim` (Spot Instances only; `409` for an on-demand one): EC2 takes the instance
+//!   back. With `InstanceInterruptionBehavior` `terminate` it goes `shutting-down`, then
+//!   `terminated` on the [`Ec2Config::shutdown`] schedule, with `stateReason` code
+//!   `Server.SpotInstanceTermination`; with `stop` or `hibernate` it is `stopped` at once
+//!   with `Server.SpotInstanceShutdown`. TerminateInstances afterwards is the user's again.
+//! - `spot-capacity` off: RunInstances of a spot launch answers 500
+//!   `InsufficientInstanceCapacity` ("There is no Spot capacity available that matches your
+//!   request.") and launches nothing; on-demand launches are untouched. A reset turns
+//!   capacity back on.
+//!
+//! Spot, after the 2016-11-15 model (botocore `ec2/2016-11-15/service-2.json`):
+//! RunInstances reads `InstanceMarketOptions.MarketType` (`spot`) and
+//! `InstanceMarketOptions.SpotOptions.{SpotInstanceType, InstanceInterruptionBehavior,
+//! MaxPrice, ValidUntil}` (`InstanceMarketOptionsRequest`, `SpotMarketOptions`), defaulting
+//! to `one-time` and `terminate`. As the model documents: `persistent` only with `stop` or
+//! `hibernate`, `ValidUntil` only for `persistent`, `MaxPrice` above USD 0.001; a
+//! `MaxPrice` under [`Ec2Config::spot_price`] answers `SpotMaxPriceTooLow`. A spot instance
+//! is described with `instanceLifecycle` `spot` (`InstanceLifecycleType`) and a
+//! `spotInstanceRequestId`, and the `instance-lifecycle` filter finds it; its `stateReason`
+//! codes are the ones `StateReason` lists. Assumed, not verified: the error codes and
+//! messages of the combinations EC2 refuses (`InvalidParameterCombination`), the empty
+//! `reason` of a reclaimed instance, `Unsupported` for the market types the emulator does
+//! not model (`capacity-block`, `interruptible-capacity-reservation`).
 //!
 //! Real-proxy mode: with [`Ec2Config::real_proxies`] set, an instance that enters
 //! `running` gets a real forward proxy on 127.0.0.1 (port from its user data, see
@@ -158,6 +182,9 @@ pub struct Ec2Config {
     /// keeps one per API per account and Region); a call past it answers 503
     /// `RequestLimitExceeded`. `None` (the default): never limited.
     pub rate_limit: Option<crate::rate_limit::RateLimit>,
+    /// The current spot price (USD an hour) of every instance type: a spot launch with a
+    /// lower `SpotOptions.MaxPrice` answers `SpotMaxPriceTooLow`.
+    pub spot_price: String,
 }
 
 /// The access key from AWS's documentation examples.
@@ -192,6 +219,7 @@ impl Default for Ec2Config {
             signature_mismatch: SignatureMismatch::AuthFailure,
             real_proxies: None,
             rate_limit: None,
+            spot_price: "0.0035".into(),
         }
     }
 }
@@ -344,6 +372,7 @@ impl Model for State {
                 }],
                 launch_time: plant.created_at.unwrap_or_else(unix_now),
                 planted: true,
+                spot: None,
             },
             Instant::now(),
         );
@@ -417,6 +446,27 @@ impl Model for State {
     /// included, with `""` when there was no Action).
     fn requests(&self) -> Vec<String> {
         self.traffic.requests.clone()
+    }
+
+    /// `409` for an on-demand instance; see [`State::reclaim`](model::State::reclaim).
+    fn reclaim(&mut self, id: &str) -> Result<bool, Refusal> {
+        match State::reclaim(self, id, Instant::now()) {
+            None => Ok(false),
+            Some(Ok(())) => Ok(true),
+            Some(Err(why)) => Err(Refusal::conflict(id, why)),
+        }
+    }
+
+    fn set_spot_capacity(&mut self, available: bool) -> bool {
+        self.spot_capacity = available;
+        true
+    }
+
+    /// Spot instances the dump shows (not yet `terminated`).
+    fn spot_instances(&mut self) -> Vec<String> {
+        let spot = self.instances.values().filter(|i| i.spot.is_some());
+        let shown = spot.filter(|i| i.state != "terminated" && !i.expired);
+        shown.map(|i| i.id.clone()).collect()
     }
 }
 

@@ -16,6 +16,8 @@ pub mod time;
 pub use egress_contract::{
     MARK_INSTALLATION, MARK_MANAGED, MARK_MANAGED_YES, MARK_PREFIX, MARK_UID,
 };
+/// Azure Resource Manager (VMs, NICs, public IPs), Entra ID tokens and Retail Prices, per spec.
+pub mod azure;
 /// DigitalOcean API v2 (Droplets), from the vendor's published OpenAPI specification.
 pub mod digitalocean;
 /// AWS EC2 Query API (2016-11-15), close enough on the wire for the real SDK's requests.

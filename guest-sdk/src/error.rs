@@ -21,6 +21,8 @@ pub mod code {
     pub const NAME_TAKEN: &str = "NameTaken";
     /// The cloud-init is larger than the backend accepts.
     pub const USER_DATA_TOO_LARGE: &str = "UserDataTooLarge";
+    /// The codes the operator acts on, as the contract crate defines them.
+    pub use egress_contract::codes::{INTERRUPTED, SPOT_CAPACITY_UNAVAILABLE, UNSUPPORTED};
 }
 
 /// A field of the Proxy's `spec.placement`, for [`ProviderError::invalid_placement`].

@@ -12,7 +12,7 @@
 use crate::{CreateRequest, Placement, Provider, ProviderError};
 
 /// Code of the errors below: the request asks for something this plugin cannot give.
-pub const CODE: &str = "Unsupported";
+pub const CODE: &str = egress_contract::codes::UNSUPPORTED;
 
 /// Why `create` of `req` cannot be served by `P`, if it cannot.
 #[cfg(not(feature = "contract-v0-1"))]

@@ -41,6 +41,12 @@ pub struct ProviderRegistry {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for ProviderRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderRegistry").finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     set: RwLock<Arc<Set>>,
     generation: watch::Sender<u64>,

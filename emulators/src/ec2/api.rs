@@ -267,6 +267,7 @@ fn run_instances(
     }
     let (instance_tags, volume_tags) = tag_specifications(p)?;
     let disks = block_devices(p, &cfg.root_device_name)?;
+    let spot = market_options(p, &cfg.spot_price)?;
 
     if let Some(limit) = cfg.instance_limit {
         let available = limit.saturating_sub(st.active_in(region));
@@ -275,6 +276,9 @@ fn run_instances(
         }
     }
     p.dry_run()?;
+    if spot.is_some() && !st.spot_capacity {
+        return Err(no_spot_capacity());
+    }
 
     let count = match cfg.instance_limit {
         Some(limit) => max.min(limit.saturating_sub(st.active_in(region))),
@@ -296,6 +300,7 @@ fn run_instances(
             disks,
             launch_time: unix_now(),
             planted: false,
+            spot,
         },
         now,
     );
@@ -306,6 +311,106 @@ fn run_instances(
         );
     }
     Ok(render_run(st, &reservation_id, request_id))
+}
+
+/// What RunInstances answers a spot launch when EC2 has no spot capacity for it: a server
+/// error code (the EC2 API reference lists `InsufficientInstanceCapacity` among them) with
+/// the message EC2 gives a Spot request.
+pub(crate) fn no_spot_capacity() -> ApiError {
+    ApiError::new(
+        500,
+        "InsufficientInstanceCapacity",
+        "There is no Spot capacity available that matches your request.",
+    )
+}
+
+/// `InstanceMarketOptions` as RunInstances reads it (`InstanceMarketOptionsRequest`,
+/// `SpotMarketOptions` in the 2016-11-15 model): `Some((SpotInstanceType,
+/// InstanceInterruptionBehavior))` for a spot launch, `None` for on-demand. Checked as EC2
+/// documents it: `persistent` only with `stop` or `hibernate`, `ValidUntil` only for
+/// `persistent`, a `MaxPrice` above USD 0.001, and one below the current spot price
+/// (`spot_price`) is `SpotMaxPriceTooLow`.
+fn market_options(p: &Params, spot_price: &str) -> Result<Option<(String, String)>, ApiError> {
+    const M: &str = "InstanceMarketOptions";
+    let market = p.get(&format!("{M}.MarketType"));
+    let opt = |k: &str| p.get(&format!("{M}.SpotOptions.{k}"));
+    let any_spot_option = p.map.keys().any(|k| k.starts_with(&format!("{M}.SpotOptions.")));
+    match market {
+        None if any_spot_option => {
+            return Err(ApiError::bad(
+                "InvalidParameterCombination",
+                "InstanceMarketOptions.SpotOptions requires InstanceMarketOptions.MarketType spot",
+            ));
+        }
+        None => return Ok(None),
+        Some("spot") => {}
+        // Valid in EC2, but capacity the emulator does not model.
+        Some(m @ ("capacity-block" | "interruptible-capacity-reservation")) => {
+            return Err(ApiError::bad(
+                "Unsupported",
+                format!("The emulator models no {m} capacity (InstanceMarketOptions.MarketType)"),
+            ));
+        }
+        Some(m) => {
+            return Err(ApiError::invalid_value(format!(
+                "Value ({m}) for parameter InstanceMarketOptions.MarketType is invalid. \
+                 Expected one of spot, capacity-block, interruptible-capacity-reservation."
+            )));
+        }
+    }
+    let one_of = |key: &str, default: &str, allowed: &[&str]| match opt(key) {
+        None => Ok(default.to_string()),
+        Some(v) if allowed.contains(&v) => Ok(v.to_string()),
+        Some(v) => Err(ApiError::invalid_value(format!(
+            "Value ({v}) for parameter InstanceMarketOptions.SpotOptions.{key} is invalid. \
+             Expected one of {}.",
+            allowed.join(", ")
+        ))),
+    };
+    let kind = one_of("SpotInstanceType", "one-time", &["one-time", "persistent"])?;
+    let behavior =
+        one_of("InstanceInterruptionBehavior", "terminate", &["hibernate", "stop", "terminate"])?;
+    if kind == "persistent" && behavior == "terminate" {
+        return Err(ApiError::bad(
+            "InvalidParameterCombination",
+            "For RunInstances, persistent Spot Instance requests are only supported when \
+             InstanceInterruptionBehavior is hibernate or stop",
+        ));
+    }
+    if kind == "one-time" && behavior != "terminate" {
+        return Err(ApiError::bad(
+            "InvalidParameterCombination",
+            format!(
+                "InstanceInterruptionBehavior {behavior} requires a persistent Spot Instance \
+                 request (SpotInstanceType persistent)"
+            ),
+        ));
+    }
+    if kind == "one-time" && opt("ValidUntil").is_some() {
+        return Err(ApiError::bad(
+            "InvalidParameterCombination",
+            "ValidUntil is supported only for persistent Spot Instance requests",
+        ));
+    }
+    if let Some(max) = opt("MaxPrice") {
+        let price = |s: &str| s.trim().parse::<f64>().ok().filter(|v| v.is_finite());
+        let Some(v) = price(max).filter(|v| *v > 0.001) else {
+            return Err(ApiError::invalid_value(format!(
+                "Value ({max}) for parameter InstanceMarketOptions.SpotOptions.MaxPrice is \
+                 invalid. It must be more than USD 0.001."
+            )));
+        };
+        if price(spot_price).is_some_and(|now| v < now) {
+            return Err(ApiError::bad(
+                "SpotMaxPriceTooLow",
+                format!(
+                    "Your Spot request price of {max} is lower than the minimum required Spot \
+                     request fulfillment price of {spot_price}."
+                ),
+            ));
+        }
+    }
+    Ok(Some((kind, behavior)))
 }
 
 pub(crate) fn instance_limit_exceeded(requested: u32, limit: u32) -> ApiError {
@@ -657,7 +762,8 @@ fn render_instance(x: &mut Xml, st: &State, i: &Instance) {
         .as_ref()
         .map(|ip| format!("ec2-{}.compute-1.amazonaws.com", ip.replace('.', "-")))
         .unwrap_or_default();
-    let reason = match (shutting, i.terminate_requested_at) {
+    // A reclaim is EC2's doing: no "User initiated" (the emulator leaves the reason empty).
+    let reason = match (shutting && !i.reclaimed, i.terminate_requested_at) {
         (true, Some(t)) => format!("User initiated ({} GMT)", iso_time(t)[..19].replace('T', " ")),
         _ => String::new(),
     };
@@ -685,11 +791,25 @@ fn render_instance(x: &mut Xml, st: &State, i: &Instance) {
     }
     x.leaf("sourceDestCheck", "true");
     group_set(x, &i.security_groups);
-    if shutting {
-        x.open("stateReason")
-            .leaf("code", "Client.UserInitiatedShutdown")
-            .leaf("message", "Client.UserInitiatedShutdown: User initiated shutdown")
-            .close("stateReason");
+    // `StateReason.Code` as the API reference lists them: the spot ones when EC2 took the
+    // instance back (terminated, or stopped for `stop` / `hibernate`).
+    let state_reason = match (i.reclaimed, i.state.as_str()) {
+        (true, "stopped") => Some((
+            "Server.SpotInstanceShutdown",
+            "Server.SpotInstanceShutdown: Spot instance shutdown",
+        )),
+        (true, _) => Some((
+            "Server.SpotInstanceTermination",
+            "Server.SpotInstanceTermination: Spot instance termination",
+        )),
+        (false, _) if shutting => Some((
+            "Client.UserInitiatedShutdown",
+            "Client.UserInitiatedShutdown: User initiated shutdown",
+        )),
+        _ => None,
+    };
+    if let Some((code, message)) = state_reason {
+        x.open("stateReason").leaf("code", code).leaf("message", message).close("stateReason");
     }
     x.leaf("architecture", "x86_64")
         .leaf("rootDeviceType", "ebs")
@@ -715,6 +835,9 @@ fn render_instance(x: &mut Xml, st: &State, i: &Instance) {
         x.close("ebs").close("item");
     }
     x.close("blockDeviceMapping");
+    if let Some(spot) = &i.spot {
+        x.leaf("instanceLifecycle", "spot").leaf("spotInstanceRequestId", &spot.request_id);
+    }
     x.leaf("virtualizationType", "hvm").leaf("clientToken", &i.client_token);
     tag_set(x, &i.tags);
     x.leaf("hypervisor", "xen").empty("networkInterfaceSet").leaf("ebsOptimized", "false");
@@ -919,6 +1042,7 @@ const INSTANCE_FILTERS: &[&str] = &[
     "client-token",
     "image-id",
     "instance-id",
+    "instance-lifecycle",
     "instance-state-code",
     "instance-state-name",
     "instance-type",
@@ -1017,6 +1141,7 @@ fn instance_field(i: &Instance, name: &str) -> Vec<String> {
         "client-token" => one(&i.client_token),
         "image-id" => one(&i.image_id),
         "instance-id" => one(&i.id),
+        "instance-lifecycle" => i.spot.iter().map(|_| "spot".to_string()).collect(),
         "instance-state-code" => one(&state_code(&i.state).to_string()),
         "instance-state-name" => one(&i.state),
         "instance-type" => one(&i.instance_type),

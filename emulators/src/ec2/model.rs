@@ -66,6 +66,21 @@ pub(crate) struct Instance {
     /// retry still answers with the original launch, as EC2 does for at least 24 hours.
     pub expired: bool,
     visible_from: Instant,
+    /// A Spot Instance (`instanceLifecycle` spot), with what its request asked for.
+    pub spot: Option<Spot>,
+    /// EC2 took it back (control surface `reclaim`): its `stateReason` is the spot one.
+    pub reclaimed: bool,
+}
+
+/// What a Spot Instance was launched with (`InstanceMarketOptions.SpotOptions`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Spot {
+    /// `spotInstanceRequestId`: `sir-` and 8 characters.
+    pub request_id: String,
+    /// `one-time` or `persistent`.
+    pub request_type: String,
+    /// `terminate`, `stop` or `hibernate`.
+    pub interruption: String,
 }
 
 impl Instance {
@@ -140,6 +155,8 @@ pub(crate) struct LaunchSpec {
     pub launch_time: u64,
     /// Planted instances start running and visible.
     pub planted: bool,
+    /// `InstanceMarketOptions` of a spot launch: request type and interruption behavior.
+    pub spot: Option<(String, String)>,
 }
 
 /// The emulated EC2 account, every region of it, and the calls made.
@@ -158,6 +175,9 @@ pub struct State {
     seq: u64,
     rng: u64,
     next_ip: u32,
+    /// Control surface `spot-capacity`: while false, spot launches answer
+    /// `InsufficientInstanceCapacity`. A reset makes capacity available again.
+    pub(crate) spot_capacity: bool,
 }
 
 pub(crate) fn unix_now() -> u64 {
@@ -183,6 +203,7 @@ impl State {
             seq: 0,
             rng: seed,
             next_ip: 10,
+            spot_capacity: true,
         }
     }
 
@@ -253,6 +274,11 @@ impl State {
                 );
             }
             let running = spec.planted;
+            let spot = spec.spot.clone().map(|(request_type, interruption)| Spot {
+                request_id: format!("sir-{:08x}", self.next_u64() as u32),
+                request_type,
+                interruption,
+            });
             let instance = Instance {
                 id: id.clone(),
                 region: spec.region.clone(),
@@ -281,6 +307,8 @@ impl State {
                 terminated_at: None,
                 expired: false,
                 visible_from,
+                spot,
+                reclaimed: false,
             };
             self.instances.insert(id.clone(), instance);
             if running {
@@ -482,8 +510,40 @@ impl State {
         }
         inst.forced = false;
         inst.hold = false;
+        inst.reclaimed = false;
         inst.terminate_requested_at = Some(unix_now());
         self.enter(id, "shutting-down", now);
+    }
+
+    /// EC2 takes back Spot Instance `id` (control surface `reclaim`): with interruption
+    /// behavior `terminate` it shuts down and terminates on the [`Ec2Config::shutdown`]
+    /// schedule, with `stop` or `hibernate` it is stopped at once (volumes kept); either
+    /// way its `stateReason` is the spot one. `None` when there is no such instance;
+    /// `Some(Err)` names why an on-demand instance cannot be reclaimed.
+    pub(crate) fn reclaim(&mut self, id: &str, now: Instant) -> Option<Result<(), String>> {
+        let inst = self.instances.get_mut(id).filter(|i| !i.expired)?;
+        let Some(spot) = inst.spot.clone() else {
+            return Some(Err(format!(
+                "instance {id} is not a Spot Instance (launched without \
+                 InstanceMarketOptions.MarketType spot): EC2 reclaims only spot capacity"
+            )));
+        };
+        if matches!(inst.state.as_str(), "shutting-down" | "terminated" | "stopped") {
+            return Some(Ok(()));
+        }
+        inst.reclaimed = true;
+        inst.forced = false;
+        inst.hold = false;
+        inst.locked = false;
+        if spot.interruption == "terminate" {
+            self.enter(id, "shutting-down", now);
+        } else {
+            self.enter(id, "stopped", now);
+            if let Some(inst) = self.instances.get_mut(id) {
+                inst.public_ip = None;
+            }
+        }
+        Some(Ok(()))
     }
 
     /// Force a raw state (control surface).

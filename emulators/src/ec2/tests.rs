@@ -3,7 +3,7 @@
 
 use super::sigv4::{SignedRequest, format_amz_date, signature, uri_encode};
 use super::*;
-use crate::control::{Emulator, FaultOp};
+use crate::control::{DumpCapacities, Emulator, FaultOp};
 use bytes::Bytes;
 use data_encoding::BASE64;
 use http_body_util::{BodyExt, Full};
@@ -1349,4 +1349,189 @@ async fn rate_limit_answers_like_ec2() {
     for _ in 0..5 {
         call(&emu, &us(), &list).await.ok();
     }
+}
+
+const SPOT: [(&str, &str); 3] = [
+    ("InstanceMarketOptions.MarketType", "spot"),
+    ("InstanceMarketOptions.SpotOptions.SpotInstanceType", "one-time"),
+    ("InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior", "terminate"),
+];
+
+/// The dump's `spot` keys over HTTP, as the conformance suite reads them.
+async fn spot_in_dump(emu: &Ec2Emulator) -> Vec<(String, bool)> {
+    let a = control(emu, "GET", "/_emulator/dump", serde_json::Value::Null).await;
+    let caps: DumpCapacities = serde_json::from_str(&a.body).unwrap();
+    caps.instances.into_iter().map(|c| (c.id, c.spot)).collect()
+}
+
+#[tokio::test]
+async fn spot_launches_are_described_as_spot_and_checked_like_ec2() {
+    let emu = Ec2Emulator::start(Ec2Config::default());
+    let spot = run(&emu, &us(), &SPOT).await;
+    let on_demand = run(&emu, &us(), &[]).await;
+    let a = describe(&emu, &spot).await;
+    a.ok();
+    assert_eq!(a.first("instanceLifecycle").as_deref(), Some("spot"));
+    assert!(a.first("spotInstanceRequestId").is_some_and(|r| r.starts_with("sir-")), "{}", a.body);
+    let a = describe(&emu, &on_demand).await;
+    assert_eq!(a.first("instanceLifecycle"), None, "on-demand has no lifecycle: {}", a.body);
+    let mut dump = spot_in_dump(&emu).await;
+    dump.sort();
+    let mut want = vec![(spot.clone(), true), (on_demand.clone(), false)];
+    want.sort();
+    assert_eq!(dump, want);
+    assert_eq!(emu.spot_instances(), std::slice::from_ref(&spot));
+    let filtered = call(
+        &emu,
+        &us(),
+        &[
+            ("Action", "DescribeInstances"),
+            ("Filter.1.Name", "instance-lifecycle"),
+            ("Filter.1.Value.1", "spot"),
+        ],
+    )
+    .await;
+    assert_eq!(filtered.all("instanceId"), std::slice::from_ref(&spot));
+
+    // Defaults are one-time and terminate; what EC2 refuses names the parameter.
+    run(&emu, &us(), &SPOT[..1]).await;
+    // (the launch's extra parameters, EC2's error code, the parameter it names)
+    type Refused<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: &[Refused] = &[
+        (&[("InstanceMarketOptions.MarketType", "cheap")], "InvalidParameterValue", "MarketType"),
+        (
+            &[("InstanceMarketOptions.MarketType", "capacity-block")],
+            "Unsupported",
+            "capacity-block",
+        ),
+        (
+            &[("InstanceMarketOptions.SpotOptions.SpotInstanceType", "one-time")],
+            "InvalidParameterCombination",
+            "MarketType spot",
+        ),
+        (
+            &[SPOT[0], ("InstanceMarketOptions.SpotOptions.SpotInstanceType", "forever")],
+            "InvalidParameterValue",
+            "SpotInstanceType",
+        ),
+        (
+            &[SPOT[0], ("InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior", "stop")],
+            "InvalidParameterCombination",
+            "persistent",
+        ),
+        (
+            &[SPOT[0], ("InstanceMarketOptions.SpotOptions.SpotInstanceType", "persistent")],
+            "InvalidParameterCombination",
+            "hibernate or stop",
+        ),
+        (
+            &[SPOT[0], ("InstanceMarketOptions.SpotOptions.ValidUntil", "2030-01-01T00:00:00Z")],
+            "InvalidParameterCombination",
+            "ValidUntil",
+        ),
+        (
+            &[SPOT[0], ("InstanceMarketOptions.SpotOptions.MaxPrice", "0.0005")],
+            "InvalidParameterValue",
+            "MaxPrice",
+        ),
+        (
+            &[SPOT[0], ("InstanceMarketOptions.SpotOptions.MaxPrice", "0.002")],
+            "SpotMaxPriceTooLow",
+            "0.0035",
+        ),
+    ];
+    for (extra, code, says) in cases {
+        let mut params = vec![
+            ("Action", "RunInstances"),
+            ("ImageId", AMI),
+            ("InstanceType", "t3.micro"),
+            ("MinCount", "1"),
+            ("MaxCount", "1"),
+        ];
+        params.extend_from_slice(extra);
+        let a = call(&emu, &us(), &params).await;
+        assert_eq!((a.status, a.code().as_str()), (400, *code), "{extra:?}: {}", a.body);
+        assert!(a.first("Message").is_some_and(|m| m.contains(says)), "{extra:?}: {}", a.body);
+    }
+    assert_eq!(emu.dump().instances.len(), 3, "a refused launch makes nothing");
+}
+
+#[tokio::test]
+async fn reclaim_terminates_a_spot_instance_with_the_spot_reason() {
+    let emu = Ec2Emulator::start(Ec2Config::default());
+    let spot = run(&emu, &us(), &SPOT).await;
+    let on_demand = run(&emu, &us(), &[]).await;
+    for id in [&spot, &on_demand] {
+        state_of(&emu, id).await;
+        assert_eq!(state_of(&emu, id).await, "running");
+    }
+
+    let a = control(&emu, "POST", "/_emulator/reclaim", json!({"id": on_demand})).await;
+    assert_eq!(a.status, 409, "{}", a.body);
+    assert!(a.body.contains("not a Spot Instance"), "{}", a.body);
+    let a = control(&emu, "POST", "/_emulator/reclaim", json!({"id": "i-0000000000000000f"})).await;
+    assert_eq!(a.status, 404, "{}", a.body);
+    let a = control(&emu, "POST", "/_emulator/reclaim", json!({"nope": 1})).await;
+    assert_eq!(a.status, 400, "{}", a.body);
+
+    let a = control(&emu, "POST", "/_emulator/reclaim", json!({"id": spot})).await;
+    assert_eq!(a.status, 204, "{}", a.body);
+    let a = describe(&emu, &spot).await;
+    assert_eq!(a.first("name").as_deref(), Some("shutting-down"));
+    let codes = a.all("code");
+    assert!(codes.contains(&"Server.SpotInstanceTermination".to_string()), "{}", a.body);
+    assert_eq!(a.first("reason").as_deref(), Some(""), "not user initiated: {}", a.body);
+    let a = describe(&emu, &spot).await;
+    assert_eq!(a.first("name").as_deref(), Some("terminated"));
+    assert!(a.all("code").contains(&"Server.SpotInstanceTermination".to_string()));
+    assert!(a.first("ipAddress").is_none(), "{}", a.body);
+    assert_eq!(emu.dump().instances.len(), 1, "the terminated one leaves the dump");
+    assert_eq!(emu.spot_instances(), Vec::<String>::new());
+    assert_eq!(state_of(&emu, &on_demand).await, "running", "the other one is untouched");
+}
+
+#[tokio::test]
+async fn reclaim_stops_a_persistent_spot_instance_that_stops() {
+    let emu = Ec2Emulator::start(Ec2Config::default());
+    let stop = [
+        SPOT[0],
+        ("InstanceMarketOptions.SpotOptions.SpotInstanceType", "persistent"),
+        ("InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior", "stop"),
+    ];
+    let id = run(&emu, &us(), &stop).await;
+    assert_eq!(emu.reclaim(&id), Ok(true));
+    let a = describe(&emu, &id).await;
+    assert_eq!(a.first("name").as_deref(), Some("stopped"));
+    assert!(a.all("code").contains(&"Server.SpotInstanceShutdown".to_string()), "{}", a.body);
+    assert_eq!(emu.dump().secondary.len(), 1, "a stopped instance keeps its volume");
+}
+
+#[tokio::test]
+async fn without_spot_capacity_spot_launches_fail_and_on_demand_ones_do_not() {
+    let emu = Ec2Emulator::start(Ec2Config::default());
+    let a = control(&emu, "POST", "/_emulator/spot-capacity", json!({"available": false})).await;
+    assert_eq!(a.status, 204, "{}", a.body);
+    let mut params = vec![
+        ("Action", "RunInstances"),
+        ("ImageId", AMI),
+        ("InstanceType", "t3.micro"),
+        ("MinCount", "1"),
+        ("MaxCount", "1"),
+        ("ClientToken", "tok-1"),
+    ];
+    params.extend_from_slice(&SPOT);
+    let a = call(&emu, &us(), &params).await;
+    assert_eq!((a.status, a.code().as_str()), (500, "InsufficientInstanceCapacity"), "{}", a.body);
+    assert!(a.body.contains("no Spot capacity"), "{}", a.body);
+    assert!(emu.dump().instances.is_empty() && emu.dump().secondary.is_empty());
+    run(&emu, &us(), &[]).await;
+    assert_eq!(emu.dump().instances.len(), 1, "on-demand is untouched");
+
+    // Capacity back: the same token launches (a failed launch records no token).
+    assert!(emu.set_spot_capacity(true));
+    let a = call(&emu, &us(), &params).await;
+    a.ok();
+    emu.set_spot_capacity(false);
+    emu.reset();
+    run(&emu, &us(), &SPOT).await;
 }

@@ -53,6 +53,24 @@ pub trait Adapter: Send + 'static {
     }
     /// Forget what the adapter keeps beyond the fleet (secondary resources) on a reset.
     fn reset(&mut self) {}
+    /// Reclaim spot instance `id` of `fleet` as the backend does (see
+    /// [`Emulator::reclaim`](crate::control::Emulator::reclaim)): `Ok(false)` when there is
+    /// no such instance. By default the backend has no spot, and says so (`501`).
+    fn reclaim(&mut self, fleet: &mut Fleet<Self::Extra>, id: &str) -> Result<bool, Refusal> {
+        let _ = (fleet, id);
+        Err(Refusal::unsupported("reclaim"))
+    }
+    /// Whether spot creates find capacity; answers whether the backend supports it (by
+    /// default it does not).
+    fn set_spot_capacity(&mut self, available: bool) -> bool {
+        let _ = available;
+        false
+    }
+    /// The record runs on spot or preemptible capacity (the dump's `spot`).
+    fn is_spot(&self, record: &Record<Self::Extra>) -> bool {
+        let _ = record;
+        false
+    }
 }
 
 /// An emulator's state: instances, calls, and the backend's adapter.
@@ -172,6 +190,17 @@ impl<A: Adapter> Model for Cloud<A> {
     }
     fn requests(&self) -> Vec<String> {
         self.traffic.requests.clone()
+    }
+    fn reclaim(&mut self, id: &str) -> Result<bool, Refusal> {
+        self.backend.reclaim(&mut self.fleet, id)
+    }
+    fn set_spot_capacity(&mut self, available: bool) -> bool {
+        self.backend.set_spot_capacity(available)
+    }
+    fn spot_instances(&mut self) -> Vec<String> {
+        self.tick();
+        let spot = self.fleet.iter().filter(|r| self.backend.is_spot(r));
+        spot.map(|r| r.id.clone()).collect()
     }
 }
 

@@ -53,6 +53,20 @@ pub trait Model: Send + 'static {
     fn stats(&self) -> RequestStats;
     /// Every API call so far as the emulator logs it (`GET /_emulator/requests`).
     fn requests(&self) -> Vec<String>;
+    /// See [`Emulator::reclaim`]; unsupported unless the backend has spot.
+    fn reclaim(&mut self, id: &str) -> Result<bool, Refusal> {
+        let _ = id;
+        Err(Refusal::unsupported("reclaim"))
+    }
+    /// See [`Emulator::set_spot_capacity`]; unsupported (`false`) by default.
+    fn set_spot_capacity(&mut self, available: bool) -> bool {
+        let _ = available;
+        false
+    }
+    /// See [`Emulator::spot_instances`].
+    fn spot_instances(&mut self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// The URL and state of an emulator: an [`Emulator`] without the server thread, which the
@@ -120,6 +134,15 @@ impl<S: Model> Emulator for Handle<S> {
     }
     fn stats(&self) -> RequestStats {
         self.lock().stats()
+    }
+    fn reclaim(&self, id: &str) -> Result<bool, Refusal> {
+        self.lock().reclaim(id)
+    }
+    fn set_spot_capacity(&self, available: bool) -> bool {
+        self.lock().set_spot_capacity(available)
+    }
+    fn spot_instances(&self) -> Vec<String> {
+        self.lock().spot_instances()
     }
 }
 
@@ -246,5 +269,14 @@ impl<S: Model> Emulator for Served<S> {
     }
     fn stats(&self) -> RequestStats {
         Emulator::stats(&self.handle)
+    }
+    fn reclaim(&self, id: &str) -> Result<bool, Refusal> {
+        Emulator::reclaim(&self.handle, id)
+    }
+    fn set_spot_capacity(&self, available: bool) -> bool {
+        Emulator::set_spot_capacity(&self.handle, available)
+    }
+    fn spot_instances(&self) -> Vec<String> {
+        Emulator::spot_instances(&self.handle)
     }
 }

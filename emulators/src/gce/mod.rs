@@ -13,7 +13,9 @@
 //!   `Metadata-Flavor: Google` (else `403`): the metadata server's token.
 //! - Under `/compute/v1/projects/{project}` (`Authorization: Bearer <issued token>`, else
 //!   `401 authError`): `POST zones/{z}/instances`, `GET`/`DELETE zones/{z}/instances/{name}`,
-//!   `GET zones/{z}/operations/{op}`, `GET zones/{z}` and `GET
+//!   `GET zones/{z}/operations/{op}`, `GET zones/{z}/operations?filter=&maxResults=&
+//!   pageToken=&orderBy=` (filter: AIP-160 `field = "value"` terms on `operationType`,
+//!   `targetLink`, `targetId`, `status`, `name`), `GET zones/{z}` and `GET
 //!   aggregated/instances?filter=&maxResults=&pageToken=` (filter: `(labels.K = "V")` terms).
 //!
 //! Errors are Google's envelope (`error.code`, `message`, `errors[].reason`, `status`).
@@ -27,6 +29,26 @@
 //! [`GceConfig::token_lifetime`] s; [`GceEmulator::expire_tokens`] refuses every issued one.
 //! Assumed, not verified: a failed insert leaves no instance visible; the
 //! `resourceNotReady` answer; page tokens' form. Keys: throwaway ([`test_keys`]).
+//!
+//! Spot VMs, after the v1 discovery document (`compute/v1/compute-api.json` of
+//! googleapis/google-api-go-client and google-api-python-client: the `Scheduling` schema,
+//! `zoneOperations.list` and its `filter`, `Operation.operationType`) and Google's
+//! preemption-history sample: an insert's `scheduling` is checked and kept with its
+//! defaults ([`scheduling`]): `provisioningModel` `SPOT` (or `preemptible`) needs
+//! `onHostMaintenance` `TERMINATE` and `automaticRestart` false, and takes an
+//! `instanceTerminationAction` of `STOP` (the default) or `DELETE`. The control surface:
+//! - `reclaim` (Spot VMs only, `409` otherwise): a finished `compute.instances.preempted`
+//!   operation (`systemevent-...`, `statusMessage` "Instance was preempted.", by `system`)
+//!   on the instance's `targetLink`, then the VM is deleted (`DELETE`) or `TERMINATED`
+//!   without its ephemeral address (`STOP`). `zoneOperations.list` with `filter=
+//!   operationType="compute.instances.preempted"` finds it.
+//! - `spot-capacity` off: a Spot insert answers its operation, which ends `DONE` with
+//!   `ZONE_RESOURCE_POOL_EXHAUSTED` at the first read and creates nothing, as a stockout
+//!   of an insert does; standard inserts are untouched. A reset turns capacity back on.
+//! - the dump's `spot` is true for Spot and preemptible VMs.
+//!
+//! Assumed, not verified: the filter grammar beyond `=`/`!=` terms (refused as `400`),
+//! that a stockout always comes in the operation (GCE may also answer it at once).
 
 pub mod test_keys;
 #[cfg(test)]
@@ -169,6 +191,9 @@ pub struct Gce {
     /// Operation name -> (zone, the finished operation, reads still answered `RUNNING`).
     ops: BTreeMap<String, (String, Value, u32)>,
     failing_inserts: VecDeque<(String, String, u32)>,
+    /// Control surface `spot-capacity`: while false, Spot inserts fail with
+    /// `ZONE_RESOURCE_POOL_EXHAUSTED`. A reset makes capacity available again.
+    spot_capacity: bool,
 }
 
 impl Gce {
@@ -184,7 +209,7 @@ impl Gce {
         let mut done = json!({
             "kind": "compute#operation", "name": name, "zone": zone_url, "operationType": kind,
             "targetLink": format!("{zone_url}/instances/{target}"), "progress": 100,
-            "status": "DONE", "insertTime": crate::time::rfc3339(now),
+            "status": "DONE", "insertTime": op_time(),
             "selfLink": format!("{zone_url}/operations/{name}"),
         });
         let mut answer = done.clone();
@@ -195,6 +220,23 @@ impl Gce {
         }
         self.ops.insert(name, (zone.into(), done, reads));
         answer
+    }
+
+    /// The system event Compute Engine records when it preempts a VM: a finished
+    /// operation of type `compute.instances.preempted` on the instance, by `system`.
+    fn preempted(&mut self, zone: &str, name: &str, id: &str) {
+        let (zone_url, now) = (self.zone_url(zone), crate::time::now_secs());
+        let op = format!("systemevent-{}-{:013x}", now * 1000, self.ops.len() + 1);
+        let at = op_time();
+        let done = json!({
+            "kind": "compute#operation", "name": op, "zone": zone_url,
+            "operationType": "compute.instances.preempted", "targetId": id,
+            "targetLink": format!("{zone_url}/instances/{name}"), "status": "DONE",
+            "statusMessage": "Instance was preempted.", "user": "system", "progress": 100,
+            "insertTime": at, "startTime": at, "endTime": at,
+            "selfLink": format!("{zone_url}/operations/{op}"),
+        });
+        self.ops.insert(op, (zone.into(), done, 0));
     }
 
     fn issue(&mut self) -> Response {
@@ -273,6 +315,7 @@ impl Gce {
             "machineType": format!("{zone_url}/machineTypes/{machine}"), "labels": labels,
             "disks": [{"boot": true, "autoDelete": true, "licenses": [image]}],
             "networkInterfaces": [nic], "tags": {"items": tags},
+            "scheduling": scheduling(&Value::Null).expect("the defaults are valid"),
         })
     }
 }
@@ -340,6 +383,7 @@ impl Adapter for Gce {
             ("DELETE", ["zones", _, "instances", _]) => (Some(FaultOp::Delete), "instances.delete"),
             ("GET", ["aggregated", _]) => (Some(FaultOp::List), "instances.aggregatedList"),
             ("GET", ["zones", _, "operations", _]) => (None, "zoneOperations.get"),
+            ("GET", ["zones", _, "operations"]) => (None, "zoneOperations.list"),
             ("GET", ["zones", _]) => (None, "zones.get"),
             _ => (None, "unknown"),
         };
@@ -364,7 +408,123 @@ impl Adapter for Gce {
     fn reset(&mut self) {
         self.ops.clear();
         self.failing_inserts.clear();
+        self.spot_capacity = true;
     }
+
+    /// Compute Engine preempts the VM: a `compute.instances.preempted` operation, then, by
+    /// its `instanceTerminationAction`, the VM is deleted (`DELETE`) or stopped
+    /// (`TERMINATED`, its ephemeral address released; `STOP`, the default).
+    fn reclaim(&mut self, fleet: &mut Fleet<Value>, id: &str) -> Result<bool, Refusal> {
+        let Some(r) = fleet.get(id) else {
+            return Ok(false);
+        };
+        if !self.is_spot(r) {
+            let model = r.extra["scheduling"]["provisioningModel"].as_str().unwrap_or("STANDARD");
+            return Err(Refusal::conflict(
+                id,
+                format!(
+                    "instance {} is not a Spot VM (scheduling.provisioningModel {model}): Compute \
+                 Engine preempts only Spot and preemptible VMs",
+                    r.name
+                ),
+            ));
+        }
+        let (rid, zone, name) = (r.id.clone(), r.scope.clone(), r.name.clone());
+        let delete = r.extra["scheduling"]["instanceTerminationAction"] == "DELETE";
+        self.preempted(&zone, &name, &rid);
+        if delete {
+            fleet.remove(&rid);
+        } else {
+            fleet.set_state(&rid, "TERMINATED", String::new);
+            fleet.set_address(&rid, None);
+        }
+        Ok(true)
+    }
+
+    fn set_spot_capacity(&mut self, available: bool) -> bool {
+        self.spot_capacity = available;
+        true
+    }
+
+    /// `scheduling.provisioningModel` SPOT, or a legacy preemptible VM.
+    fn is_spot(&self, r: &Record<Value>) -> bool {
+        let s = &r.extra["scheduling"];
+        s["provisioningModel"] == "SPOT" || s["preemptible"] == true
+    }
+}
+
+/// An insert's `scheduling` as the instance keeps it, with the defaults filled in, or the
+/// API's `400` naming the field. After the `Scheduling` schema of the v1 discovery document:
+/// `provisioningModel` is `SPOT` or `STANDARD`; a Spot (or `preemptible`) VM cannot restart
+/// automatically and its only `onHostMaintenance` is `TERMINATE`; `instanceTerminationAction`
+/// is `STOP` (the default) or `DELETE`. Assumed, not verified: that GCE refuses a
+/// termination action on a standard VM without `maxRunDuration` or `terminationTime`, and
+/// the explanations after the API's "Invalid value" sentence.
+fn scheduling(body: &Value) -> Result<Value, GceError> {
+    let field = |k: &str| body.get(k).filter(|v| !v.is_null());
+    let invalid = |k: &str, v: &Value, why: &str| {
+        let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+        let message = format!("Invalid value for field 'resource.scheduling.{k}': '{v}'. {why}");
+        GceError::new(400, "invalid", message)
+    };
+    let model = match field("provisioningModel") {
+        None => "STANDARD",
+        Some(v) if v == "SPOT" || v == "STANDARD" => v.as_str().unwrap_or_default(),
+        Some(v) => return Err(invalid("provisioningModel", v, "Expected SPOT or STANDARD.")),
+    };
+    let preemptible = match field("preemptible") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => return Err(invalid("preemptible", v, "Expected a boolean.")),
+    };
+    let spot = model == "SPOT" || preemptible;
+    let maintenance = match (field("onHostMaintenance"), spot) {
+        (None, true) => "TERMINATE",
+        (None, false) => "MIGRATE",
+        (Some(v), true) if v != "TERMINATE" => {
+            let why = "Spot and preemptible VMs must use TERMINATE.";
+            return Err(invalid("onHostMaintenance", v, why));
+        }
+        (Some(v), _) if v == "MIGRATE" || v == "TERMINATE" => v.as_str().unwrap_or_default(),
+        (Some(v), _) => {
+            return Err(invalid("onHostMaintenance", v, "Expected MIGRATE or TERMINATE."));
+        }
+    };
+    let restart = match (field("automaticRestart"), spot) {
+        (None, spot) => !spot,
+        (Some(Value::Bool(true)), true) => {
+            let why = "Spot and preemptible VMs cannot be restarted automatically.";
+            return Err(invalid("automaticRestart", &json!(true), why));
+        }
+        (Some(Value::Bool(b)), _) => *b,
+        (Some(v), _) => return Err(invalid("automaticRestart", v, "Expected a boolean.")),
+    };
+    let timed = field("maxRunDuration").or(field("terminationTime")).is_some();
+    let action = match field("instanceTerminationAction") {
+        None if spot => Some("STOP"),
+        None => None,
+        Some(v) if !spot && !timed => {
+            let why = "A termination action needs a Spot VM, maxRunDuration or terminationTime.";
+            return Err(invalid("instanceTerminationAction", v, why));
+        }
+        Some(v) if v == "STOP" || v == "DELETE" => v.as_str(),
+        Some(v) => return Err(invalid("instanceTerminationAction", v, "Expected STOP or DELETE.")),
+    };
+    let mut out = json!({"onHostMaintenance": maintenance, "automaticRestart": restart,
+                         "preemptible": preemptible, "provisioningModel": model});
+    if let Some(action) = action {
+        out["instanceTerminationAction"] = action.into();
+    }
+    Ok(out)
+}
+
+/// Now as an operation's `insertTime`: RFC 3339 with milliseconds, as GCE writes it, so
+/// that an insert and a preemption in the same second are still ordered.
+fn op_time() -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let ms = now.unwrap_or_default().as_millis();
+    let secs = crate::time::rfc3339((ms / 1000) as u64);
+    format!("{}.{:03}Z", secs.trim_end_matches('Z'), ms % 1000)
 }
 
 /// An RFC 1035 label of at most 63 characters: GCE's instance names, label keys and tags.
@@ -441,16 +601,18 @@ impl Served<Backend> {
         let fleet = Fleet::new(Gce::STATES, config.schedule, config.real_proxies.clone());
         let limit = config.rate_limit;
         let (tokens, ops, failing_inserts) = Default::default();
-        let gce = Gce { config, url, keys, tokens, grants: 0, ops, failing_inserts };
+        let spot_capacity = true;
+        let gce = Gce { config, url, keys, tokens, grants: 0, ops, failing_inserts, spot_capacity };
         let state = Shared::new(Cloud::new(gce, fleet, limit));
         let zone = "/compute/v1/projects/{p}/zones/{z}";
-        let [vms, vm, op] =
-            ["instances", "instances/{n}", "operations/{n}"].map(|p| format!("{zone}/{p}"));
+        let [vms, vm, ops, op] = ["instances", "instances/{n}", "operations", "operations/{n}"]
+            .map(|p| format!("{zone}/{p}"));
         let api = Router::new()
             .route(zone, get(get_zone))
             .route(&vms, post(insert))
             .route(&vm, get(get_vm).delete(delete_vm))
             .route(&op, get(get_operation))
+            .route(&ops, get(list_operations))
             .route("/compute/v1/projects/{p}/aggregated/instances", get(aggregated));
         let unknown = || async { GceError::not_found("the requested URL").into_response() };
         let app = crate::framework::gated(api, &state)
@@ -585,6 +747,7 @@ struct InsertBody {
     disks: Value,
     network_interfaces: Value,
     tags: Value,
+    scheduling: Value,
 }
 
 async fn insert(
@@ -613,6 +776,8 @@ fn do_insert(b: &mut Backend, zone: &str, body: InsertBody) -> Result<Value, Gce
     if let Some((k, v)) = body.labels.iter().find(|(k, v)| !is_name(k) || !label_ok(v)) {
         return Err(GceError::invalid("resource.labels", &format!("{k}={v}")));
     }
+    let sched = scheduling(&body.scheduling)?;
+    let spot = sched["provisioningModel"] == "SPOT" || sched["preemptible"] == true;
     let name = body.name.clone();
     if find(b, zone, &name).is_some() {
         let what = format!("projects/{}/zones/{zone}/instances/{name}", c.project);
@@ -625,8 +790,16 @@ fn do_insert(b: &mut Backend, zone: &str, body: InsertBody) -> Result<Value, Gce
     let image = body.disks.pointer("/0/initializeParams/sourceImage");
     let image = image.and_then(Value::as_str).unwrap_or_default();
     let missing = format!("The resource '{image}' was not found");
+    let stockout = format!(
+        "The zone 'projects/{}/zones/{zone}' does not have enough resources available to \
+         fulfill the request.  Try a different zone, or try again later.",
+        c.project
+    );
     let failure = match c.images.iter().any(|i| i == image) {
         false => Some(("RESOURCE_NOT_FOUND".into(), missing, 0)),
+        true if spot && !b.backend.spot_capacity => {
+            Some(("ZONE_RESOURCE_POOL_EXHAUSTED".into(), stockout, 0))
+        }
         true => b.backend.failing_inserts.pop_front(),
     };
     if failure.is_some() {
@@ -639,6 +812,7 @@ fn do_insert(b: &mut Backend, zone: &str, body: InsertBody) -> Result<Value, Gce
     let mut extra = b.backend.extra(zone, &machine, image, labels, tags);
     let network = body.network_interfaces.pointer("/0/network").cloned();
     extra["networkInterfaces"][0]["network"] = network.into();
+    extra["scheduling"] = sched;
     let mut record = Record::new(b.new_id(), name.clone(), zone.to_string(), extra);
     let marks = body.labels.iter().filter_map(|(k, v)| labels::decode(k, v));
     record.labels = marks.collect();
@@ -696,6 +870,103 @@ async fn get_operation(
         v.as_object_mut().and_then(|o| o.remove("error"));
     }
     Json(v).into_response()
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct OpsQuery {
+    filter: String,
+    max_results: Option<usize>,
+    page_token: String,
+    order_by: String,
+}
+
+/// An AIP-160 filter of `field = "value"` (or `!=`) terms, each alone or in parentheses,
+/// joined by spaces or `AND`: what the discovery document's `filter` describes for the
+/// fields an operation list is searched by. `None` for anything else (`OR`, regular
+/// expressions, other fields), which the emulator refuses rather than half-understands.
+fn op_terms(filter: &str) -> Option<Vec<(String, bool, String)>> {
+    const FIELDS: [&str; 5] = ["operationType", "targetLink", "targetId", "status", "name"];
+    let mut terms = Vec::new();
+    let mut rest = filter.trim();
+    while !rest.is_empty() {
+        let (term, tail) = match rest.strip_prefix('(') {
+            Some(inner) => inner.split_once(')')?,
+            None => {
+                let end = rest.find(" AND ").unwrap_or(rest.len());
+                (&rest[..end], &rest[end..])
+            }
+        };
+        let (field, eq, value) = match term.split_once("!=") {
+            Some((f, v)) => (f, false, v),
+            None => term.split_once('=').map(|(f, v)| (f, true, v))?,
+        };
+        let (field, value) = (field.trim(), value.trim());
+        let value = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(value);
+        if !FIELDS.contains(&field) || value.contains('"') {
+            return None;
+        }
+        terms.push((field.to_string(), eq, value.to_string()));
+        rest = tail.trim_start();
+        rest = rest.strip_prefix("AND ").unwrap_or(rest).trim_start();
+    }
+    Some(terms)
+}
+
+/// `zoneOperations.list`: the zone's operations that match the filter, by name or (with
+/// `orderBy=creationTimestamp desc`) newest first; no `items` when none match.
+async fn list_operations(
+    State(state): State<Shared<Backend>>,
+    Path((p, z)): ZonePath,
+    Query(q): Query<OpsQuery>,
+) -> Response {
+    let b = state.lock();
+    answer(known(&b, &p, Some(&z)).and_then(|()| {
+        let terms = op_terms(&q.filter).ok_or_else(|| GceError::invalid("filter", &q.filter))?;
+        // 0 to 500; 0 and none mean the default, 500.
+        let per_page = match q.max_results {
+            None | Some(0) => 500,
+            Some(n) if n <= 500 => n,
+            Some(n) => return Err(GceError::invalid("maxResults", &n.to_string())),
+        };
+        let start = match q.page_token.strip_prefix("emu-") {
+            _ if q.page_token.is_empty() => Some(0),
+            Some(n) => usize::from_str_radix(n, 16).ok(),
+            None => None,
+        };
+        let start = start.ok_or_else(|| GceError::invalid("pageToken", &q.page_token))?;
+        let shown = |(done, running_for): (&Value, u32)| {
+            let mut v = done.clone();
+            if running_for > 0 {
+                v["status"] = "RUNNING".into();
+                v.as_object_mut().and_then(|o| o.remove("error"));
+            }
+            v
+        };
+        let matches = |v: &Value| {
+            terms.iter().all(|(f, eq, want)| (v[f.as_str()].as_str() == Some(want.as_str())) == *eq)
+        };
+        let ops = b.backend.ops.values().filter(|(zone, ..)| *zone == z);
+        let mut ops: Vec<Value> = ops.map(|(_, d, r)| shown((d, *r))).filter(matches).collect();
+        match q.order_by.as_str() {
+            "" | "name" => ops.sort_by(|x, y| x["name"].as_str().cmp(&y["name"].as_str())),
+            "creationTimestamp desc" => ops.sort_by(|x, y| {
+                let key = |v: &Value| (v["insertTime"].to_string(), v["name"].to_string());
+                key(y).cmp(&key(x))
+            }),
+            other => return Err(GceError::invalid("orderBy", other)),
+        }
+        let url = format!("{}/operations", b.backend.zone_url(&z));
+        let mut out = json!({"kind": "compute#operationList", "id": format!("projects/{p}/zones/{z}/operations"), "selfLink": url});
+        let page: Vec<Value> = ops.iter().skip(start).take(per_page).cloned().collect();
+        if !page.is_empty() {
+            out["items"] = page.into();
+        }
+        if start + per_page < ops.len() {
+            out["nextPageToken"] = format!("emu-{:x}", start + per_page).into();
+        }
+        Ok(out)
+    }))
 }
 
 #[derive(Deserialize, Default)]

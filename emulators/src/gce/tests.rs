@@ -320,3 +320,173 @@ fn labels_round_trip_as_the_plugin_writes_them() {
     assert_eq!(hashed, "__fpopsbjmy5mwua65ni7zs3kpoid2dt3a", "the plugin's fixed vector");
     assert_eq!(labels::decode("other", "v"), None);
 }
+
+/// An insert with `scheduling` as the body's, of the debian image in [`ZONE`].
+fn insert_scheduled(e: &GceEmulator, t: &str, name: &str, scheduling: Value) -> Answer {
+    let body = json!({"name": name, "machineType": format!("zones/{ZONE}/machineTypes/e2-micro"),
+        "disks": [{"boot": true, "autoDelete": true, "initializeParams": {"sourceImage": DEBIAN}}],
+        "networkInterfaces": [{"network": "global/networks/default"}], "scheduling": scheduling});
+    api(e, t, "POST", &format!("/zones/{ZONE}/instances"), Some(body))
+}
+
+fn spot_scheduling(action: &str) -> Value {
+    json!({"provisioningModel": "SPOT", "instanceTerminationAction": action,
+           "automaticRestart": false, "onHostMaintenance": "TERMINATE"})
+}
+
+/// The preemption operations of `zone` that name `name`, through `zoneOperations.list`
+/// with the filter Google's preemption-history sample uses.
+fn preemptions(e: &GceEmulator, t: &str, name: &str) -> Vec<Value> {
+    let filter = "operationType%3D%22compute.instances.preempted%22";
+    let a = api(e, t, "GET", &format!("/zones/{ZONE}/operations?filter={filter}"), None);
+    assert_eq!(a.status, 200, "{}", a.json);
+    let ops = a.json["items"].as_array().cloned().unwrap_or_default();
+    let suffix = format!("/zones/{ZONE}/instances/{name}");
+    ops.into_iter().filter(|o| o["targetLink"].as_str().unwrap().ends_with(&suffix)).collect()
+}
+
+#[test]
+fn spot_scheduling_is_checked_and_kept_with_its_defaults() {
+    let e = GceEmulator::start(GceConfig::default());
+    let t = token(&e);
+    assert_eq!(insert_scheduled(&e, &t, "s1", spot_scheduling("DELETE")).status, 200);
+    let vm = api(&e, &t, "GET", &format!("/zones/{ZONE}/instances/s1"), None).json;
+    assert_eq!(
+        vm["scheduling"],
+        json!({"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
+        "automaticRestart": false, "onHostMaintenance": "TERMINATE", "preemptible": false})
+    );
+    // SPOT alone takes the defaults a Spot VM must have; standard VMs keep theirs.
+    assert_eq!(insert_scheduled(&e, &t, "s2", json!({"provisioningModel": "SPOT"})).status, 200);
+    let vm = api(&e, &t, "GET", &format!("/zones/{ZONE}/instances/s2"), None).json;
+    assert_eq!(
+        (
+            vm["scheduling"]["instanceTerminationAction"].as_str(),
+            vm["scheduling"]["automaticRestart"].as_bool()
+        ),
+        (Some("STOP"), Some(false))
+    );
+    assert_eq!(insert_scheduled(&e, &t, "d1", Value::Null).status, 200);
+    let vm = api(&e, &t, "GET", &format!("/zones/{ZONE}/instances/d1"), None).json;
+    assert_eq!(
+        (
+            vm["scheduling"]["provisioningModel"].as_str(),
+            vm["scheduling"]["onHostMaintenance"].as_str()
+        ),
+        (Some("STANDARD"), Some("MIGRATE"))
+    );
+    let mut spot: Vec<String> = e.spot_instances();
+    spot.sort();
+    let ids: Vec<String> =
+        ["s1", "s2"].map(|n| e.instance(n).unwrap()["id"].as_str().unwrap().into()).into();
+    assert_eq!(spot, ids);
+
+    for (scheduling, field) in [
+        (json!({"provisioningModel": "CHEAP"}), "provisioningModel"),
+        (json!({"provisioningModel": "SPOT", "onHostMaintenance": "MIGRATE"}), "onHostMaintenance"),
+        (json!({"provisioningModel": "SPOT", "automaticRestart": true}), "automaticRestart"),
+        (
+            json!({"provisioningModel": "SPOT", "instanceTerminationAction": "EXPLODE"}),
+            "instanceTerminationAction",
+        ),
+        (json!({"instanceTerminationAction": "DELETE"}), "instanceTerminationAction"),
+    ] {
+        let a = insert_scheduled(&e, &t, "bad", scheduling.clone());
+        assert_eq!(
+            (a.status, a.json["error"]["errors"][0]["reason"].as_str()),
+            (400, Some("invalid")),
+            "{scheduling}"
+        );
+        let message = a.json["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("'resource.scheduling.{field}'")),
+            "{scheduling}: {message}"
+        );
+    }
+    assert!(e.instance("bad").is_none());
+}
+
+#[test]
+fn reclaim_records_a_preemption_and_stops_or_deletes() {
+    let e = GceEmulator::start(GceConfig::default());
+    let t = token(&e);
+    insert_scheduled(&e, &t, "gone", spot_scheduling("DELETE"));
+    insert_scheduled(&e, &t, "kept", spot_scheduling("STOP"));
+    insert_scheduled(&e, &t, "standard", Value::Null);
+    let id = |n: &str| e.instance(n).unwrap()["id"].as_str().unwrap().to_string();
+    let (gone, kept, standard) = (id("gone"), id("kept"), id("standard"));
+    for n in ["gone", "kept"] {
+        for _ in 0..2 {
+            api(&e, &t, "GET", &format!("/zones/{ZONE}/instances/{n}"), None);
+        }
+    }
+    assert!(preemptions(&e, &t, "gone").is_empty());
+
+    let refused = e.reclaim(&standard).unwrap_err();
+    assert_eq!(refused.status, 409);
+    assert!(refused.body["error"].as_str().unwrap().contains("not a Spot VM"), "{}", refused.body);
+    assert_eq!(e.reclaim("4200000000000999999"), Ok(false));
+
+    assert_eq!(e.reclaim(&gone), Ok(true));
+    let a = api(&e, &t, "GET", &format!("/zones/{ZONE}/instances/gone"), None);
+    assert_eq!(a.status, 404, "DELETE: the VM is gone after its preemption");
+    let ops = preemptions(&e, &t, "gone");
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    assert_eq!(
+        (ops[0]["status"].as_str(), ops[0]["statusMessage"].as_str(), ops[0]["targetId"].as_str()),
+        (Some("DONE"), Some("Instance was preempted."), Some(gone.as_str()))
+    );
+    assert!(ops[0]["name"].as_str().unwrap().starts_with("systemevent-"));
+
+    assert_eq!(e.reclaim(&kept), Ok(true));
+    let vm = api(&e, &t, "GET", &format!("/zones/{ZONE}/instances/kept"), None).json;
+    assert_eq!(vm["status"], "TERMINATED", "STOP: stopped, not deleted");
+    assert!(vm.pointer("/networkInterfaces/0/accessConfigs/0/natIP").is_none(), "{vm}");
+    assert_eq!(preemptions(&e, &t, "kept").len(), 1);
+    assert!(preemptions(&e, &t, "standard").is_empty());
+
+    // The filter's other forms, and what the emulator does not understand.
+    let list = |q: &str| api(&e, &t, "GET", &format!("/zones/{ZONE}/operations?{q}"), None);
+    let both = "filter=%28operationType%20%3D%20%22compute.instances.preempted%22%29%20%28targetId%20%3D%20%22".to_string()
+        + &kept + "%22%29";
+    assert_eq!(list(&both).json["items"].as_array().unwrap().len(), 1);
+    let inserts = list(
+        "filter=operationType%20%21%3D%20%22compute.instances.preempted%22&orderBy=creationTimestamp%20desc",
+    );
+    assert_eq!(inserts.json["items"].as_array().unwrap().len(), 3, "{}", inserts.json);
+    let none = list("filter=operationType%3D%22compute.instances.stopped%22");
+    assert_eq!((none.status, none.json.get("items")), (200, None), "no items when none match");
+    let paged = list("maxResults=2");
+    assert_eq!(paged.json["items"].as_array().unwrap().len(), 2);
+    assert!(paged.json["nextPageToken"].is_string());
+    for q in ["filter=operationType%20eq%20.%2A", "filter=zone%3Dx", "orderBy=status"] {
+        assert_eq!(list(q).status, 400, "{q}");
+    }
+}
+
+#[test]
+fn without_spot_capacity_a_spot_insert_fails_in_its_operation() {
+    let e = GceEmulator::start(GceConfig::default());
+    let t = token(&e);
+    assert!(e.set_spot_capacity(false));
+    let a = insert_scheduled(&e, &t, "s", spot_scheduling("DELETE"));
+    assert_eq!(a.json["status"], "RUNNING", "the insert itself is accepted");
+    let op = a.json["name"].as_str().unwrap().to_string();
+    let done = api(&e, &t, "GET", &format!("/zones/{ZONE}/operations/{op}"), None).json;
+    assert_eq!(
+        (done["status"].as_str(), done["error"]["errors"][0]["code"].as_str()),
+        (Some("DONE"), Some("ZONE_RESOURCE_POOL_EXHAUSTED"))
+    );
+    assert!(
+        done["error"]["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not have enough resources")
+    );
+    assert!(e.dump().instances.is_empty(), "nothing was created");
+    assert_eq!(insert_scheduled(&e, &t, "d", Value::Null).status, 200);
+    assert_eq!(e.dump().instances.len(), 1, "standard inserts are untouched");
+    e.reset();
+    insert_scheduled(&e, &t, "s", spot_scheduling("DELETE"));
+    assert_eq!(e.spot_instances().len(), 1, "a reset brings the capacity back");
+}

@@ -28,9 +28,10 @@ pub(super) fn routes() -> Router<Shared<Backend>> {
 /// `LinodeType` a price reader uses, with the addon and sizes left at plausible values).
 async fn linode_type(State(s): St, Path(id): Path<String>) -> Response {
     let b = s.lock();
-    let Some((_, hourly, regions)) = b.backend.cfg.prices.iter().find(|(t, ..)| *t == id) else {
+    let Some(price) = b.backend.cfg.prices.iter().find(|t| t.linode_type == id) else {
         return LinodeError::not_found().into_response();
     };
+    let (hourly, regions) = (&price.hourly, &price.regions);
     let monthly = |h: f64| (h * 730.0 * 100.0).round() / 100.0;
     let region_prices: Vec<Value> = regions
         .iter()

@@ -77,9 +77,8 @@ pub struct LinodeConfig {
     /// Regions with the Metadata capability (user data).
     pub metadata_regions: Vec<String>,
     pub types: Vec<String>,
-    /// `GET /v4/linode/types/{typeId}`'s prices: (type, dollars an hour, regions priced
-    /// apart with theirs).
-    pub prices: Vec<(String, f64, Vec<(String, f64)>)>,
+    /// `GET /v4/linode/types/{typeId}`'s prices.
+    pub prices: Vec<TypePrice>,
     /// When a new Linode runs by itself.
     pub schedule: Schedule,
     /// Enforce the dedicated create limit (off by default: tests create far faster than
@@ -103,17 +102,31 @@ impl LinodeConfig {
             // Linode's published prices (techdocs "List types"): Jakarta and Sao Paulo
             // are priced apart.
             prices: vec![
-                (
-                    "g6-nanode-1".into(),
-                    0.0075,
-                    vec![("id-cgk".into(), 0.009), ("br-gru".into(), 0.0105)],
-                ),
-                ("g6-standard-1".into(), 0.018, vec![("id-cgk".into(), 0.0216)]),
+                TypePrice::new("g6-nanode-1", 0.0075, &[("id-cgk", 0.009), ("br-gru", 0.0105)]),
+                TypePrice::new("g6-standard-1", 0.018, &[("id-cgk", 0.0216)]),
             ],
             schedule: Schedule::AfterReads(2),
             create_limit: false,
             rate_limit: None,
             real_proxies: None,
+        }
+    }
+}
+
+/// A Linode type's price: dollars an hour, and the regions priced apart with theirs.
+#[derive(Clone, Debug)]
+pub struct TypePrice {
+    pub linode_type: String,
+    pub hourly: f64,
+    pub regions: Vec<(String, f64)>,
+}
+
+impl TypePrice {
+    pub fn new(linode_type: &str, hourly: f64, regions: &[(&str, f64)]) -> Self {
+        TypePrice {
+            linode_type: linode_type.into(),
+            hourly,
+            regions: regions.iter().map(|(r, h)| (r.to_string(), *h)).collect(),
         }
     }
 }

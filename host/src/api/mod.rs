@@ -22,7 +22,7 @@ pub use proxy_pool::{
     MAX_ANNOTATION_VALUE, MAX_DURATION_TEXT, MAX_JITTER_PERCENT, MAX_LABEL_VALUE, MAX_MIN_READY,
     MAX_PLACEMENTS, MAX_POOL_NAME, MAX_REPLICAS, MAX_SURGE, MAX_TEMPLATE_KEYS, MAX_WEIGHT,
     MIN_MAX_AGE, PlacementFailure, PlacementStatus, PoolPlacement, ProxyPool, ProxyPoolSpec,
-    ProxyPoolStatus, ProxyTemplate, TemplateMetadata, pool_condition,
+    ProxyPoolStatus, ProxyTemplate, Strategy, TemplateMetadata, pool_condition,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -135,6 +135,21 @@ pub struct ProxyPoolSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_PLACEMENTS))]
     pub placements: Vec<PoolPlacement>,
+    /// How new Proxies pick a placement among the usable ones. `Spread` (the default): the
+    /// one furthest below its weighted share. `Cheapest`: the one with the lowest known
+    /// hourly price (the providers file's `prices`, a quote the operator still holds, or
+    /// what the pool's Proxies there cost), placements of unknown price last, ties spread by
+    /// weight; a weight of 0 and `fallback` still apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<Strategy>,
+}
+
+/// See [`ProxyPoolSpec::strategy`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Strategy {
+    #[default]
+    Spread,
+    Cheapest,
 }
 
 impl ProxyPoolSpec {
@@ -152,6 +167,7 @@ impl ProxyPoolSpec {
                 spec,
             },
             placements: Vec::new(),
+            strategy: None,
         }
     }
 }

@@ -5,7 +5,8 @@ use super::control::Control;
 use super::{Options, Profile, Subject};
 use egress_emulator_protocol::{DumpInstance, Fault, FaultKind, FaultOp, Plant};
 use egress_plugin_host::provider::{
-    Class, CreateRequest, Instance, IpFamily, Provider, ProviderError, State, name_from_uid,
+    Capacity, Class, CreateRequest, Instance, IpFamily, Provider, ProviderError, State,
+    name_from_uid,
 };
 use std::future::Future;
 use std::pin::Pin;
@@ -58,6 +59,12 @@ pub const CASES: &[Case] = &[
     case!("running-has-an-ip", running_has_an_ip),
     case!("running-without-an-ip-is-provisioning", running_without_ip),
     case!("ipv6-is-served-or-refused", ipv6_served_or_refused),
+    case!("spot-is-served-or-refused", spot_served_or_refused),
+    case!(
+        "reclaimed-spot-is-interrupted",
+        reclaimed_spot_is_interrupted
+    ),
+    case!("no-spot-capacity-is-quota", no_spot_capacity_is_quota),
     case!("not-started-is-never-stopped", not_started_is_never_stopped),
     case!("unknown-state-is-stopped", unknown_state_is_stopped),
     case!("uid-and-created-at-come-from-the-backend", read_back),
@@ -144,6 +151,48 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// [`Ctx::request`] for spot capacity.
+    fn spot_request(&self, tag: &str) -> CreateRequest {
+        let mut req = self.request(tag);
+        req.placement.capacity = Capacity::Spot;
+        req
+    }
+
+    /// A spot Create: the request and ID when the plugin serves spot, `None` when it
+    /// refuses spot as unsupported (checked to have left nothing behind), and a failure
+    /// for any other answer.
+    async fn spot(&self, tag: &str) -> Result<Option<(CreateRequest, String)>, Fail> {
+        let req = self.spot_request(tag);
+        match self.p.create(&req).await {
+            Ok(id) => Ok(Some((req, id))),
+            Err(e) if refuses_spot(&e) => {
+                self.nothing_named(&req.name, "a spot request was refused")
+                    .await?;
+                tracing::info!(case = self.case, "the plugin serves no spot capacity: {e}");
+                Ok(None)
+            }
+            Err(e) => Err(Fail(format!(
+                "a spot Create: want an instance, or Permanent with code {UNSUPPORTED} (a \
+                 plugin without spot), it answers {:?} with code {:?} ({})",
+                e.class, e.code, e.message
+            ))),
+        }
+    }
+
+    /// The backend holds no instance called `name` and no secondary resource: `after`
+    /// says what should have left nothing.
+    async fn nothing_named(&self, name: &str, after: &str) -> Result<(), Fail> {
+        let dump = self.control.dump().await?;
+        let found = dump.instances.iter().filter(|i| i.name == name).count();
+        ensure!(
+            found == 0 && dump.secondary.is_empty(),
+            "{after}, yet the backend holds {found} instances named {name:?} and {} secondary \
+             resources",
+            dump.secondary.len()
+        );
+        Ok(())
+    }
+
     async fn create(&self, tag: &str) -> Result<(CreateRequest, String), Fail> {
         let req = self.request(tag);
         let id = self.p.create(&req).await?;
@@ -208,6 +257,28 @@ impl<'a> Ctx<'a> {
             .iter()
             .find(|(a, _)| a == axis)
             .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The codes the operator acts on, and the SDK's refusal of what a plugin did not declare.
+use egress_contract::codes::{INTERRUPTED, SPOT_CAPACITY_UNAVAILABLE, UNSUPPORTED};
+
+/// A plugin's refusal of spot capacity it has not: the SDK's (Permanent, `Unsupported`), or
+/// the host's for a 0.1.0 plugin, whose contract has no capacity (Permanent, naming it).
+fn refuses_spot(e: &ProviderError) -> bool {
+    e.class == Class::Permanent
+        && match e.code.as_deref() {
+            Some(code) => code == UNSUPPORTED,
+            None => e.message.contains("no capacity (spot placements)"),
+        }
+}
+
+/// An answer that says the backend took a spot instance back: Stopped or Terminated and
+/// interrupted, or NotFound with code `Interrupted`.
+fn interrupted(r: &Result<Instance, ProviderError>) -> bool {
+    match r {
+        Ok(i) => i.interrupted && matches!(i.state, State::Stopped | State::Terminated),
+        Err(e) => e.class == Class::NotFound && e.code.as_deref() == Some(INTERRUPTED),
     }
 }
 
@@ -331,6 +402,104 @@ async fn ipv6_served_or_refused(ctx: &Ctx<'_>) -> Result<(), Fail> {
         Err(e) => return Err(e.into()),
     }
     Ok(())
+}
+
+/// A spot Create either makes an instance the backend runs on spot capacity, or is refused
+/// as unsupported before anything exists: never an on-demand instance billed for what the
+/// user asked to be cheaper.
+async fn spot_served_or_refused(ctx: &Ctx<'_>) -> Result<(), Fail> {
+    let Some((req, id)) = ctx.spot("a").await? else {
+        return Ok(());
+    };
+    ctx.running(&id).await?;
+    let spot = ctx.control.spot_by_name(&req.name).await?;
+    ensure!(
+        spot == [true],
+        "a spot Create made an instance the backend does not run on spot capacity (the dump's \
+         spot for {:?}: {spot:?})",
+        req.name
+    );
+    Ok(())
+}
+
+/// After the backend reclaims a spot instance, the plugin says so: ListByTag, while it
+/// still lists the instance, and Get answer it Stopped or Terminated and interrupted, and
+/// once the backend removed it Get answers NotFound with code `Interrupted`.
+async fn reclaimed_spot_is_interrupted(ctx: &Ctx<'_>) -> Result<(), Fail> {
+    let Some((req, id)) = ctx.spot("a").await? else {
+        return Ok(());
+    };
+    ctx.running(&id).await?;
+    let b = ctx.backend(&req.name).await?;
+    ctx.control.reclaim(&b.id).await?;
+    let listed = ctx.p.list_by_tag(&ctx.opts.installation).await?;
+    if let Some(i) = listed.iter().find(|i| i.id == id) {
+        let r = Ok(i.clone());
+        ensure!(
+            interrupted(&r),
+            "reclaimed by the backend: ListByTag lists {id} as {} (interrupted: {}), want \
+             Stopped or Terminated and interrupted",
+            show(&r),
+            i.interrupted
+        );
+    }
+    // Waits out a backend still moving; a plain NotFound or a stop without the flag is final.
+    let settled = |r: &Result<Instance, ProviderError>| {
+        interrupted(r)
+            || is_class(r, Class::NotFound)
+            || matches!(r, Ok(i) if matches!(i.state, State::Stopped | State::Terminated))
+    };
+    let r = ctx.get_until(&id, "interrupted", settled).await?;
+    let code = r.as_ref().err().and_then(|e| e.code.clone());
+    ensure!(
+        interrupted(&r),
+        "reclaimed by the backend: want Stopped or Terminated and interrupted, or NotFound \
+         with code {INTERRUPTED}; Get answers {} (interrupted: {}, code {code:?})",
+        show(&r),
+        r.as_ref().is_ok_and(|i| i.interrupted)
+    );
+    Ok(())
+}
+
+/// With no spot capacity, a spot Create (or the Gets after it, for a backend that fails
+/// the create later) answers QuotaExceeded with code `SpotCapacityUnavailable`, so the
+/// operator can fall back to on-demand, and leaves nothing behind.
+async fn no_spot_capacity_is_quota(ctx: &Ctx<'_>) -> Result<(), Fail> {
+    let switched = ctx.control.set_spot_capacity(false).await;
+    let req = ctx.spot_request("a");
+    let r = ctx.p.create(&req).await;
+    if let Err(e) = &r
+        && refuses_spot(e)
+    {
+        tracing::info!(case = ctx.case, "the plugin serves no spot capacity: {e}");
+        return ctx
+            .nothing_named(&req.name, "a spot request was refused")
+            .await;
+    }
+    if let Err(e) = switched {
+        return Err(Fail(format!(
+            "the plugin serves spot, but the emulator cannot take spot capacity away: {e}"
+        )));
+    }
+    let failure = match r {
+        Err(e) => Err(e),
+        // A backend that accepts the create and fails it later: the first Gets tell.
+        Ok(id) => {
+            let done = |r: &Result<Instance, ProviderError>| {
+                r.is_err() || matches!(r, Ok(i) if i.state != State::Provisioning)
+            };
+            ctx.get_until(&id, "an error", done).await?.map(drop)
+        }
+    };
+    ensure!(
+        matches!(&failure, Err(e) if e.class == Class::QuotaExceeded
+            && e.code.as_deref() == Some(SPOT_CAPACITY_UNAVAILABLE)),
+        "no spot capacity: want QuotaExceeded with code {SPOT_CAPACITY_UNAVAILABLE} from \
+         Create (or the Gets after it), it answers {}",
+        show_err(&failure)
+    );
+    ctx.nothing_named(&req.name, "a spot Create found no capacity")
+        .await
 }
 
 async fn not_started_is_never_stopped(ctx: &Ctx<'_>) -> Result<(), Fail> {

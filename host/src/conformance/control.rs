@@ -4,7 +4,9 @@
 //! machine, so there is no TLS, no proxy and no retry. Every failure names the route.
 
 use bytes::Bytes;
-use egress_emulator_protocol::{Dump, DumpInstance, Fault, Plant};
+use egress_emulator_protocol::{
+    Dump, DumpCapacities, DumpInstance, Fault, Plant, Reclaim, SpotCapacity,
+};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
@@ -82,6 +84,23 @@ impl Control {
         })
     }
 
+    /// Whether each instance named `name` runs on spot capacity, as the dump's `spot` keys
+    /// say (`false` from an emulator that writes none).
+    pub async fn spot_by_name(&self, name: &str) -> Result<Vec<bool>, ControlError> {
+        let body = self.call("GET", "dump", None).await?;
+        let caps: DumpCapacities =
+            serde_json::from_slice(&body).map_err(|source| ControlError::Decode {
+                route: "GET /_emulator/dump".into(),
+                source,
+            })?;
+        Ok(caps
+            .instances
+            .into_iter()
+            .filter(|c| c.name == name)
+            .map(|c| c.spot)
+            .collect())
+    }
+
     /// The instance the backend holds under `name`, if exactly one exists.
     pub async fn by_name(&self, name: &str) -> Result<Vec<DumpInstance>, ControlError> {
         Ok(self
@@ -138,6 +157,17 @@ impl Control {
     pub async fn fail_scope(&self, scope: &str, fail: bool) -> Result<(), ControlError> {
         self.post("scope", json!({"scope": scope, "fail": fail}))
             .await
+    }
+
+    /// The backend reclaims spot instance `id`; an on-demand one is refused (`409`), as is
+    /// every id by an emulator without spot (`501`).
+    pub async fn reclaim(&self, id: &str) -> Result<(), ControlError> {
+        self.post("reclaim", Reclaim { id: id.into() }).await
+    }
+
+    /// Whether spot creates find capacity (`501` from an emulator without spot).
+    pub async fn set_spot_capacity(&self, available: bool) -> Result<(), ControlError> {
+        self.post("spot-capacity", SpotCapacity { available }).await
     }
 
     pub async fn reset(&self) -> Result<(), ControlError> {

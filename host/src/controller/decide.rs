@@ -97,7 +97,7 @@ pub mod event {
 
 /// The error code of a NotFound that says the cloud reclaimed the instance (a spot
 /// instance its backend deleted on preemption), as the provider contract defines it.
-pub const INTERRUPTED_CODE: &str = "Interrupted";
+pub const INTERRUPTED_CODE: &str = egress_contract::codes::INTERRUPTED;
 
 /// The spec's inputs as far as they could be resolved this reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]

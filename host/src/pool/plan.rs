@@ -130,6 +130,11 @@ pub struct Resolved {
     /// Names of the placements marked `fallback`: used only while no other can take a
     /// Proxy.
     pub fallbacks: std::collections::BTreeSet<String>,
+    /// `strategy: Cheapest`.
+    pub cheapest: bool,
+    /// What each placement costs an hour, as far as the reconciler knows it without a
+    /// provider call (see `pool::reconcile::known_prices`); empty unless `cheapest`.
+    pub prices: BTreeMap<String, egress_plugin_host::provider::Price>,
 }
 
 /// A spec the plan cannot work from. Each message names the field, the value and the limit.
@@ -313,6 +318,8 @@ impl Resolved {
             backoff: spec.placement_backoff.unwrap_or(DEFAULT_PLACEMENT_BACKOFF),
             placements,
             fallbacks,
+            cheapest: spec.strategy == Some(crate::api::Strategy::Cheapest),
+            prices: BTreeMap::new(),
         })
     }
 
@@ -794,6 +801,30 @@ fn scale_down_victim(spec: &Resolved, fresh: &[&Child]) -> usize {
     best
 }
 
+/// How `strategy: Cheapest` orders placement `i`: by its price in the currency most of the
+/// priced placements use (prices in two currencies cannot be compared), unknown prices
+/// last; every placement ranks the same under `Spread`.
+fn price_rank(spec: &Resolved) -> impl Fn(usize) -> (bool, u64) + '_ {
+    let mut by_currency: BTreeMap<&str, usize> = BTreeMap::new();
+    for p in spec.prices.values() {
+        *by_currency.entry(p.currency.as_str()).or_default() += 1;
+    }
+    let currency = by_currency
+        .iter()
+        .max_by_key(|(c, n)| (**n, std::cmp::Reverse(**c)))
+        .map(|(c, _)| c.to_string());
+    move |i: usize| {
+        if !spec.cheapest {
+            return (false, 0);
+        }
+        let name = &spec.placements[i].0;
+        match spec.prices.get(name) {
+            Some(p) if Some(&p.currency) == currency.as_ref() => (false, p.micros_per_hour),
+            _ => (true, u64::MAX),
+        }
+    }
+}
+
 /// The most currencies a pool's status sums separately; more (no real pool spans eight
 /// clouds billing in eight currencies) are left out rather than growing the status.
 const MAX_CURRENCIES: usize = 8;
@@ -834,6 +865,7 @@ fn next_placement(
         .placements
         .iter()
         .any(|(n, w, _)| usable(n, *w, failing) && !spec.fallbacks.contains(n));
+    let rank = price_rank(spec);
     let mut best: Option<usize> = None;
     for (i, (name, weight, _)) in spec.placements.iter().enumerate() {
         if !usable(name, *weight, failing) || (preferred && spec.fallbacks.contains(name)) {
@@ -841,6 +873,7 @@ fn next_placement(
         }
         let better = match best {
             None => true,
+            Some(b) if rank(i) != rank(b) => rank(i) < rank(b),
             Some(b) => {
                 let wb = u128::from(spec.placements[b].1);
                 let load = |n: usize, w: u128| (n as u128 + 1) * w;
@@ -1320,6 +1353,65 @@ mod tests {
             [("o1", DeleteWhy::FallenBack), ("o2", DeleteWhy::FallenBack)]
         );
         assert!(done.create.is_empty());
+    }
+
+    /// `strategy: Cheapest`: every new Proxy on the cheapest usable placement, unknown
+    /// prices last, prices in a minority currency as unknown; `Spread` ignores prices.
+    #[test]
+    fn cheapest_fills_the_lowest_known_price_first() {
+        let price = |currency: &str, micros_per_hour| egress_plugin_host::provider::Price {
+            currency: currency.into(),
+            micros_per_hour,
+        };
+        let mut spec = pool(3, &[("a", 1), ("b", 1), ("c", 1), ("d", 1)]);
+        let prices: BTreeMap<String, _> = [
+            ("a".to_string(), price("EUR", 20_000)),
+            ("b".to_string(), price("EUR", 10_000)),
+            ("d".to_string(), price("USD", 1)),
+        ]
+        .into();
+        let plan_with = |spec: &ProxyPoolSpec, status: &ProxyPoolStatus| {
+            let mut r = resolved(spec);
+            r.prices = prices.clone();
+            plan("web", &r, status, 1, &[], now())
+        };
+        assert_eq!(
+            created(&plan_with(&spec, &ProxyPoolStatus::default())),
+            ["a", "b", "c"],
+            "Spread: prices play no part"
+        );
+        spec.strategy = Some(crate::api::Strategy::Cheapest);
+        assert_eq!(
+            created(&plan_with(&spec, &ProxyPoolStatus::default())),
+            ["b", "b", "b"]
+        );
+        // The cheapest backs off: the next cheapest, then the unknown ones.
+        let failing = |names: &[&str]| ProxyPoolStatus {
+            placements: names
+                .iter()
+                .map(|n| PlacementStatus {
+                    name: n.to_string(),
+                    failing: Some(PlacementFailure {
+                        reason: "QuotaExceeded".into(),
+                        message: "full".into(),
+                        since: Time(now()),
+                        retry_after: Time(Timestamp::from_second(NOW + 600).unwrap()),
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        assert_eq!(
+            created(&plan_with(&spec, &failing(&["b"]))),
+            ["a", "a", "a"]
+        );
+        let only_unknown = plan_with(&spec, &failing(&["a", "b"]));
+        assert_eq!(
+            created(&only_unknown),
+            ["c", "d", "c"],
+            "unknown (and USD) spread"
+        );
     }
 
     /// The pool's cost is its Proxies' prices summed per currency; a Proxy without a

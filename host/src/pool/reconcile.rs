@@ -45,6 +45,9 @@ pub struct PoolSettings {
     pub concurrency: u16,
     /// This replica's name, for Events.
     pub instance_name: Option<String>,
+    /// Where `strategy: Cheapest` reads prices, without a provider call (see
+    /// [`known_prices`]); without it only the pool's own Proxies' prices are known.
+    pub registry: Option<crate::registry::ProviderRegistry>,
 }
 
 impl Default for PoolSettings {
@@ -54,6 +57,7 @@ impl Default for PoolSettings {
             cache_wait: Duration::from_secs(10),
             concurrency: 4,
             instance_name: None,
+            registry: None,
         }
     }
 }
@@ -141,6 +145,48 @@ pub async fn run(
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {})
         .await;
+}
+
+/// Each placement's hourly price as far as it is known without a provider call: the
+/// provider's own knowledge (the providers file's `prices`, a quote still held), else what
+/// a Proxy of the pool on that placement costs. The pool controller never calls a provider.
+pub fn known_prices(
+    spec: &Resolved,
+    children: &[plan::Child],
+    registry: Option<&crate::registry::ProviderRegistry>,
+) -> BTreeMap<String, egress_plugin_host::provider::Price> {
+    let mut out = BTreeMap::new();
+    for (name, _, proxy) in &spec.placements {
+        let p = &proxy.placement;
+        let placement = egress_plugin_host::provider::Placement {
+            capacity: p.capacity.to_provider(),
+            ..egress_plugin_host::provider::Placement::new(
+                &p.region,
+                &p.zone,
+                &p.machine_type,
+                &p.image,
+            )
+        };
+        let known = registry
+            .and_then(|r| r.get(&proxy.provider))
+            .and_then(|provider| provider.known_price(&placement));
+        let seen = || {
+            children
+                .iter()
+                .filter(|c| c.placement.as_deref() == Some(name.as_str()))
+                .find_map(|c| {
+                    let h = c.price.as_ref()?;
+                    Some(egress_plugin_host::provider::Price {
+                        currency: h.currency.clone(),
+                        micros_per_hour: h.micros()?,
+                    })
+                })
+        };
+        if let Some(price) = known.or_else(seen) {
+            out.insert(name.clone(), price);
+        }
+    }
+    out
 }
 
 fn error_policy(pool: Arc<DynamicObject>, err: &PoolError, _: Arc<Ctx>) -> Action {
@@ -251,6 +297,10 @@ async fn reconcile_pool(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action
         }
     };
     let children = children_of(&ctx.proxies.store, &pool);
+    let mut resolved = resolved;
+    if resolved.cheapest {
+        resolved.prices = known_prices(&resolved, &children, ctx.settings.registry.as_ref());
+    }
     let plan = plan::plan(&name, &resolved, &current, generation, &children, now);
 
     let proxies: Api<Proxy> = Api::namespaced(ctx.client.clone(), &ns);
@@ -560,4 +610,65 @@ async fn write_status(
         .await
         .map_err(PoolError::Status)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{CloudInit, HourlyPrice, Placement, PoolPlacement, ProxyPoolSpec, ProxySpec};
+    use crate::registry::ProviderRegistry;
+    use crate::testing::fake_provider::FakeProvider;
+
+    /// Prices a pool can know without calling a provider: the provider's own (here the
+    /// fake's configured price), else what the pool's Proxies on a placement cost; a
+    /// placement neither knows stays unpriced.
+    #[test]
+    fn known_prices_come_from_the_provider_or_the_pools_own_proxies() {
+        let template = ProxySpec {
+            provider: "fake".into(),
+            placement: Placement::new("r1", "", "small", "img"),
+            cloud_init: CloudInit::default(),
+            port: 3128,
+            auth: Default::default(),
+            ip_family: Default::default(),
+        };
+        let mut spec = ProxyPoolSpec::new(3, template);
+        spec.placements = ["a", "b", "c"]
+            .iter()
+            .map(|z| PoolPlacement {
+                zone: Some((*z).into()),
+                ..Default::default()
+            })
+            .collect();
+        let resolved = Resolved::from_spec(&spec).unwrap();
+        let fake = FakeProvider::new("fake");
+        fake.set_known_price(
+            "a",
+            egress_plugin_host::provider::Price {
+                currency: "EUR".into(),
+                micros_per_hour: 7_000,
+            },
+        );
+        let registry = ProviderRegistry::new([std::sync::Arc::new(fake) as _]);
+        let child = Child {
+            name: "p-b".into(),
+            uid: "u".into(),
+            created: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            deleting: false,
+            ready: true,
+            spec: resolved.placements[1].2.clone(),
+            placement: Some("b".into()),
+            failure: None,
+            price: Some(HourlyPrice {
+                currency: "EUR".into(),
+                per_hour: "0.009".into(),
+            }),
+        };
+        let prices = known_prices(&resolved, &[child], Some(&registry));
+        let micros: Vec<(&str, u64)> = prices
+            .iter()
+            .map(|(n, p)| (n.as_str(), p.micros_per_hour))
+            .collect();
+        assert_eq!(micros, [("a", 7_000), ("b", 9_000)]);
+    }
 }

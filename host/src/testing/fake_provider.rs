@@ -9,7 +9,8 @@
 
 use async_trait::async_trait;
 use egress_plugin_host::provider::{
-    Class, CreateRequest, Instance, Op, Priority, Provider, ProviderError, State, TargetStatus,
+    Class, CreateRequest, Instance, Op, Placement, Price, Priority, Provider, ProviderError, State,
+    TargetStatus,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,6 +83,8 @@ struct Inner {
     /// health probes through it succeed).
     fixed_ip: Option<String>,
     last_create: Option<CreateRequest>,
+    /// What `known_price` answers, by placement zone.
+    known_prices: BTreeMap<String, Price>,
 }
 
 /// The fake provider. Instance IDs are `fake/<name>`.
@@ -129,6 +132,14 @@ impl FakeProvider {
     /// proxy) instead of a unique TEST-NET-1 address.
     pub fn set_fixed_ip(&self, ip: &str) {
         lock(&self.inner).fixed_ip = Some(ip.to_string());
+    }
+
+    /// `known_price` of a placement in `zone` answers `price` (as the providers file's
+    /// `prices` would make a real provider answer).
+    pub fn set_known_price(&self, zone: &str, price: Price) {
+        lock(&self.inner)
+            .known_prices
+            .insert(zone.to_string(), price);
     }
 
     pub fn set_behaviour(&self, behaviour: Behaviour) {
@@ -365,6 +376,10 @@ impl Provider for FakeProvider {
     /// Its instances are local proxies on loopback in the loops' tests.
     fn private_addresses_allowed(&self) -> bool {
         true
+    }
+
+    fn known_price(&self, placement: &Placement) -> Option<Price> {
+        lock(&self.inner).known_prices.get(&placement.zone).cloned()
     }
 
     fn name(&self) -> &str {

@@ -12,8 +12,8 @@ use egress_emulators::ec2::{
 };
 use egress_plugin_host::plugin::WasmProvider;
 use egress_plugin_host::provider::{
-    Class, CreateRequest, Instance, MARK_INSTALLATION, MARK_MANAGED, MARK_UID, Placement, Provider,
-    ProviderError, State, name_from_uid,
+    Capacity, Class, CreateRequest, Instance, MARK_INSTALLATION, MARK_MANAGED, MARK_UID, Placement,
+    Provider, ProviderError, State, name_from_uid,
 };
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
@@ -914,4 +914,123 @@ async fn lifecycle(p: &WasmProvider, placement: &str, poll: Duration) {
         tokio::time::sleep(poll).await;
     }
     p.delete(&id).await.unwrap();
+}
+
+fn spot(req: CreateRequest) -> CreateRequest {
+    CreateRequest {
+        placement: Placement {
+            capacity: Capacity::Spot,
+            ..req.placement
+        },
+        ..req
+    }
+}
+
+/// A spot create makes a one-time Spot Instance (the emulator refuses any other market
+/// options with EC2's errors); an on-demand create sends none, so the instance is not spot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spot_creates_a_spot_instance_and_on_demand_does_not() {
+    let _dir = plugins_or_skip!();
+    let f = fixture(Ec2Config::default()).await;
+    let on_demand = f.p.create(&eu("uid-od")).await.unwrap();
+    assert!(
+        f.emu.spot_instances().is_empty(),
+        "on-demand: no market options"
+    );
+    let id = f.p.create(&spot(eu("uid-spot"))).await.unwrap();
+    assert_eq!(f.emu.spot_instances(), [Fixture::backend_id(&id)]);
+    assert_eq!(
+        f.p.create(&spot(eu("uid-spot"))).await.unwrap(),
+        id,
+        "idempotent by name, spot or not"
+    );
+    let running = get_until(
+        &f.p,
+        &id,
+        |r| matches!(r, Ok(i) if i.state == State::Running),
+    )
+    .await
+    .unwrap();
+    assert!(!running.interrupted);
+    get_until(
+        &f.p,
+        &on_demand,
+        |r| matches!(r, Ok(i) if i.state == State::Running),
+    )
+    .await
+    .unwrap();
+    // A user's delete of a Spot Instance is no interruption.
+    f.p.delete(&id).await.unwrap();
+    let r = get_until(&f.p, &id, not_found).await;
+    assert!(
+        matches!(&r, Err(e) if e.code.as_deref() == Some("Terminated")),
+        "{r:?}"
+    );
+}
+
+/// EC2 reclaims a Spot Instance: Terminated and interrupted while it shuts down (Get and
+/// ListByTag), then NotFound with code Interrupted, and Delete still succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaimed_spot_instance_is_interrupted_then_not_found() {
+    let _dir = plugins_or_skip!();
+    let cfg = Ec2Config {
+        shutdown: Transition::Manual,
+        ..Ec2Config::default()
+    };
+    let f = fixture(cfg).await;
+    let id = f.p.create(&spot(eu("uid-r"))).await.unwrap();
+    get_until(
+        &f.p,
+        &id,
+        |r| matches!(r, Ok(i) if i.state == State::Running),
+    )
+    .await
+    .unwrap();
+    let bid = Fixture::backend_id(&id);
+    assert_eq!(f.emu.reclaim(bid), Ok(true));
+    let i = f.p.get(&id).await.unwrap();
+    assert_eq!((i.state, i.interrupted), (State::Terminated, true));
+    let listed = f.p.list_by_tag("inst-a").await.unwrap();
+    let l = listed
+        .iter()
+        .find(|l| l.id == id)
+        .expect("listed while shutting down");
+    assert_eq!((l.state, l.interrupted), (State::Terminated, true));
+
+    f.emu.set_backend_state(bid, "terminated");
+    let e = f.p.get(&id).await.unwrap_err();
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (Class::NotFound, Some("Interrupted")),
+        "{e}"
+    );
+    assert!(e.message.contains("Server.SpotInstanceTermination"), "{e}");
+    f.p.delete(&id)
+        .await
+        .expect("deleting a reclaimed instance succeeds");
+    assert!(f.p.list_by_tag("inst-a").await.unwrap().is_empty());
+}
+
+/// No spot capacity: QuotaExceeded with code SpotCapacityUnavailable naming EC2's code,
+/// nothing launched; on-demand is untouched, and spot works again once capacity is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_spot_capacity_is_quota_exceeded_and_leaves_nothing() {
+    let _dir = plugins_or_skip!();
+    let f = fixture(Ec2Config::default()).await;
+    assert!(f.emu.set_spot_capacity(false));
+    let req = spot(eu("uid-c"));
+    let e = f.p.create(&req).await.unwrap_err();
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (Class::QuotaExceeded, Some("SpotCapacityUnavailable")),
+        "{e}"
+    );
+    assert!(e.message.contains("InsufficientInstanceCapacity"), "{e}");
+    assert_eq!(live_instances(&f.emu), 0);
+    assert!(f.emu.dump().secondary.is_empty(), "no volume either");
+    f.p.create(&eu("uid-c2")).await.unwrap();
+    assert_eq!(live_instances(&f.emu), 1, "on-demand still launches");
+    f.emu.set_spot_capacity(true);
+    let id = f.p.create(&req).await.unwrap();
+    assert_eq!(f.emu.spot_instances(), [Fixture::backend_id(&id)]);
 }

@@ -15,7 +15,7 @@ use egress_emulators::gce::test_keys::{TEST_CLIENT_EMAIL, TEST_KEY_PEM, WRONG_KE
 use egress_emulators::gce::{GceConfig, GceEmulator};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use egress_plugin_host::plugin::WasmProvider;
-use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, State};
+use egress_plugin_host::provider::{Capacity, Class, CreateRequest, Placement, Provider, State};
 use std::path::Path;
 use std::time::Duration;
 
@@ -710,4 +710,126 @@ async fn real_gce_lifecycle() {
         ..Default::default()
     };
     support::real_cloud::lifecycle(&p, &req, pace).await;
+}
+
+fn spot(req: CreateRequest) -> CreateRequest {
+    CreateRequest {
+        placement: Placement {
+            capacity: Capacity::Spot,
+            ..req.placement
+        },
+        ..req
+    }
+}
+
+/// A spot create inserts a Spot VM deleted on preemption, with what the Scheduling schema
+/// requires of one; an on-demand create sends no scheduling (the VM is STANDARD).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spot_inserts_a_spot_vm_and_on_demand_does_not() {
+    let _dir = plugins_or_skip!();
+    let g = setup().await;
+    let (p, emu) = (&g.p, &g.emu);
+    let on_demand = p.create(&request("uid-od")).await.unwrap();
+    let raw = emu.instance(&on_demand).unwrap();
+    assert_eq!(raw["scheduling"]["provisioningModel"], "STANDARD", "{raw}");
+    assert!(emu.spot_instances().is_empty());
+    let id = p.create(&spot(request("uid-spot"))).await.unwrap();
+    let raw = emu.instance(&id).unwrap();
+    assert_eq!(
+        raw["scheduling"],
+        serde_json::json!({"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
+            "automaticRestart": false, "onHostMaintenance": "TERMINATE", "preemptible": false})
+    );
+    let name = id.rsplit('/').next().unwrap();
+    assert_eq!(emu.spot_instances(), [bid(emu, name)]);
+    p.get(&id).await.unwrap();
+    let running = p.get(&id).await.unwrap();
+    assert_eq!(
+        (running.state, running.interrupted),
+        (State::Running, false)
+    );
+}
+
+/// GCE preempts the Spot VM and deletes it: Get answers NotFound with code Interrupted,
+/// told by the `compute.instances.preempted` operation. The Proxy's replacement gets the same
+/// name; once it is deleted by the operator, its NotFound is a plain one (the old preemption
+/// is older than the new insert).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempted_spot_vm_is_not_found_interrupted_and_its_replacement_is_not() {
+    let _dir = plugins_or_skip!();
+    let g = setup().await;
+    let (p, emu) = (&g.p, &g.emu);
+    let req = spot(request("uid-p"));
+    let id = p.create(&req).await.unwrap();
+    p.get(&id).await.unwrap();
+    let name = id.rsplit('/').next().unwrap();
+    assert_eq!(emu.reclaim(&bid(emu, name)), Ok(true));
+    let e = p.get(&id).await.unwrap_err();
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (Class::NotFound, Some("Interrupted")),
+        "{e}"
+    );
+    assert!(e.message.contains("preempted"), "{e}");
+    assert!(p.list_by_tag(INST).await.unwrap().is_empty());
+    p.delete(&id).await.expect("already gone is success");
+
+    assert_eq!(
+        p.create(&req).await.unwrap(),
+        id,
+        "the replacement, same name"
+    );
+    let running = p.get(&id).await.unwrap();
+    assert!(!running.interrupted);
+    p.delete(&id).await.unwrap();
+    let e = p.get(&id).await.unwrap_err();
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (Class::NotFound, Some("notFound")),
+        "deleted, not preempted: {e}"
+    );
+    // An on-demand VM's NotFound is plain too.
+    let od = p.create(&request("uid-od2")).await.unwrap();
+    p.delete(&od).await.unwrap();
+    let e = p.get(&od).await.unwrap_err();
+    assert_eq!(e.code.as_deref(), Some("notFound"), "{e}");
+}
+
+/// No spot capacity: the insert is accepted and its operation fails with GCE's stockout,
+/// which the first Get reports as QuotaExceeded with code SpotCapacityUnavailable; nothing
+/// is left, the name is free again, and a standard insert's stockout keeps GCE's code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_spot_capacity_is_quota_exceeded_and_leaves_nothing() {
+    let _dir = plugins_or_skip!();
+    let g = setup().await;
+    let (p, emu) = (&g.p, &g.emu);
+    assert!(emu.set_spot_capacity(false));
+    let req = spot(request("uid-c"));
+    let id = p.create(&req).await.unwrap();
+    let e = p.get(&id).await.unwrap_err();
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (Class::QuotaExceeded, Some("SpotCapacityUnavailable")),
+        "{e}"
+    );
+    assert!(e.message.contains("ZONE_RESOURCE_POOL_EXHAUSTED"), "{e}");
+    assert!(emu.dump().instances.is_empty());
+    let e = p.get(&id).await.unwrap_err();
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (Class::NotFound, Some("notFound")),
+        "reported once: {e}"
+    );
+    let standard = request("uid-c2");
+    emu.fail_next_insert("ZONE_RESOURCE_POOL_EXHAUSTED", "stockout", 0);
+    let sid = p.create(&standard).await.unwrap();
+    let e = p.get(&sid).await.unwrap_err();
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (Class::QuotaExceeded, Some("ZONE_RESOURCE_POOL_EXHAUSTED")),
+        "a standard insert's stockout is no spot matter: {e}"
+    );
+    emu.set_spot_capacity(true);
+    p.create(&req).await.unwrap();
+    assert_eq!(emu.spot_instances().len(), 1);
 }

@@ -10,7 +10,7 @@
 use crate::support;
 
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant};
-use egress_emulators::linode::{LinodeConfig, LinodeEmulator};
+use egress_emulators::linode::{LinodeConfig, LinodeEmulator, TypePrice};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use egress_plugin_host::plugin::WasmProvider;
 use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, State};
@@ -518,10 +518,10 @@ async fn real_linode_lifecycle() {
 async fn quote_reads_the_type_price_list() {
     let _dir = plugins_or_skip!();
     let cfg = LinodeConfig {
-        prices: vec![(
-            "g6-nanode-1".into(),
+        prices: vec![TypePrice::new(
+            "g6-nanode-1",
             0.0075,
-            vec![("eu-central".into(), 0.0081)],
+            &[("eu-central", 0.0081)],
         )],
         ..LinodeConfig::new(TOKEN)
     };

@@ -188,15 +188,22 @@ impl Provider for WasmProvider {
         WasmProvider::pacing(self)
     }
 
+    fn known_price(&self, placement: &Placement) -> Option<Price> {
+        crate::config::prices::price_of(&self.shared.prices, placement).or_else(|| {
+            (self.shared.quotes.lock())
+                .unwrap_or_else(|e| e.into_inner())
+                .get(placement, std::time::Instant::now())
+                .flatten()
+        })
+    }
+
     /// The providers file's `prices` first (what this account pays), then the plugin's
     /// `quote`, kept an hour per placement (see `quotes`). A 0.1.0 plugin has no `quote`:
-    /// without a rule its placements have no price.
+    /// without a rule the call is refused by name before it takes a slot (no plugin runs),
+    /// and its placements have no price.
     async fn quote(&self, placement: &Placement) -> Result<Option<Price>, ProviderError> {
         if let Some(p) = crate::config::prices::price_of(&self.shared.prices, placement) {
             return Ok(Some(p));
-        }
-        if self.plugin.version() == super::abi::WorldVersion::V0_1 {
-            return Ok(None);
         }
         let now = std::time::Instant::now();
         let kept = (self.shared.quotes.lock())

@@ -176,6 +176,10 @@ impl<P: Provider> Provider for Instrumented<P> {
             .await
     }
 
+    fn known_price(&self, placement: &Placement) -> Option<Price> {
+        self.inner.known_price(placement)
+    }
+
     fn remember_cloud_init(&self, owner: &str, doc: &[u8]) -> Result<(), crate::sensitive::Full> {
         self.inner.remember_cloud_init(owner, doc)
     }

@@ -277,6 +277,12 @@ pub trait Provider: Send + Sync {
     async fn quote(&self, _placement: &Placement) -> Result<Option<Price>, ProviderError> {
         Ok(None)
     }
+    /// The price of `placement` as far as it is known without a backend request (the
+    /// operator's configured prices, or a quote still kept): for loops that must not spend
+    /// the budget, such as a pool choosing its cheapest placement.
+    fn known_price(&self, _placement: &Placement) -> Option<Price> {
+        None
+    }
     /// Tells the provider about the cloud-init of the Proxy `owner` (its UID), whether or
     /// not a call for it follows: a sandboxed plugin must not be able to show any Proxy's
     /// document in any call. Refused when the redactor has no room for it
@@ -352,6 +358,9 @@ impl<P: Provider + ?Sized> Provider for std::sync::Arc<P> {
     }
     async fn quote(&self, placement: &Placement) -> Result<Option<Price>, ProviderError> {
         (**self).quote(placement).await
+    }
+    fn known_price(&self, placement: &Placement) -> Option<Price> {
+        (**self).known_price(placement)
     }
     fn remember_cloud_init(&self, owner: &str, doc: &[u8]) -> Result<(), Full> {
         (**self).remember_cloud_init(owner, doc)

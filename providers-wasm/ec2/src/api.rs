@@ -254,7 +254,7 @@ const EC2: Classifier = Classifier {
             &[
                 "InstanceLimitExceeded", "VcpuLimitExceeded", "ResourceLimitExceeded", "MaxIOPSLimitExceeded",
                 "VolumeLimitExceeded", "AddressLimitExceeded", "InsufficientFreeAddressesInSubnet",
-                "Insufficient*Capacity",
+                "Insufficient*Capacity", "MaxSpotInstanceCountExceeded", "SpotMaxPriceTooLow",
             ],
             Kind::Quota,
         ),

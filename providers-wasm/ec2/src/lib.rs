@@ -5,6 +5,12 @@
 //! marks in the same call. IDs are `<region>/<instance-id>`. Requests go to the EC2 Query
 //! API (XML over form POSTs), signed with SigV4 in the guest with credentials read from
 //! the provider's secrets on every call. The user guide is `docs/providers/ec2.md`.
+//!
+//! Spot (`placement.capacity` spot): a one-time Spot Instance that EC2 terminates when it
+//! needs the capacity back (`InstanceMarketOptions`, see [`run_params`]). No spot capacity
+//! is QuotaExceeded with code [`SPOT_CAPACITY_UNAVAILABLE`] (the operator may fall back to
+//! on-demand); a reclaimed instance is Terminated and `interrupted` while it shuts down,
+//! then NotFound with code [`INTERRUPTED`] (see [`Provider::get`]).
 
 mod api;
 mod config;
@@ -97,6 +103,19 @@ const LISTED_STATES: &[&str] = &["pending", "running", "stopping", "stopped", "s
 /// Instance states that hold a name for adoption; a dying instance is never adopted.
 const LIVE_STATES: &[&str] = &["pending", "running", "stopping", "stopped"];
 
+/// The codes the operator acts on: no spot capacity (fall back to on-demand), and a
+/// reclaimed instance the backend has removed.
+use egress_guest_sdk::error::code::{INTERRUPTED, SPOT_CAPACITY_UNAVAILABLE};
+/// EC2's answers to a spot launch it cannot serve now: no capacity
+/// (`InsufficientInstanceCapacity`), a price under the spot price (`SpotMaxPriceTooLow`,
+/// never from this plugin, which sets no `MaxPrice`), the account's spot limit
+/// (`MaxSpotInstanceCountExceeded`). Each passes, or is capacity on-demand may still have.
+const SPOT_CAPACITY_CODES: &[&str] = &[
+    "InsufficientInstanceCapacity",
+    "SpotMaxPriceTooLow",
+    "MaxSpotInstanceCountExceeded",
+];
+
 /// Largest page DescribeInstances serves, and a bound on pages so a misbehaving endpoint
 /// cannot keep a call looping.
 const PAGE_SIZE: &str = "1000";
@@ -148,9 +167,13 @@ fn to_instance(region: &str, inst: &Ec2Instance, mode: IpAddress) -> Instance {
         IpAddress::Private => inst.private_ip.clone(),
     }
     .unwrap_or_default();
+    let state = map_state(&inst.state, !ip.is_empty());
     Instance {
         id: ID.format(region, &inst.id),
-        state: map_state(&inst.state, !ip.is_empty()),
+        // The contract allows it with stopped or terminated only; the state reason stays
+        // on an instance that a user restarts, which must not count as interrupted.
+        interrupted: inst.interrupted() && matches!(state, State::Stopped | State::Terminated),
+        state,
         ip,
         uid: inst.tag(MARK_UID).unwrap_or_default().to_string(),
         // EC2's launchTime; the plugin never restarts a stopped instance, so it is the
@@ -247,6 +270,21 @@ fn run_params(
     if let Some(subnet) = &launch.subnet_id {
         params.push(p("SubnetId", subnet));
     }
+    if req.placement.capacity == Capacity::Spot {
+        // A one-time request that ends with the instance: EC2 terminates it when it takes
+        // the capacity back (a stopped or persistent one would come back by itself, which
+        // the operator, replacing what stops, does not want). No MaxPrice: the spot price,
+        // capped at on-demand, as AWS recommends.
+        params.push(p("InstanceMarketOptions.MarketType", "spot"));
+        params.push(p(
+            "InstanceMarketOptions.SpotOptions.SpotInstanceType",
+            "one-time",
+        ));
+        params.push(p(
+            "InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior",
+            "terminate",
+        ));
+    }
     for (n, g) in launch.security_group_ids.iter().enumerate() {
         params.push(p(&format!("SecurityGroupId.{}", n + 1), g));
     }
@@ -302,6 +340,20 @@ fn client_token(name: &str, params: &[(String, String)], dead: &[String]) -> Str
     }
 }
 
+/// How a failed RunInstances of `req` is reported: for a spot request that EC2 has no
+/// spot capacity for, QuotaExceeded with [`SPOT_CAPACITY_UNAVAILABLE`], naming EC2's code;
+/// otherwise by [`classify`].
+fn launch_error(req: &CreateRequest, e: &Ec2Error) -> ProviderError {
+    let spot = req.placement.capacity == Capacity::Spot;
+    match e.code() {
+        Some(code) if spot && SPOT_CAPACITY_CODES.contains(&code) => ProviderError::quota(format!(
+            "placement.capacity Spot: EC2 has no spot capacity for it now ({code}): {e}"
+        ))
+        .with_code(SPOT_CAPACITY_UNAVAILABLE),
+        _ => classify(e),
+    }
+}
+
 /// RunInstances with the token chain of [`client_token`]; returns a live instance ID.
 fn run_instance(
     ec2: &Ec2,
@@ -314,7 +366,7 @@ fn run_instance(
         p.push(("ClientToken".into(), client_token(&req.name, params, &dead)));
         let page = ec2
             .instances("RunInstances", &p)
-            .map_err(|e| classify(&e))?;
+            .map_err(|e| launch_error(req, &e))?;
         let Some(inst) = page.instances.into_iter().next() else {
             return Err(ProviderError::transient(format!(
                 "EC2 RunInstances in {} answered without an instance",
@@ -392,6 +444,8 @@ impl Provider for Ec2Provider {
         changes: Level::Info,
         reads: Level::Debug,
     };
+    /// One-time Spot Instances, terminated on interruption (see [`run_params`]).
+    const SPOT: bool = true;
 
     fn info() -> PluginInfo {
         PluginInfo {
@@ -444,8 +498,12 @@ impl Provider for Ec2Provider {
             let iid = run_instance(&ec2, &req, &params)?;
             wait_visible(&ec2, &iid)?;
             let id = ID.format(&launch.region, &iid);
+            let spot = match req.placement.capacity {
+                Capacity::Spot => "spot ",
+                Capacity::OnDemand => "",
+            };
             let what = format!(
-                "created {id} ({} {} in {}, {} bytes of user data)",
+                "created {id} ({spot}{} {} in {}, {} bytes of user data)",
                 launch.instance_type,
                 launch.image_id,
                 launch.zone,
@@ -455,12 +513,25 @@ impl Provider for Ec2Provider {
         })
     }
 
+    /// A terminated instance is gone for the operator (EC2 lists it for up to an hour,
+    /// and waiting for that would hold the replacement back): NotFound, with code
+    /// [`INTERRUPTED`] when EC2 terminated it to take its spot capacity back, so the
+    /// interruption is told apart from a delete. While it shuts down it is Terminated
+    /// and `interrupted`.
     fn get(id: &str) -> Result<Instance, ProviderError> {
         outcome::run(|| {
             let (region, iid) = parse_id(id)?;
             let cfg = load_config()?;
             let ec2 = client(&cfg, region, api::credentials()?)?;
             match describe_one(&ec2, iid) {
+                Ok(Some(inst)) if inst.state == "terminated" && inst.interrupted() => {
+                    let msg = format!(
+                        "instance {iid} in {region} was interrupted: EC2 terminated the Spot \
+                         Instance to take its capacity back ({})",
+                        inst.state_reason
+                    );
+                    Err(ProviderError::not_found(msg).with_code(INTERRUPTED))
+                }
                 Ok(Some(inst)) if inst.state == "terminated" => {
                     let msg = format!("instance {iid} in {region} is terminated");
                     Err(ProviderError::not_found(msg).with_code("Terminated"))

@@ -832,3 +832,133 @@ fn default_hosts_are_exact_regional_endpoints() {
     };
     assert_eq!(allow_entry(&ep), "http://127.0.0.1:4566");
 }
+
+// ---------------------------------------------------------------------------------------
+// Spot
+
+#[test]
+fn spot_requests_send_one_time_terminate_market_options_and_on_demand_sends_none() {
+    let cfg = Config::parse(GOOD).unwrap();
+    let market = |req: &CreateRequest| -> Vec<(String, String)> {
+        let params = run_params(req, &launch(), &cfg.tags);
+        params
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("InstanceMarketOptions"))
+            .collect()
+    };
+    assert!(
+        market(&request(b"")).is_empty(),
+        "on-demand: no market options"
+    );
+    let mut spot = request(b"");
+    spot.placement.capacity = Capacity::Spot;
+    let p = |k: &str, v: &str| (k.to_string(), v.to_string());
+    assert_eq!(
+        market(&spot),
+        [
+            p("InstanceMarketOptions.MarketType", "spot"),
+            p(
+                "InstanceMarketOptions.SpotOptions.SpotInstanceType",
+                "one-time"
+            ),
+            p(
+                "InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior",
+                "terminate"
+            ),
+        ]
+    );
+    let on_demand = run_params(&request(b""), &launch(), &cfg.tags);
+    let spot_params = run_params(&spot, &launch(), &cfg.tags);
+    assert_ne!(
+        client_token(&spot.name, &spot_params, &[]),
+        client_token(&spot.name, &on_demand, &[]),
+        "falling back to on-demand is a new launch, not a retry of the spot one"
+    );
+}
+
+/// EC2's refusals of a spot launch for want of capacity are SpotCapacityUnavailable
+/// (naming EC2's code); the same codes for an on-demand launch, and other refusals of a
+/// spot launch, keep their own class and code.
+#[test]
+fn spot_capacity_refusals_are_quota_with_their_own_code() {
+    let mut spot = request(b"");
+    spot.placement.capacity = Capacity::Spot;
+    let on_demand = request(b"");
+    for (status, code) in [
+        (500, "InsufficientInstanceCapacity"),
+        (400, "SpotMaxPriceTooLow"),
+        (400, "MaxSpotInstanceCountExceeded"),
+    ] {
+        let e = launch_error(&spot, &api_error(status, code));
+        assert_eq!(e.class, ErrorClass::QuotaExceeded, "{code}");
+        assert_eq!(e.code.as_deref(), Some(SPOT_CAPACITY_UNAVAILABLE), "{code}");
+        assert!(
+            e.message.contains(code) && e.message.contains("placement.capacity Spot"),
+            "{}",
+            e.message
+        );
+        let e = launch_error(&on_demand, &api_error(status, code));
+        assert_eq!(
+            (e.class, e.code.as_deref()),
+            (ErrorClass::QuotaExceeded, Some(code)),
+            "on-demand {code}"
+        );
+    }
+    let e = launch_error(&spot, &api_error(400, "InvalidParameterCombination"));
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (ErrorClass::Permanent, Some("InvalidParameterCombination"))
+    );
+}
+
+#[test]
+fn a_reclaimed_spot_instance_is_interrupted_only_when_stopped_or_terminated() {
+    let body = |state: &str, reason: &str, ip: &str| {
+        format!(
+            r#"<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
+            <reservationSet><item><instancesSet><item>
+              <instanceId>i-0123456789abcdef0</instanceId>
+              <instanceState><code>32</code><name>{state}</name></instanceState>
+              {ip}<launchTime>2024-05-01T12:00:00.000Z</launchTime>
+              <stateReason><code>{reason}</code><message>{reason}: m</message></stateReason>
+              <instanceLifecycle>spot</instanceLifecycle>
+              <spotInstanceRequestId>sir-abcd1234</spotInstanceRequestId>
+              <blockDeviceMapping><item><ebs><status>attached</status></ebs></item></blockDeviceMapping>
+            </item></instancesSet></item></reservationSet></DescribeInstancesResponse>"#
+        )
+    };
+    let read = |state: &str, reason: &str, ip: &str| {
+        let page = wire::parse_instances(&body(state, reason, ip)).unwrap();
+        let i = &page.instances[0];
+        (i.clone(), to_instance("eu-west-1", i, IpAddress::Public))
+    };
+    let (raw, i) = read("shutting-down", "Server.SpotInstanceTermination", "");
+    assert_eq!(
+        (raw.lifecycle.as_str(), i.state, i.interrupted),
+        ("spot", State::Terminated, true)
+    );
+    let (_, i) = read("stopped", "Server.SpotInstanceShutdown", "");
+    assert_eq!((i.state, i.interrupted), (State::Stopped, true));
+    let (_, i) = read("shutting-down", "Client.UserInitiatedShutdown", "");
+    assert_eq!(
+        (i.state, i.interrupted),
+        (State::Terminated, false),
+        "a delete"
+    );
+    // Restarted after a stop: the old reason may linger, the instance runs.
+    let (_, i) = read(
+        "running",
+        "Server.SpotInstanceShutdown",
+        "<ipAddress>54.1.2.3</ipAddress>",
+    );
+    assert_eq!((i.state, i.interrupted), (State::Running, false));
+    let page = wire::parse_instances(DESCRIBE).unwrap();
+    assert_eq!(
+        (
+            page.instances[0].lifecycle.as_str(),
+            page.instances[0].state_reason.as_str()
+        ),
+        ("", ""),
+        "on-demand, running"
+    );
+}

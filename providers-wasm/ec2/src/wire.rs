@@ -17,6 +17,10 @@ pub struct Ec2Instance {
     /// RFC 3339 with milliseconds, as EC2 writes it.
     pub launch_time: String,
     pub tags: Vec<(String, String)>,
+    /// `instanceLifecycle`: `spot` for a Spot Instance, empty for on-demand.
+    pub lifecycle: String,
+    /// `stateReason/code`: why it last changed state (`Server.SpotInstanceTermination`).
+    pub state_reason: String,
 }
 
 impl Ec2Instance {
@@ -30,6 +34,15 @@ impl Ec2Instance {
     /// Terminated, or on its way there: no longer an instance anyone can use or adopt.
     pub fn is_dead(&self) -> bool {
         matches!(self.state.as_str(), "shutting-down" | "terminated")
+    }
+
+    /// EC2 took this Spot Instance back: terminated, or stopped, for want of spot capacity
+    /// or price (the `StateReason` codes of the 2016-11-15 API reference).
+    pub fn interrupted(&self) -> bool {
+        matches!(
+            self.state_reason.as_str(),
+            "Server.SpotInstanceTermination" | "Server.SpotInstanceShutdown"
+        )
     }
 }
 
@@ -98,6 +111,10 @@ fn instance(item: Node<'_, '_>) -> Ec2Instance {
         private_ip: opt("privateIpAddress"),
         launch_time: text(item, "launchTime"),
         tags,
+        lifecycle: text(item, "instanceLifecycle"),
+        state_reason: child(item, "stateReason")
+            .map(|r| text(r, "code"))
+            .unwrap_or_default(),
     }
 }
 

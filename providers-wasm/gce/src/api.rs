@@ -50,6 +50,8 @@ pub fn classify(e: HttpError) -> ProviderError {
 #[serde(default, rename_all = "camelCase")]
 pub struct Vm {
     pub name: String,
+    /// `provisioningModel`, `preemptible`, `instanceTerminationAction`, ...
+    pub scheduling: Value,
     /// A URL ending in `/zones/<zone>`.
     pub zone: String,
     pub status: String,
@@ -68,6 +70,11 @@ impl Vm {
     pub fn zone_name(&self) -> &str {
         self.zone.rsplit('/').next().unwrap_or_default()
     }
+
+    /// A Spot VM (`scheduling.provisioningModel` SPOT) or a legacy preemptible one: Compute Engine may preempt it.
+    pub fn is_spot(&self) -> bool {
+        self.scheduling["provisioningModel"] == "SPOT" || self.scheduling["preemptible"] == true
+    }
 }
 
 /// A zonal operation.
@@ -79,6 +86,17 @@ pub struct Operation {
     pub status: String,
     pub insert_time: String,
     pub error: Value,
+    /// `insert`, `delete`, `compute.instances.preempted`, ...
+    pub operation_type: String,
+    /// The URL of the resource it acts on; its host varies (`www.googleapis.com`), its path does not.
+    pub target_link: String,
+}
+
+impl Operation {
+    /// It acts on the instance at `path` (`/projects/p/zones/z/instances/n`, see `marks::Id::path`).
+    pub fn targets(&self, path: &str) -> bool {
+        self.target_link.ends_with(path)
+    }
 }
 
 impl Operation {

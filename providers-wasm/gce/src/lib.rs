@@ -2,6 +2,11 @@
 //! [`auth`], the labels and IDs in [`marks`], the API and its one classify function in [`api`]; this file is the
 //! contract, operation by operation. docs/providers/gce.md is the user's guide and gives the reason for every choice of
 //! the behaviour profile below.
+//!
+//! Spot (`placement.capacity` spot): a Spot VM that Compute Engine deletes when it preempts it ([`SPOT_SCHEDULING`]).
+//! A stockout of a Spot insert is QuotaExceeded with code [`SPOT_CAPACITY_UNAVAILABLE`]; a preempted VM is Stopped and
+//! `interrupted` while GCE still shows it, then NotFound with code [`INTERRUPTED`], told by its
+//! `compute.instances.preempted` operation ([`preempted`]).
 
 mod api;
 mod auth;
@@ -14,7 +19,7 @@ use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::paging::Bounds;
 use egress_guest_sdk::time::parse_rfc3339;
 use egress_guest_sdk::{
-    self as sdk, CreateRequest, Instance, Level, PluginInfo, Provider, ProviderError, State, TargetStatus,
+    self as sdk, Capacity, CreateRequest, Instance, Level, PluginInfo, Provider, ProviderError, State, TargetStatus,
     export_provider,
 };
 use marks::Id;
@@ -45,6 +50,83 @@ const PAGES: Bounds = Bounds { what: "GCE aggregated instance list", max_pages: 
 /// lives (the host cache evicts what expires first).
 const OP_TTL: u32 = 30 * 60;
 
+/// The `scheduling` of a Spot insert. DELETE: a preempted VM goes away (a stopped one would keep its disk, billed, for
+/// the operator to delete anyway); the Scheduling schema allows a Spot VM no automatic restart and no live migration.
+const SPOT_SCHEDULING: &str = r#"{"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
+    "automaticRestart": false, "onHostMaintenance": "TERMINATE"}"#;
+/// The codes the operator acts on: no spot capacity (fall back to on-demand), and a
+/// reclaimed instance the backend has removed.
+use egress_guest_sdk::error::code::{INTERRUPTED, SPOT_CAPACITY_UNAVAILABLE};
+/// A zone's stockout, in an insert's operation (or its answer): what a Spot insert meets when there is no spot capacity.
+const STOCKOUTS: [&str; 2] = ["ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"];
+/// The cache value of a Spot insert's operation starts with this, so `get` reports its stockout as spot capacity.
+const SPOT_OP: &str = "spot:";
+/// At most this many pages of 500 zone operations are read, newest first, to find one instance's last insert or
+/// preemption; an older one is taken as absent (the API keeps operations for a limited time anyway).
+const OP_PAGES: usize = 4;
+
+/// A stockout of a Spot insert as the operator wants it: QuotaExceeded, [`SPOT_CAPACITY_UNAVAILABLE`], naming GCE's code.
+fn spot_stockout(e: ProviderError) -> ProviderError {
+    match e.code.as_deref() {
+        Some(code) if STOCKOUTS.contains(&code) => {
+            let msg = format!(
+                "placement.capacity Spot: Compute Engine has no spot capacity for it now ({code}): {}",
+                e.message
+            );
+            ProviderError::new(sdk::ErrorClass::QuotaExceeded, msg).with_code(SPOT_CAPACITY_UNAVAILABLE)
+        }
+        _ => e,
+    }
+}
+
+/// The `insertTime` of the newest zone operation of type `kind` on the instance `id`: `zoneOperations.list` with the
+/// AIP-160 filter `operationType = "<kind>"` (the discovery document's `filter`), newest first, matched on the
+/// target's path (its host is the API's, not necessarily this plugin's endpoint).
+fn newest_op(api: &Api, id: &Id, kind: &str) -> Result<Option<sdk::Datetime>, ProviderError> {
+    let filter = encode_component(&format!("operationType = \"{kind}\""));
+    let (target, list_path) = (id.path(), format!("/projects/{}/zones/{}/operations", id.project, id.zone));
+    let mut token = String::new();
+    for _ in 0..OP_PAGES {
+        let page = if token.is_empty() { String::new() } else { format!("&pageToken={}", encode_component(&token)) };
+        let query = format!("filter={filter}&orderBy=creationTimestamp%20desc&maxResults=500{page}");
+        let list: Value = api.call(Method::Get, &format!("{list_path}?{query}"), None)?;
+        let ops = list["items"].as_array().map(Vec::as_slice).unwrap_or_default();
+        for op in ops.iter().filter_map(|o| serde_json::from_value::<Operation>(o.clone()).ok()) {
+            if op.targets(&target) && op.operation_type == kind {
+                return Ok(parse_rfc3339(&op.insert_time));
+            }
+        }
+        match list["nextPageToken"].as_str() {
+            Some(next) if !next.is_empty() && next != token => token = next.to_string(),
+            _ => break,
+        }
+    }
+    Ok(None)
+}
+
+/// Whether Compute Engine preempted the instance `id`: a `compute.instances.preempted` operation on it newer than its
+/// last insert (a name comes back with the Proxy's replacement; an old preemption is not the new instance's). Unknown
+/// (the operations cannot be read) counts as not preempted: the answer is about the cause, never about the existence.
+fn preempted(api: &Api, id: &Id) -> bool {
+    let key = |t: sdk::Datetime| (t.seconds, t.nanoseconds);
+    let ask = || -> Result<bool, ProviderError> {
+        let Some(preemption) = newest_op(api, id, "compute.instances.preempted")? else {
+            return Ok(false);
+        };
+        Ok(newest_op(api, id, "insert")?.is_none_or(|insert| key(preemption) > key(insert)))
+    };
+    ask().unwrap_or_else(|e| {
+        sdk::warn!("gce: cannot tell whether {id} was preempted: {}", e.message);
+        false
+    })
+}
+
+/// A Spot VM that stopped or is stopping, the only kind whose preemption `get` and `list-by-tag` ask about (a running
+/// one was not preempted, and asking costs a list of operations).
+fn may_be_preempted(vm: &Vm) -> bool {
+    vm.is_spot() && matches!(vm.status.as_str(), "STOPPING" | "TERMINATED" | "STOPPED")
+}
+
 fn cfg() -> Result<config::Config, ProviderError> {
     config::parse(&sdk::config())
 }
@@ -65,7 +147,9 @@ fn user_data(cloud_init: &[u8]) -> Result<&str, ProviderError> {
 /// Stopped; REPAIRING is GCE moving or restarting it after a host failure, which ends by itself, so Provisioning too.
 /// Running needs the external IP. STOPPING, SUSPENDING, SUSPENDED, TERMINATED (GCE's "stopped") and anything unknown
 /// are Stopped: instances are disposable.
-fn to_instance(vm: &Vm, id: String) -> Instance {
+///
+/// `interrupted`: Compute Engine preempted it (reported only with Stopped, as the contract allows).
+fn to_instance(vm: &Vm, id: String, interrupted: bool) -> Instance {
     let ip = vm.nat_ip().to_string();
     let state = match vm.status.as_str() {
         "PROVISIONING" | "STAGING" | "REPAIRING" => State::Provisioning,
@@ -76,6 +160,7 @@ fn to_instance(vm: &Vm, id: String) -> Instance {
     Instance {
         id,
         ip,
+        interrupted: interrupted && state == State::Stopped,
         state,
         uid: marks::uid(&vm.labels),
         created_at: parse_rfc3339(&vm.creation_timestamp),
@@ -110,7 +195,8 @@ fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
         return adopt(&vm, req, &id);
     }
     let tags: Vec<&String> = cfg.network_tags.iter().collect();
-    let body = json!({
+    let spot = req.placement.capacity == Capacity::Spot;
+    let mut body = json!({
         "name": name, "machineType": format!("zones/{zone}/machineTypes/{machine}"), "labels": labels,
         "metadata": {"items": [{"key": "user-data", "value": user_data}]},
         // The boot disk goes with the instance; the external address is ephemeral and released with it.
@@ -118,14 +204,24 @@ fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
         "networkInterfaces": [{"network": cfg.network, "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]}],
         "tags": {"items": tags},
     });
+    if spot {
+        body["scheduling"] = serde_json::from_str(SPOT_SCHEDULING).expect("a JSON object");
+    }
     let path = format!("/projects/{}/zones/{zone}/instances", cfg.project);
     match api.call::<Operation>(Method::Post, &path, Some(&body)) {
         Ok(op) => {
-            sdk::cache_set(&op_key(&id), op.name.as_bytes(), OP_TTL);
-            let what =
-                format!("insert accepted ({machine} / {image}, user data {} bytes, {})", req.cloud_init.len(), op.name);
+            let cached = if spot { format!("{SPOT_OP}{}", op.name) } else { op.name.clone() };
+            sdk::cache_set(&op_key(&id), cached.as_bytes(), OP_TTL);
+            let model = if spot { "Spot, " } else { "" };
+            let what = format!(
+                "insert accepted ({model}{machine} / {image}, user data {} bytes, {})",
+                req.cloud_init.len(),
+                op.name
+            );
             Ok((id.to_string(), what))
         }
+        // Should GCE answer a stockout at once rather than in the operation.
+        Err(e) if spot && e.code.as_deref().is_some_and(|c| STOCKOUTS.contains(&c)) => Err(spot_stockout(e)),
         // A concurrent create won the race for the name: adopt it if it is ours.
         Err(e) if e.code.as_deref() == Some("alreadyExists") => match api.find::<Vm>(&id.path())? {
             Some(vm) => adopt(&vm, req, &id),
@@ -137,12 +233,23 @@ fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
 }
 
 /// What `get` answers for an instance GCE does not show: its insert still running (provisioning), its insert failed
-/// (GCE's error, once), or gone. The failure is reported by the first `get` that sees it and then forgotten, so the
-/// operator's next look finds the name free and creates again (after its quota wait, or once the spec is fixed).
+/// (GCE's error, once; a Spot insert's stockout as [`SPOT_CAPACITY_UNAVAILABLE`]), preempted (NotFound, [`INTERRUPTED`]),
+/// or gone. The failure is reported by the first `get` that sees it and then forgotten, so the operator's next look
+/// finds the name free and creates again (after its quota wait, or once the spec is fixed).
 fn missing(api: &Api, id: &Id) -> Result<(Instance, String), ProviderError> {
-    let gone = |why: &str| ProviderError::not_found(format!("instance {id} does not exist{why}")).with_code("notFound");
-    let Some(op) = sdk::cache_get(&op_key(id)).and_then(|v| String::from_utf8(v).ok()) else {
+    let gone = |why: &str| {
+        if preempted(api, id) {
+            let msg = format!("instance {id} was interrupted: Compute Engine preempted the Spot VM and deleted it");
+            return ProviderError::not_found(msg).with_code(INTERRUPTED);
+        }
+        ProviderError::not_found(format!("instance {id} does not exist{why}")).with_code("notFound")
+    };
+    let Some(cached) = sdk::cache_get(&op_key(id)).and_then(|v| String::from_utf8(v).ok()) else {
         return Err(gone(""));
+    };
+    let (spot, op) = match cached.strip_prefix(SPOT_OP) {
+        Some(op) => (true, op.to_string()),
+        None => (false, cached),
     };
     let path = format!("/projects/{}/zones/{}/operations/{}", id.project, id.zone, encode_component(&op));
     let Some(op) = api.find::<Operation>(&path)? else {
@@ -156,6 +263,7 @@ fn missing(api: &Api, id: &Id) -> Result<(Instance, String), ProviderError> {
     }
     sdk::cache_set(&op_key(id), b"", 0);
     match op.failure(&format!("insert of instance {id}")) {
+        Some(e) if spot => Err(spot_stockout(e)),
         Some(e) => Err(e),
         None => Err(gone(" (deleted after its insert succeeded)")),
     }
@@ -168,7 +276,7 @@ fn get(id: &str) -> Result<(Instance, String), ProviderError> {
     let Some(vm) = api.find::<Vm>(&id.path())? else {
         return missing(&api, &id);
     };
-    let inst = to_instance(&vm, id.to_string());
+    let inst = to_instance(&vm, id.to_string(), may_be_preempted(&vm) && preempted(&api, &id));
     if inst.state == State::Running && sdk::cache_get(&op_key(&id)).is_some() {
         sdk::cache_set(&op_key(&id), b"", 0); // it made it: the insert cannot fail any more
     }
@@ -210,7 +318,7 @@ fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderEr
             return None;
         }
         match Id::parse(&format!("{}/{}/{}", cfg.project, vm.zone_name(), vm.name)) {
-            Ok(id) => Some(to_instance(&vm, id.to_string())),
+            Ok(id) => Some(to_instance(&vm, id.to_string(), may_be_preempted(&vm) && preempted(&api, &id))),
             // Leaving one out is safe: GC never deletes what it does not see.
             Err(_) => {
                 sdk::warn!("gce list: skipping instance {:?} in {:?}: not an ID this plugin writes", vm.name, vm.zone);
@@ -242,6 +350,8 @@ fn probe(api: &Api, zone: &str) -> TargetStatus {
 
 impl Provider for Gce {
     const OUTCOMES: Outcomes = Outcomes { plugin: "gce", changes: Level::Info, reads: Level::Debug };
+    /// Spot VMs, deleted when preempted ([`SPOT_SCHEDULING`]).
+    const SPOT: bool = true;
 
     fn info() -> PluginInfo {
         PluginInfo {

@@ -130,6 +130,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .with_proxy_cache(cache.clone(), proxy_feed.clone());
     let pool_settings = proxy_operator::pool::PoolSettings {
         instance_name: args.pod_name.clone(),
+        registry: Some(registry.clone()),
         ..Default::default()
     };
     let pool_cache = cache.clone();
