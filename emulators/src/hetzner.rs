@@ -9,6 +9,13 @@
 //! - `GET /v1/primary_ips` (same list parameters plus `ip`), `GET` and `DELETE
 //!   /v1/primary_ips/{id}`.
 //!
+//! Servers and Primary IPs say where they are with a top-level `location` and carry no
+//! `datacenter`: Hetzner deprecated `datacenter` on both on 16 December 2025 and removed it
+//! after 1 July 2026 (its API changelog; hcloud-go v2.45.0's `schema.Server` and
+//! `schema.PrimaryIP`). [`HetznerConfig::legacy_datacenter`] answers the old shape instead,
+//! `datacenter` with its `location` inside and no top-level one, for clients that must read
+//! both. A create still takes `datacenter` as well as `location`.
+//!
 //! Every error is Hetzner's envelope `{"error": {"code", "message", "details"}}` with the
 //! status the reference's error table gives the code (`invalid_input` is 422, not 400;
 //! `uniqueness_error` 409; `resource_limit_exceeded` 403; `resource_unavailable` 412;
@@ -286,6 +293,10 @@ pub struct HetznerConfig {
     /// and every answer's `RateLimit-*` headers show the bucket. `None` (the default):
     /// never limited, and the headers show Hetzner's default 3600/h with a full bucket.
     pub rate_limit: Option<crate::rate_limit::RateLimit>,
+    /// Servers and Primary IPs answer in the shape from before the datacenter phase-out:
+    /// `datacenter` (with its `location`) and no top-level `location`. `false` (the default):
+    /// the current shape, `location` and no `datacenter`.
+    pub legacy_datacenter: bool,
 }
 
 impl HetznerConfig {
@@ -388,6 +399,7 @@ impl Default for HetznerConfig {
             on_running: None,
             real_proxies: None,
             rate_limit: None,
+            legacy_datacenter: false,
         }
     }
 }
@@ -407,6 +419,7 @@ impl fmt::Debug for HetznerConfig {
             .field("on_running", &self.on_running.as_ref().map(|_| "<hook>"))
             .field("real_proxies", &self.real_proxies)
             .field("rate_limit", &self.rate_limit)
+            .field("legacy_datacenter", &self.legacy_datacenter)
             .finish()
     }
 }

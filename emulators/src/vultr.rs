@@ -7,11 +7,14 @@
 //!   label, hostname, tags, user_data (base64), ...}` -> `202 {"instance": ...}`, `pending`
 //!   with `main_ip` `0.0.0.0`. Labels are **not** unique: Vultr accepts any number of
 //!   instances with one label, and so does this emulator.
-//! - `GET /v2/instances?per_page=&cursor=&label=&tag=&region=&main_ip=` -> `{"instances":
+//! - `GET /v2/instances?per_page=&cursor=&label=&region=&main_ip=` -> `{"instances":
 //!   [...], "meta": {"total", "links": {"next", "prev"}}}`, cursor paging: `per_page`
 //!   defaults to 100, at most 500; `next` is an opaque cursor, `""` on the last page. Every
-//!   filter must match (`tag`: one of the instance's tags, exactly; it is deprecated in the
-//!   reference but still served). A list touching a failing region answers 500.
+//!   filter must match. `tag` is `deprecated: true` in the reference (its list parameters
+//!   are `per_page`, `cursor`, `tag`, `label`, `main_ip`, `region`; the instance's `tag`
+//!   field says "Use `tags` instead", and no `tags` filter exists): the emulator ignores it,
+//!   as it ignores any parameter the reference does not list, so a client that relies on it
+//!   is shown every instance. A list touching a failing region answers 500.
 //! - `GET /v2/instances/{id}` -> `{"instance": ...}`; `GET /v2/instances/{id}/user-data`
 //!   -> `{"user_data": {"data": base64}}`.
 //! - `DELETE /v2/instances/{id}` -> `204`; `400` while the instance is locked; `404` when
@@ -134,6 +137,8 @@ pub struct Vultr {
     token: String,
     regions: Vec<String>,
     instance_limit: Option<usize>,
+    /// Creates left that make their instance and then answer 500.
+    fail_after_making: u32,
 }
 
 impl Adapter for Vultr {
@@ -219,6 +224,10 @@ impl Adapter for Vultr {
     fn rate_limited(&self, _limit: RateLimit) -> VultrError {
         VultrError::new(429, "Rate limit exceeded")
     }
+
+    fn reset(&mut self) {
+        self.fail_after_making = 0;
+    }
 }
 
 type Backend = Cloud<Vultr>;
@@ -236,8 +245,12 @@ impl Served<Backend> {
     pub fn start_on_port(cfg: VultrConfig, port: u16) -> std::io::Result<VultrEmulator> {
         let (listener, _) = crate::framework::bind(port)?;
         let fleet = Fleet::new(Vultr::STATES, cfg.schedule, cfg.real_proxies);
-        let adapter =
-            Vultr { token: cfg.token, regions: cfg.regions, instance_limit: cfg.instance_limit };
+        let adapter = Vultr {
+            token: cfg.token,
+            regions: cfg.regions,
+            instance_limit: cfg.instance_limit,
+            fail_after_making: 0,
+        };
         let state = Shared::new(Cloud::new(adapter, fleet, cfg.rate_limit));
         let api = Router::new()
             .route("/v2/instances", get(list_instances).post(create_instance))
@@ -255,6 +268,13 @@ impl Served<Backend> {
     /// The next `count` calls of `op` answer `error`.
     pub fn inject_error(&self, op: FaultOp, error: VultrError, count: u32) {
         self.lock().traffic.faults.push(op, crate::framework::Effect::fail(error), count);
+    }
+
+    /// The next `count` creates make their instance, then answer `500 Internal server
+    /// error`: a create whose answer is lost after the backend acted (a gateway's 5xx, a
+    /// timeout), which the shared faults, answered before the API, cannot show.
+    pub fn fail_creates_after_making(&self, count: u32) {
+        self.lock().backend.fail_after_making = count;
     }
 }
 
@@ -354,6 +374,10 @@ async fn create_instance(
         .collect();
     record.user_data = user_data;
     let record = b.create(record);
+    if b.backend.fail_after_making > 0 {
+        b.backend.fail_after_making -= 1;
+        return VultrError::new(500, "Internal server error").into_response();
+    }
     (StatusCode::ACCEPTED, Json(json!({"instance": render(&record)}))).into_response()
 }
 
@@ -384,8 +408,8 @@ async fn list_instances(
                 Some(id) => start = Some(id),
                 None => return bad_request("Invalid cursor").into_response(),
             },
-            "label" | "tag" | "region" | "main_ip" | "firewall_group_id" => filters.push((k, v)),
-            // Vultr ignores query parameters it does not know.
+            "label" | "region" | "main_ip" => filters.push((k, v)),
+            // Vultr ignores query parameters it does not know; `tag` is deprecated.
             _ => {}
         }
     }
@@ -393,10 +417,8 @@ async fn list_instances(
     let matches = |r: &Record<Extra>| {
         filters.iter().all(|(k, v)| match k.as_str() {
             "label" => &r.name == v,
-            "tag" => r.extra.tags.contains(v),
             "region" => &r.scope == v,
-            "main_ip" => r.ip.as_deref() == Some(v.as_str()),
-            _ => &r.extra.firewall_group_id == v,
+            _ => r.ip.as_deref() == Some(v.as_str()),
         })
     };
     let matched: Vec<&Record<Extra>> = b.fleet.iter().filter(|r| matches(r)).collect();

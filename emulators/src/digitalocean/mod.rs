@@ -49,13 +49,20 @@
 //! # Verified against the specification, and assumed
 //!
 //! From the specification: paths, methods and status codes (`202` create, `204` delete),
-//! the Droplet, networks and region fields, `status` values, the error body, the three
-//! rate-limit headers, the tag charset and length, `per_page` 1-200 and `page`,
-//! `links.pages` and `meta.total`, `tag_name`/`name` and that they exclude each other,
-//! `user_data` as plain text of at most 64 KiB. From public captures: the droplet-limit
-//! 422. Assumed: the other 422 messages, the 400 for bad paging parameters and combined
-//! filters, capping `per_page` rather than refusing it, a 404 for non-numeric IDs, the
-//! pending-event 422 for locked Droplets, no `Retry-After` on a 429.
+//! the Droplet, networks and region fields, every field `droplet.yml`, `size.yml` and
+//! `region.yml` mark required (the size's `memory`, `vcpus`, `disk`, `transfer`,
+//! `price_monthly`, `price_hourly`, `regions`, `available`, `description`; the Droplet's own
+//! figures are its size's), the image's `distribution` spelled as its enum (`Debian`,
+//! `Ubuntu`; `Unknown` otherwise) and its `type` and `status` enums, `status` values, the
+//! error body, the three rate-limit headers, the tag charset and length, `per_page` 1-200
+//! and `page`, `links.pages` and `meta.total`, `tag_name`/`name` and that they exclude each
+//! other, `user_data` as plain text of at most 64 KiB. From public captures: the
+//! droplet-limit 422. From DigitalOcean's price list, not the specification: the sizes'
+//! figures and prices, the hourly price being a 672-hour month's share (as in the
+//! specification's example). Assumed: the other 422 messages, the image's dates and sizes,
+//! the 400 for bad paging parameters and combined filters, capping `per_page` rather than
+//! refusing it, a 404 for non-numeric IDs, the pending-event 422 for locked Droplets, no
+//! `Retry-After` on a 429.
 
 #[cfg(test)]
 mod tests;
@@ -415,7 +422,42 @@ async fn unknown() -> Response {
     DoError::not_found().into_response()
 }
 
-/// A Droplet as the API renders it.
+/// A size's figures: memory (MiB), vCPUs, disk (GB), transfer (TB) and the monthly price
+/// (USD) of DigitalOcean's Basic Droplets; a slug not in the table gets its vCPUs and memory
+/// read from the slug (`s-2vcpu-4gb`) and the smallest size's other figures.
+fn size_figures(slug: &str) -> (u64, u64, u64, f64, f64) {
+    const BASIC: [(&str, u64, u64, u64, f64, f64); 5] = [
+        ("s-1vcpu-512mb-10gb", 512, 1, 10, 0.5, 4.0),
+        ("s-1vcpu-1gb", 1024, 1, 25, 1.0, 6.0),
+        ("s-1vcpu-2gb", 2048, 1, 50, 2.0, 12.0),
+        ("s-2vcpu-2gb", 2048, 2, 60, 3.0, 18.0),
+        ("s-2vcpu-4gb", 4096, 2, 80, 4.0, 24.0),
+    ];
+    if let Some(&(_, memory, vcpus, disk, transfer, monthly)) = BASIC.iter().find(|s| s.0 == slug) {
+        return (memory, vcpus, disk, transfer, monthly);
+    }
+    let part =
+        |suffix: &str| slug.split('-').find_map(|p| p.strip_suffix(suffix)?.parse::<u64>().ok());
+    let memory = part("gb").map(|g| g * 1024).or_else(|| part("mb")).unwrap_or(512);
+    (memory.max(8) / 8 * 8, part("vcpu").unwrap_or(1), 10, 0.5, 4.0)
+}
+
+/// The `distribution` of a base image, from its slug, as the specification's enum spells it
+/// (`shared/attributes/distribution.yml`: `Debian`, `Ubuntu`, ...; anything else `Unknown`).
+fn distribution(slug: &str) -> &'static str {
+    match slug.split('-').next().unwrap_or_default() {
+        "debian" => "Debian",
+        "ubuntu" => "Ubuntu",
+        "centos" => "CentOS",
+        "fedora" => "Fedora",
+        "rockylinux" => "Rocky Linux",
+        "freebsd" => "FreeBSD",
+        _ => "Unknown",
+    }
+}
+
+/// A Droplet as the API renders it: every field the specification's `droplet.yml`,
+/// `size.yml` and `region.yml` require.
 fn render(d: &Do, r: &Record<Extra>) -> Value {
     let mut v4 = vec![
         json!({"ip_address": r.extra.private_ip, "netmask": "255.255.240.0", "gateway": null, "type": "private"}),
@@ -424,14 +466,21 @@ fn render(d: &Do, r: &Record<Extra>) -> Value {
         v4.push(json!({"ip_address": ip, "netmask": "255.255.255.0", "gateway": "203.0.113.1", "type": "public"}));
     }
     let (image_id, slug) = &r.extra.image;
+    let (memory, vcpus, disk, transfer, monthly) = size_figures(&r.extra.size);
     json!({
         "id": r.id.parse::<u64>().unwrap_or_default(),
-        "name": r.name, "memory": 1024, "vcpus": 1, "disk": 25, "locked": r.locked, "status": r.state,
+        "name": r.name, "memory": memory, "vcpus": vcpus, "disk": disk, "locked": r.locked, "status": r.state,
         "kernel": null, "created_at": crate::time::rfc3339(r.created_at), "features": ["droplet_agent"],
         "backup_ids": [], "next_backup_window": null, "snapshot_ids": [], "volume_ids": [],
-        "image": {"id": image_id, "name": slug, "distribution": slug.split('-').next(), "slug": slug,
-                  "public": true, "regions": d.config.regions, "type": "base"},
-        "size": {"slug": r.extra.size, "available": true, "regions": d.config.regions},
+        "image": {"id": image_id, "name": slug, "distribution": distribution(slug), "slug": slug,
+                  "public": true, "regions": d.config.regions, "type": "base", "status": "available",
+                  "created_at": "2024-06-11T15:44:23Z", "min_disk_size": 7, "size_gigabytes": 0.94,
+                  "description": "", "tags": [], "error_message": ""},
+        // DigitalOcean bills by the hour at a 672-hour month's rate (the reference's example:
+        // 5.0 a month, 0.00743999984115362 an hour).
+        "size": {"slug": r.extra.size, "memory": memory, "vcpus": vcpus, "disk": disk,
+                 "transfer": transfer, "price_monthly": monthly, "price_hourly": monthly / 672.0,
+                 "regions": d.config.regions, "available": true, "description": "Basic"},
         "size_slug": r.extra.size,
         "networks": {"v4": v4, "v6": []},
         "region": {"name": r.scope.to_uppercase(), "slug": r.scope, "available": true,

@@ -305,3 +305,137 @@ fn tags_round_trip_marks() {
     );
     assert_eq!(tags::decode("web"), None);
 }
+
+/// What DigitalOcean's published OpenAPI specification (github.com/digitalocean/openapi,
+/// `specification/`, read at 7c1300c) requires of a Droplet, as a JSON type per required
+/// field: `resources/droplets/models/droplet.yml`, its `size` (`resources/sizes/models/
+/// size.yml`) and `region` (`resources/regions/models/region.yml`).
+const DROPLET_REQUIRED: [(&str, &str); 19] = [
+    ("id", "integer"),
+    ("name", "string"),
+    ("memory", "integer"),
+    ("vcpus", "integer"),
+    ("disk", "integer"),
+    ("locked", "boolean"),
+    ("status", "string"),
+    ("created_at", "string"),
+    ("features", "array"),
+    ("backup_ids", "array"),
+    ("next_backup_window", "object-or-null"),
+    ("snapshot_ids", "array"),
+    ("image", "object"),
+    ("volume_ids", "array"),
+    ("size", "object"),
+    ("size_slug", "string"),
+    ("networks", "object"),
+    ("region", "object"),
+    ("tags", "array"),
+];
+const SIZE_REQUIRED: [(&str, &str); 10] = [
+    ("available", "boolean"),
+    ("disk", "integer"),
+    ("memory", "integer"),
+    ("price_hourly", "number"),
+    ("price_monthly", "number"),
+    ("regions", "array"),
+    ("slug", "string"),
+    ("transfer", "number"),
+    ("vcpus", "integer"),
+    ("description", "string"),
+];
+const REGION_REQUIRED: [(&str, &str); 5] = [
+    ("available", "boolean"),
+    ("features", "array"),
+    ("name", "string"),
+    ("sizes", "array"),
+    ("slug", "string"),
+];
+/// `shared/attributes/distribution.yml`.
+const DISTRIBUTIONS: [&str; 13] = [
+    "Arch Linux",
+    "CentOS",
+    "CoreOS",
+    "Debian",
+    "Fedora",
+    "Fedora Atomic",
+    "FreeBSD",
+    "Gentoo",
+    "openSUSE",
+    "RancherOS",
+    "Rocky Linux",
+    "Ubuntu",
+    "Unknown",
+];
+
+/// The required fields of `object` missing or of another JSON type, as `what.field`.
+fn off_spec(what: &str, object: &Value, required: &[(&str, &str)]) -> Vec<String> {
+    let is = |v: &Value, kind: &str| match kind {
+        "integer" => v.is_i64() || v.is_u64(),
+        "number" => v.is_number(),
+        "string" => v.is_string(),
+        "boolean" => v.is_boolean(),
+        "array" => v.is_array(),
+        "object" => v.is_object(),
+        _ => v.is_object() || v.is_null(),
+    };
+    let bad = required.iter().filter(|(k, kind)| !object.get(*k).is_some_and(|v| is(v, kind)));
+    bad.map(|(k, kind)| format!("{what}.{k} ({kind}): {}", object.get(*k).unwrap_or(&Value::Null)))
+        .collect()
+}
+
+/// Every Droplet answer (create, get, list), for every size and image of the catalogue,
+/// carries what the specification requires, of the type it says, and values from its enums.
+#[test]
+fn droplets_carry_what_the_specification_requires() {
+    let e = start();
+    let mut answers = Vec::new();
+    for (n, size) in ["s-1vcpu-512mb-10gb", "s-1vcpu-1gb", "s-2vcpu-2gb"].iter().enumerate() {
+        let image = if n % 2 == 0 { json!("debian-12-x64") } else { json!(165_064_077) };
+        let body =
+            json!({"name": format!("proxy-{n}"), "region": "fra1", "size": size, "image": image});
+        let created = api(&e, "POST", "/v2/droplets", Some(body));
+        assert_eq!(created.status, 202, "{}", created.json);
+        let id = created.json["droplet"]["id"].as_u64().unwrap();
+        answers.push(created.json["droplet"].clone());
+        answers.push(api(&e, "GET", &format!("/v2/droplets/{id}"), None).json["droplet"].clone());
+    }
+    answers
+        .extend(api(&e, "GET", "/v2/droplets", None).json["droplets"].as_array().unwrap().clone());
+    assert_eq!(answers.len(), 9);
+    for d in &answers {
+        let mut off = off_spec("droplet", d, &DROPLET_REQUIRED);
+        off.extend(off_spec("droplet.size", &d["size"], &SIZE_REQUIRED));
+        off.extend(off_spec("droplet.region", &d["region"], &REGION_REQUIRED));
+        assert!(off.is_empty(), "{off:#?}\n{d:#}");
+        assert!(["new", "active", "off", "archive"].contains(&d["status"].as_str().unwrap()));
+        let image = &d["image"];
+        let distribution = image["distribution"].as_str().unwrap_or_default();
+        assert!(DISTRIBUTIONS.contains(&distribution), "image.distribution {distribution:?}");
+        assert!(
+            ["base", "snapshot", "backup", "custom", "admin"]
+                .contains(&image["type"].as_str().unwrap())
+        );
+        assert!(
+            ["NEW", "available", "pending", "deleted", "retired"]
+                .contains(&image["status"].as_str().unwrap())
+        );
+        for v4 in d["networks"]["v4"].as_array().unwrap() {
+            assert!(["public", "private"].contains(&v4["type"].as_str().unwrap()), "{v4}");
+        }
+        let size = &d["size"];
+        // size.memory: `multipleOf: 8`, `minimum: 8`; the Droplet's own figures are its size's.
+        let memory = size["memory"].as_u64().unwrap();
+        assert!(memory >= 8 && memory % 8 == 0, "{size}");
+        assert_eq!(size["slug"], d["size_slug"]);
+        for k in ["memory", "vcpus", "disk"] {
+            assert_eq!(d[k], size[k], "droplet.{k} is its size's");
+        }
+        assert!(size["price_hourly"].as_f64().unwrap() > 0.0, "{size}");
+    }
+    let distributions: Vec<&str> =
+        answers.iter().map(|d| d["image"]["distribution"].as_str().unwrap()).collect();
+    assert!(
+        distributions.contains(&"Debian") && distributions.contains(&"Ubuntu"),
+        "{distributions:?}"
+    );
+}

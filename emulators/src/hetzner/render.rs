@@ -1,4 +1,5 @@
-//! The JSON shapes of the API reference: servers, datacenters, Primary IPs, actions.
+//! The JSON shapes of the API reference: servers, locations (and the datacenters of the
+//! old shape), Primary IPs, actions.
 //! Kept apart from the state rules so the wire format can be compared with the reference
 //! in one place.
 
@@ -21,7 +22,7 @@ impl Backend {
             .and_then(|i| self.ips.get(&i))
             .map(|ip| json!({"id": ip.id, "ip": ip.ip, "blocked": false, "dns_ptr": []}));
         let st = &s.server_type;
-        json!({
+        let mut server = json!({
             "id": s.id,
             "name": s.name,
             "status": s.status,
@@ -34,7 +35,6 @@ impl Backend {
                 "deprecated": false, "prices": [], "storage_type": "local",
                 "cpu_type": st.cpu_type, "architecture": st.architecture,
             },
-            "datacenter": self.datacenter_json(&s.location),
             "image": {
                 "id": s.image.id, "type": "system", "status": "available",
                 "name": s.image.name, "description": s.image.description,
@@ -57,10 +57,21 @@ impl Backend {
             "load_balancers": [],
             "primary_disk_size": st.disk_gb,
             "placement_group": null,
-        })
+        });
+        self.place(&mut server, &s.location);
+        server
     }
 
-    pub(super) fn datacenter_json(&self, l: &LocationSpec) -> Value {
+    /// Where a server or Primary IP is: a top-level `location` since the datacenter
+    /// phase-out (hcloud-go v2.45.0), `datacenter` with its `location` before it.
+    fn place(&self, v: &mut Value, l: &LocationSpec) {
+        match self.cfg.legacy_datacenter {
+            true => v["datacenter"] = self.datacenter_json(l),
+            false => v["location"] = location_json(l),
+        }
+    }
+
+    fn datacenter_json(&self, l: &LocationSpec) -> Value {
         let types: Vec<u64> = self
             .cfg
             .server_types
@@ -72,11 +83,7 @@ impl Backend {
             "id": l.datacenter_id(),
             "name": l.datacenter,
             "description": format!("{} datacenter", l.city),
-            "location": {
-                "id": l.id, "name": l.name, "description": l.description,
-                "country": l.country, "city": l.city, "latitude": l.latitude,
-                "longitude": l.longitude, "network_zone": l.network_zone,
-            },
+            "location": location_json(l),
             "server_types": {"supported": types, "available": types, "available_for_migration": types},
         })
     }
@@ -86,13 +93,12 @@ impl Backend {
             IpKind::V4 => json!([{"ip": ip.ip, "dns_ptr": reverse_dns(&ip.ip)}]),
             IpKind::V6 => json!([]),
         };
-        json!({
+        let mut v = json!({
             "id": ip.id,
             "name": ip.name,
             "labels": ip.labels,
             "created": rfc3339(ip.created),
             "blocked": false,
-            "datacenter": self.datacenter_json(&ip.location),
             "ip": ip.ip,
             "dns_ptr": dns_ptr,
             "protection": {"delete": false},
@@ -100,7 +106,9 @@ impl Backend {
             "auto_delete": ip.auto_delete,
             "assignee_type": "server",
             "assignee_id": ip.assignee,
-        })
+        });
+        self.place(&mut v, &ip.location);
+        v
     }
 
     pub(super) fn action_json(&self, id: u64) -> Value {
@@ -120,6 +128,15 @@ impl Backend {
             "error": a.error.as_ref().map(|(code, message)| json!({"code": code, "message": message})),
         })
     }
+}
+
+/// A location as `GET /v1/locations` and every resource placed in one show it.
+fn location_json(l: &LocationSpec) -> Value {
+    json!({
+        "id": l.id, "name": l.name, "description": l.description, "country": l.country,
+        "city": l.city, "latitude": l.latitude, "longitude": l.longitude,
+        "network_zone": l.network_zone,
+    })
 }
 
 /// The PTR Hetzner sets for its IPv4 addresses.

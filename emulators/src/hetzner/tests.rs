@@ -149,7 +149,7 @@ async fn create_get_list_delete_lifecycle() {
     assert_eq!(server["labels"], labels);
     assert_eq!(server["server_type"]["name"], "cpx11");
     assert_eq!(server["image"]["name"], "ubuntu-24.04");
-    assert_eq!(server["datacenter"]["location"]["name"], "fsn1");
+    assert_eq!(server["location"]["name"], "fsn1");
     assert_eq!(server["locked"], false);
     let created = server["created"].as_str().unwrap();
     assert!(created.ends_with("+00:00"), "{created}");
@@ -325,7 +325,7 @@ async fn create_validation_answers_as_hetzner_does() {
     // IDs work where names do; no location means the default one.
     let r = post(json!({"name": "proxy-ok", "server_type": 1, "image": "161547269"})).await;
     assert_eq!(r.status, 201, "{}", r.body);
-    assert_eq!(r.body["server"]["datacenter"]["location"]["name"], "fsn1");
+    assert_eq!(r.body["server"]["location"]["name"], "fsn1");
     let r = post(with("name", json!("proxy-two"))).await;
     assert_eq!((r.status, r.code()), (403, "resource_limit_exceeded"));
     assert_eq!(r.body["error"]["details"]["limits"][0]["name"], "server_limit");
@@ -340,7 +340,7 @@ async fn datacenter_ssh_keys_and_dns_prefixed_labels_are_accepted() {
     });
     let r = api(&emu, "POST", "/v1/servers", Some(b)).await;
     assert_eq!(r.status, 201, "{}", r.body);
-    assert_eq!(r.body["server"]["datacenter"]["name"], "hel1-dc2");
+    assert_eq!(r.body["server"]["location"]["name"], "hel1", "the datacenter's location");
     assert_eq!(r.body["server"]["labels"][UID], "");
     assert_eq!(r.body["root_password"], Value::Null);
 }
@@ -627,7 +627,7 @@ async fn planted_servers_carry_exactly_the_marks_asked_for() {
     let r = get(&emu, &format!("/v1/servers/{empty_uid}")).await;
     assert_eq!(r.body["server"]["labels"], json!({MANAGED: "true", UID: ""}));
     assert_eq!(r.body["server"]["created"], "2020-09-13T12:26:40+00:00");
-    assert_eq!(r.body["server"]["datacenter"]["location"]["name"], "hel1");
+    assert_eq!(r.body["server"]["location"]["name"], "hel1");
     let q = encode_query(&format!("{MANAGED}=true"));
     assert_eq!(names(&get(&emu, &format!("/v1/servers?label_selector={q}")).await), ["orphan"]);
 }
@@ -1030,4 +1030,41 @@ async fn rate_limit_answers_like_hetzner() {
     // The bucket refills: one token a second at 3600/h.
     tokio::time::sleep(std::time::Duration::from_millis(1050)).await;
     assert_eq!(get(&emu, "/v1/servers").await.status, 200);
+}
+
+/// Hetzner deprecated `datacenter` on Servers and Primary IPs on 16 December 2025 in favour
+/// of a top-level `location`, and removed it after 1 July 2026 (hcloud-go v2.45.0:
+/// `schema.Server` and `schema.PrimaryIP` carry `Location`, no `Datacenter`). The emulator
+/// answers that shape, and the old one (`datacenter.location`, no `location`) on request.
+#[tokio::test]
+async fn servers_and_primary_ips_name_their_location_not_a_datacenter() {
+    for legacy in [false, true] {
+        let emu = HetznerEmulator::start(HetznerConfig {
+            legacy_datacenter: legacy,
+            ..HetznerConfig::new(TOKEN)
+        });
+        let id = create_id(&emu, "proxy-loc", json!({MANAGED: "true"})).await;
+        let server = get(&emu, &format!("/v1/servers/{id}")).await.body["server"].clone();
+        let ip_id = server["public_net"]["ipv4"]["id"].as_u64().unwrap();
+        let listed = get(&emu, "/v1/servers").await.body["servers"][0].clone();
+        let ip = get(&emu, &format!("/v1/primary_ips/{ip_id}")).await.body["primary_ip"].clone();
+        let ips = get(&emu, "/v1/primary_ips").await.body["primary_ips"][0].clone();
+        for (what, v) in [("server", &server), ("listed", &listed), ("ip", &ip), ("ips", &ips)] {
+            let (location, datacenter) = (v.get("location"), v.get("datacenter"));
+            if legacy {
+                assert_eq!(
+                    (location, v["datacenter"]["location"]["name"].as_str()),
+                    (None, Some("fsn1")),
+                    "{what}: {v}"
+                );
+                assert_eq!(v["datacenter"]["name"], "fsn1-dc14", "{what}");
+                continue;
+            }
+            assert_eq!(datacenter, None, "{what}: {v}");
+            let want = json!({"id": 1, "name": "fsn1", "description": "Falkenstein DC Park 1",
+                "country": "DE", "city": "Falkenstein", "latitude": 50.47612, "longitude": 12.370071,
+                "network_zone": "eu-central"});
+            assert_eq!(location, Some(&want), "{what}");
+        }
+    }
 }

@@ -13,7 +13,7 @@ use axum::routing::{delete, get, post};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::{Backend, PveError, Vm, iso9660, tag_marks, valid_name, valid_tag};
+use super::{Backend, PveError, Vm, iso9660, lock_timeout, tag_marks, valid_name, valid_tag};
 use crate::framework::{Deletion, Model, Record, Shared};
 
 type St = State<Shared<Backend>>;
@@ -74,7 +74,8 @@ fn answer(r: Result<Value, PveError>) -> Response {
     r.map_or_else(IntoResponse::into_response, |data| Json(json!({ "data": data })).into_response())
 }
 
-/// Completes the clones whose time is up: the VM gets its config, or is removed when the clone fails.
+/// Completes the clones whose time is up (the VM gets its config, or is removed when the clone fails) and the
+/// starts (QEMU runs and the guest boots: provisioning on the schedule).
 fn settle(b: &mut Backend) {
     let now = Instant::now();
     let due = |r: &Record<Vm>| {
@@ -86,6 +87,17 @@ fn settle(b: &mut Backend) {
         match failed {
             true => drop(b.fleet.remove(&id)),
             false => b.fleet.get_mut(&id).into_iter().for_each(|r| r.extra.cloning = None),
+        }
+    }
+    let mut booted = Vec::new();
+    for t in b.backend.tasks.values_mut().filter(|t| t.boots && t.ends <= now) {
+        t.boots = false;
+        booted.push(t.id.clone());
+    }
+    for id in booted {
+        // Gone meanwhile (destroyed behind the start: not emulated further).
+        if let Some(r) = b.fleet.get(&id).cloned() {
+            b.create(r);
         }
     }
 }
@@ -116,9 +128,11 @@ fn vm<'a>(b: &'a Backend, at: &str, vmid: &str) -> Result<&'a Record<Vm>, PveErr
     b.fleet.get(vmid).filter(|r| r.scope == at && r.id == vmid).ok_or_else(missing)
 }
 
+/// The power state `status/current` shows: a VM `starting` runs (its start task has ended) while its guest boots.
 fn status_of(r: &Record<Vm>) -> &str {
     match r.state.as_str() {
-        "starting" | "destroyed" => "stopped",
+        "starting" => "running",
+        "destroyed" => "stopped",
         s => s,
     }
 }
@@ -268,10 +282,30 @@ async fn config_get(State(s): St, Path((at, vmid)): VmPath) -> Response {
     answer(vm(&b, &at, &vmid).map(config_of))
 }
 
+/// `update_vm_api` checks the config, then takes the VM's config lock (`lock_config`, 10 s) for the write: a start
+/// holding it makes the write wait, and fail if it is not had in time.
 async fn config_put(State(s): St, Path((at, vmid)): VmPath, body: Option<Json<Value>>) -> Response {
-    let mut b = s.lock();
-    settle(&mut b);
-    answer(do_config(&mut b, &at, &vmid, body.map(|b| b.0).unwrap_or_default()))
+    let body = body.map(|b| b.0).unwrap_or_default();
+    let mut give_up = None;
+    loop {
+        let next = {
+            let mut b = s.lock();
+            settle(&mut b);
+            if let Err(e) = vm(&b, &at, &vmid) {
+                return e.into_response();
+            }
+            let now = Instant::now();
+            let give_up = *give_up.get_or_insert(now + b.backend.cfg.config_lock_wait);
+            match b.backend.lock_until(&vmid) {
+                None => return answer(do_config(&mut b, &at, &vmid, body)),
+                Some(_) if now >= give_up => {
+                    return b.backend.err(500, lock_timeout(&vmid)).into_response();
+                }
+                Some(until) => until.min(give_up),
+            }
+        };
+        tokio::time::sleep_until(next.into()).await;
+    }
 }
 
 fn text(v: &Value) -> String {
@@ -344,9 +378,6 @@ async fn current(State(s): St, Path((at, vmid)): VmPath) -> Response {
         }
         v
     });
-    if v.is_ok() {
-        b.saw(&vmid);
-    }
     answer(v)
 }
 
@@ -360,24 +391,44 @@ async fn start(State(s): St, Path((at, vmid)): VmPath) -> Response {
     if let Some(lock) = lock_of(&r) {
         return b.backend.err(500, format!("VM is locked ({lock})")).into_response();
     }
-    let exit = match r.state.as_str() {
-        "running" => Some(format!("VM {vmid} already running")),
-        _ => b.backend.failing_starts.pop_front(),
+    // The worker takes the config lock (waiting for a start that holds it), then refuses a running VM.
+    let p = &mut b.backend;
+    let takes = p.cfg.start_time;
+    let booting = |p: &super::Pve| p.tasks.values().any(|t| t.boots && t.id == vmid);
+    let (ends, exit, locks) = match p.lock_wait(&vmid) {
+        Err(give_up) => (give_up, Some(lock_timeout(&vmid)), false),
+        Ok(free) if booting(p) || status_of(&r) == "running" => {
+            (free, Some(format!("VM {vmid} already running")), false)
+        }
+        Ok(free) => (free + takes, p.failing_starts.pop_front(), true),
     };
-    let upid = b.backend.task(&at, "qmstart", &vmid, Duration::ZERO, exit.clone());
-    if exit.is_none() {
-        b.create(r);
+    let boots = locks && exit.is_none();
+    let upid = p.task_until(&at, "qmstart", &vmid, ends, exit);
+    if let Some(t) = p.tasks.get_mut(&upid) {
+        (t.locks, t.boots) = (locks, boots);
     }
+    settle(&mut b);
     answer(Ok(upid.into()))
 }
 
+/// `vm_stop` runs inside `lock_config`: a stop sent during a start ends after it (the VM ran for a moment), or gives
+/// up on the lock and changes nothing.
 async fn stop(State(s): St, Path((at, vmid)): VmPath) -> Response {
     let mut b = s.lock();
     settle(&mut b);
-    answer(vm(&b, &at, &vmid).map(drop).map(|()| {
-        Model::set_state(&mut *b, &vmid, "stopped");
-        b.backend.task(&at, "qmstop", &vmid, Duration::ZERO, None).into()
-    }))
+    if let Err(e) = vm(&b, &at, &vmid) {
+        return e.into_response();
+    }
+    let (ends, exit) = match b.backend.lock_wait(&vmid) {
+        Err(give_up) => (give_up, Some(lock_timeout(&vmid))),
+        Ok(free) => {
+            let starts = b.backend.tasks.values_mut().filter(|t| t.boots && t.id == vmid);
+            starts.for_each(|t| t.boots = false);
+            Model::set_state(&mut *b, &vmid, "stopped");
+            (free, None)
+        }
+    };
+    answer(Ok(b.backend.task_until(&at, "qmstop", &vmid, ends, exit).into()))
 }
 
 async fn destroy(State(s): St, Path((at, vmid)): VmPath) -> Response {
@@ -387,7 +438,7 @@ async fn destroy(State(s): St, Path((at, vmid)): VmPath) -> Response {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    if r.state == "running" {
+    if status_of(r) == "running" {
         return b
             .backend
             .err(500, format!("VM {vmid} is running - destroy failed"))
@@ -415,13 +466,17 @@ async fn agent(State(s): St, Path((at, vmid)): VmPath) -> Response {
     let enabled =
         r.extra.config.get("agent").is_some_and(|a| a.starts_with('1') || a.contains("enabled=1"));
     let why = match () {
-        _ if r.state != "running" => format!("VM {vmid} is not running"),
+        _ if status_of(r) != "running" => format!("VM {vmid} is not running"),
         _ if !enabled => "No QEMU guest agent configured".into(),
-        _ if r.extra.agent_down => "QEMU guest agent is not running".into(),
+        // Booting: the agent in the guest has not started yet.
+        _ if r.extra.agent_down || r.state != "running" => "QEMU guest agent is not running".into(),
         _ => String::new(),
     };
     if !why.is_empty() {
-        return b.backend.err(500, why).into_response();
+        let e = b.backend.err(500, why);
+        // A read of a booting guest: the schedule counts it (the guest has booted after so many).
+        b.saw(&vmid);
+        return e.into_response();
     }
     let mut eth = vec![
         json!({"ip-address-type": "ipv6", "ip-address": "fe80::be24:11ff:fe00:1", "prefix": 64}),
@@ -436,12 +491,9 @@ async fn agent(State(s): St, Path((at, vmid)): VmPath) -> Response {
 }
 
 /// A task's status as `tasks/{upid}/status` renders it; `None` for an unknown UPID.
-pub(super) fn task_status(b: &mut Backend, upid: &str) -> Option<Value> {
+pub(super) fn task_status(b: &Backend, upid: &str) -> Option<Value> {
     let t = b.backend.tasks.get(upid)?.clone();
-    let running = match t.kind {
-        "qmstart" => t.exit.is_none() && b.fleet.get(&t.id).is_some_and(|r| r.state == "starting"),
-        _ => Instant::now() < t.ends,
-    };
+    let running = Instant::now() < t.ends;
     let hex = |i: usize| {
         upid.split(':').nth(i).and_then(|h| u64::from_str_radix(h, 16).ok()).unwrap_or_default()
     };
@@ -460,7 +512,7 @@ async fn task(State(s): St, Path((at, upid)): VmPath) -> Response {
     answer(match node(&b, &at) {
         Err(e) => Err(e),
         Ok(()) if !known => Err(PveError::param("upid", "no such task")),
-        Ok(()) => Ok(task_status(&mut b, &upid).expect("known")),
+        Ok(()) => Ok(task_status(&b, &upid).expect("known")),
     })
 }
 

@@ -18,12 +18,18 @@
 //!   queued with [`ProxmoxEmulator::fail_next_clone`] removes the VM and ends with that exit status.
 //! - `GET`/`PUT /nodes/{node}/qemu/{vmid}/config`: the config; a PUT sets keys (`delete` removes some), checks tags
 //!   against Proxmox's tag syntax and that an `ide2` ISO exists, and refuses a locked VM (500 `VM is locked (x)`).
+//!   A PUT takes the VM's config lock as `update_vm_api` does (`lock_config`, 10 s,
+//!   [`ProxmoxConfig::config_lock_wait`]): while a start task holds it the PUT waits, and past the wait answers 500
+//!   `can't lock file '/var/lock/qemu-server/lock-{vmid}.conf' - got timeout`, pve-common's `lock_file_full` words.
 //!   Attaching a seed ISO reads it with [`iso9660`] (not the plugin's writer): its `user-data` becomes the VM's
 //!   user data, which real-proxy mode runs.
-//! - `GET .../status/current`; `POST .../status/start` (`qmstart`, running while the VM is provisioning on the
-//!   [`Schedule`]; [`ProxmoxEmulator::fail_next_start`]) and `.../status/stop` (`qmstop`); `DELETE
-//!   /nodes/{node}/qemu/{vmid}` (500 while running; a locked VM's `qmdestroy` task fails; a slow delete shows
-//!   `lock: destroyed`).
+//! - `GET .../status/current`; `POST .../status/start` (`qmstart`, [`ProxmoxEmulator::fail_next_start`]): the task
+//!   runs [`ProxmoxConfig::start_time`] holding the VM's config lock (`vm_start` runs inside `lock_config`), the VM
+//!   `stopped` meanwhile; then QEMU runs (`running`) and the guest boots: the agent answers `QEMU guest agent is not
+//!   running` until the [`Schedule`] says it has booted, each such answer counting as a read. A second start waits
+//!   for the lock as well and ends `VM {vmid} already running`, or with the lock error past the wait.
+//!   `.../status/stop` (`qmstop`) waits for a start's lock too, then stops the VM. `DELETE /nodes/{node}/qemu/{vmid}`
+//!   (500 while running; a locked VM's `qmdestroy` task fails; a slow delete shows `lock: destroyed`).
 //! - `GET .../agent/network-get-interfaces`: `lo` and `eth0` with the VM's address; 500 `VM N is not running`, `No
 //!   QEMU guest agent configured`, or `QEMU guest agent is not running` ([`ProxmoxEmulator::set_agent`]).
 //! - `GET /nodes/{node}/tasks/{upid}/status`: `running`/`stopped` with `exitstatus`; 400 `no such task`.
@@ -34,7 +40,8 @@
 //!
 //! Faults: `server-error` 500 `cfs-lock ... got lock request timeout`, `quota` 500 out of space on storage (Proxmox
 //! has no quotas), `rate-limit` 503 from a proxy in front (Proxmox has no rate limit), `auth` 401. Not emulated: the
-//! 3 s delay pveproxy adds to a 401, statistics a few seconds late in the resource list, migration, HA.
+//! 3 s delay pveproxy adds to a 401, statistics a few seconds late in the resource list, migration, HA, a destroy
+//! waiting for the config lock.
 //!
 //! Marks: the plugin writes them as tags (`egress.managed`, `egress.uid.<v>`, `egress.inst.<v>`,
 //! `egress.created.<unix>`, values escaped `_xx`); the emulator decodes them into the dump's labels and writes
@@ -60,6 +67,8 @@ use crate::tls::TestCa;
 
 pub const EMULATOR_TOKEN_ID: &str = "egress@pve!operator";
 pub const EMULATOR_TOKEN_SECRET: &str = "5f0a7a4e-2b6c-4f7e-9d2a-0c1b2a3d4e5f";
+/// `PVE::AbstractConfig::lock_config`'s timeout for the VM's config lock.
+pub const CONFIG_LOCK_WAIT: Duration = Duration::from_secs(10);
 
 /// What one emulator holds and accepts.
 #[derive(Clone)]
@@ -74,6 +83,12 @@ pub struct ProxmoxConfig {
     pub iso_storage: String,
     /// How long a clone task runs.
     pub clone_time: Duration,
+    /// How long a start task (`qmstart`) runs. PVE's `vm_start` holds the VM's config lock for all of it: until it
+    /// ends the VM is stopped, config writes wait for the lock, and only then does QEMU run and the guest boot.
+    pub start_time: Duration,
+    /// How long a config write waits for the VM's config lock before it fails: `lock_config` takes it with a
+    /// 10 s timeout (pve-guest-common `PVE/AbstractConfig.pm`); shorter only to keep tests short.
+    pub config_lock_wait: Duration,
     /// When a started VM runs.
     pub schedule: Schedule,
     /// PVE 9's error bodies (with `message`); `false`: PVE 8's (`{"data": null}`).
@@ -91,6 +106,8 @@ impl Default for ProxmoxConfig {
             templates: vec![(9000, "debian-12-cloud".into(), "pve1".into())],
             iso_storage: "local".into(),
             clone_time: Duration::from_millis(50),
+            start_time: Duration::ZERO,
+            config_lock_wait: CONFIG_LOCK_WAIT,
             schedule: Schedule::AfterReads(1),
             messages_in_body: true,
             rate_limit: None,
@@ -161,8 +178,7 @@ pub struct Vm {
     pub agent_down: bool,
 }
 
-/// A task: its node, type, the VMID or storage it names, when it ends and how (`None`: `OK`). A `qmstart` of a VM
-/// still provisioning runs until the VM does.
+/// A task: its node, type, the VMID or storage it names, when it ends and how (`None`: `OK`).
 #[derive(Debug, Clone)]
 struct Task {
     node: String,
@@ -170,6 +186,10 @@ struct Task {
     id: String,
     ends: Instant,
     exit: Option<String>,
+    /// It holds the VM's config lock until it ends (a start: `vm_start` runs inside `lock_config`).
+    locks: bool,
+    /// When it ends, QEMU runs and the guest boots (a start that has not been cancelled by a stop).
+    boots: bool,
 }
 
 /// An uploaded ISO, and the VM that has it as `ide2`.
@@ -265,6 +285,18 @@ impl Pve {
         takes: Duration,
         exit: Option<String>,
     ) -> String {
+        self.task_until(node, kind, id, Instant::now() + takes, exit)
+    }
+
+    /// A new task ending at `ends`; see [`Pve::task`].
+    fn task_until(
+        &mut self,
+        node: &str,
+        kind: &'static str,
+        id: &str,
+        ends: Instant,
+        exit: Option<String>,
+    ) -> String {
         self.pid += 1;
         let (now, user) = (crate::time::now_secs(), &self.cfg.token_id);
         let upid = format!(
@@ -272,10 +304,29 @@ impl Pve {
             0x1000 + self.pid,
             0x100_0000 + self.pid
         );
-        let task =
-            Task { node: node.into(), kind, id: id.into(), ends: Instant::now() + takes, exit };
+        let (locks, boots) = (false, false);
+        let task = Task { node: node.into(), kind, id: id.into(), ends, exit, locks, boots };
         self.tasks.insert(upid.clone(), task);
         upid
+    }
+
+    /// Until when a task holds VM `vmid`'s config lock, if one does now.
+    fn lock_until(&self, vmid: &str) -> Option<Instant> {
+        let now = Instant::now();
+        let holding = self.tasks.values().filter(|t| t.locks && t.id == vmid && t.ends > now);
+        holding.map(|t| t.ends).max()
+    }
+
+    /// What waiting for VM `vmid`'s config lock comes to for a call made now: `Ok(when)` the lock is free (now, or
+    /// when the task holding it ends), or `Err(when)` the wait gives up, as `lock_config` does after its timeout.
+    fn lock_wait(&self, vmid: &str) -> Result<Instant, Instant> {
+        let now = Instant::now();
+        let give_up = now + self.cfg.config_lock_wait;
+        match self.lock_until(vmid) {
+            None => Ok(now),
+            Some(until) if until <= give_up => Ok(until),
+            Some(_) => Err(give_up),
+        }
     }
 
     fn node_ok(&self, node: &str) -> bool {
@@ -289,6 +340,11 @@ impl Pve {
     fn err(&self, status: u16, message: impl Into<String>) -> PveError {
         PveError { legacy: !self.cfg.messages_in_body, ..PveError::new(status, message) }
     }
+}
+
+/// How pve-common's `lock_file_full` reports a lock not had within the timeout.
+fn lock_timeout(vmid: &str) -> String {
+    format!("can't lock file '/var/lock/qemu-server/lock-{vmid}.conf' - got timeout")
 }
 
 impl Adapter for Pve {
@@ -474,6 +530,11 @@ impl Served<Backend> {
         self.lock().backend.failing_starts.push_back(exit.into());
     }
 
+    /// How long the start tasks from now on run (see [`ProxmoxConfig::start_time`]).
+    pub fn set_start_time(&self, takes: Duration) {
+        self.lock().backend.cfg.start_time = takes;
+    }
+
     /// Whether VM `vmid`'s guest agent answers (it does unless told otherwise).
     pub fn set_agent(&self, vmid: &str, running: bool) -> bool {
         let mut b = self.lock();
@@ -501,12 +562,12 @@ impl Served<Backend> {
 
     /// Every task so far: UPID and exit status (`None` while running).
     pub fn tasks(&self) -> Vec<(String, Option<String>)> {
-        let mut b = self.lock();
+        let b = self.lock();
         let upids: Vec<String> = b.backend.tasks.keys().cloned().collect();
         upids
             .into_iter()
             .map(|u| {
-                let status = api::task_status(&mut b, &u);
+                let status = api::task_status(&b, &u);
                 (u, status.and_then(|s| s["exitstatus"].as_str().map(str::to_string)))
             })
             .collect()

@@ -256,10 +256,9 @@ fn clones_tasks_seeds_and_the_agent() {
         .to_string();
     let current =
         || api(&e, "GET", "/nodes/pve2/qemu/900001/status/current", None).json["data"].clone();
-    assert_eq!(wait_status(&e, &start), "running", "the VM is starting");
-    assert_eq!(current()["status"], "stopped", "not yet running: Proxmox shows it stopped");
+    assert_eq!(wait(&e, &start)["exitstatus"], "OK", "QEMU was started");
+    assert_eq!(agent().json["message"], "QEMU guest agent is not running\n", "the guest boots");
     assert_eq!(current()["status"], "running");
-    assert_eq!(wait(&e, &start)["exitstatus"], "OK");
     let ifaces = agent().json["data"]["result"].clone();
     assert_eq!(ifaces[1]["ip-addresses"][0]["ip-address"], "10.20.0.3", "{ifaces}");
     e.set_agent("900001", false);
@@ -384,4 +383,78 @@ fn resources_auth_failing_nodes_and_old_bodies() {
         raw.starts_with("HTTP/1.1 501") && raw.ends_with("chunked transfer encoding not supported"),
         "{raw}"
     );
+}
+
+/// PVE's `vm_start` runs inside `lock_config` (qemu-server `PVE/QemuServer.pm`) and a synchronous config write
+/// (`PUT .../config`, `update_vm_api` in `PVE/API2/Qemu.pm`) takes the same lock with `lock_config`'s 10 s timeout
+/// (pve-guest-common `PVE/AbstractConfig.pm`), then fails as pve-common's `lock_file_full` words it. A stop and a
+/// second start take the lock too. Until the start task ends the VM is stopped; then QEMU runs and the guest boots.
+#[test]
+fn a_start_holds_the_config_lock_until_its_task_ends() {
+    assert_eq!(ProxmoxConfig::default().config_lock_wait, Duration::from_secs(10), "PVE's timeout");
+    let e = ProxmoxEmulator::start(ProxmoxConfig {
+        start_time: Duration::from_millis(700),
+        config_lock_wait: Duration::from_millis(200),
+        ..ProxmoxConfig::default()
+    });
+    wait(&e, clone(&e, 900_003, "proxy-s").json["data"].as_str().unwrap());
+    let vm = "/nodes/pve2/qemu/900003";
+    let post = |what: &str| {
+        let a = api(&e, "POST", &format!("{vm}/status/{what}"), None);
+        a.json["data"].as_str().unwrap_or_else(|| panic!("{}", a.json)).to_string()
+    };
+    let status =
+        || api(&e, "GET", &format!("{vm}/status/current"), None).json["data"]["status"].clone();
+    let locked = "can't lock file '/var/lock/qemu-server/lock-900003.conf' - got timeout";
+    let since = Instant::now();
+    let start = post("start");
+    assert_eq!(wait_status(&e, &start), "running");
+    assert_eq!(status(), "stopped", "QEMU does not run before the start's work is done");
+    let put = api(&e, "PUT", &format!("{vm}/config"), Some(json!({"description": "x"})));
+    assert_eq!((put.status, put.json["message"].as_str()), (500, Some(&*format!("{locked}\n"))));
+    assert!(since.elapsed() >= Duration::from_millis(200), "it waited for the lock first");
+    assert_eq!(e.config("900003").unwrap()["description"], "d", "nothing was written");
+    assert_eq!(wait(&e, &post("start"))["exitstatus"], locked, "a second start waits as long");
+    assert_eq!(wait(&e, &start)["exitstatus"], "OK");
+    assert!(since.elapsed() >= Duration::from_millis(700), "{:?}", since.elapsed());
+    assert_eq!(status(), "running", "QEMU runs once the start task has ended");
+    let put = api(&e, "PUT", &format!("{vm}/config"), Some(json!({"description": "y"})));
+    assert_eq!(put.status, 200, "{}", put.json);
+
+    // A wait that outlasts the start gets the lock: the write goes through, a second start finds the VM running,
+    // and a stop stops it after the start.
+    let e = ProxmoxEmulator::start(ProxmoxConfig {
+        start_time: Duration::from_millis(300),
+        config_lock_wait: Duration::from_secs(5),
+        ..ProxmoxConfig::default()
+    });
+    wait(&e, clone(&e, 900_004, "proxy-t").json["data"].as_str().unwrap());
+    let vm = "/nodes/pve2/qemu/900004";
+    let post = |what: &str| {
+        api(&e, "POST", &format!("{vm}/status/{what}"), None).json["data"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let since = Instant::now();
+    let start = post("start");
+    let again = post("start");
+    let put =
+        api(&e, "PUT", &format!("{vm}/config"), Some(json!({"description": "z", "agent": "1"})));
+    assert_eq!(put.status, 200, "{}", put.json);
+    assert!(since.elapsed() >= Duration::from_millis(300), "{:?}", since.elapsed());
+    assert_eq!(e.config("900004").unwrap()["description"], "z");
+    assert_eq!(wait(&e, &start)["exitstatus"], "OK");
+    assert_eq!(wait(&e, &again)["exitstatus"], "VM 900004 already running");
+    let agent = api(&e, "GET", &format!("{vm}/agent/network-get-interfaces"), None);
+    assert_eq!(agent.json["message"], "QEMU guest agent is not running\n", "the guest is booting");
+    api(&e, "POST", &format!("{vm}/status/stop"), None);
+    e.set_start_time(Duration::from_millis(300));
+    let start = post("start");
+    let stop = post("stop");
+    assert_eq!(wait_status(&e, &stop), "running", "the stop waits for the start's lock");
+    assert_eq!(wait(&e, &start)["exitstatus"], "OK");
+    assert_eq!(wait(&e, &stop)["exitstatus"], "OK");
+    let current = api(&e, "GET", &format!("{vm}/status/current"), None).json["data"].clone();
+    assert_eq!(current["status"], "stopped", "{current}");
 }

@@ -110,8 +110,9 @@ fn labels_are_not_unique_and_filters_all_match() {
     let count =
         |q: &str| api(&e, "GET", &format!("/v2/instances?{q}"), None).1["meta"]["total"].as_u64();
     assert_eq!(count("label=twin"), Some(2));
-    assert_eq!(count("tag=k%3Da"), Some(2));
-    assert_eq!(count("label=twin&tag=k%3Da"), Some(1));
+    assert_eq!(count("tag=k%3Da"), Some(3), "deprecated in the reference: ignored");
+    assert_eq!(count("label=twin&tag=k%3Da"), Some(2));
+    assert_eq!(count("label=twin&region=ewr"), Some(2));
     assert_eq!(count("region=fra"), Some(0));
     assert_eq!(count("unknown=x"), Some(3), "unknown parameters are ignored");
 }
@@ -268,4 +269,15 @@ fn control_surface_states_and_plants_show_in_the_api() {
     assert_eq!(api(&e, "GET", "/v2/instances?region=ewr", None).0, 200, "other regions answer");
     let stats = e.stats();
     assert_eq!(stats.by_call.get("GET /v2/instances/{id}"), Some(&4));
+}
+
+#[test]
+fn a_create_can_fail_after_making_its_instance() {
+    let e = emu();
+    e.fail_creates_after_making(1);
+    let (st, body) = create(&e, "proxy-lost", &["k=v"]);
+    assert_eq!((st, body), (500, json!({"error": "Internal server error", "status": 500})));
+    let made = e.dump().instances;
+    assert_eq!(made.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(), ["proxy-lost"]);
+    assert_eq!(create(&e, "proxy-next", &[]).0, 202, "only the next create");
 }

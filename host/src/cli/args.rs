@@ -36,7 +36,9 @@ pub struct TargetArgs {
         default_value = "/etc/proxy-operator/plugins"
     )]
     pub plugin_dir: PathBuf,
-    /// Where to create: `region/zone/machineType/image`, as in a Proxy's spec.placement.
+    /// Where to create: `region/zone/machineType/image[/spot]`, as in a Proxy's spec.placement. The first three
+    /// `/` end region, zone and machine type; the rest is the image (`linode/debian12` too), and a last `/spot`
+    /// asks for spot capacity.
     #[arg(long, value_parser = parse_placement)]
     pub placement: Placement,
     #[command(flatten)]
@@ -167,27 +169,132 @@ pub fn quantity_text(bytes: u64) -> String {
     }
 }
 
-/// `region/zone/machineType/image[/spot]`; parts may be empty where the provider ignores
-/// them, and a fifth part `spot` asks for spot capacity.
+/// The `--placement` rule, as every error states it.
+const PLACEMENT_RULE: &str = "want region/zone/machineType/image[/spot]: the first three '/' end region, zone \
+    and machine type, the rest is the image (it may hold '/', as linode/debian12 does), and a last '/spot' \
+    asks for spot capacity";
+
+/// `region/zone/machineType/image[/spot]`. Region, zone and machine type never hold `/` at any provider, while
+/// image IDs may (`linode/debian12`, GCE's `projects/.../family/debian-12`): so the first three `/` split, the
+/// rest is the image, and a last `/spot` is the capacity, as before. Parts may be empty where the provider ignores
+/// them. The one image this cannot name on demand is one whose last segment is `spot`.
 pub fn parse_placement(s: &str) -> Result<Placement, String> {
-    let parts: Vec<&str> = s.split('/').collect();
-    let (capacity, parts) = match parts.as_slice() {
-        [rest @ .., "spot"] if rest.len() == 4 => (Capacity::Spot, rest),
-        [.., last] if parts.len() == 5 => {
-            return Err(format!(
-                "placement {s:?}: the fifth part {last:?} must be `spot` (or leave it out for on-demand)"
-            ));
-        }
-        all => (Capacity::OnDemand, all),
+    let parts: Vec<&str> = s.splitn(4, '/').collect();
+    let [region, zone, machine_type, rest] = parts[..] else {
+        return Err(format!(
+            "placement {s:?} has {} part(s); {PLACEMENT_RULE}",
+            parts.len()
+        ));
     };
-    match parts {
-        [region, zone, machine_type, image] => Ok(Placement {
+    let (image, capacity) = match rest.strip_suffix("/spot") {
+        Some(image) => (image, Capacity::Spot),
+        None => (rest, Capacity::OnDemand),
+    };
+    if image.ends_with('/') {
+        return Err(format!(
+            "placement {s:?}: the image part {image:?} ends in '/'; {PLACEMENT_RULE}"
+        ));
+    }
+    Ok(Placement {
+        capacity,
+        ..Placement::new(region, zone, machine_type, image)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placement(
+        region: &str,
+        zone: &str,
+        machine_type: &str,
+        image: &str,
+        spot: bool,
+    ) -> Placement {
+        let capacity = if spot {
+            Capacity::Spot
+        } else {
+            Capacity::OnDemand
+        };
+        Placement {
             capacity,
             ..Placement::new(region, zone, machine_type, image)
-        }),
-        _ => Err(format!(
-            "placement {s:?} has {} part(s); want region/zone/machineType/image[/spot]",
-            parts.len()
-        )),
+        }
+    }
+
+    /// The first three `/` end region, zone and machine type; the rest is the image, less a last `/spot`.
+    #[test]
+    fn placements_split_at_the_first_three_slashes() {
+        let cases = [
+            (
+                "eu-west-1/eu-west-1a/t3.micro/debian",
+                placement("eu-west-1", "eu-west-1a", "t3.micro", "debian", false),
+            ),
+            (
+                "fsn1//cpx11/ubuntu",
+                placement("fsn1", "", "cpx11", "ubuntu", false),
+            ),
+            ("/pve2//debian", placement("", "pve2", "", "debian", false)),
+            ("///", placement("", "", "", "", false)),
+            (
+                "us-east//g6-nanode-1/linode/debian12",
+                placement("us-east", "", "g6-nanode-1", "linode/debian12", false),
+            ),
+            (
+                "us-east//g6-nanode-1/linode/debian12/spot",
+                placement("us-east", "", "g6-nanode-1", "linode/debian12", true),
+            ),
+            (
+                "europe-west1/europe-west1-b/e2-micro/projects/debian-cloud/global/images/family/debian-12",
+                placement(
+                    "europe-west1",
+                    "europe-west1-b",
+                    "e2-micro",
+                    "projects/debian-cloud/global/images/family/debian-12",
+                    false,
+                ),
+            ),
+            (
+                "r/z/m/debian/spot",
+                placement("r", "z", "m", "debian", true),
+            ),
+            ("r/z/m//spot", placement("r", "z", "m", "", true)),
+            ("r/z/m/spot", placement("r", "z", "m", "spot", false)),
+            (
+                "r/z/m/a/spotless",
+                placement("r", "z", "m", "a/spotless", false),
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_placement(text), Ok(want), "{text:?}");
+        }
+    }
+
+    /// Each error names the value and the rule.
+    #[test]
+    fn bad_placements_name_the_value_and_the_rule() {
+        let rule = "region/zone/machineType/image[/spot]";
+        let cases: [(&str, &[&str]); 4] = [
+            (
+                "eu-west-1/t3.micro",
+                &["\"eu-west-1/t3.micro\" has 2 part(s)", rule],
+            ),
+            ("", &["\"\" has 1 part(s)", rule]),
+            (
+                "r/z/m",
+                &["\"r/z/m\" has 3 part(s)", rule, "first three '/'"],
+            ),
+            (
+                "r/z/m/linode/",
+                &["\"r/z/m/linode/\"", "\"linode/\"", "ends in '/'", rule],
+            ),
+        ];
+        for (text, want) in cases {
+            let err = parse_placement(text).unwrap_err();
+            for w in want {
+                assert!(err.contains(w), "{text:?}: {err:?} lacks {w:?}");
+            }
+        }
     }
 }

@@ -2,7 +2,10 @@
 //! real cloud account, moto, or an emulator. Unlike the suite it needs no control surface,
 //! so it is what proves a plugin against the real backend (`proxy-operator provider
 //! lifecycle`). It cleans up after itself: whatever step fails, the instance it created is
-//! deleted before it returns, and anything still listed afterwards is reported.
+//! deleted before it returns, and anything still listed afterwards is reported. That holds
+//! for a first create that fails too: its answer may have been lost after the backend made
+//! the instance (a gateway's 5xx, a timeout), so the instance is looked for by its uid (and
+//! name) in ListByTag, and deleted.
 
 use egress_plugin_host::provider::{
     Class, CreateRequest, Instance, Placement, Provider, ProviderError, State, name_from_uid,
@@ -105,13 +108,16 @@ pub async fn run(
     };
 
     let started = Instant::now();
-    let id = p.create(&req).await.map_err(|e| LifecycleError::Step {
-        step: "create",
-        message: e.to_string(),
-        cleanup: "nothing to clean up: no ID was returned (a repeat run with the same uid \
-                  adopts an instance the backend made anyway)"
-            .into(),
-    })?;
+    let id = match p.create(&req).await {
+        Ok(id) => id,
+        Err(e) => {
+            return Err(LifecycleError::Step {
+                step: "create",
+                message: e.to_string(),
+                cleanup: after_failed_create(p, &req).await,
+            });
+        }
+    };
     done("create", started, format!("id {id} (name {})", req.name));
 
     let result = after_create(p, &req, &id, opts, &mut done).await;
@@ -128,6 +134,49 @@ pub async fn run(
     }
     result?;
     Ok(steps)
+}
+
+/// The cleanup after a first create that failed: no ID came back, but the backend may have
+/// made the instance before the answer was lost. It carries the marks of the create call, so
+/// ListByTag finds it by its uid (or, for IDs that hold it, its name); what is found is
+/// deleted. What this cannot see (a backend that lists a new instance late) the same run
+/// with `--uid` adopts and deletes.
+async fn after_failed_create(p: &dyn Provider, req: &CreateRequest) -> String {
+    let (name, uid) = (&req.name, &req.uid);
+    let repeat = format!("repeat the run with --uid {uid} to adopt and delete one made later");
+    let listed = match p.list_by_tag(&req.installation).await {
+        Ok(listed) => listed,
+        Err(e) => {
+            return format!(
+                "could not look for instance {name} (ListByTag({}) failed: {e}); look for it by \
+                 hand, or {repeat}",
+                req.installation
+            );
+        }
+    };
+    let ours: Vec<String> = listed
+        .into_iter()
+        .filter(|i| i.uid == *uid || i.id.contains(name.as_str()))
+        .map(|i| i.id)
+        .collect();
+    if ours.is_empty() {
+        return format!(
+            "nothing to clean up: ListByTag({}) lists no instance with uid {uid} or name {name} \
+             ({repeat})",
+            req.installation
+        );
+    }
+    let mut done = Vec::new();
+    for id in ours {
+        done.push(match p.delete(&id).await {
+            Ok(()) => format!("deleted {id}"),
+            Err(e) => format!("could not delete {id}, delete it by hand: {e}"),
+        });
+    }
+    format!(
+        "the backend made it anyway, found by its uid in ListByTag: {}",
+        done.join("; ")
+    )
 }
 
 async fn after_create(

@@ -23,6 +23,7 @@ mod pool;
 mod probe;
 mod rbac;
 mod run;
+mod spot;
 mod status_page;
 mod threat_compile;
 mod threat_contract;

@@ -13,6 +13,7 @@ mod budget;
 mod conformance;
 mod example;
 mod guide;
+mod lifecycle_cleanup;
 mod loading;
 mod provider_digitalocean;
 mod provider_ec2;

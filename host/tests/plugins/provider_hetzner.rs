@@ -98,10 +98,28 @@ fn raw(emu: &HetznerEmulator, method: &str, path: &str) -> String {
     out
 }
 
+/// Servers as Hetzner answers them now: a top-level `location`, no `datacenter` (removed
+/// after 1 July 2026).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_is_idempotent_and_leaves_nothing_behind() {
     let _dir = plugins_or_skip!();
-    let hz = setup().await;
+    lifecycle(false).await;
+}
+
+/// Servers as Hetzner answered them before the datacenter phase-out: `datacenter.location`,
+/// no top-level `location`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_with_the_old_datacenter_shape() {
+    let _dir = plugins_or_skip!();
+    lifecycle(true).await;
+}
+
+async fn lifecycle(legacy_datacenter: bool) {
+    let cfg = HetznerConfig {
+        legacy_datacenter,
+        ..HetznerConfig::new(TOKEN)
+    };
+    let hz = setup_with(cfg, "").await;
     let (p, emu) = (&hz.p, &hz.emu);
     let req = request("uid-1", "nbg1");
 
@@ -140,6 +158,15 @@ async fn lifecycle_is_idempotent_and_leaves_nothing_behind() {
         raw_server["image"]["name"], "ubuntu-24.04",
         "the catalogue key resolved to the image"
     );
+    let shape = (
+        raw_server["location"]["name"].as_str(),
+        raw_server["datacenter"]["location"]["name"].as_str(),
+    );
+    let want = match legacy_datacenter {
+        true => (None, Some("nbg1")),
+        false => (Some("nbg1"), None),
+    };
+    assert_eq!(shape, want, "{raw_server}");
 
     let running = p.get(&id).await.unwrap();
     assert_eq!(running.state, State::Running);

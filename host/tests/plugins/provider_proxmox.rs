@@ -333,6 +333,85 @@ async fn a_vm_defined_but_never_started_is_never_stopped() {
     );
 }
 
+/// PVE's `vm_start` holds the VM's config lock until its task ends, and a config write waits for that lock at most
+/// 10 s (here 0.5 s), then fails `can't lock file '/var/lock/qemu-server/lock-N.conf' - got timeout`. A start slower
+/// than that must not fail the create: the start marker is written once the start task has ended. A start longer
+/// than `waitSeconds` (2 s here) is a transient `TaskRunning`, and the next create records it without a second
+/// start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_start_holds_the_config_lock_and_create_waits_for_it() {
+    let _dir = plugins_or_skip!();
+    let slow = ProxmoxConfig {
+        start_time: Duration::from_millis(1500),
+        config_lock_wait: Duration::from_millis(500),
+        ..ProxmoxConfig::default()
+    };
+    let g = setup_with(slow, "").await;
+    let (p, emu) = (&g.p, &g.emu);
+    let starts = |vm: &str| {
+        let mine = format!(":qmstart:{vm}:");
+        let all = emu.tasks().into_iter().filter(|(u, _)| u.contains(&mine));
+        all.map(|(_, exit)| exit).collect::<Vec<_>>()
+    };
+    let req = request("uid-slow-start");
+    let id = p.create(&req).await.unwrap();
+    let description = emu.config(vmid(&id)).unwrap()["description"].clone();
+    assert!(
+        description
+            .as_str()
+            .unwrap()
+            .contains("/start-task=UPID:pve2:"),
+        "{description}"
+    );
+    assert_eq!(starts(vmid(&id)), [Some("OK".to_string())]);
+    let mut states = Vec::new();
+    for _ in 0..3 {
+        states.push(p.get(&id).await.unwrap().state);
+    }
+    assert_eq!(
+        states,
+        [State::Provisioning, State::Running, State::Running],
+        "booting, then up"
+    );
+
+    emu.set_start_time(Duration::from_secs(3));
+    let req = request("uid-slower-start");
+    let err = p.create(&req).await.unwrap_err();
+    assert_eq!(
+        (err.class, err.code.as_deref()),
+        (Class::Transient, Some("TaskRunning")),
+        "{err}"
+    );
+    assert!(err.message.contains(":qmstart:"), "{err}");
+    let vm = emu
+        .dump()
+        .instances
+        .into_iter()
+        .find(|i| i.name == req.name)
+        .unwrap()
+        .id;
+    let id = format!("{vm}/{}", req.name);
+    assert_eq!(
+        p.get(&id).await.unwrap().state,
+        State::Provisioning,
+        "starting, its start not recorded yet"
+    );
+    assert_eq!(
+        p.create(&req).await.unwrap(),
+        id,
+        "the next create records it"
+    );
+    assert_eq!(starts(&vm), [Some("OK".to_string())], "one start, not two");
+    let description = emu.config(&vm).unwrap()["description"].clone();
+    assert!(
+        description
+            .as_str()
+            .unwrap()
+            .contains("/start-task=UPID:pve2:"),
+        "{description}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_and_deletes() {
     let _dir = plugins_or_skip!();

@@ -210,8 +210,8 @@ async fn addresses_and_states_as_vultr_shows_them() {
     }
 }
 
-/// GC's list follows `meta.links.next` over several pages of 500 and keeps exactly the
-/// managed instances of this installation.
+/// GC's list follows `meta.links.next` over several pages of 500 of every instance and
+/// keeps exactly the managed instances of this installation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_follows_cursor_pages_and_checks_the_marks() {
     let _dir = plugins_or_skip!();
@@ -250,9 +250,9 @@ async fn list_follows_cursor_pages_and_checks_the_marks() {
     let lists: Vec<String> = emu
         .requests()
         .into_iter()
-        .filter(|c| c.starts_with("GET /v2/instances?tag="))
+        .filter(|c| c.starts_with("GET /v2/instances?per_page=500"))
         .collect();
-    assert_eq!(lists.len(), 3, "{lists:?}");
+    assert_eq!(lists.len(), 3, "1102 instances, all of them: {lists:?}");
     assert!(
         lists[0].contains("per_page=500") && lists[1].contains("&cursor="),
         "{lists:?}"
@@ -263,6 +263,61 @@ async fn list_follows_cursor_pages_and_checks_the_marks() {
         Class::Transient,
         "fail-whole"
     );
+}
+
+/// `tag` of `GET /v2/instances` is deprecated in Vultr's specification (its list parameters
+/// are `per_page`, `cursor`, `tag` (deprecated), `label`, `main_ip` and `region`), and the
+/// emulator ignores it: the plugin lists without it and keeps what carries its marks, in
+/// GC's list and in the health check's count of managed instances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_without_the_deprecated_tag_filter_and_checks_the_marks_itself() {
+    let _dir = plugins_or_skip!();
+    let vu = setup().await;
+    let (p, emu) = (&vu.p, &vu.emu);
+    let mut req = request("uid-ours");
+    req.placement.region = "fra".into();
+    let id = p.create(&req).await.unwrap();
+    let plant = |name: &str, managed: bool, installation: &str| {
+        emu.plant(Plant {
+            name: name.into(),
+            scope: "fra".into(),
+            managed,
+            uid: Some(format!("uid-{name}")),
+            installation: Some(installation.into()),
+            created_at: Some(1_700_000_000),
+        })
+    };
+    plant("theirs", true, "someone-else");
+    plant("unmarked", false, INST);
+    let listed: Vec<(String, String)> = p
+        .list_by_tag(INST)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| (i.id, i.uid))
+        .collect();
+    assert_eq!(listed, [(id, req.uid.clone())]);
+    let counts: Vec<(String, String)> = p
+        .check()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| {
+            let n = t.details.iter().find(|(k, _)| k == "managedInstances");
+            (t.target, n.map(|(_, v)| v.clone()).unwrap_or_default())
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        [("ewr".into(), "0".into()), ("fra".into(), "2".into())],
+        "ours and theirs carry the managed mark, the third does not"
+    );
+    let deprecated: Vec<String> = emu
+        .requests()
+        .into_iter()
+        .filter(|c| c.contains("tag="))
+        .collect();
+    assert!(deprecated.is_empty(), "{deprecated:?}");
 }
 
 /// Vultr labels are not unique: a twin left by a racing or crashed create is removed and

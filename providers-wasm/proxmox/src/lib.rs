@@ -76,6 +76,12 @@ fn clone_key(vmid: u32) -> String {
     format!("clone:{vmid}")
 }
 
+/// The start task a create sent and stopped waiting for, per VM: by VMID and name, so another VM in that VMID never
+/// inherits it.
+fn start_key(vmid: u32, name: &str) -> String {
+    format!("start:{vmid}:{name}")
+}
+
 /// What a VMID holds, for a create of `name`.
 enum Found {
     Mine,
@@ -158,8 +164,8 @@ fn seed(name: &str, vmid: u32, user_data: &[u8]) -> Result<Vec<u8>, ProviderErro
 }
 
 /// Every step after the clone, each skipped when done, so a create cut short (a timeout, a crash, a lost race)
-/// resumes where it stopped: wait for the clone, upload and attach the seed, set tags and size, start, and record
-/// the start task in the description.
+/// resumes where it stopped: wait for the clone, upload and attach the seed, set tags and size, start, wait for the
+/// start task, and record it in the description.
 fn finish(
     api: &Api,
     req: &CreateRequest,
@@ -171,6 +177,8 @@ fn finish(
     let vm = Api::vm(node, vmid);
     match cloned {
         Some(upid) => {
+            // A fresh clone was never started, whatever an earlier VM of this name was.
+            sdk::cache_set(&start_key(vmid, name), b"", 0);
             let done = api.finish(&upid, &format!("clone into VMID {vmid}"));
             // Ended either way: a failure is reported now, so the next create must not report it again.
             if done.as_ref().err().and_then(|e| e.code.as_deref()) != Some("TaskRunning") {
@@ -198,6 +206,64 @@ fn finish(
         return Ok("adopted".into());
     }
     let created = written.created.unwrap_or_else(now);
+    let (uid, inst) = (&req.uid, &req.installation);
+    let volid = format!("{}:iso/{}", api.cfg.iso_storage, iso_name(name));
+    // A start an earlier call sent and stopped waiting for: the steps before it are done, and a config write now
+    // would only wait for the lock the start holds.
+    let start = match sdk::cache_get(&start_key(vmid, name))
+        .and_then(|v| String::from_utf8(v).ok())
+        .filter(|u| !u.is_empty())
+    {
+        Some(upid) => upid,
+        None => {
+            configure(api, req, (vmid, name), node, &conf, created)?;
+            let st: Status = api.get(&format!("{vm}/status/current"))?;
+            match st.status.as_str() {
+                "running" => "started".to_string(),
+                _ => {
+                    let upid: String = api.call(Method::Post, &format!("{vm}/status/start"), None)?;
+                    sdk::cache_set(&start_key(vmid, name), upid.as_bytes(), 3600);
+                    upid
+                }
+            }
+        }
+    };
+    // `vm_start` holds the VM's config lock until its task ends, and a config write waits at most 10 s for it
+    // (then `can't lock file ... got timeout`): the start is recorded once its task has ended, OK or not (a failed
+    // start is get's error, read from the marker).
+    if start.starts_with("UPID:") {
+        let ended = |t: &Task| t.status != "running";
+        // A task the node no longer knows (its log rotated, the node replaced) has ended.
+        let read = || match api.task(&start) {
+            Err(e) if e.class == sdk::ErrorClass::Permanent => Ok(Task { status: "stopped".into(), ..Task::default() }),
+            other => other,
+        };
+        if api.poll(read, ended)?.is_none() {
+            let msg = format!(
+                "start of VM {vmid} still running after {} s (task {start}); the next create records it",
+                api.cfg.wait()
+            );
+            return Err(ProviderError::transient(msg).with_code("TaskRunning"));
+        }
+    }
+    let description = marks::description(uid, inst, created, Some(&start));
+    api.call::<Value>(Method::Put, &format!("{vm}/config"), Some(&json!({"description": description})))?;
+    sdk::cache_set(&start_key(vmid, name), b"", 0);
+    Ok(format!("cloned and started ({} bytes of user data on {volid})", req.cloud_init.len()))
+}
+
+/// The config step before the start: the seed uploaded and attached, tags, description, the agent, the size, and
+/// the template's Cloud-Init drive removed.
+fn configure(
+    api: &Api,
+    req: &CreateRequest,
+    target: (u32, &str),
+    node: &str,
+    conf: &VmConfig,
+    created: u64,
+) -> Result<(), ProviderError> {
+    let (vmid, name) = target;
+    let vm = Api::vm(node, vmid);
     let volid = format!("{}:iso/{}", api.cfg.iso_storage, iso_name(name));
     if !conf.ide2.starts_with(&format!("{volid},")) {
         api.upload(node, &iso_name(name), &seed(name, vmid, &req.cloud_init)?)?;
@@ -220,14 +286,7 @@ fn finish(
         body["memory"] = size.memory_mib.to_string().into();
     }
     api.call::<Value>(Method::Put, &format!("{vm}/config"), Some(&body))?;
-    let st: Status = api.get(&format!("{vm}/status/current"))?;
-    let start = match st.status.as_str() {
-        "running" => "started".to_string(),
-        _ => api.call(Method::Post, &format!("{vm}/status/start"), None)?,
-    };
-    let description = marks::description(uid, inst, created, Some(&start));
-    api.call::<Value>(Method::Put, &format!("{vm}/config"), Some(&json!({"description": description})))?;
-    Ok(format!("cloned and started ({} bytes of user data on {volid})", req.cloud_init.len()))
+    Ok(())
 }
 
 fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {

@@ -157,17 +157,36 @@ pub fn fetch(api: &Client, key: &str) -> Result<Option<Wire>, ProviderError> {
     }
 }
 
-/// Every instance matching `filter` (`label=...`, `tag=...`, already encoded), all pages,
-/// each passed through `keep` as its page arrives. Any failed page fails the list.
+/// Every instance matching `filter` (`label=...`, `region=...`, already encoded; empty for
+/// all), all pages, each passed through `keep` as its page arrives. Any failed page fails
+/// the list. The reference's filters are `label`, `main_ip` and `region` (`tag` is
+/// deprecated), and none of them is trusted to have been applied: `keep` checks.
 pub fn list<T>(api: &Client, filter: &str, keep: impl FnMut(Wire) -> Option<T>) -> Result<Vec<T>, ProviderError> {
+    list_reason(api, filter, keep).map_err(|(_, e)| e)
+}
+
+/// [`list`], and for a failed request also its health-check reason (`Unauthorized`, ...).
+pub fn list_reason<T>(
+    api: &Client,
+    filter: &str,
+    keep: impl FnMut(Wire) -> Option<T>,
+) -> Result<Vec<T>, (&'static str, ProviderError)> {
+    let reason = std::cell::Cell::new("APIError");
     let fetch = |cursor: &String| {
-        let mut path = format!("/instances?{filter}&per_page={PER_PAGE}");
+        let mut path = match filter {
+            "" => format!("/instances?per_page={PER_PAGE}"),
+            f => format!("/instances?{f}&per_page={PER_PAGE}"),
+        };
         if !cursor.is_empty() {
             path.push_str(&format!("&cursor={}", encode_component(cursor)));
         }
-        let page: List = api.get_json(&path).map_err(classify)?;
+        let page: List = api.get_json(&path).map_err(|e| {
+            reason.set(VULTR.reason_of(&e));
+            classify(e)
+        })?;
         let next = Some(page.meta.links.next).filter(|n| !n.is_empty());
         Ok(Page { items: page.instances, next })
     };
-    PAGES.collect(String::new(), fetch, keep).map_err(|e| e.not_found_is_permanent("check config.endpoint"))
+    let listed = PAGES.collect(String::new(), fetch, keep);
+    listed.map_err(|e| (reason.get(), e.not_found_is_permanent("check config.endpoint")))
 }

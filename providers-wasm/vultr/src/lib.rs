@@ -221,11 +221,10 @@ fn delete(id: &str) -> Result<((), String), ProviderError> {
 
 fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderError> {
     let api = client(&cfg()?.endpoint)?;
-    // Server-side by the installation's tag; both marks checked again here, so a backend
-    // that ignored the filter can never hand GC another installation's instances.
-    let filter = format!("tag={}", encode_component(&tag(MARK_INSTALLATION, installation)));
-    let out = api::list(&api, &filter, |w| {
-        if w.mark(MARK_MANAGED) != Some(MARK_MANAGED_YES) || w.mark(MARK_INSTALLATION) != Some(installation) {
+    // Every instance of the account: Vultr's reference marks the `tag` filter deprecated and
+    // offers none on `tags`, so the marks are matched here, and only here.
+    let out = api::list(&api, "", |w| {
+        if !managed_by(&w, Some(installation)) {
             return None;
         }
         if !config::is_region(&w.region) || !config::is_vultr_id(&w.id) {
@@ -243,13 +242,20 @@ fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderEr
     Ok((out, what))
 }
 
-/// One cheap authenticated read per region, with the same token, verb and scope as GC's
-/// list; the number of managed instances there is a triage detail.
+/// Whether an instance carries this plugin's managed mark and, when asked, the
+/// installation's mark. The marks are the only test: no list filter is trusted with it.
+fn managed_by(w: &Wire, installation: Option<&str>) -> bool {
+    w.mark(MARK_MANAGED) == Some(MARK_MANAGED_YES) && installation.is_none_or(|i| w.mark(MARK_INSTALLATION) == Some(i))
+}
+
+/// An authenticated list of the region (`region` is a filter the reference documents), with
+/// the same token, verb and scope as GC's list; the number of instances there carrying the
+/// managed mark, counted here, is a triage detail. One page for up to 500 instances.
 fn probe(api: &Client, region: &str) -> TargetStatus {
-    let managed = encode_component(&tag(MARK_MANAGED, MARK_MANAGED_YES));
-    match api.get_json::<api::List>(&format!("/instances?region={region}&tag={managed}&per_page=1")) {
-        Ok(l) => TargetStatus::ready(region, vec![("managedInstances".into(), l.meta.total.to_string())]),
-        Err(e) => TargetStatus::failed(region, VULTR.reason_of(&e), classify(e).message),
+    let filter = format!("region={}", encode_component(region));
+    match api::list_reason(api, &filter, |w| managed_by(&w, None).then_some(())) {
+        Ok(managed) => TargetStatus::ready(region, vec![("managedInstances".into(), managed.len().to_string())]),
+        Err((reason, e)) => TargetStatus::failed(region, reason, e.message),
     }
 }
 

@@ -2,6 +2,7 @@
 //! cloud included, with cleanup.
 
 use crate::cli::args::TargetArgs;
+use egress_plugin_host::provider::name_from_uid;
 use proxy_operator::conformance::{Control, lifecycle};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,6 +29,22 @@ pub struct Args {
     /// An emulator's base URL: also check its dump for anything left behind.
     #[arg(long)]
     emulator: Option<String>,
+    /// The UID to create for (the instance's name derives from it). Give the one a failed
+    /// run printed to repeat it: its create adopts, and its cleanup deletes, an instance
+    /// that run left. Default: a fresh one.
+    #[arg(long, value_parser = parse_uid)]
+    uid: Option<String>,
+}
+
+/// A UID the operator could have given: not empty, printable, no spaces.
+fn parse_uid(s: &str) -> Result<String, String> {
+    match s.is_empty() || s.len() > 128 || !s.chars().all(|c| c.is_ascii_graphic()) {
+        true => Err(format!(
+            "--uid {s:?}: want 1-128 printable ASCII characters without spaces, e.g. the uid a \
+             failed run printed"
+        )),
+        false => Ok(s.to_string()),
+    }
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -44,6 +61,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     opts.poll = args.poll;
     opts.wait = args.wait;
     opts.installation = args.installation;
+    if let Some(uid) = args.uid {
+        opts.uid = uid;
+    }
     println!(
         "lifecycle: provider {} ({} {}), uid {}",
         p.name(),
@@ -51,8 +71,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         p.info().version,
         opts.uid
     );
-    match lifecycle::run(&p, &opts, |s| println!("{s}")).await {
-        Ok(_) => {}
+    let failed = match lifecycle::run(&p, &opts, |s| println!("{s}")).await {
+        Ok(_) => None,
         Err(lifecycle::LifecycleError::Step {
             step,
             message,
@@ -60,12 +80,34 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }) => {
             println!("FAIL  {step}: {message}");
             println!("      cleanup: {cleanup}");
-            anyhow::bail!("lifecycle failed at {step}");
+            Some(format!("lifecycle failed at {step}"))
         }
         Err(e) => {
             println!("FAIL  {e}");
-            anyhow::bail!("lifecycle failed: {e}");
+            Some(format!("lifecycle failed: {e}"))
         }
+    };
+    if let Some(failed) = failed {
+        // The emulator knows every instance by name, also one ListByTag does not list.
+        let name = name_from_uid(&opts.uid);
+        if let Some(control) = control {
+            let dump = control.dump().await?;
+            let left: Vec<String> = dump
+                .instances
+                .iter()
+                .filter(|i| i.name == name)
+                .map(|i| format!("{} in {}", i.id, i.scope))
+                .collect();
+            match left.is_empty() {
+                true => println!("      emulator holds no instance named {name}"),
+                false => println!(
+                    "      emulator still holds {name}: {} (repeat with --uid {})",
+                    left.join(", "),
+                    opts.uid
+                ),
+            }
+        }
+        anyhow::bail!("{failed} (uid {})", opts.uid);
     }
     if let Some(control) = control {
         let dump = control.dump().await?;

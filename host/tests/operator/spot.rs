@@ -1,0 +1,230 @@
+//! Spot capacity end to end: a ProxyPool of spot Proxies over two zones, the EC2 plugin
+//! against its emulator in real-proxy mode (each instance a real forward proxy on its own
+//! loopback address, requiring the credentials the operator generated for it), the health
+//! engine probing through each, the Proxy reconciler and the pool controller against
+//! fake-kube. The emulator reclaims instances as EC2 does; the pool must be whole again
+//! within a probe interval and a create, each reclaim said and counted.
+
+use crate::support;
+
+use egress_emulators::control::Emulator;
+use egress_emulators::ec2::{EXAMPLE_ACCESS_KEY, EXAMPLE_SECRET_KEY, Ec2Config, Ec2Emulator};
+use egress_emulators::real_proxy::{ProxyKind, RealProxies};
+use egress_plugin_host::provider::Provider;
+use fake_kube::FakeApi;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use proxy_operator::api::{
+    self, Capacity, CloudInit, Placement, PoolPlacement, Proxy, ProxyPool, ProxyPoolSpec, ProxySpec,
+};
+use proxy_operator::controller::{self, Context, HealthHook, ReconcileMetrics};
+use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
+use proxy_operator::registry::ProviderRegistry;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The template the samples use, reduced to what the emulator reads.
+const CLOUD_INIT: &str = "#cloud-config\nwrite_files:\n  - path: /etc/tinyproxy/tinyproxy.conf\n    content: |\n      Port {{egress.port}}\n      BasicAuth {{egress.username}} {{egress.password}}\n";
+/// How often every proxy is probed: the detection time the test allows for.
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+fn entry(url: &str, secrets: &std::path::Path) -> String {
+    let s = |k: &str| secrets.join(k).display().to_string();
+    format!(
+        r#"name: aws
+plugin: ec2.wasm
+additionalHosts: ['{url}']
+allowPrivateAddresses: true
+secrets: {{accessKeyId: {ak}, secretAccessKey: {sk}}}
+config:
+  regions:
+    eu-west-1:
+      endpoint: '{url}'
+      zones:
+        eu-west-1a: {{}}
+        eu-west-1b: {{}}
+      images: {{debian: ami-0fedcba9876543210}}
+  instanceTypes: [t3.micro]"#,
+        ak = s("accessKeyId"),
+        sk = s("secretAccessKey"),
+    )
+}
+
+async fn wait_for<T>(what: &str, within: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// 10 spot Proxies over eu-west-1a and eu-west-1b go Ready; EC2 reclaims 3 of them; within
+/// one probe interval and one create (measured, with a margin for this 2-core machine) the
+/// pool has 10 Ready Proxies again on other instances, with 3 `Interrupted` Events and
+/// `proxy_operator_instance_interruptions_total{provider="aws"}` at 3. The drift poll is an
+/// hour: only the failed probes can have found the reclaimed instances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_pool_replaces_what_the_cloud_reclaims() {
+    if support::plugin_dir().is_none() {
+        return;
+    }
+    let api = FakeApi::new();
+    let client = api.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (_, crd) in api::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let real = RealProxies::with_own_addresses(ProxyKind::Builtin);
+    let emu = Ec2Emulator::start(Ec2Config {
+        real_proxies: Some(real.clone()),
+        ..Ec2Config::default()
+    });
+    let secrets = tempfile::tempdir().unwrap();
+    std::fs::write(secrets.path().join("accessKeyId"), EXAMPLE_ACCESS_KEY).unwrap();
+    std::fs::write(secrets.path().join("secretAccessKey"), EXAMPLE_SECRET_KEY).unwrap();
+    let provider: Arc<dyn Provider> = Arc::new(
+        support::provider(
+            &support::runtime(),
+            "ec2.wasm",
+            &entry(&emu.url(), secrets.path()),
+        )
+        .await,
+    );
+    let (echo, _echo) = support::tinyproxy::echo_server().await;
+    let engine = ProbeEngine::new(
+        EngineConfig {
+            interval: PROBE_INTERVAL,
+            concurrency: 16,
+            thresholds: Thresholds {
+                failure: 3,
+                success: 1,
+            },
+        },
+        None,
+    );
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = ReconcileMetrics::register(&mut registry);
+    let ctx = Context::new(
+        client.clone(),
+        ProviderRegistry::new([provider]),
+        support::fast_settings("install-spot", 3_600_000, 300),
+    )
+    .with_metrics(metrics)
+    .with_health(HealthHook {
+        engine,
+        target: format!("127.0.0.1:{echo}"),
+        egress_echo: None,
+        timeout: Duration::from_secs(2),
+        tls: None,
+        probe_refresh: Duration::from_secs(60),
+    });
+    let (cache, feed, reflect) = proxy_operator::proxy_cache::watch_proxies(client.clone());
+    tokio::spawn(reflect);
+    let ctx = ctx.with_proxy_cache(cache.clone(), feed.clone());
+    tokio::spawn(controller::run(Arc::new(ctx), std::future::pending::<()>()));
+    tokio::spawn(proxy_operator::pool::run(
+        client.clone(),
+        cache,
+        feed,
+        Default::default(),
+        std::future::pending::<()>(),
+    ));
+
+    let port = support::tinyproxy::free_port();
+    let template = ProxySpec {
+        provider: "aws".into(),
+        placement: Placement {
+            capacity: Capacity::Spot,
+            ..Placement::new("eu-west-1", "", "t3.micro", "debian")
+        },
+        cloud_init: CloudInit {
+            inline: Some(CLOUD_INIT.into()),
+            secret_key_ref: None,
+        },
+        port: i32::from(port),
+        auth: Default::default(),
+        ip_family: Default::default(),
+    };
+    let zone = |z: &str| PoolPlacement {
+        zone: Some(z.into()),
+        ..Default::default()
+    };
+    let pools: Api<ProxyPool> = Api::namespaced(client.clone(), "default");
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let mut pool = ProxyPool::new(
+        "spot",
+        ProxyPoolSpec {
+            placements: vec![zone("eu-west-1a"), zone("eu-west-1b")],
+            ..ProxyPoolSpec::new(10, template)
+        },
+    );
+    pool.metadata.namespace = Some("default".into());
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+
+    // Ready: every Proxy's CONNECT went through its own instance.
+    let ready_ids = async || -> Option<BTreeSet<String>> {
+        let list = proxies.list(&Default::default()).await.ok()?;
+        let ready: BTreeSet<String> = list
+            .items
+            .iter()
+            .filter(|p| {
+                p.condition(api::condition::READY)
+                    .is_some_and(|c| c.status == "True")
+            })
+            .filter_map(|p| p.status.as_ref()?.provider_id.clone())
+            .collect();
+        (ready.len() == 10).then_some(ready)
+    };
+    let before = wait_for("10 Ready spot Proxies", Duration::from_secs(60), ready_ids).await;
+    let spot = emu.spot_instances();
+    assert_eq!(spot.len(), 10, "every instance is a spot one: {spot:?}");
+
+    // EC2 takes three back.
+    let reclaimed: Vec<String> = before.iter().take(3).cloned().collect();
+    let started = Instant::now();
+    for id in &reclaimed {
+        let backend = id.split_once('/').unwrap().1;
+        assert_eq!(emu.reclaim(backend), Ok(true), "{id}");
+    }
+    let after = wait_for(
+        "10 Ready Proxies on other instances",
+        Duration::from_secs(60),
+        async || {
+            let ids = ready_ids().await?;
+            reclaimed.iter().all(|r| !ids.contains(r)).then_some(ids)
+        },
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(after.len(), 10);
+    // One probe interval to notice, one create to replace (the emulator boots at once);
+    // the margin covers this machine's 2 cores running the whole operator and 10 proxies.
+    assert!(
+        took < PROBE_INTERVAL * 2 + Duration::from_secs(10),
+        "back to 10 Ready after {took:?}"
+    );
+    eprintln!("spot: 3 reclaimed instances replaced, 10 Ready again after {took:?}");
+
+    let interrupted = api
+        .objects("events.events.k8s.io")
+        .iter()
+        .filter(|e| e["reason"] == "Interrupted")
+        .count();
+    assert_eq!(
+        interrupted, 3,
+        "one Interrupted Event per reclaimed instance"
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("proxy_operator_instance_interruptions_total{provider=\"aws\"} 3"),
+        "{text}"
+    );
+}
