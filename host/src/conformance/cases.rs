@@ -60,6 +60,7 @@ pub const CASES: &[Case] = &[
     case!("running-without-an-ip-is-provisioning", running_without_ip),
     case!("ipv6-is-served-or-refused", ipv6_served_or_refused),
     case!("spot-is-served-or-refused", spot_served_or_refused),
+    case!("quote-is-a-price-or-none", quote_is_a_price_or_none),
     case!(
         "reclaimed-spot-is-interrupted",
         reclaimed_spot_is_interrupted
@@ -500,6 +501,29 @@ async fn no_spot_capacity_is_quota(ctx: &Ctx<'_>) -> Result<(), Fail> {
     );
     ctx.nothing_named(&req.name, "a spot Create found no capacity")
         .await
+}
+
+/// `quote` prices the suite's placement or says the backend publishes no price, and makes
+/// nothing: the backend holds the same instances before and after. A 0.1.0 plugin has no
+/// `quote` and is refused by the host, naming it.
+async fn quote_is_a_price_or_none(ctx: &Ctx<'_>) -> Result<(), Fail> {
+    let before = ctx.control.dump().await?.instances.len();
+    match ctx.p.quote(&ctx.opts.placement).await {
+        Ok(Some(p)) => ensure!(
+            p.currency.len() == 3 && p.currency.bytes().all(|b| b.is_ascii_uppercase()),
+            "quote answered the currency {:?}, not an ISO 4217 code",
+            p.currency
+        ),
+        Ok(None) => {}
+        Err(e) if e.class == Class::Permanent && e.message.contains("no quote") => {}
+        Err(e) => return Err(e.into()),
+    }
+    let after = ctx.control.dump().await?.instances.len();
+    ensure!(
+        after == before,
+        "quote changed the backend: {before} instances before, {after} after"
+    );
+    Ok(())
 }
 
 async fn not_started_is_never_stopped(ctx: &Ctx<'_>) -> Result<(), Fail> {
