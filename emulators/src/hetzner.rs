@@ -188,6 +188,10 @@ pub struct ServerTypeSpec {
     /// `invalid_input` "unsupported location for server type", as Hetzner does since
     /// server types became per location.
     pub locations: Vec<String>,
+    /// The hourly price without VAT, as Hetzner writes it (EUR, ten decimals:
+    /// `"0.0080000000"`); the same in every location it is offered in, plus 19% VAT for
+    /// the gross.
+    pub price_hourly_net: String,
 }
 
 impl ServerTypeSpec {
@@ -201,6 +205,8 @@ impl ServerTypeSpec {
             cpu_type: "shared".into(),
             architecture: "x86".into(),
             locations: Vec::new(),
+            // Illustrative, by size: tests that check prices set their own.
+            price_hourly_net: format!("{:.10}", 0.0035 * f64::from(cores) + 0.0007 * memory_gb),
         }
     }
 

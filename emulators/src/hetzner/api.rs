@@ -30,6 +30,7 @@ pub(crate) fn router() -> Router<Shared_> {
         .route("/actions/{id}", get(get_action))
         .route("/primary_ips", get(list_primary_ips))
         .route("/primary_ips/{id}", get(get_primary_ip).delete(delete_primary_ip))
+        .route("/server_types", get(list_server_types))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
 }
@@ -193,6 +194,13 @@ async fn list_primary_ips(
     Query(query): Query<Vec<(String, String)>>,
 ) -> Response {
     listing(state.lock().list_primary_ips(&query))
+}
+
+async fn list_server_types(
+    State(state): State<Shared_>,
+    Query(query): Query<Vec<(String, String)>>,
+) -> Response {
+    Json(state.lock().list_server_types(&query)).into_response()
 }
 
 async fn get_primary_ip(State(state): State<Shared_>, Path(id): Path<String>) -> Response {

@@ -6,6 +6,7 @@
 use serde_json::{Value, json};
 
 use super::LocationSpec;
+use super::ServerTypeSpec;
 use super::state::{Backend, IpKind, PrimaryIp, Server, rfc3339};
 
 impl Backend {
@@ -29,12 +30,7 @@ impl Backend {
             "created": rfc3339(s.created),
             "public_net": {"ipv4": ipv4, "ipv6": ipv6, "floating_ips": [], "firewalls": []},
             "private_net": [],
-            "server_type": {
-                "id": st.id, "name": st.name, "description": st.name.to_uppercase(),
-                "cores": st.cores, "memory": st.memory_gb, "disk": st.disk_gb,
-                "deprecated": false, "prices": [], "storage_type": "local",
-                "cpu_type": st.cpu_type, "architecture": st.architecture,
-            },
+            "server_type": self.server_type_json(st),
             "image": {
                 "id": s.image.id, "type": "system", "status": "available",
                 "name": s.image.name, "description": s.image.description,
@@ -69,6 +65,52 @@ impl Backend {
             true => v["datacenter"] = self.datacenter_json(l),
             false => v["location"] = location_json(l),
         }
+    }
+
+    /// A server type as `GET /server_types` and a server show it, with a price per location
+    /// that offers it (`prices[].price_hourly.net`/`gross`, EUR, as ten-decimal strings).
+    pub(super) fn server_type_json(&self, st: &ServerTypeSpec) -> Value {
+        let net: f64 = st.price_hourly_net.parse().unwrap_or_default();
+        let text = |v: f64| format!("{v:.10}");
+        let prices: Vec<Value> = self
+            .cfg
+            .locations
+            .iter()
+            .filter(|l| st.available_in(&l.name))
+            .map(|l| {
+                json!({
+                    "location": l.name,
+                    "price_hourly": {"net": st.price_hourly_net, "gross": text(net * 1.19)},
+                    "price_monthly": {"net": text(net * 730.0), "gross": text(net * 730.0 * 1.19)},
+                    "included_traffic": 21_990_232_555_520u64,
+                    "price_per_tb_traffic": {"net": "1.0000000000", "gross": "1.1900000000"},
+                })
+            })
+            .collect();
+        json!({
+            "id": st.id, "name": st.name, "description": st.name.to_uppercase(),
+            "cores": st.cores, "memory": st.memory_gb, "disk": st.disk_gb,
+            "deprecated": false, "deprecation": null, "prices": prices, "storage_type": "local",
+            "cpu_type": st.cpu_type, "architecture": st.architecture,
+        })
+    }
+
+    /// `GET /server_types`, filtered by `name` (one page: the catalogue is small).
+    pub(crate) fn list_server_types(&self, query: &[(String, String)]) -> Value {
+        let name = query.iter().find(|(k, _)| k == "name").map(|(_, v)| v.as_str());
+        let types: Vec<Value> = self
+            .cfg
+            .server_types
+            .iter()
+            .filter(|t| name.is_none_or(|n| t.name == n))
+            .map(|t| self.server_type_json(t))
+            .collect();
+        let n = types.len();
+        json!({
+            "server_types": types,
+            "meta": {"pagination": {"page": 1, "per_page": 50, "previous_page": null,
+                                    "next_page": null, "last_page": 1, "total_entries": n}},
+        })
     }
 
     fn datacenter_json(&self, l: &LocationSpec) -> Value {

@@ -930,3 +930,47 @@ async fn real_hetzner_lifecycle() {
     )
     .await;
 }
+
+/// A placement's price from Hetzner's catalogue: the server type's net hourly price in the
+/// placement's location, in euros; a server type the location does not offer has none
+/// listed. The providers file's `prices` win over it, without a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quote_reads_the_server_type_catalogue() {
+    let _dir = plugins_or_skip!();
+    let mut cfg = HetznerConfig::new(TOKEN);
+    for t in &mut cfg.server_types {
+        t.price_hourly_net = match t.name.as_str() {
+            "cpx11" => "0.0080000000".into(),
+            _ => "0.0120000000".into(),
+        };
+    }
+    let hz = setup_with(cfg, "").await;
+    let eur = |micros_per_hour| {
+        Some(egress_plugin_host::provider::Price {
+            currency: "EUR".into(),
+            micros_per_hour,
+        })
+    };
+    let quote = async |location: &str, server_type: &str| {
+        let p = Placement::new(location, "", server_type, "ubuntu");
+        hz.p.quote(&p).await
+    };
+    assert_eq!(quote("fsn1", "cpx11").await.unwrap(), eur(8_000));
+    assert_eq!(quote("nbg1", "cx23").await.unwrap(), eur(12_000));
+    // cx23 is offered in the EU only (see the emulator's catalogue): nothing listed in ash.
+    assert_eq!(quote("ash", "cx23").await.unwrap(), None);
+
+    let listed = setup_with(
+        HetznerConfig::new(TOKEN),
+        "\nprices: [{machineType: cpx11, region: fsn1, currency: EUR, perHour: '0.0065'}]",
+    )
+    .await;
+    let before = listed.emu.stats().total;
+    let p = Placement::new("fsn1", "", "cpx11", "ubuntu");
+    assert_eq!(listed.p.quote(&p).await.unwrap(), eur(6_500));
+    assert_eq!(
+        listed.emu.stats().total,
+        before,
+        "the providers file answers, no request"
+    );
+}

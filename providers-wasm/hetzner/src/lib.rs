@@ -20,7 +20,7 @@ use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::time::{now, parse_rfc3339};
 use egress_guest_sdk::{
     self as sdk, CreateRequest, ErrorClass, Instance, Level, MARK_MANAGED, MARK_MANAGED_YES,
-    MARK_UID, PluginInfo, Provider, ProviderError, State, TargetStatus,
+    MARK_UID, Placement, PluginInfo, Price, Provider, ProviderError, State, TargetStatus,
 };
 use marks::{MARK_LOCATION, format_id, parse_id};
 use serde_json::json;
@@ -409,6 +409,43 @@ fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderEr
     Ok((out, what))
 }
 
+/// The hourly price of a placement from Hetzner's catalogue (`GET /server_types?name=`):
+/// the net price in the placement's location, in euros (Hetzner prices in EUR). Checked as
+/// a create checks it, so a placement create would refuse is refused here the same way.
+fn quote(p: &Placement) -> Result<(Option<Price>, String), ProviderError> {
+    let cfg = cfg()?;
+    let place = cfg.resolve(p)?;
+    let api = client(&cfg.endpoint)?;
+    let path = format!("/server_types?name={}", encode_component(place.server_type));
+    let types: api::ServerTypes = api
+        .get(&path)
+        .send_ok()
+        .and_then(|r| r.json())
+        .map_err(classify)?;
+    let price = types
+        .server_types
+        .iter()
+        .filter(|t| t.name == place.server_type)
+        .flat_map(|t| &t.prices)
+        .find(|l| l.location == place.location)
+        .and_then(|l| api::micros(&l.price_hourly.net))
+        .map(|micros_per_hour| Price {
+            currency: "EUR".into(),
+            micros_per_hour,
+        });
+    let what = match &price {
+        Some(pr) => format!(
+            "{} in {}: {} micro-EUR an hour",
+            place.server_type, place.location, pr.micros_per_hour
+        ),
+        None => format!(
+            "{} in {}: no price listed",
+            place.server_type, place.location
+        ),
+    };
+    Ok((price, what))
+}
+
 /// One cheap authenticated read per location, with the same token, verb and scope as GC's
 /// list; the count of managed servers there is a triage detail.
 fn probe(api: &Client, location: &str) -> TargetStatus {
@@ -460,6 +497,10 @@ impl Provider for Hetzner {
                 .with_profile(PROFILE)
                 .with_budget(BUDGET.0, BUDGET.1)
         }
+    }
+
+    fn quote(placement: Placement) -> Result<Option<Price>, ProviderError> {
+        outcome::keep(quote(&placement))
     }
 
     fn validate_config(config: &str) -> Result<(), ProviderError> {
