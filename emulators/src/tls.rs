@@ -54,7 +54,7 @@ impl TestCa {
         Ok(path)
     }
 
-    pub(crate) fn server_config(&self) -> Arc<rustls::ServerConfig> {
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
         self.server.clone()
     }
 }

@@ -8,9 +8,17 @@
 //! `GET /v1/servers/{id}` with the same token, the body read and parsed as JSON. Both hit
 //! the same in-process Hetzner emulator, interleaved call by call so load on the machine
 //! falls on both alike. Prints one line; `--json FILE` also writes the figures.
+//!
+//! Then the same `get` against a backend 20 ms away over TLS: the emulator behind a TLS
+//! terminator (a [`TestCa`]'s certificate, trusted through `tls.caFile`) behind a delay
+//! line on 127.0.0.1 that holds every byte 10 ms each way, so every round trip, the TCP and
+//! TLS handshakes included, pays 20 ms. The plugin (its provider's kept-alive connection
+//! pool) against a native keep-alive client (hyper's HTTP/1 over tokio-rustls, one
+//! connection reused): one `get` (p50), and 50 sequential `get`s in a row (total).
 
 use egress_emulators::control::Emulator;
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
+use egress_emulators::tls::TestCa;
 use egress_plugin_host::config::ProvidersFile;
 use egress_plugin_host::plugin::{Runtime, RuntimeOptions};
 use egress_plugin_host::provider::{CreateRequest, Placement, Provider, State};
@@ -48,6 +56,147 @@ async fn native_get(addr: std::net::SocketAddr, path: &str) -> serde_json::Value
     conn.abort();
     serde_json::from_slice(&body).unwrap()
 }
+
+/// One way of the delay line: every chunk read from `from` is written to `to` `delay` later
+/// (in order, without holding back the chunks behind it).
+async fn delayed(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = tokio::spawn(async move {
+        while let Some((due, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+        let _ = to.shutdown().await;
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n) = from.read(&mut buf).await {
+        if n == 0
+            || tx
+                .send((tokio::time::Instant::now() + delay, buf[..n].to_vec()))
+                .is_err()
+        {
+            break;
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+/// A listener on 127.0.0.1 that forwards every connection to `to`, `delay` each way.
+async fn delay_line(to: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let _ = client.set_nodelay(true);
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(to).await else {
+                    return;
+                };
+                let _ = server.set_nodelay(true);
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::join!(delayed(cr, sw, delay), delayed(sr, cw, delay));
+            });
+        }
+    });
+    addr
+}
+
+/// A listener on 127.0.0.1 that terminates TLS with `ca`'s server certificate and
+/// forwards the plaintext to `to`.
+async fn tls_terminator(to: std::net::SocketAddr, ca: &TestCa) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(ca.server_config());
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _ = client.set_nodelay(true);
+                let Ok(mut tls) = acceptor.accept(client).await else {
+                    return;
+                };
+                let Ok(mut server) = tokio::net::TcpStream::connect(to).await else {
+                    return;
+                };
+                let _ = server.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut server).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A native keep-alive HTTPS client: one HTTP/1.1 connection over tokio-rustls, reused
+/// for every request (a new one only if the server closed it).
+struct KeepAlive {
+    addr: std::net::SocketAddr,
+    tls: std::sync::Arc<rustls::ClientConfig>,
+    sender: Option<hyper::client::conn::http1::SendRequest<Empty<bytes::Bytes>>>,
+}
+
+impl KeepAlive {
+    fn new(addr: std::net::SocketAddr, ca_pem: &str) -> KeepAlive {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        KeepAlive {
+            addr,
+            tls: std::sync::Arc::new(tls),
+            sender: None,
+        }
+    }
+
+    async fn get(&mut self, path: &str) -> serde_json::Value {
+        if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
+            let tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+            let _ = tcp.set_nodelay(true);
+            let name = rustls::pki_types::ServerName::IpAddress(self.addr.ip().into());
+            let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+                .connect(name, tcp)
+                .await
+                .unwrap();
+            let (sender, conn) = hyper::client::conn::http1::Builder::new()
+                .handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            self.sender = Some(sender);
+        }
+        let sender = self.sender.as_mut().unwrap();
+        sender.ready().await.unwrap();
+        let req = http::Request::get(path)
+            .header("host", self.addr.to_string())
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("user-agent", "sandbox-bench")
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&body).unwrap()
+    }
+}
+
+/// Round trip of the delay line.
+const RTT: Duration = Duration::from_millis(20);
+const FAR_CALLS: usize = 40;
+const SEQUENCE: usize = 50;
 
 fn p50(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -173,6 +322,67 @@ async fn main() {
         ms(np),
         ms(fp)
     );
+
+    // The same backend 20 ms away over TLS.
+    let ca = TestCa::new();
+    let terminator = tls_terminator(addr, &ca).await;
+    let far = delay_line(terminator, RTT / 2).await;
+    let far_url = format!("https://{far}");
+    let ca_file = ca.write_ca_file(secrets.path()).unwrap();
+    let far_entry = ProvidersFile::parse(&format!(
+        "providers: [{{name: hzfar, plugin: hetzner.wasm, additionalHosts: ['{far_url}'], allowPrivateAddresses: true, \
+         tls: {{caFile: '{}'}}, secrets: {{token: '{}'}}, config: {{endpoint: '{far_url}/v1', locations: [fsn1], serverTypes: [cpx11], \
+         images: {{ubuntu: ubuntu-24.04}}}}}}]",
+        ca_file.display(),
+        token.display()
+    ))
+    .unwrap()
+    .providers
+    .remove(0);
+    let far_plugin = rt
+        .load_plugin(&plugin_dir().join("hetzner.wasm"))
+        .await
+        .expect("hetzner.wasm loads");
+    let fp_ = rt
+        .provider(far_plugin, &far_entry)
+        .await
+        .expect("far provider");
+    let mut native = KeepAlive::new(far, ca.ca_pem());
+    // Warm both: connections made, sessions cached.
+    for _ in 0..3 {
+        assert_eq!(fp_.get(&id).await.unwrap().state, State::Running);
+        native.get(&path).await;
+    }
+    let (mut far_plugin_t, mut far_native_t) = (Vec::new(), Vec::new());
+    for _ in 0..FAR_CALLS {
+        let t = Instant::now();
+        fp_.get(&id).await.unwrap();
+        far_plugin_t.push(t.elapsed());
+        let t = Instant::now();
+        native.get(&path).await;
+        far_native_t.push(t.elapsed());
+    }
+    let (fpp, fnp) = (p50(far_plugin_t), p50(far_native_t));
+    let far_ratio = fpp.as_secs_f64() / fnp.as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..SEQUENCE {
+        fp_.get(&id).await.unwrap();
+    }
+    let seq_plugin = t.elapsed();
+    let t = Instant::now();
+    for _ in 0..SEQUENCE {
+        native.get(&path).await;
+    }
+    let seq_native = t.elapsed();
+    let seq_ratio = seq_plugin.as_secs_f64() / seq_native.as_secs_f64();
+    println!(
+        "over TLS with {} ms round trips: plugin get p50 {:.1} ms, native keep-alive GET p50 {:.1} ms, ratio {far_ratio:.2}x ({FAR_CALLS} interleaved calls each); {SEQUENCE} sequential gets: plugin {:.0} ms, native {:.0} ms, ratio {seq_ratio:.2}x",
+        RTT.as_millis(),
+        ms(fpp),
+        ms(fnp),
+        ms(seq_plugin),
+        ms(seq_native)
+    );
     if let Some(path) = json_out {
         let json = serde_json::json!({
             "calls": CALLS,
@@ -180,6 +390,14 @@ async fn main() {
             "native_get_p50_ms": ms(np),
             "plugin_no_request_p50_ms": ms(fp),
             "ratio": ratio,
+            "tls_rtt_ms": RTT.as_millis() as u64,
+            "tls_plugin_get_p50_ms": ms(fpp),
+            "tls_native_keepalive_get_p50_ms": ms(fnp),
+            "tls_get_ratio": far_ratio,
+            "tls_sequence": SEQUENCE,
+            "tls_plugin_sequence_ms": ms(seq_plugin),
+            "tls_native_sequence_ms": ms(seq_native),
+            "tls_sequence_ratio": seq_ratio,
         });
         std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();
     }

@@ -11,12 +11,19 @@ pub fn descriptors_per_call(limits: &Limits) -> u64 {
     u64::from(limits.open_files) + u64::from(limits.http.max_in_flight) + 1
 }
 
-/// Descriptors all plugins may hold at once: every provider running `limits.concurrency`
-/// calls, each at [`descriptors_per_call`].
+/// Descriptors one provider may hold at worst: `limits.concurrency` calls, each at
+/// [`descriptors_per_call`], and its idle kept-alive connections (`limits.http.maxIdle`),
+/// which outlive the calls.
+pub fn descriptors_per_provider(limits: &Limits) -> u64 {
+    u64::from(limits.concurrency) * descriptors_per_call(limits) + u64::from(limits.http.max_idle)
+}
+
+/// Descriptors all plugins may hold at once: every provider at
+/// [`descriptors_per_provider`].
 pub fn plugin_descriptors(file: &ProvidersFile) -> u64 {
     file.providers
         .iter()
-        .map(|p| u64::from(p.limits.concurrency) * descriptors_per_call(&p.limits))
+        .map(|p| descriptors_per_provider(&p.limits))
         .sum()
 }
 
@@ -33,11 +40,11 @@ pub fn check_descriptor_budget(file: &ProvidersFile, nofile: u64) -> Result<(), 
     let worst = file
         .providers
         .iter()
-        .max_by_key(|p| u64::from(p.limits.concurrency) * descriptors_per_call(&p.limits))
+        .max_by_key(|p| descriptors_per_provider(&p.limits))
         .map(|p| format!(" (the most: provider {:?})", p.name))
         .unwrap_or_default();
     Err(format!(
-        "the providers' file descriptors do not fit: the sum over providers of limits.concurrency x (limits.openFiles + limits.http.maxInFlight + 1) is {plugins}{worst}, plus {OPERATOR_FD_RESERVE} kept for the operator, is {needed}, above the process's open-file limit (RLIMIT_NOFILE) of {nofile}; lower those limits or raise the limit"
+        "the providers' file descriptors do not fit: the sum over providers of limits.concurrency x (limits.openFiles + limits.http.maxInFlight + 1) + limits.http.maxIdle is {plugins}{worst}, plus {OPERATOR_FD_RESERVE} kept for the operator, is {needed}, above the process's open-file limit (RLIMIT_NOFILE) of {nofile}; lower those limits or raise the limit"
     ))
 }
 
@@ -54,10 +61,12 @@ mod tests {
         let f = file(
             "providers:\n- name: a\n  plugin: a.wasm\n- name: b\n  plugin: b.wasm\n  limits: {concurrency: 2, openFiles: 10, http: {maxInFlight: 3}}\n",
         );
-        // a at the defaults; b: 2 x (10 + 3 + 1) = 28.
+        // a at the defaults; b: 2 x (10 + 3 + 1) = 28, plus 4 idle connections = 32.
         let d = Limits::default();
         let a = u64::from(d.concurrency)
-            * (u64::from(d.open_files) + u64::from(d.http.max_in_flight) + 1);
+            * (u64::from(d.open_files) + u64::from(d.http.max_in_flight) + 1)
+            + u64::from(d.http.max_idle);
+        let a = a + 4;
         assert_eq!(plugin_descriptors(&f), a + 28);
         assert_eq!(check_descriptor_budget(&f, a + 28 + 1024), Ok(()));
         let err = check_descriptor_budget(&f, a + 28 + 1023).unwrap_err();

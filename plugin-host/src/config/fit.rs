@@ -28,6 +28,17 @@ pub const OUTGOING_BODY_CHUNK_BYTES: u64 = 64 * KIB;
 /// the TLS and HTTP/1 read buffers and the body frames queued in the `wasi:http` stream.
 pub const RESPONSE_BUFFER_BYTES: u64 = 512 * KIB;
 
+/// What one kept-alive connection idle in a provider's pool (`limits.http.maxIdle`) may
+/// hold: hyper's HTTP/1 read and write buffers and rustls' record buffers, which keep the
+/// capacity the largest response on that connection made them grow to. Bounded by the
+/// same figure as a request's response buffers in flight ([`RESPONSE_BUFFER_BYTES`]).
+pub const IDLE_CONNECTION_BYTES: u64 = RESPONSE_BUFFER_BYTES;
+
+/// A provider's TLS session cache (resumption tickets, rustls' in-memory store: a few
+/// server names, each with a handful of TLS 1.3 tickets and the certificate chain they
+/// were issued with).
+pub const TLS_SESSION_CACHE_BYTES: u64 = 256 * KIB;
+
 /// Host memory every call costs whatever the plugin does: the Store and its instances
 /// (vmctx, tables, the WASI and HTTP contexts, the redactor), and the async stack the guest
 /// runs on, which wasm frames may fill up to 1 MiB (`max_wasm_stack`). Measured: about
@@ -87,6 +98,13 @@ impl Limits {
     /// Everything one call may hold: `memoryMib` of linear memory plus the host side.
     pub fn memory_bytes_per_call(&self) -> u64 {
         (u64::from(self.memory_mib) << 20) + self.host_bytes_per_call()
+    }
+
+    /// Host memory a provider holds between its calls: its idle kept-alive connections
+    /// (`http.maxIdle x` [`IDLE_CONNECTION_BYTES`]) and its TLS session cache
+    /// ([`TLS_SESSION_CACHE_BYTES`]).
+    pub fn pool_bytes(&self) -> u64 {
+        u64::from(self.http.max_idle) * IDLE_CONNECTION_BYTES + TLS_SESSION_CACHE_BYTES
     }
 
     /// `/tmp` one call may fill.
@@ -231,12 +249,14 @@ pub fn memory_need(file: &ProvidersFile) -> Parts {
             Part {
                 who: p.name.clone(),
                 how: format!(
-                    "limits.concurrency {} x (limits.memoryMib {} + {} host-side)",
+                    "limits.concurrency {} x (limits.memoryMib {} + {} host-side) + {} of kept-alive connections (limits.http.maxIdle {}) and TLS sessions",
                     l.concurrency,
                     l.memory_mib,
-                    Mib(l.host_bytes_per_call())
+                    Mib(l.host_bytes_per_call()),
+                    Mib(l.pool_bytes()),
+                    l.http.max_idle
                 ),
-                bytes: u64::from(l.concurrency) * l.memory_bytes_per_call(),
+                bytes: u64::from(l.concurrency) * l.memory_bytes_per_call() + l.pool_bytes(),
             }
         })
         .collect();
@@ -394,7 +414,8 @@ providers:
     #[test]
     fn table() {
         let per_call = Limits::default().memory_bytes_per_call();
-        let default_need = 5 * per_call; // 2 providers x 2 + 1 load-time call
+        // 2 providers x 2 calls + their pools, and 1 load-time call.
+        let default_need = 5 * per_call + 2 * Limits::default().pool_bytes();
         let big = "
 providers:
   - name: hetzner
@@ -428,7 +449,7 @@ providers:
                 "defaults within a 1024-descriptor process",
                 TWO,
                 PodResources {
-                    descriptors: Some(1024 + 2 * 2 * (32 + 4 + 1)),
+                    descriptors: Some(1024 + 2 * (2 * (32 + 4 + 1) + 4)),
                     ..PodResources::default()
                 },
                 Ok(()),
@@ -437,11 +458,11 @@ providers:
                 "descriptors short",
                 TWO,
                 PodResources {
-                    descriptors: Some(1024 + 2 * 2 * (32 + 4 + 1) - 1),
+                    descriptors: Some(1024 + 2 * (2 * (32 + 4 + 1) + 4) - 1),
                     ..PodResources::default()
                 },
                 Err(vec![
-                    "limits.concurrency x (limits.openFiles + limits.http.maxInFlight + 1) is 148",
+                    "limits.concurrency x (limits.openFiles + limits.http.maxInFlight + 1) + limits.http.maxIdle is 156",
                     "RLIMIT_NOFILE",
                 ]),
             ),
@@ -602,16 +623,21 @@ providers:
             panic!("{e}")
         };
         assert_eq!(parts.0.len(), 2);
+        let d = Limits::default();
         assert_eq!(
             parts.0[0].bytes,
-            8 * Limits::default().memory_bytes_per_call()
+            8 * d.memory_bytes_per_call() + d.pool_bytes()
         );
-        assert_eq!(parts.total(), 9 * Limits::default().memory_bytes_per_call());
+        assert_eq!(
+            parts.total(),
+            9 * d.memory_bytes_per_call() + d.pool_bytes()
+        );
         assert!(
             e.to_string().starts_with(&format!(
-                "providers need up to {} of sandbox memory (hetzner: limits.concurrency 8 x (limits.memoryMib 32 + {} host-side) = ",
+                "providers need up to {} of sandbox memory (hetzner: limits.concurrency 8 x (limits.memoryMib 32 + {} host-side) + {} of kept-alive connections (limits.http.maxIdle 4) and TLS sessions = ",
                 Mib(parts.total()),
-                Mib(Limits::default().host_bytes_per_call())
+                Mib(d.host_bytes_per_call()),
+                Mib(d.pool_bytes())
             )),
             "{e}"
         );

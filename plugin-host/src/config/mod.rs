@@ -159,6 +159,12 @@ pub struct HttpLimits {
     /// Largest header set (one wasi:http `fields`) a plugin may build, in bytes of its
     /// in-memory form.
     pub max_header_bytes: u32,
+    /// Kept-alive connections the provider keeps idle for its next requests (each a
+    /// socket, its TLS state and hyper's buffers); 0: a new connection per request.
+    pub max_idle: u32,
+    /// How long an idle kept-alive connection is kept before it is closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
 }
 
 impl Default for HttpLimits {
@@ -170,6 +176,8 @@ impl Default for HttpLimits {
             max_response_bytes: 8 * 1024 * 1024,
             max_in_flight: 4,
             max_header_bytes: 16 * 1024,
+            max_idle: 4,
+            idle_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -343,6 +351,22 @@ impl ProviderEntry {
                 "http.maxHeaderBytes",
                 l.http.max_header_bytes.to_string(),
                 "1024 to 1048576",
+            ));
+        }
+        if l.http.max_idle > 64 {
+            return Err(limit(
+                "http.maxIdle",
+                l.http.max_idle.to_string(),
+                "0 to 64",
+            ));
+        }
+        if l.http.idle_timeout < Duration::from_millis(100)
+            || l.http.idle_timeout > Duration::from_secs(600)
+        {
+            return Err(limit(
+                "http.idleTimeout",
+                format!("{:?}", l.http.idle_timeout),
+                "100ms to 10m",
             ));
         }
         if l.log_line_bytes < 80 {

@@ -49,6 +49,10 @@ pub struct HttpPolicy {
     pub sensitive: Arc<crate::sensitive::Sensitive>,
     /// The provider's request budget (shared by all its calls); `None`: unlimited.
     pub budget: Option<Arc<crate::rate::Budget>>,
+    /// Its kept-alive connections (see [`super::pool`]): dropped with the policy, so a
+    /// reload's new providers never see the old connections, and never shared by two
+    /// providers.
+    pub pool: Arc<super::pool::Pool>,
 }
 
 impl HttpPolicy {
@@ -211,7 +215,8 @@ impl WasiHttpHooks for HttpHooks {
                                 stop: &stop,
                                 shown_host: &host,
                             };
-                            send(&policy, request, options, Arc::new(slot), call).await
+                            let pool = policy.pool.clone();
+                            send(&policy, &pool, request, options, Arc::new(slot), call).await
                         }
                         None => {
                             stop.trip(LimitHit::Requests);
@@ -326,6 +331,7 @@ struct Call<'a> {
 
 async fn send(
     policy: &HttpPolicy,
+    pool: &Arc<super::pool::Pool>,
     mut request: http::Request<WasiBody>,
     options: Option<RequestOptions>,
     slot: Slot,
@@ -382,8 +388,9 @@ async fn send(
         Error::DestinationIpProhibited
     })?;
     let lookup = crate::policy::lookup_name(host, absolute);
-    let stream = match dial(&lookup, target.port, &explicit, &own, connect_deadline).await {
-        Ok(s) => s,
+    // Resolved and vetted for every request, pooled connection or not.
+    let vetted = match vet(&lookup, target.port, &explicit, &own, connect_deadline).await {
+        Ok(v) => v,
         Err(Dial::Refused(refused)) => {
             let refused: Vec<String> = refused
                 .iter()
@@ -395,56 +402,56 @@ async fn send(
         Err(Dial::Failed(e)) => return Err(e),
     };
 
-    let io: Box<dyn IoStream> = if target.scheme == crate::policy::Scheme::Https {
-        let name = match host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<IpAddr>()
-        {
-            Ok(ip) => rustls::pki_types::ServerName::IpAddress(ip.into()),
-            Err(_) => rustls::pki_types::ServerName::try_from(host.to_string())
-                .map_err(Error::InvalidDnsNameError)?,
-        };
-        let connector = tokio_rustls::TlsConnector::from(policy.tls.clone());
-        let tls = tokio::time::timeout_at(connect_deadline, connector.connect(name, stream))
-            .await
-            .map_err(|_| Error::ConnectionTimeout)?
-            .map_err(|e| {
-                // The plugin sees only an error code; the operator needs the reason, and a
-                // private backend's self-signed certificate is the usual one.
-                tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, error = %e, "TLS handshake with the backend failed; a backend with a private or self-signed certificate needs its CA in the provider's tls.caFile");
-                Error::Tls(e)
-            })?;
-        Box::new(tls)
-    } else {
-        Box::new(stream)
-    };
-
-    let (mut sender, conn) = tokio::time::timeout_at(
-        connect_deadline,
-        hyper::client::conn::http1::Builder::new().handshake(TokioIo::new(io)),
-    )
-    .await
-    .map_err(|_| Error::ConnectionTimeout)??;
-
     // Origin-form on the wire: scheme and authority only belong in requests to a proxy.
     *request.uri_mut() = http::Uri::builder()
         .path_and_query(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
         .build()
         .map_err(|_| Error::HttpRequestUriInvalid)?;
 
-    // The connection (and its socket) lives exactly as long as whoever waits on it: this
-    // future until the response head arrives, then the io future wasmtime keeps with the
-    // response body. Dropping either (the guest dropped the response, or the call ended)
-    // closes the socket.
-    let conn_slot = slot.clone();
-    let conn_task = AbortOnDrop(tokio::spawn(async move {
-        let _slot = conn_slot;
-        conn.await
-    }));
-    let response = tokio::time::timeout(first_byte_timeout, sender.send_request(request))
+    // A kept-alive connection of this provider's, for the same scheme, host and port, made
+    // to an address this request's own lookup just vetted; else a new one to a vetted
+    // address. The connection lives as long as the request and its response body; read to
+    // the end, it goes back to the pool, otherwise (the guest dropped the response, the
+    // call ended, a cap tripped) its socket is closed.
+    let key = super::pool::Key {
+        https: target.scheme == crate::policy::Scheme::Https,
+        host: host.to_ascii_lowercase(),
+        port: target.port,
+    };
+    let mut pooled = None;
+    while let Some(mut conn) = pool.take(&key, &vetted) {
+        if let Ok(Ok(())) = tokio::time::timeout_at(connect_deadline, conn.sender.ready()).await {
+            pool.note_reused();
+            pooled = Some(super::pool::Lease::new(conn, pool));
+            break;
+        }
+    }
+    let (response, lease) = loop {
+        let reused = pooled.is_some();
+        let mut lease = match pooled.take() {
+            Some(l) => l,
+            None => {
+                let conn = open(policy, key.clone(), &vetted, shown, connect_deadline).await?;
+                pool.note_opened();
+                super::pool::Lease::new(conn, pool)
+            }
+        };
+        let sent = tokio::time::timeout(
+            first_byte_timeout,
+            lease.conn().sender.try_send_request(request),
+        )
         .await
-        .map_err(|_| Error::ConnectionReadTimeout)??;
+        .map_err(|_| Error::ConnectionReadTimeout)?;
+        match sent {
+            Ok(response) => break (response, lease),
+            // The kept-alive connection was closed by the server before the request went
+            // out: the same request on a new connection (it was not sent, so not repeated).
+            Err(mut e) if reused && e.message().is_some() => {
+                request = e.take_message().expect("checked just above");
+            }
+            Err(e) => return Err(Error::from(e.into_error())),
+        }
+    };
     feedback(policy, call.budget, &response);
 
     // Response headers live in the host as long as the guest holds the response, after
@@ -472,35 +479,64 @@ async fn send(
             seen: 0,
             between_bytes: between_bytes_timeout,
             timer: Box::pin(tokio::time::sleep(between_bytes_timeout)),
+            lease,
             _slot: slot,
         }
         .boxed_unsync()
     });
-    let io = async move {
-        match conn_task.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(Error::from(e)),
-            Err(_) => Ok(()),
-        }
+    // The connection's task is the pool's (or the lease's), not the response's: nothing
+    // is left for wasmtime to drive.
+    Ok((response, Box::new(async { Ok(()) })))
+}
+
+/// A new connection for `key` to the first of `vetted` that answers: TCP, TLS with the
+/// provider's trust for an `https` URL, then the HTTP/1.1 handshake; its task spawned.
+async fn open(
+    policy: &HttpPolicy,
+    key: super::pool::Key,
+    vetted: &[SocketAddr],
+    shown: &str,
+    connect_deadline: tokio::time::Instant,
+) -> Result<super::pool::Conn, Error> {
+    let stream = connect(vetted, connect_deadline).await?;
+    let addr = stream.peer_addr().map_err(Error::Connect)?;
+    let io: Box<dyn IoStream> = if key.https {
+        let host = key.host.as_str();
+        let name = match host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+        {
+            Ok(ip) => rustls::pki_types::ServerName::IpAddress(ip.into()),
+            Err(_) => rustls::pki_types::ServerName::try_from(host.to_string())
+                .map_err(Error::InvalidDnsNameError)?,
+        };
+        let connector = tokio_rustls::TlsConnector::from(policy.tls.clone());
+        let tls = tokio::time::timeout_at(connect_deadline, connector.connect(name, stream))
+            .await
+            .map_err(|_| Error::ConnectionTimeout)?
+            .map_err(|e| {
+                // The plugin sees only an error code; the operator needs the reason, and a
+                // private backend's self-signed certificate is the usual one.
+                tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, error = %e, "TLS handshake with the backend failed; a backend with a private or self-signed certificate needs its CA in the provider's tls.caFile");
+                Error::Tls(e)
+            })?;
+        Box::new(tls)
+    } else {
+        Box::new(stream)
     };
-    Ok((response, Box::new(io)))
-}
-
-/// A task that is aborted when its handle is dropped (tokio's own handle detaches).
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl<T> Future for AbortOnDrop<T> {
-    type Output = Result<T, tokio::task::JoinError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx)
-    }
+    let (sender, conn) = tokio::time::timeout_at(
+        connect_deadline,
+        hyper::client::conn::http1::Builder::new().handshake(TokioIo::new(io)),
+    )
+    .await
+    .map_err(|_| Error::ConnectionTimeout)??;
+    Ok(super::pool::Conn {
+        sender,
+        _task: super::pool::AbortOnDrop(tokio::spawn(conn)),
+        key,
+        addr,
+    })
 }
 
 trait IoStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
@@ -514,6 +550,13 @@ async fn resolve(
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     if let Ok(ip) = bare.parse::<IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    #[cfg(test)]
+    if let Some(ips) = tests::dns::answer(bare) {
+        return Ok(ips
+            .into_iter()
+            .map(|ip| SocketAddr::new(ip, port))
+            .collect());
     }
     let found = tokio::time::timeout_at(deadline, tokio::net::lookup_host((bare, port)))
         .await
@@ -542,6 +585,7 @@ enum Dial {
 /// Resolves `host` and connects to the first address [`address_problem`] allows (given the
 /// allow-list's literal entries and the operator's own addresses) that answers. Addresses
 /// it refuses are never dialled.
+#[cfg(test)]
 async fn dial(
     host: &str,
     port: u16,
@@ -549,6 +593,20 @@ async fn dial(
     own: &[IpAddr],
     deadline: tokio::time::Instant,
 ) -> Result<TcpStream, Dial> {
+    let vetted = vet(host, port, explicit, own, deadline).await?;
+    connect(&vetted, deadline).await.map_err(Dial::Failed)
+}
+
+/// Resolves `host` and keeps the addresses [`address_problem`] allows (given the
+/// allow-list's literal entries and the operator's own addresses), in the resolver's
+/// order; only these are ever dialled, or served by a pooled connection.
+async fn vet(
+    host: &str,
+    port: u16,
+    explicit: &[IpAddr],
+    own: &[IpAddr],
+    deadline: tokio::time::Instant,
+) -> Result<Vec<SocketAddr>, Dial> {
     let addrs = resolve(host, port, deadline).await.map_err(Dial::Failed)?;
     let (vetted, refused): (Vec<_>, Vec<_>) = addrs
         .into_iter()
@@ -562,8 +620,7 @@ async fn dial(
                 .collect(),
         ));
     }
-    let vetted: Vec<SocketAddr> = vetted.into_iter().map(|(a, _)| a).collect();
-    connect(&vetted, deadline).await.map_err(Dial::Failed)
+    Ok(vetted.into_iter().map(|(a, _)| a).collect())
 }
 
 async fn connect(addrs: &[SocketAddr], deadline: tokio::time::Instant) -> Result<TcpStream, Error> {
@@ -588,8 +645,19 @@ struct CappedBody {
     seen: u64,
     between_bytes: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
+    /// The connection: back to the provider's pool if the body was read to the end.
+    lease: super::pool::Lease,
     /// The request's in-flight slot, held while the guest holds the body.
     _slot: Slot,
+}
+
+impl Drop for CappedBody {
+    fn drop(&mut self) {
+        // A body with nothing left (a 204, a HEAD, a zero length) the guest never read.
+        if self.inner.is_end_stream() {
+            self.lease.done();
+        }
+    }
 }
 
 impl Body for CappedBody {
@@ -613,7 +681,10 @@ impl Body for CappedBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Error::from(e)))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                self.lease.done();
+                Poll::Ready(None)
+            }
             Poll::Pending => match self.timer.as_mut().poll(cx) {
                 Poll::Ready(()) => Poll::Ready(Some(Err(Error::ConnectionReadTimeout))),
                 Poll::Pending => Poll::Pending,
@@ -640,12 +711,12 @@ pub fn tls_config(
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
     if insecure {
-        return Ok(Arc::new(
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
-                .with_no_client_auth(),
-        ));
+        let mut config = builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
+            .with_no_client_auth();
+        config.resumption = rustls::client::Resumption::in_memory_sessions(TLS_SESSION_SERVERS);
+        return Ok(Arc::new(config));
     }
     let mut roots = rustls::RootCertStore::empty();
     match ca_file {
@@ -669,10 +740,16 @@ pub fn tls_config(
         }
         None => roots = system_roots().clone(),
     }
-    Ok(Arc::new(
-        builder.with_root_certificates(roots).with_no_client_auth(),
-    ))
+    let mut config = builder.with_root_certificates(roots).with_no_client_auth();
+    config.resumption = rustls::client::Resumption::in_memory_sessions(TLS_SESSION_SERVERS);
+    Ok(Arc::new(config))
 }
+
+/// Server names whose TLS sessions a provider's config keeps for resumption (rustls'
+/// in-memory cache, per provider as its config is): a new connection to a backend it
+/// spoke to resumes instead of a full handshake. Counted in the fit as
+/// `config::fit::TLS_SESSION_CACHE_BYTES`.
+pub const TLS_SESSION_SERVERS: usize = 4;
 
 /// The system's CA roots, loaded once; the Mozilla set when the system has none (a
 /// distroless image may ship only the bundle rustls-native-certs does not find).
@@ -742,6 +819,189 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyCert {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rate::{Budget, Priority, Spec};
+    use std::sync::atomic::Ordering;
+
+    /// The resolver's test seam: names ending in `.pool.test` answer what a test set.
+    pub(super) mod dns {
+        use std::collections::HashMap;
+        use std::net::IpAddr;
+        use std::sync::Mutex;
+
+        static ANSWERS: Mutex<Option<HashMap<String, Vec<IpAddr>>>> = Mutex::new(None);
+
+        pub fn set(name: &str, ips: &[IpAddr]) {
+            let mut a = ANSWERS.lock().unwrap();
+            a.get_or_insert_default().insert(name.into(), ips.to_vec());
+        }
+
+        pub fn answer(name: &str) -> Option<Vec<IpAddr>> {
+            let name = name.strip_suffix('.').unwrap_or(name);
+            ANSWERS.lock().unwrap().as_ref()?.get(name).cloned()
+        }
+    }
+
+    fn policy(
+        name: &str,
+        port: u16,
+        limits: crate::config::HttpLimits,
+        budget: Option<Spec>,
+    ) -> Arc<HttpPolicy> {
+        let rules = [
+            format!("http://127.0.0.1:{port}"),
+            format!("http://moved.pool.test:{port}"),
+        ];
+        Arc::new(HttpPolicy {
+            provider: name.into(),
+            allow: AllowList::new(rules.iter().map(|r| r.parse().unwrap()).collect()),
+            pool: super::super::pool::Pool::new(limits.max_idle, limits.idle_timeout),
+            limits,
+            tls: tls_config(None, false).unwrap(),
+            sensitive: Arc::default(),
+            budget: budget.map(|b| Arc::new(Budget::new(b))),
+        })
+    }
+
+    fn call() -> CallBudget {
+        let clock = super::super::clock::CallClock::new(
+            std::time::Instant::now(),
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        );
+        CallBudget::new(Priority::Urgent, Arc::new(clock), None)
+    }
+
+    /// One request through [`send`], as a plugin's `wasi:http` call makes it; the body
+    /// read to the end.
+    async fn get(policy: &Arc<HttpPolicy>, url: &str, call: &CallBudget) -> Result<String, Error> {
+        let pool = policy.pool.clone();
+        let slot = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let stop = Tripwire::default();
+        let body = http_body_util::Empty::<Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let request = http::Request::get(url).body(body).unwrap();
+        let c = Call {
+            budget: call,
+            stop: &stop,
+            shown_host: "test",
+        };
+        let (resp, _io) = send(policy, &pool, request, None, Arc::new(slot), c).await?;
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    /// A second request of a call, and the requests of the next call, go over the first
+    /// request's connection; every one of them still costs a token of the budget.
+    #[tokio::test]
+    async fn requests_reuse_the_connection_and_each_costs_a_token() {
+        let s = super::super::pool::tests::server().await;
+        let url = format!("http://127.0.0.1:{}/x", s.addr.port());
+        let spec = Spec {
+            per_hour: 1,
+            burst: 10,
+        };
+        let p = policy("a", s.addr.port(), Default::default(), Some(spec));
+        let first = call();
+        assert_eq!(get(&p, &url, &first).await.unwrap(), "ok");
+        assert_eq!(get(&p, &url, &first).await.unwrap(), "ok");
+        let next = call();
+        assert_eq!(get(&p, &url, &next).await.unwrap(), "ok");
+        assert_eq!(s.accepted.load(Ordering::SeqCst), 1, "one connection");
+        assert_eq!(s.requests.load(Ordering::SeqCst), 3);
+        assert_eq!((first.sent(), next.sent()), (2, 1));
+        let left = p.budget.as_ref().unwrap().tokens();
+        assert!((6.9..7.1).contains(&left), "3 tokens of 10 taken: {left}");
+        let pool = p.pool.clone();
+        assert_eq!(pool.counts(), (1, 2), "opened once, reused twice");
+    }
+
+    /// Two providers calling the same host never share a connection; maxIdle 0 keeps
+    /// none.
+    #[tokio::test]
+    async fn providers_never_share_a_connection() {
+        let s = super::super::pool::tests::server().await;
+        let url = format!("http://127.0.0.1:{}/", s.addr.port());
+        let a = policy("a", s.addr.port(), Default::default(), None);
+        let b = policy("b", s.addr.port(), Default::default(), None);
+        for _ in 0..2 {
+            get(&a, &url, &call()).await.unwrap();
+            get(&b, &url, &call()).await.unwrap();
+        }
+        assert_eq!(s.accepted.load(Ordering::SeqCst), 2, "one each");
+        let none = crate::config::HttpLimits {
+            max_idle: 0,
+            ..Default::default()
+        };
+        let c = policy("c", s.addr.port(), none, None);
+        get(&c, &url, &call()).await.unwrap();
+        get(&c, &url, &call()).await.unwrap();
+        assert_eq!(
+            s.accepted.load(Ordering::SeqCst),
+            4,
+            "maxIdle 0: one per request"
+        );
+    }
+
+    /// A provider dropped (what a reload does to the old ones) closes its idle
+    /// connections; its successor opens its own.
+    #[tokio::test]
+    async fn dropping_the_policy_closes_its_pool() {
+        let s = super::super::pool::tests::server().await;
+        let url = format!("http://127.0.0.1:{}/", s.addr.port());
+        let old = policy("a", s.addr.port(), Default::default(), None);
+        get(&old, &url, &call()).await.unwrap();
+        let pool = Arc::downgrade(&old.pool);
+        drop(old);
+        settle().await;
+        assert!(pool.upgrade().is_none(), "the pool went with its provider");
+        assert_eq!(s.closed.load(Ordering::SeqCst), 1, "and its socket");
+        let new = policy("a", s.addr.port(), Default::default(), None);
+        get(&new, &url, &call()).await.unwrap();
+        assert_eq!(s.accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// A host with a kept-alive connection whose name now resolves to an address the
+    /// vetting refuses (internal, and not named literally) is refused: the pooled
+    /// connection is not used, because the lookup and the vetting run for every request.
+    #[tokio::test]
+    async fn a_pooled_connection_never_bypasses_the_address_vetting() {
+        let s = super::super::pool::tests::server().await;
+        let port = s.addr.port();
+        let p = policy("a", port, Default::default(), None);
+        // A connection made for moved.pool.test when it resolved to a vetted address.
+        let stream = TcpStream::connect(s.addr).await.unwrap();
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        let key = super::super::pool::Key {
+            https: false,
+            host: "moved.pool.test".into(),
+            port,
+        };
+        let pool = p.pool.clone();
+        pool.put(super::super::pool::Conn {
+            sender,
+            _task: super::super::pool::AbortOnDrop(tokio::spawn(conn)),
+            key,
+            addr: s.addr,
+        });
+        let url = format!("http://moved.pool.test:{port}/");
+        for now in ["10.9.8.7", "127.0.0.1"] {
+            dns::set("moved.pool.test", &[now.parse().unwrap()]);
+            match get(&p, &url, &call()).await {
+                Err(Error::DestinationIpProhibited) => {}
+                other => panic!("resolving to {now}: want refused, got {other:?}"),
+            }
+        }
+        assert_eq!(s.requests.load(Ordering::SeqCst), 0, "nothing sent on it");
+        assert_eq!(pool.counts(), (0, 0));
+    }
 
     /// A request whose allowed name resolves to one of this machine's own addresses (not
     /// loopback: a pod's address, public on IPv6 clusters) is never dialled, while a server

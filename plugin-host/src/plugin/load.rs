@@ -385,6 +385,7 @@ impl Runtime {
             provider: name.to_string(),
             budget,
             allow: crate::policy::AllowList::new(rules),
+            pool: super::pool::Pool::new(limits.http.max_idle, limits.http.idle_timeout),
             limits: limits.http.clone(),
             tls,
             sensitive: sensitive.clone(),

@@ -21,6 +21,7 @@ pub mod limits;
 mod load;
 mod metrics;
 mod output;
+mod pool;
 mod precheck;
 mod quotes;
 mod reply;
