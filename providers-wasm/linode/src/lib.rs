@@ -17,8 +17,7 @@ use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::time::{now, parse_rfc3339};
 use egress_guest_sdk::{
     self as sdk, CreateRequest, Instance, Level, Placement, PluginInfo, Price, Provider, ProviderError, State,
-    TargetStatus,
-    export_provider,
+    TargetStatus, export_provider,
 };
 use marks::{ID, parse_id};
 use serde_json::json;
@@ -206,10 +205,7 @@ fn quote(p: &Placement) -> Result<(Option<Price>, String), ProviderError> {
         .send_ok()
         .and_then(|r| r.json())
         .map_err(|e| not_gone(e, "check config.types against GET /linode/types"))?;
-    let price = t.hourly_micros(place.region).map(|micros_per_hour| Price {
-        currency: "USD".into(),
-        micros_per_hour,
-    });
+    let price = t.hourly_micros(place.region).map(|micros_per_hour| Price { currency: "USD".into(), micros_per_hour });
     let what = match &price {
         Some(pr) => format!("{} in {}: {} micro-USD an hour", t.id, place.region, pr.micros_per_hour),
         None => format!("{} in {}: no hourly price published", t.id, place.region),
