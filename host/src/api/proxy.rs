@@ -236,6 +236,19 @@ impl Capacity {
 }
 
 impl Placement {
+    /// The runtime's placement: what a create request, a quote or a price lookup carries.
+    pub fn to_provider(&self) -> egress_plugin_host::provider::Placement {
+        egress_plugin_host::provider::Placement {
+            capacity: self.capacity.to_provider(),
+            ..egress_plugin_host::provider::Placement::new(
+                &self.region,
+                &self.zone,
+                &self.machine_type,
+                &self.image,
+            )
+        }
+    }
+
     /// An on-demand placement.
     pub fn new(region: &str, zone: &str, machine_type: &str, image: &str) -> Self {
         Placement {

@@ -157,16 +157,7 @@ pub fn known_prices(
 ) -> BTreeMap<String, egress_plugin_host::provider::Price> {
     let mut out = BTreeMap::new();
     for (name, _, proxy) in &spec.placements {
-        let p = &proxy.placement;
-        let placement = egress_plugin_host::provider::Placement {
-            capacity: p.capacity.to_provider(),
-            ..egress_plugin_host::provider::Placement::new(
-                &p.region,
-                &p.zone,
-                &p.machine_type,
-                &p.image,
-            )
-        };
+        let placement = proxy.placement.to_provider();
         let known = registry
             .and_then(|r| r.get(&proxy.provider))
             .and_then(|provider| provider.known_price(&placement));

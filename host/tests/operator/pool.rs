@@ -18,8 +18,7 @@ use proxy_operator::api::{
     self, LABEL_POOL, PoolPlacement, Proxy, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, condition,
     pool_condition,
 };
-use proxy_operator::controller::{self, Context, HealthHook};
-use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
+use proxy_operator::controller::Context;
 use proxy_operator::registry::ProviderRegistry;
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -77,43 +76,14 @@ impl Env {
             ));
             emulators.push(hz);
         }
-        let (echo, echo_task) = support::tinyproxy::echo_server().await;
-        let engine = ProbeEngine::new(
-            EngineConfig {
-                interval: Duration::from_millis(200),
-                concurrency: 16,
-                thresholds: Thresholds {
-                    failure: 3,
-                    success: 1,
-                },
-            },
-            None,
-        );
         let ctx = Context::new(
             client.clone(),
             ProviderRegistry::new(registered),
             support::fast_settings("install-pool", 1000, 300),
-        )
-        .with_health(HealthHook {
-            engine,
-            target: format!("127.0.0.1:{echo}"),
-            egress_echo: None,
-            timeout: Duration::from_secs(2),
-            tls: None,
-            probe_refresh: Duration::from_secs(60),
-        });
-        // One Proxy cache for the reconciler and the pool controller, as in `run`.
-        let (cache, feed, reflect) = proxy_operator::proxy_cache::watch_proxies(client.clone());
-        tokio::spawn(reflect);
-        let ctx = ctx.with_proxy_cache(cache.clone(), feed.clone());
-        tokio::spawn(controller::run(Arc::new(ctx), std::future::pending::<()>()));
-        tokio::spawn(proxy_operator::pool::run(
-            client.clone(),
-            cache,
-            feed,
-            Default::default(),
-            std::future::pending::<()>(),
-        ));
+        );
+        let echo_task =
+            support::run_reconciler_and_pools(client.clone(), ctx, Duration::from_millis(200))
+                .await;
         Some(Env {
             pools: Api::namespaced(client, NS),
             api,

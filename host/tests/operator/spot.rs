@@ -17,8 +17,7 @@ use kube::api::{Api, PostParams};
 use proxy_operator::api::{
     self, Capacity, CloudInit, Placement, PoolPlacement, Proxy, ProxyPool, ProxyPoolSpec, ProxySpec,
 };
-use proxy_operator::controller::{self, Context, HealthHook, ReconcileMetrics};
-use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
+use proxy_operator::controller::{Context, ReconcileMetrics};
 use proxy_operator::registry::ProviderRegistry;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -97,18 +96,6 @@ async fn a_spot_pool_replaces_what_the_cloud_reclaims() {
         )
         .await,
     );
-    let (echo, _echo) = support::tinyproxy::echo_server().await;
-    let engine = ProbeEngine::new(
-        EngineConfig {
-            interval: PROBE_INTERVAL,
-            concurrency: 16,
-            thresholds: Thresholds {
-                failure: 3,
-                success: 1,
-            },
-        },
-        None,
-    );
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = ReconcileMetrics::register(&mut registry);
     let ctx = Context::new(
@@ -116,26 +103,8 @@ async fn a_spot_pool_replaces_what_the_cloud_reclaims() {
         ProviderRegistry::new([provider]),
         support::fast_settings("install-spot", 3_600_000, 300),
     )
-    .with_metrics(metrics)
-    .with_health(HealthHook {
-        engine,
-        target: format!("127.0.0.1:{echo}"),
-        egress_echo: None,
-        timeout: Duration::from_secs(2),
-        tls: None,
-        probe_refresh: Duration::from_secs(60),
-    });
-    let (cache, feed, reflect) = proxy_operator::proxy_cache::watch_proxies(client.clone());
-    tokio::spawn(reflect);
-    let ctx = ctx.with_proxy_cache(cache.clone(), feed.clone());
-    tokio::spawn(controller::run(Arc::new(ctx), std::future::pending::<()>()));
-    tokio::spawn(proxy_operator::pool::run(
-        client.clone(),
-        cache,
-        feed,
-        Default::default(),
-        std::future::pending::<()>(),
-    ));
+    .with_metrics(metrics);
+    let _echo = support::run_reconciler_and_pools(client.clone(), ctx, PROBE_INTERVAL).await;
 
     let port = support::tinyproxy::free_port();
     let template = ProxySpec {

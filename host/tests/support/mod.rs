@@ -332,3 +332,51 @@ pub fn fast_settings(
     settings.backoff_max = Duration::from_millis(200);
     settings
 }
+
+/// The Proxy reconciler of `ctx` with a health engine (a CONNECT through every proxy each
+/// `probe_interval`, unhealthy after 3 failures in a row, to an echo server on 127.0.0.1)
+/// and the pool controller, over one Proxy cache, as `run` wires them. Returns the echo
+/// server's task: keep it for the test's length.
+pub async fn run_reconciler_and_pools(
+    client: kube::Client,
+    ctx: proxy_operator::controller::Context,
+    probe_interval: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    use proxy_operator::probe::{EngineConfig, ProbeEngine, Thresholds};
+    use std::time::Duration;
+    let (echo, echo_task) = tinyproxy::echo_server().await;
+    let engine = ProbeEngine::new(
+        EngineConfig {
+            interval: probe_interval,
+            concurrency: 16,
+            thresholds: Thresholds {
+                failure: 3,
+                success: 1,
+            },
+        },
+        None,
+    );
+    let ctx = ctx.with_health(proxy_operator::controller::HealthHook {
+        engine,
+        target: format!("127.0.0.1:{echo}"),
+        egress_echo: None,
+        timeout: Duration::from_secs(2),
+        tls: None,
+        probe_refresh: Duration::from_secs(60),
+    });
+    let (cache, feed, reflect) = proxy_operator::proxy_cache::watch_proxies(client.clone());
+    tokio::spawn(reflect);
+    let ctx = ctx.with_proxy_cache(cache.clone(), feed.clone());
+    tokio::spawn(proxy_operator::controller::run(
+        std::sync::Arc::new(ctx),
+        std::future::pending::<()>(),
+    ));
+    tokio::spawn(proxy_operator::pool::run(
+        client,
+        cache,
+        feed,
+        Default::default(),
+        std::future::pending::<()>(),
+    ));
+    echo_task
+}

@@ -5,7 +5,7 @@ use crate::controller::decide::{Answer, Call, DeletePurpose, GetPurpose};
 use egress_plugin_host::provider::Priority;
 use egress_plugin_host::provider::State;
 use egress_plugin_host::provider::{
-    Class, CreateRequest, Op, Placement, Provider, ProviderError, name_from_uid,
+    Class, CreateRequest, Op, Provider, ProviderError, name_from_uid,
 };
 
 use tracing::debug;
@@ -48,13 +48,7 @@ impl<'a> Shell<'a> {
                     namespace: self.namespace.clone(),
                     proxy_name: self.name.clone(),
                     installation: self.ctx.settings.installation.clone(),
-                    placement: Placement {
-                        region: p.region.clone(),
-                        zone: p.zone.clone(),
-                        machine_type: p.machine_type.clone(),
-                        image: p.image.clone(),
-                        capacity: p.capacity.to_provider(),
-                    },
+                    placement: p.to_provider(),
                     cloud_init: r.cloud_init.clone(),
                     port: r.port,
                     ip_family: self.proxy.spec.ip_family.to_provider(),

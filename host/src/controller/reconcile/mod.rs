@@ -231,16 +231,7 @@ impl<'a> Shell<'a> {
             None if status.hourly_price.is_some() => return None,
             None => {
                 let provider = self.provider.as_ref()?;
-                let p = &self.proxy.spec.placement;
-                let placement = egress_plugin_host::provider::Placement {
-                    capacity: p.capacity.to_provider(),
-                    ..egress_plugin_host::provider::Placement::new(
-                        &p.region,
-                        &p.zone,
-                        &p.machine_type,
-                        &p.image,
-                    )
-                };
+                let placement = self.proxy.spec.placement.to_provider();
                 match provider.quote(&placement).await {
                     Ok(found) => found?,
                     Err(e) => {
