@@ -49,47 +49,10 @@ pub(crate) fn router(state: &S) -> Router<S> {
         })
 }
 
-// ---- percent-encoding -------------------------------------------------------------------
-
-/// Percent-decodes `s` (`+` as a space in forms).
-pub(crate) fn decode(s: &str, plus: bool) -> String {
-    let (mut out, mut b) = (Vec::new(), s.as_bytes());
-    while let Some((&c, rest)) = b.split_first() {
-        let hex = rest.get(..2).and_then(|h| std::str::from_utf8(h).ok());
-        match (c, hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(x)) => {
-                out.push(x);
-                b = &rest[2..];
-            }
-            (b'+', _) if plus => {
-                out.push(b' ');
-                b = rest;
-            }
-            _ => {
-                out.push(c);
-                b = rest;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Percent-encodes a query value.
-pub(crate) fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 // ---- the gate ---------------------------------------------------------------------------
 
 fn segments(path: &str) -> Vec<String> {
-    path.trim_matches('/').split('/').map(|s| decode(s, false)).collect()
+    path.trim_matches('/').split('/').map(|s| super::percent::decode(s, false)).collect()
 }
 
 /// The shared operation of a call and its name for the stats (`PUT
@@ -584,11 +547,14 @@ fn parse_top(call: &Call) -> Result<Option<usize>, ArmError> {
 
 /// The `nextLink` of a list: the same query with the next `$skiptoken`.
 fn next_link(b: &Backend, call: &Call, next: usize) -> String {
-    let path = format!("/{}", call.segs.iter().map(|s| encode(s)).collect::<Vec<_>>().join("/"));
+    let path = format!(
+        "/{}",
+        call.segs.iter().map(|s| super::percent::encode(s)).collect::<Vec<_>>().join("/")
+    );
     let mut url = format!("{}{path}?", b.base_url);
     for (k, v) in &call.query {
         if !k.eq_ignore_ascii_case("$skiptoken") {
-            url.push_str(&format!("{k}={}&", encode(v)));
+            url.push_str(&format!("{k}={}&", super::percent::encode(v)));
         }
     }
     format!("{url}$skiptoken={}", skiptoken(next))

@@ -52,7 +52,7 @@ fn form(body: &str) -> Vec<(String, String)> {
         .filter(|kv| !kv.is_empty())
         .map(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (super::api::decode(k, true), super::api::decode(v, true))
+            (super::percent::decode(k, true), super::percent::decode(v, true))
         })
         .collect()
 }

@@ -181,6 +181,7 @@ mod auth;
 mod control;
 mod error;
 mod model;
+mod percent;
 mod prices;
 mod render;
 pub mod tags;

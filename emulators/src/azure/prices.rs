@@ -146,7 +146,7 @@ pub(crate) async fn prices(
     let next = (skip + size < all.len()).then(|| {
         let mut url = format!("{}/api/retail/prices?", b.base_url);
         if !filter.is_empty() {
-            url.push_str(&format!("$filter={}&", super::api::encode(&filter)));
+            url.push_str(&format!("$filter={}&", super::percent::encode(&filter)));
         }
         format!("{url}$skip={}", skip + size)
     });

@@ -60,7 +60,11 @@ async fn raw(
 }
 
 fn form(pairs: &[(&str, &str)]) -> String {
-    pairs.iter().map(|(k, v)| format!("{k}={}", api::encode(v))).collect::<Vec<_>>().join("&")
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={}", super::percent::encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 async fn token_request(emu: &AzureEmulator, tenant: &str, pairs: &[(&str, &str)]) -> Resp {
@@ -617,7 +621,7 @@ async fn lists_by_tag_page_with_next_links() {
     }
     let other = json!({"owner": "someone-else"});
     arm(&emu, &tok, "PUT", &ip_path("foreign"), Some(ip_body(&other))).await;
-    let filter = api::encode("tagName eq 'egress-installation' and tagValue eq 'inst'");
+    let filter = super::percent::encode("tagName eq 'egress-installation' and tagValue eq 'inst'");
     let mut url = format!("/subscriptions/{SUB}/resources?$filter={filter}&api-version=2021-04-01");
     let (mut seen, mut pages) = (Vec::new(), 0);
     loop {
@@ -641,15 +645,16 @@ async fn lists_by_tag_page_with_next_links() {
     // By tag name only, tags come back; $top makes pages of one.
     let by_name = format!(
         "/subscriptions/{SUB}/resources?$filter={}&$top=1&api-version=2021-04-01",
-        api::encode("tagName eq 'owner'")
+        super::percent::encode("tagName eq 'owner'")
     );
     let r = arm(&emu, &tok, "GET", &by_name, None).await;
     assert_eq!(r.body["value"].as_array().unwrap().len(), 1);
     assert_eq!(r.body["value"][0]["tags"], other);
     assert!(r.body.get("nextLink").is_none());
     // A tag filter combined with anything else is refused, as ARM does.
-    let mixed =
-        api::encode("tagName eq 'owner' and resourceType eq 'Microsoft.Network/publicIPAddresses'");
+    let mixed = super::percent::encode(
+        "tagName eq 'owner' and resourceType eq 'Microsoft.Network/publicIPAddresses'",
+    );
     let r = arm(
         &emu,
         &tok,
@@ -888,7 +893,7 @@ async fn spot_capacity_can_be_refused() {
 #[tokio::test]
 async fn retail_prices_come_from_the_config() {
     let emu = AzureEmulator::start(AzureConfig { prices_page_size: 2, ..AzureConfig::default() });
-    let filter = api::encode(
+    let filter = super::percent::encode(
         "serviceName eq 'Virtual Machines' and armRegionName eq 'westeurope' and armSkuName eq 'Standard_B1s' and priceType eq 'Consumption'",
     );
     let r = raw(&emu, "GET", &format!("/api/retail/prices?$filter={filter}"), &[], "").await;
@@ -917,7 +922,7 @@ async fn retail_prices_come_from_the_config() {
         (Some("B1s Spot"), Some(0.0025))
     );
     assert!(r.body["NextPageLink"].is_null());
-    let none = api::encode("armSkuName eq 'Standard_Nope'");
+    let none = super::percent::encode("armSkuName eq 'Standard_Nope'");
     let r = raw(&emu, "GET", &format!("/api/retail/prices?$filter={none}"), &[], "").await;
     assert_eq!((r.body["Items"].clone(), r.body["Count"].as_u64()), (json!([]), Some(0)));
 }

@@ -214,12 +214,12 @@ pub struct ProxyTemplate {
 pub struct TemplateMetadata {
     /// At most 64, values of at most 63 characters (Kubernetes' limit for a label value).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(schema_with = "schema::template_labels")]
+    #[schemars(schema_with = "template_labels")]
     pub labels: BTreeMap<String, String>,
     /// At most 64, values of at most 2 KiB: all of them fit Kubernetes' 256 KiB for an
     /// object's annotations, so a Proxy is never refused for them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(schema_with = "schema::template_annotations")]
+    #[schemars(schema_with = "template_annotations")]
     pub annotations: BTreeMap<String, String>,
 }
 
@@ -396,4 +396,16 @@ pub mod pool_condition {
     pub const PROGRESSING: &str = "Progressing";
     /// At least one placement is skipped after quota or permanent errors.
     pub const PLACEMENTS_FAILING: &str = "PlacementsFailing";
+}
+
+/// A pool template's labels: [`MAX_TEMPLATE_KEYS`] of
+/// label values.
+fn template_labels(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schema::bounded_map(MAX_TEMPLATE_KEYS, MAX_LABEL_VALUE)
+}
+
+/// A pool template's annotations: [`MAX_TEMPLATE_KEYS`]
+/// of at most [`MAX_ANNOTATION_VALUE`] characters.
+fn template_annotations(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schema::bounded_map(MAX_TEMPLATE_KEYS, MAX_ANNOTATION_VALUE)
 }

@@ -76,7 +76,7 @@ pub fn conditions(_: &mut SchemaGenerator) -> Schema {
 /// A string map of at most `max` entries whose values are at most `value_max` characters.
 /// (The keys are the API server's to check: it refuses a Proxy with a malformed label or
 /// annotation key, and the pool reports that refusal as `InvalidSpec`.)
-fn bounded_map(max: usize, value_max: usize) -> Schema {
+pub fn bounded_map(max: usize, value_max: usize) -> Schema {
     json_schema!({
         "type": "object",
         "maxProperties": max,
@@ -85,18 +85,4 @@ fn bounded_map(max: usize, value_max: usize) -> Schema {
             "maxLength": value_max,
         },
     })
-}
-
-/// A pool template's labels: [`MAX_TEMPLATE_KEYS`](super::proxy_pool::MAX_TEMPLATE_KEYS) of
-/// label values.
-pub fn template_labels(_: &mut SchemaGenerator) -> Schema {
-    use super::proxy_pool::{MAX_LABEL_VALUE, MAX_TEMPLATE_KEYS};
-    bounded_map(MAX_TEMPLATE_KEYS, MAX_LABEL_VALUE)
-}
-
-/// A pool template's annotations: [`MAX_TEMPLATE_KEYS`](super::proxy_pool::MAX_TEMPLATE_KEYS)
-/// of at most [`MAX_ANNOTATION_VALUE`](super::proxy_pool::MAX_ANNOTATION_VALUE) characters.
-pub fn template_annotations(_: &mut SchemaGenerator) -> Schema {
-    use super::proxy_pool::{MAX_ANNOTATION_VALUE, MAX_TEMPLATE_KEYS};
-    bounded_map(MAX_TEMPLATE_KEYS, MAX_ANNOTATION_VALUE)
 }
