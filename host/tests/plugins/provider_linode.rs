@@ -561,4 +561,6 @@ async fn quote_reads_the_type_price_list() {
     let e = ln.p.quote(&other).await.unwrap_err();
     assert_eq!(e.class, Class::Permanent, "{e}");
     assert!(e.message.contains("g6-dedicated-2"), "{e}");
+    // A failure is kept as "no price" for the hour: the plugin is not run again for it.
+    assert_eq!(ln.p.quote(&other).await.unwrap(), None);
 }

@@ -212,7 +212,7 @@ impl Provider for WasmProvider {
         if let Some(hit) = kept {
             return Ok(hit);
         }
-        let price = match self
+        let answer = match self
             .call(
                 Op::Quote,
                 "",
@@ -220,18 +220,20 @@ impl Provider for WasmProvider {
                 GuestCall::Quote(placement),
                 Priority::of_op(Op::Quote),
             )
-            .await?
+            .await
         {
-            GuestReply::Quote(Ok(p)) => p,
-            GuestReply::Quote(Err(e)) => return Err(self.wrap(Op::Quote, "", e)),
-            _ => unreachable!("quote returns GuestReply::Quote"),
+            Ok(GuestReply::Quote(Ok(p))) => Ok(p),
+            Ok(GuestReply::Quote(Err(e))) => Err(self.wrap(Op::Quote, "", e)),
+            Ok(_) => unreachable!("quote returns GuestReply::Quote"),
+            Err(e) => Err(e),
         };
-        self.shared
-            .quotes
-            .lock()
+        // A failure is kept as "no price" too: every reconcile of a running Proxy without a
+        // price asks, and a plugin whose quote keeps failing must not cost a call each time.
+        let kept = answer.as_ref().ok().cloned().flatten();
+        (self.shared.quotes.lock())
             .unwrap_or_else(|e| e.into_inner())
-            .put(placement, price.clone(), now);
-        Ok(price)
+            .put(placement, kept, now);
+        answer
     }
 
     /// A check never fails as a whole: a failed call becomes one not-ready target.

@@ -3,7 +3,9 @@
 //! Why a cache: a price is asked for every Proxy that goes Running, and a pool of a
 //! thousand Proxies has one placement; prices change on the scale of days. Each quote is a
 //! backend request that costs request budget like any other, so one per placement per hour
-//! is what the budget pays. Failures are not kept: the next Proxy asks again.
+//! is what the budget pays. A failed quote is kept as "no price" for the same hour: the
+//! reconciler asks on every pass of a running Proxy without a price, and a plugin whose
+//! quote keeps failing must not cost a plugin call each time.
 
 use crate::provider::{Capacity, Placement, Price};
 use std::collections::HashMap;
