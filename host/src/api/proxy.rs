@@ -341,12 +341,17 @@ pub struct HourlyPrice {
     #[schemars(length(min = 3, max = 3))]
     pub currency: String,
     /// At most six decimals.
-    #[schemars(length(min = 1, max = 16))]
+    #[schemars(length(min = 1, max = PER_HOUR_MAX))]
     pub per_hour: String,
 }
 
+/// The longest `perHour` the operator writes: any `u64` of millionths (a plugin's price is
+/// one, a pool's sum saturates at one) renders in 21 characters. With less, a plugin
+/// quoting a huge price got every status write of its Proxies refused by the API server.
+pub const PER_HOUR_MAX: usize = 21;
+
 impl HourlyPrice {
-    /// The status form of a runtime price.
+    /// The status form of a runtime price; any amount fits [`PER_HOUR_MAX`].
     pub fn of(p: &egress_plugin_host::provider::Price) -> Self {
         HourlyPrice {
             currency: p.currency.clone(),

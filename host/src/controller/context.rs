@@ -213,6 +213,8 @@ pub struct Context {
     /// asks the provider (Get) instead of trusting the last list, so an instance the cloud
     /// reclaimed or stopped is found within a probe interval, not a drift poll.
     pub(super) suspects: Mutex<std::collections::HashSet<String>>,
+    /// Prices asked in the background, one quote per placement (see [`super::pricing`]).
+    pub(super) pricing: Arc<super::pricing::Pricing>,
     pub(super) health: Option<HealthHook>,
     pub(super) metrics: ReconcileMetrics,
     /// Drift detection by list (see [`crate::inventory`]); without it, one Get per Running
@@ -242,6 +244,7 @@ impl Context {
             settings,
             failures: Mutex::new(HashMap::new()),
             suspects: Mutex::new(Default::default()),
+            pricing: Default::default(),
             health: None,
             metrics: ReconcileMetrics::default(),
             inventory: None,

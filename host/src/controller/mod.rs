@@ -18,6 +18,7 @@ pub use decide::{Answer, Call, Decision, Input, Next, Observed, Timings, decide}
 pub use spec_hash::{keyed as keyed_spec_hash, spec_hash};
 mod bounds;
 mod context;
+mod pricing;
 mod reconcile;
 mod wiring;
 pub(crate) use bounds::{CONDITION_MESSAGE_MAX, EVENT_NOTE_MAX, truncate};

@@ -115,6 +115,10 @@ pub async fn run(
     // (see `trigger_hash`): the operator's own status writes come back through the watch
     // and would otherwise each cost one more reconcile with a provider call.
     let changes = applied.predicate_filter(trigger_hash, PredicateConfig::default());
+    // Proxies whose price a background quote just brought (see `pricing`).
+    let priced = futures::stream::unfold(ctx.pricing.attach(), |mut rx| async move {
+        rx.recv().await.map(|r| (r, rx))
+    });
     // kube's runner is unbounded; `turns` admits `concurrency` reconciles at a time, in
     // the order they came due (see `turns` for why).
     let turns = Turns::new(concurrency);
@@ -126,6 +130,7 @@ pub async fn run(
         .reconcile_on(probed)
         .reconcile_on(rechecks)
         .reconcile_on(secret_changes)
+        .reconcile_on(priced)
         .graceful_shutdown_on(async move {
             shutdown.await;
             close.close();

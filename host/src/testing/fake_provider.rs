@@ -85,6 +85,12 @@ struct Inner {
     last_create: Option<CreateRequest>,
     /// What `known_price` answers, by placement zone.
     known_prices: BTreeMap<String, Price>,
+    /// What `quote` answers, by placement zone (absent: no price).
+    quotes: BTreeMap<String, Price>,
+    /// Prices `quote` answered, which `known_price` then knows (as the plugin adapter
+    /// keeps its quotes).
+    quoted: BTreeMap<String, Price>,
+    quote_calls: usize,
 }
 
 /// The fake provider. Instance IDs are `fake/<name>`.
@@ -94,6 +100,7 @@ pub struct FakeProvider {
     behaviour: Arc<Mutex<Behaviour>>,
     inner: Arc<Mutex<Inner>>,
     hold_creates: Arc<AtomicBool>,
+    hold_quotes: Arc<AtomicBool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -113,6 +120,7 @@ impl FakeProvider {
             behaviour: Arc::new(Mutex::new(behaviour)),
             inner: Arc::new(Mutex::new(Inner::default())),
             hold_creates: Arc::new(AtomicBool::new(false)),
+            hold_quotes: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -125,6 +133,7 @@ impl FakeProvider {
             behaviour: self.behaviour.clone(),
             inner: self.inner.clone(),
             hold_creates: self.hold_creates.clone(),
+            hold_quotes: self.hold_quotes.clone(),
         }
     }
 
@@ -140,6 +149,22 @@ impl FakeProvider {
         lock(&self.inner)
             .known_prices
             .insert(zone.to_string(), price);
+    }
+
+    /// `quote` of a placement in `zone` answers `price` (as a plugin's catalogue would);
+    /// once it has, `known_price` knows it too.
+    pub fn set_quote(&self, zone: &str, price: Price) {
+        lock(&self.inner).quotes.insert(zone.to_string(), price);
+    }
+
+    /// While on, `quote` does not return (a slow catalogue).
+    pub fn hold_quotes(&self, on: bool) {
+        self.hold_quotes.store(on, Ordering::SeqCst);
+    }
+
+    /// How many times `quote` was called.
+    pub fn quote_calls(&self) -> usize {
+        lock(&self.inner).quote_calls
     }
 
     pub fn set_behaviour(&self, behaviour: Behaviour) {
@@ -379,7 +404,23 @@ impl Provider for FakeProvider {
     }
 
     fn known_price(&self, placement: &Placement) -> Option<Price> {
-        lock(&self.inner).known_prices.get(&placement.zone).cloned()
+        let inner = lock(&self.inner);
+        (inner.known_prices.get(&placement.zone))
+            .or_else(|| inner.quoted.get(&placement.zone))
+            .cloned()
+    }
+
+    async fn quote(&self, placement: &Placement) -> Result<Option<Price>, ProviderError> {
+        lock(&self.inner).quote_calls += 1;
+        while self.hold_quotes.load(Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let mut inner = lock(&self.inner);
+        let price = inner.quotes.get(&placement.zone).cloned();
+        if let Some(p) = &price {
+            inner.quoted.insert(placement.zone.clone(), p.clone());
+        }
+        Ok(price)
     }
 
     fn name(&self) -> &str {

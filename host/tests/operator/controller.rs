@@ -1924,3 +1924,53 @@ async fn a_proxy_created_while_the_watch_was_down_is_reconciled_after_the_relist
         assert_eq!(p.finalizers(), [FINALIZER], "shared cache: {shared}");
     }
 }
+
+/// A price only the provider's quote knows: asked in the background, so a slow catalogue
+/// holds no reconcile (a second Proxy goes Running while the quote hangs), asked once for
+/// the two Proxies of the placement, and written when it comes without waiting for the
+/// drift poll. The largest amount a plugin can give fits the CRD: a plugin quoting it must
+/// not get every status write of its Proxies refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quoted_price_is_asked_once_in_the_background_and_written_whole() {
+    let fake = Arc::new(FakeProvider::new("fake"));
+    fake.set_quote(
+        "z1",
+        egress_plugin_host::provider::Price {
+            currency: "IDR".into(),
+            micros_per_hour: u64::MAX,
+        },
+    );
+    fake.hold_quotes(true);
+    let mut env = Env::start_with(
+        fake.clone(),
+        ProviderRegistry::new([fake.clone() as Arc<dyn Provider>]),
+    )
+    .await;
+    env.crash_controller().await;
+    env.drift = Duration::from_secs(3600);
+    // One reconcile at a time: a reconcile waiting on the quote would hold p2 back.
+    env.concurrency = 1;
+    env.start_controller();
+    env.create("p1", spec("z1")).await;
+    env.create("p2", spec("z1")).await;
+    for name in ["p1", "p2"] {
+        let p = env.wait_running(name).await;
+        assert_eq!(p.status.unwrap().hourly_price, None, "not known yet");
+    }
+    fake.hold_quotes(false);
+    for name in ["p1", "p2"] {
+        let p = env
+            .wait(name, "a price", |p| {
+                p.is_some_and(|p| p.status.as_ref().unwrap().hourly_price.is_some())
+            })
+            .await
+            .unwrap();
+        let price = p.status.unwrap().hourly_price.unwrap();
+        assert_eq!(
+            (price.currency.as_str(), price.per_hour.as_str()),
+            ("IDR", "18446744073709.551615")
+        );
+        assert!(price.per_hour.len() <= proxy_operator::api::PER_HOUR_MAX);
+    }
+    assert_eq!(fake.quote_calls(), 1, "one quote for the placement");
+}

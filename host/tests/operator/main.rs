@@ -11,6 +11,7 @@
 mod support;
 
 mod controller;
+mod cost;
 mod controller_logs;
 mod controller_wasm;
 mod credentials;

@@ -193,6 +193,46 @@ async fn contract_0_2_0_inputs_are_bounded_in_a_running_operator() {
     )
     .await;
 
+    // What a plugin says a placement costs: a quote that never answers holds no reconcile
+    // (the others are priced while it hangs), the largest amount there is fits the
+    // Proxy's status, a currency that is no ISO 4217 code leaves the Proxy without a
+    // price. Each of the three still goes Running, its status written.
+    for name in ["hang", "huge", "currency"] {
+        let mut p = proxy(&format!("quote-{name}"), "");
+        p.spec.placement.machine_type = format!("run+{name}");
+        proxies.create(&PostParams::default(), &p).await.unwrap();
+    }
+    let price = |p: &Proxy| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.hourly_price.as_ref())
+            .map(|h| format!("{} {}", h.per_hour, h.currency))
+    };
+    let running =
+        |p: &Proxy| p.status.as_ref().and_then(|s| s.state.clone()) == Some("Running".into());
+    let huge = wait_for(
+        "the huge price on its Proxy",
+        Duration::from_secs(30),
+        async || {
+            let p = proxies.get("quote-huge").await.ok()?;
+            price(&p).is_some().then_some(p)
+        },
+    )
+    .await;
+    assert_eq!(price(&huge).as_deref(), Some("18446744073709.551615 IDR"));
+    for name in ["quote-hang", "quote-currency"] {
+        let p = wait_for(
+            &format!("{name} Running"),
+            Duration::from_secs(30),
+            async || {
+                let p = proxies.get(name).await.ok()?;
+                running(&p).then_some(p)
+            },
+        )
+        .await;
+        assert_eq!(price(&p), None, "{name}");
+    }
+
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(op.get("/readyz").await.0, 200);
     if let Some(cgroup) = op.cgroup.as_ref() {

@@ -20,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use resolve::Resolved;
 use std::net::{IpAddr, SocketAddr};
@@ -134,7 +135,7 @@ impl<'a> Shell<'a> {
                 events,
                 next,
             } = decide(&observed, answer.take().as_ref(), timings);
-            change.hourly_price = self.price_change(&status, &change, reported).await;
+            change.hourly_price = self.price_change(&status, &change, reported);
             debug!(next = ?next, status_change = ?change, "decided");
             if !change.is_empty() || self.health_view(&status).is_some() {
                 status = self.write_status(&status, &change).await?;
@@ -206,11 +207,12 @@ impl<'a> Shell<'a> {
     /// Applies the whole status (current + change) under our field manager. Skipped when
     /// nothing would change, so steady-state polling does not write.
     /// The `hourlyPrice` to write with `change`, if it changes: once the instance runs,
-    /// the price the backend reported for it (`reported`), else the provider's price for
-    /// the placement (the providers file's `prices`, else the plugin's quote, kept an hour
-    /// per placement), asked only while the status has none. A failed quote leaves the
-    /// price unknown; it never fails the reconcile.
-    async fn price_change(
+    /// the price the backend reported for it (`reported`), else the price the provider
+    /// knows for the placement without a call (the providers file's `prices`, or a quote
+    /// it keeps), asked only while the status has none. When nothing is known the quote is
+    /// asked in the background (see [`crate::controller::pricing`]) and this Proxy is
+    /// reconciled again when it brings a price: the reconcile never waits on it.
+    fn price_change(
         &self,
         status: &ProxyStatus,
         change: &super::decide::StatusChange,
@@ -232,10 +234,15 @@ impl<'a> Shell<'a> {
             None => {
                 let provider = self.provider.as_ref()?;
                 let placement = self.proxy.spec.placement.to_provider();
-                match provider.quote(&placement).await {
-                    Ok(found) => found?,
-                    Err(e) => {
-                        debug!(error = %e, "no price for the placement");
+                match provider.known_price(&placement) {
+                    Some(p) => p,
+                    None => {
+                        self.ctx.pricing.ask(
+                            &self.proxy.spec.provider,
+                            provider.clone(),
+                            placement,
+                            ObjectRef::from_obj(self.proxy),
+                        );
                         return None;
                     }
                 }

@@ -538,6 +538,11 @@ impl Provider for Hostile {
         if let Some(attack) = req.placement.machine_type.strip_prefix("get:") {
             return Self::get(attack).map(|i| i.id);
         }
+        // `run+<quote attack>`: an instance that runs at once, so the operator asks the
+        // placement's price, which `quote` then attacks.
+        if req.placement.machine_type.starts_with("run+") {
+            return Ok("running".into());
+        }
         match req.placement.machine_type.as_str() {
             "stash" => {
                 cache_set(STASH, &req.cloud_init, 3600);
@@ -571,6 +576,7 @@ impl Provider for Hostile {
         let (attack, arg) = id.split_once(':').unwrap_or((id, ""));
         match attack {
             "ok" => Ok(report("ok")),
+            "running" => Ok(instance("running", "203.0.113.9", "u")),
             "ip" => Ok(instance("i-1", arg, "u")),
             "id-secret" => Ok(instance(&leaked_secret(), "", "u")),
             "uid-secret" => Ok(instance("i-1", "", leaked_secret())),
@@ -760,10 +766,24 @@ impl Provider for Hostile {
 
     /// The region names the currency: a hostile price is one with a malformed code.
     fn quote(placement: Placement) -> Result<Option<egress_guest_sdk::Price>, ProviderError> {
-        Ok(Some(egress_guest_sdk::Price {
-            currency: placement.region,
-            micros_per_hour: 12_500,
-        }))
+        let price = |currency: &str, micros_per_hour| {
+            Ok(Some(egress_guest_sdk::Price {
+                currency: currency.into(),
+                micros_per_hour,
+            }))
+        };
+        match placement.machine_type.as_str() {
+            // The largest amount there is: it must still fit the Proxy's status.
+            "run+huge" => price("IDR", u64::MAX),
+            // Not a currency code: refused by the host, the Proxy has no price.
+            "run+currency" => price("not a currency", 1),
+            // A catalogue that never answers: held to the call's time limit, and no
+            // reconcile may wait on it.
+            "run+hang" => loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            },
+            _ => price(&placement.region, 12_500),
+        }
     }
 
     fn check() -> Vec<TargetStatus> {
