@@ -15,8 +15,8 @@ pub use provider_health::{ProviderHealth, ProviderHealthSpec, ProviderHealthStat
 pub use proxy::{
     ANNOTATION_SKIP_CLEANUP, AuthType, Capacity, CloudInit, HourlyPrice, IpFamily, LABEL_POOL,
     LastProbe, MAX_ALLOWED_CLIENTS, MAX_CLIENT, MAX_IMAGE, MAX_INLINE_CLOUD_INIT,
-    MAX_PLACEMENT_VALUE, MAX_PROVIDER_NAME, MAX_SECRET_KEY, MAX_SECRET_NAME, PER_HOUR_MAX, Placement, Proxy,
-    ProxyAuth, ProxySpec, ProxyStatus, SecretKeyRef,
+    MAX_PLACEMENT_VALUE, MAX_PROVIDER_NAME, MAX_SECRET_KEY, MAX_SECRET_NAME, PER_HOUR_MAX,
+    Placement, Proxy, ProxyAuth, ProxySpec, ProxyStatus, SecretKeyRef,
 };
 pub use proxy_pool::{
     MAX_ANNOTATION_VALUE, MAX_DURATION_TEXT, MAX_JITTER_PERCENT, MAX_LABEL_VALUE, MAX_MIN_READY,

@@ -11,9 +11,9 @@
 mod support;
 
 mod controller;
-mod cost;
 mod controller_logs;
 mod controller_wasm;
+mod cost;
 mod credentials;
 mod deploy;
 mod discovery;
