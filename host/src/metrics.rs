@@ -411,14 +411,10 @@ mod tests {
         );
     }
 
-    /// The shipped alert rules name only metrics the operator serves, with their labels.
-    #[test]
-    fn the_alert_rules_use_served_metrics_and_labels() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../config/monitoring/alerts.yaml"
-        );
-        let text = std::fs::read_to_string(path).unwrap();
+    /// Every `proxy_operator_*` metric `text` names, checked against what the operator
+    /// serves: the family exists and each label matcher right after the name is one of its
+    /// labels. Returns how many names it checked.
+    fn check_metric_names(path: &str, text: &str) -> usize {
         let mut used = 0;
         for (i, _) in text.match_indices("proxy_operator_") {
             let name: String = text[i..]
@@ -432,7 +428,7 @@ mod tests {
             let Some((_, _, labels)) = FAMILIES.iter().find(|f| f.0 == family) else {
                 panic!("{path} uses {name}, which /metrics does not serve");
             };
-            // Label matchers right after the name: {a="x",b!="y"}.
+            // Label matchers right after the name: {a="x",b!="y"} (JSON escapes the quotes).
             let rest = &text[i + name.len()..];
             if let Some(matchers) = rest.strip_prefix('{').and_then(|r| r.split('}').next()) {
                 for m in matchers.split(',') {
@@ -445,7 +441,56 @@ mod tests {
             }
             used += 1;
         }
-        assert!(used >= 5, "only {used} metrics found in {path}");
+        used
+    }
+
+    /// The shipped alert rules and dashboard name only metrics the operator serves, with
+    /// their labels; every dashboard panel queries something.
+    #[test]
+    fn the_alert_rules_and_the_dashboard_use_served_metrics_and_labels() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/monitoring/");
+        let alerts = format!("{dir}alerts.yaml");
+        let text = std::fs::read_to_string(&alerts).unwrap();
+        let used = check_metric_names(&alerts, &text);
+        assert!(used >= 5, "only {used} metrics found in {alerts}");
+
+        let dashboard = format!("{dir}dashboard.json");
+        let text = std::fs::read_to_string(&dashboard).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let panels = json["panels"].as_array().unwrap();
+        for p in panels {
+            let exprs: Vec<&str> = (p["targets"].as_array().unwrap().iter())
+                .filter_map(|t| t["expr"].as_str())
+                .collect();
+            assert!(
+                !exprs.is_empty(),
+                "{dashboard}: panel {} queries nothing",
+                p["title"]
+            );
+            for e in exprs {
+                assert!(
+                    check_metric_names(&dashboard, e) >= 1,
+                    "{dashboard}: panel {}: {e} names no operator metric",
+                    p["title"]
+                );
+            }
+        }
+        // The families an operator is run by: each on some panel.
+        for family in [
+            "proxy_operator_proxies",
+            "proxy_operator_cost_per_hour",
+            "proxy_operator_instance_interruptions",
+            "proxy_operator_plugin_call_duration_seconds",
+            "proxy_operator_plugin_budget_tokens",
+            "proxy_operator_reconcile_duration_seconds",
+            "proxy_operator_health_probes",
+            "proxy_operator_gc_deleted",
+        ] {
+            assert!(
+                text.contains(family),
+                "{dashboard} has no panel on {family}"
+            );
+        }
         let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/architecture.md");
         let docs = std::fs::read_to_string(docs).unwrap();
         for (name, _, _) in FAMILIES {
