@@ -4,6 +4,7 @@
 //! how a user sees any shipped provider work end to end without an account.
 
 use anyhow::{Context, Result, ensure};
+use egress_emulators::azure::{self, AzureConfig, AzureEmulator};
 use egress_emulators::control::Emulator;
 use egress_emulators::digitalocean::{self, DigitalOceanConfig, DigitalOceanEmulator};
 use egress_emulators::gce::{GceConfig, GceEmulator};
@@ -17,18 +18,22 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Every cloud `--clouds` accepts besides the two the story always runs.
-pub const CLOUDS: [&str; 6] = [
+pub const CLOUDS: [&str; 7] = [
     "digitalocean",
     "vultr",
     "linode",
     "scaleway",
     "gce",
     "proxmox",
+    "azure",
 ];
 /// The clouds the story always runs; `--clouds` may name them, to no effect.
 const ALWAYS: [&str; 2] = ["hetzner", "ec2"];
 /// The token the Vultr and Linode emulators accept (theirs, not a real one).
 const TOKEN: &str = "demo-cloud-token";
+/// Azure wants an SSH key for a Linux VM; nobody holds the private half of this one.
+const DEMO_SSH_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEsaFYgsJ8DSVcIXjOuAOfaZ5RgAwVTVBvTdBGf6XuBd egress-demo";
 
 /// The clouds of `--clouds`, in [`CLOUDS`] order, each once.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -170,6 +175,34 @@ impl Cloud {
                     config,
                 )
             }
+            "azure" => {
+                let e = AzureEmulator::start(AzureConfig {
+                    real_proxies: real,
+                    ..AzureConfig::default()
+                });
+                // The emulator's own service principal; its token endpoint, ARM and prices
+                // are all the emulator.
+                let secret_path = secret("azure-client-secret", azure::EMULATOR_CLIENT_SECRET)?;
+                let subnet = format!(
+                    "/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Network/virtualNetworks/egress-vnet/subnets/default",
+                    azure::EMULATOR_SUBSCRIPTION,
+                    azure::EMULATOR_RESOURCE_GROUP
+                );
+                let config = format!(
+                    "{{tenantId: {}, clientId: {}, subscriptionId: {}, resourceGroup: {}, locations: {{westeurope: '{subnet}'}}, vmSizes: [Standard_B1s], images: {{ubuntu: 'Canonical:ubuntu-24_04-lts:server:latest'}}, sshPublicKey: '{DEMO_SSH_KEY}', authorityHost: '{url}', armEndpoint: '{url}', pricesEndpoint: '{url}'}}",
+                    azure::EMULATOR_TENANT,
+                    azure::EMULATOR_CLIENT_ID,
+                    azure::EMULATOR_SUBSCRIPTION,
+                    azure::EMULATOR_RESOURCE_GROUP,
+                    url = e.url()
+                );
+                (
+                    Box::new(e) as Box<dyn Emulator>,
+                    "clientSecret",
+                    secret_path,
+                    config,
+                )
+            }
             other => anyhow::bail!("--clouds: the demo has no emulator for {other:?}"),
         };
         let entry = entry(name, &emulator.url(), secret_key, &secret_path, &config);
@@ -206,6 +239,7 @@ impl Cloud {
             "linode" => ("us-east", "", "g6-nanode-1", "linode/debian12"),
             "scaleway" => ("fr-par", "fr-par-1", "DEV1-S", "ubuntu_noble"),
             "proxmox" => ("", "pve1", "", "debian-12"),
+            "azure" => ("westeurope", "", "Standard_B1s", "ubuntu"),
             _ => ("europe-west1", "europe-west1-b", "e2-micro", "debian"),
         };
         let mut doc = template.clone();
@@ -251,9 +285,10 @@ mod tests {
         );
         assert_eq!(*parse("all,linode").unwrap(), CLOUDS);
         assert_eq!(*parse("gce,vultr").unwrap(), ["vultr", "gce"]);
-        let err = parse("vultr,azure").unwrap_err();
+        assert_eq!(*parse("azure,gce").unwrap(), ["gce", "azure"]);
+        let err = parse("vultr,oracle").unwrap_err();
         assert!(
-            err.contains("\"azure\"") && err.contains("digitalocean"),
+            err.contains("\"oracle\"") && err.contains("digitalocean") && err.contains("azure"),
             "{err}"
         );
     }
@@ -307,5 +342,29 @@ mod tests {
         no_port["spec"]["cloudInit"]["inline"] = json!("#cloud-config\n");
         let err = cloud.proxy(&no_port, 31295).unwrap_err().to_string();
         assert!(err.contains("Port 31281"), "{err}");
+    }
+
+    #[test]
+    fn azure_runs_on_its_emulator_with_a_client_secret_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cloud = Cloud::start("azure", ProxyKind::Builtin, dir.path()).unwrap();
+        let url = cloud.emulator.url();
+        assert!(
+            cloud.entry.contains("plugin: azure.wasm"),
+            "{}",
+            cloud.entry
+        );
+        assert!(cloud.entry.contains("{clientSecret: '"), "{}", cloud.entry);
+        for endpoint in ["authorityHost", "armEndpoint", "pricesEndpoint"] {
+            assert!(
+                cloud.entry.contains(&format!("{endpoint}: '{url}'")),
+                "{}",
+                cloud.entry
+            );
+        }
+        // The credential is a private file, not in the entry.
+        assert!(!cloud.entry.contains(azure::EMULATOR_CLIENT_SECRET));
+        let secret = std::fs::read_to_string(dir.path().join("azure-client-secret")).unwrap();
+        assert_eq!(secret.trim(), azure::EMULATOR_CLIENT_SECRET);
     }
 }

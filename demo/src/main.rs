@@ -55,7 +55,7 @@ pub struct Args {
     #[arg(long)]
     pub keep_running: bool,
     /// Also run one Proxy on each of these clouds' emulators: a comma-separated list of
-    /// digitalocean, vultr, linode, scaleway, gce, proxmox, or `all`. Hetzner and EC2 always run.
+    /// digitalocean, vultr, linode, scaleway, gce, proxmox, azure, or `all`. Hetzner and EC2 always run.
     #[arg(long, default_value = "", value_parser = clouds::parse)]
     pub clouds: clouds::Clouds,
     /// Run the built-in CONNECT proxy on every instance even when tinyproxy is installed.

@@ -1,5 +1,5 @@
 //! The whole demo, as `cargo xtask demo --keep-running --clouds all` runs it, then Ctrl-C:
-//! the story must complete with a Proxy Ready on each of the seven shipped providers, and
+//! the story must complete with a Proxy Ready on each of the nine shipped providers, and
 //! SIGINT must stop the operator and every proxy and exit 0.
 //!
 //! Needs the plugins (`EGRESS_PLUGIN_DIR`, set by `cargo xtask test`) and the operator
@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-/// The Proxies Ready when the story ends: one on each of the seven providers (the samples'
+/// The Proxies Ready when the story ends: one on each of the nine providers (the samples'
 /// second Hetzner Proxy is the one the story deletes).
-const READY_AT_THE_END: [&str; 7] = [
+const READY_AT_THE_END: [&str; 9] = [
     "ec2-eu-west-1",
     "hetzner-fsn1",
     "digitalocean-demo",
@@ -22,6 +22,8 @@ const READY_AT_THE_END: [&str; 7] = [
     "linode-demo",
     "scaleway-demo",
     "gce-demo",
+    "proxmox-demo",
+    "azure-demo",
 ];
 
 use support::skip;

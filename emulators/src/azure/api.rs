@@ -561,7 +561,8 @@ fn next_link(b: &Backend, call: &Call, next: usize) -> String {
 }
 
 /// `GET .../providers/{ns}/{type}` in a resource group or the subscription: the full
-/// resources, paged by `list_page_size` with `nextLink`.
+/// resources, paged by `list_page_size` with `nextLink`; VMs with their instance view on
+/// `$expand=instanceView` (`VirtualMachines_List`'s `ExpandTypeForListVMs`).
 fn list_typed(
     b: &mut Backend,
     call: &Call,
@@ -582,7 +583,12 @@ fn list_typed(
     let start = parse_skiptoken(call)?;
     let size = b.cfg.list_page_size.max(1);
     let page: Vec<String> = matched.iter().skip(start).take(size).cloned().collect();
-    let value: Vec<Value> = page.iter().map(|k| b.render(k)).collect();
+    let view = kind == ResourceKind::Vm
+        && call.q("$expand").is_some_and(|e| e.eq_ignore_ascii_case("instanceView"));
+    let value: Vec<Value> = page
+        .iter()
+        .map(|k| if view { b.render_vm_expanded(k, true, false) } else { b.render(k) })
+        .collect();
     let mut out = json!({ "value": value });
     if start + size < matched.len() {
         out["nextLink"] = next_link(b, call, start + size).into();

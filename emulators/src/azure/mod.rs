@@ -17,7 +17,7 @@
 //!
 //! | Route | Spec file (under `specification/`) | api-version read |
 //! |---|---|---|
-//! | VMs: PUT, GET (`$expand=instanceView\|userData`), DELETE, `instanceView`, lists, `start` / `powerOff` / `deallocate` / `restart`, `simulateEviction` | `compute/resource-manager/Microsoft.Compute/ComputeRP/stable/2025-04-01/virtualMachine.json`, `computeRPCommon.json`, examples `VirtualMachine_Create_WithSshAuthentication.json`, `VirtualMachine_Get.json`, `VirtualMachine_Get_InstanceView.json` | 2025-04-01 |
+//! | VMs: PUT, GET (`$expand=instanceView\|userData`), DELETE, `instanceView`, lists (`$expand=instanceView`), `start` / `powerOff` / `deallocate` / `restart`, `simulateEviction` | `compute/resource-manager/Microsoft.Compute/ComputeRP/stable/2025-04-01/virtualMachine.json`, `computeRPCommon.json`, examples `VirtualMachine_Create_WithSshAuthentication.json`, `VirtualMachine_Get.json`, `VirtualMachine_Get_InstanceView.json` | 2025-04-01 |
 //! | Disks: GET, DELETE, lists | `compute/.../DiskRP/stable/2024-03-02/disk.json` | 2024-03-02 |
 //! | Public IPs, NICs: PUT, GET, DELETE, lists | `network/resource-manager/Microsoft.Network/stable/2024-07-01/publicIpAddress.json`, `networkInterface.json`, examples `NetworkInterfaceCreate.json`, `NetworkInterfaceGet.json`, `PublicIpAddressCreateCustomizedValues.json` | 2024-07-01 |
 //! | `GET /subscriptions/{sub}/resources`, `.../resourceGroups/{rg}/resources` | `resources/resource-manager/Microsoft.Resources/stable/2021-04-01/resources.json` (`Resources_List`, `Resources_ListByResourceGroup`) | 2021-04-01 |
@@ -97,7 +97,8 @@
 //! and value, the tags for each resource are not returned in the results"). The typed
 //! lists (`.../providers/Microsoft.Compute/virtualMachines` in a group or the subscription,
 //! and the same for the other types) answer full resources in pages of
-//! [`AzureConfig::list_page_size`].
+//! [`AzureConfig::list_page_size`], VMs with their instance view on `$expand=instanceView`
+//! (`VirtualMachines_List`'s `ExpandTypeForListVMs`).
 //!
 //! **Spot.** `priority: Spot` with `evictionPolicy` (`Deallocate` by default or `Delete`) and
 //! `billingProfile.maxPrice` (-1 by default). A max price under the Spot price of the

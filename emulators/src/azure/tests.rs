@@ -693,9 +693,19 @@ async fn lists_by_tag_page_with_next_links() {
     );
     let r = arm(&emu, &tok, "GET", &vms, None).await;
     assert_eq!(r.body["value"].as_array().unwrap().len(), 2);
+    assert!(r.body["value"][0]["properties"].get("instanceView").is_none());
     let r = arm(&emu, &tok, "GET", r.body["nextLink"].as_str().unwrap(), None).await;
     assert_eq!(r.body["value"][0]["name"], "vm-2");
     assert!(r.body.get("nextLink").is_none());
+    // With `$expand=instanceView`, each VM carries its instance view, on every page.
+    let r = arm(&emu, &tok, "GET", &format!("{vms}&$expand=instanceView"), None).await;
+    let view = &r.body["value"][0]["properties"]["instanceView"];
+    assert_eq!(view["statuses"][1]["code"], "PowerState/running", "{view}");
+    let r = arm(&emu, &tok, "GET", r.body["nextLink"].as_str().unwrap(), None).await;
+    assert_eq!(
+        r.body["value"][0]["properties"]["instanceView"]["statuses"][0]["code"],
+        "ProvisioningState/succeeded"
+    );
 }
 
 #[tokio::test]

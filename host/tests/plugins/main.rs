@@ -15,6 +15,7 @@ mod example;
 mod guide;
 mod lifecycle_cleanup;
 mod loading;
+mod provider_azure;
 mod provider_digitalocean;
 mod provider_ec2;
 mod provider_ec2_moto;
