@@ -7,8 +7,9 @@
 //! served before any lower one; and the lower priorities must leave a reserve in the bucket
 //! ([`Bucket::reserve`]), so background polling never drains what a user's create needs.
 //! What the backend says adapts it ([`Bucket::observe`]): `Retry-After` on a 429 or 503
-//! pauses every request of the provider until then; `RateLimit-Remaining` lowers the
-//! tokens to what the backend has left, `RateLimit-Limit` (requests per hour, as Hetzner
+//! pauses every request of the provider until then; `RateLimit-Remaining` (or Azure
+//! Resource Manager's `x-ms-ratelimit-remaining-*`, see [`remaining`]) lowers the tokens to
+//! what the backend has left, `RateLimit-Limit` (requests per hour, as Hetzner
 //! defines it) lowers the refill rate, and a 429 empties the bucket.
 //!
 //! [`Budget`] is the async shell the HTTP hooks wait on: one per provider name, shared by
@@ -207,6 +208,31 @@ impl Bucket {
     }
 }
 
+/// What the backend has left, from the headers of one answer: the IETF draft's
+/// `RateLimit-Remaining`, else the lowest of Azure Resource Manager's
+/// `x-ms-ratelimit-remaining-*` (a number, such as `...-subscription-reads: 11999`, or
+/// `policy;number` pairs, as Compute writes `...-resource: Microsoft.Compute/PutVM3Min;239`).
+/// ARM counts reads and writes apart; one bucket takes the lower of what an answer says,
+/// so a backend about to refuse writes slows the reads too rather than be overrun.
+pub fn remaining<'a>(headers: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<u64> {
+    let mut ietf = None;
+    let mut arm: Option<u64> = None;
+    for (name, value) in headers {
+        if name.eq_ignore_ascii_case("ratelimit-remaining") {
+            ietf = value.trim().parse::<u64>().ok();
+        } else if name.len() > 25 && name[..25].eq_ignore_ascii_case("x-ms-ratelimit-remaining-") {
+            let numbers = value.split(',').filter_map(|part| {
+                let n = part.rsplit(';').next()?.trim();
+                n.parse::<u64>().ok()
+            });
+            for n in numbers {
+                arm = Some(arm.map_or(n, |a| a.min(n)));
+            }
+        }
+    }
+    ietf.or(arm)
+}
+
 /// `Retry-After` as a delay: delay-seconds, or an HTTP date (IMF-fixdate) relative to
 /// `now_unix`. A date in the past is no delay; anything else unreadable is `None`.
 pub fn parse_retry_after(value: &str, now_unix: u64) -> Option<Duration> {
@@ -362,6 +388,46 @@ impl Drop for Waiting<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_the_backend_has_left_by_its_headers() {
+        let cases: &[(&[(&str, &str)], Option<u64>)] = &[
+            (&[("RateLimit-Remaining", "42")], Some(42)),
+            (&[("ratelimit-remaining", " 7 ")], Some(7)),
+            (
+                &[("x-ms-ratelimit-remaining-subscription-reads", "11999")],
+                Some(11999),
+            ),
+            (
+                &[
+                    ("x-ms-ratelimit-remaining-subscription-writes", "1199"),
+                    (
+                        "x-ms-ratelimit-remaining-resource",
+                        "Microsoft.Compute/PutVM3Min;239,Microsoft.Compute/PutVM30Min;1199",
+                    ),
+                ],
+                Some(239),
+            ),
+            // The IETF header wins where a backend sends both.
+            (
+                &[
+                    ("x-ms-ratelimit-remaining-subscription-reads", "3"),
+                    ("RateLimit-Remaining", "50"),
+                ],
+                Some(50),
+            ),
+            (
+                &[("x-ms-ratelimit-remaining-subscription-reads", "lots")],
+                None,
+            ),
+            (&[("x-ms-ratelimit-remaining-", "5")], None),
+            (&[("content-type", "application/json")], None),
+            (&[], None),
+        ];
+        for (headers, want) in cases {
+            assert_eq!(remaining(headers.iter().copied()), *want, "{headers:?}");
+        }
+    }
     use Priority::*;
 
     fn spec(per_hour: u32, burst: u32) -> Spec {

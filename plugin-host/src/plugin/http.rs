@@ -270,7 +270,8 @@ async fn take_token(policy: &HttpPolicy, call: &CallBudget) -> Result<(), ()> {
 }
 
 /// Tells the provider's budget what the backend said about its rate limit: `Retry-After`
-/// on a 429 or 503, the `RateLimit-*` headers on any answer. Also counts the 429s.
+/// on a 429 or 503, the `RateLimit-*` headers (or ARM's `x-ms-ratelimit-remaining-*`) on
+/// any answer. Also counts the 429s.
 fn feedback<B>(policy: &HttpPolicy, call: &CallBudget, resp: &http::Response<B>) {
     let status = resp.status().as_u16();
     if status == 429
@@ -291,7 +292,10 @@ fn feedback<B>(policy: &HttpPolicy, call: &CallBudget, resp: &http::Response<B>)
         status,
         retry_after: text("retry-after").and_then(|v| crate::rate::parse_retry_after(v, now_unix)),
         limit: number("ratelimit-limit"),
-        remaining: number("ratelimit-remaining"),
+        remaining: crate::rate::remaining(
+            h.iter()
+                .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?))),
+        ),
     };
     if fb
         == (crate::rate::Feedback {
