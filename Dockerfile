@@ -1,25 +1,24 @@
 # syntax=docker/dockerfile:1
-# The operator image: the proxy-operator binary and the public CA roots, nothing else.
-# Plugins are not in the image; they come from the plugins ConfigMap (config/release/).
+# The operator image for people with Docker: the same layout as `cargo xtask image` (which
+# is what CI builds and runs): FROM scratch, the release binary, exactly the libraries it
+# links, the CA roots, a nonroot user (65532). No shell. Plugins are not in the image: they
+# come from the plugins ConfigMap (config/release/).
 #
-#   docker build -t ghcr.io/egress-proxies/proxy-operator:0.1.0 .
+#   docker build -t proxy-operator:dev .
 #
-# The binary links glibc (wasmtime, ring), so the runtime is distroless "cc" (glibc,
-# libgcc, CA certificates, /etc/passwd with nonroot) rather than "static".
+# The build stage stages the files with the xtask itself (`--rootfs-only`), so the layout
+# is defined once, in xtask/src/image.rs.
 
 FROM docker.io/library/rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-# Only the operator binary: the plugin crates are wasm32 cdylibs, built by
-# `cargo xtask build-plugins`, not here.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p proxy-operator --bin proxy-operator \
- && install -D -m 0755 target/release/proxy-operator /out/proxy-operator
+ && cargo xtask image --binary target/release/proxy-operator --rootfs-only /out/rootfs
 
-FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /out/proxy-operator /usr/local/bin/proxy-operator
-# 65532 is distroless's nonroot user; manager.yaml runs as the same numeric IDs.
+FROM scratch
+COPY --from=build /out/rootfs/ /
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/proxy-operator"]

@@ -391,7 +391,8 @@ mod tests {
 
     #[test]
     fn what_the_backend_has_left_by_its_headers() {
-        let cases: &[(&[(&str, &str)], Option<u64>)] = &[
+        type Headers<'a> = &'a [(&'a str, &'a str)];
+        let cases: &[(Headers, Option<u64>)] = &[
             (&[("RateLimit-Remaining", "42")], Some(42)),
             (&[("ratelimit-remaining", " 7 ")], Some(7)),
             (

@@ -13,6 +13,7 @@ mod configmaps;
 mod demo;
 mod docs;
 mod e2e;
+mod image;
 // A check of the crate graph (the plugin runtime knows no Kubernetes), run by the tests only.
 #[cfg(test)]
 mod layering;
@@ -46,6 +47,9 @@ enum Cmd {
     /// emulator: create, Ready, discovery API, replace, GC, delete. Skips (successfully,
     /// with a message) when no cluster is reachable.
     E2e(e2e::Args),
+    /// The operator's container image, from scratch: the release binary, the libraries it
+    /// links, CA roots and a nonroot user (podman).
+    Image(image::Args),
     /// Run the plugin runtime benchmark (release) and write its section of
     /// docs/benchmarks.md.
     Bench,
@@ -65,6 +69,7 @@ fn main() -> Result<()> {
         Cmd::Demo(args) => demo::run(&args),
         Cmd::Test(args) => test::run(&args),
         Cmd::E2e(args) => e2e::run(&args),
+        Cmd::Image(args) => image::run(&args),
         Cmd::Bench => bench::run(),
         Cmd::Scale(args) => scale::run(&args),
         Cmd::Moto(args) => moto::run(&args),

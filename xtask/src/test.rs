@@ -41,6 +41,16 @@ const PACKAGES: &[(&str, &str, &str)] = &[
         "the status page tests (headless DOM and screenshot checks)",
     ),
     (
+        "podman",
+        "podman",
+        "building the container image and running it (`cargo xtask image`, operator/image.rs)",
+    ),
+    (
+        "runc",
+        "runc",
+        "running the container image (podman's default runtime, crun, cannot set its rlimits here)",
+    ),
+    (
         "wasm-opt",
         "binaryen",
         "`wasm-opt -Oz` on the providers, so the tests run the plugins as they ship",
@@ -78,6 +88,23 @@ pub fn run(args: &Args) -> Result<()> {
 
     crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
 
+    // The image the operator ships as, run by operator/image.rs.
+    let image = if on_path("podman") {
+        let built = crate::image::build(&ws, &Default::default())
+            .context("building the container image (cargo xtask image)")?;
+        println!(
+            "image {} ({}), {:.1} MiB",
+            built.tag,
+            built.id,
+            built.bytes as f64 / f64::from(1 << 20)
+        );
+        Some(built.tag)
+    } else {
+        // Under CI ensure_package has already failed the run.
+        eprintln!("!!! podman is not installed: the image is not built, its test is skipped");
+        None
+    };
+
     let plugin_dir = ws.target_dir.join("plugins");
     let mut test = crate::cargo();
     test.current_dir(&ws.root)
@@ -102,6 +129,7 @@ pub fn run(args: &Args) -> Result<()> {
         test.env(k, v);
     }
     test.envs(ipv6);
+    test.envs(image.map(|i| ("EGRESS_OPERATOR_IMAGE", i)));
 
     println!(
         "running: cargo test --workspace {}",

@@ -18,6 +18,7 @@ mod credentials;
 mod deploy;
 mod discovery;
 mod harness;
+mod image;
 mod leader;
 mod operations_doc;
 mod pool;

@@ -1,0 +1,255 @@
+//! The shipped container image runs as the Deployment runs it: `cargo xtask image` built
+//! it (`EGRESS_OPERATOR_IMAGE` names it), podman runs it with the Deployment's arguments,
+//! environment and mounts read from `config/manager/manager.yaml`, a read-only root
+//! filesystem, uid 65532, the Deployment's memory limit and a 64 MiB `/tmp`, on the host
+//! network, against the in-memory API server and the Hetzner emulator whose instances are
+//! real proxies on 127.0.0.1. A Proxy goes Ready through it: the image holds everything
+//! the operator needs (libraries, CA roots, user) and nothing writes outside `/tmp`.
+//!
+//! Without the variable (the image was not built, as under a bare `cargo test`) the test is
+//! skipped loudly; under `CI=true` it fails instead: `cargo xtask test` builds the image.
+
+use crate::harness::{fake_cluster, free_port, wait_for};
+use crate::support;
+
+use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
+use egress_emulators::real_proxy::{ProxyKind, RealProxies};
+use kube::api::{Api, PostParams};
+use proxy_operator::api::{Proxy, condition};
+use serde::Deserialize;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "image-token";
+const CLOUD_INIT: &str = "#cloud-config\nwrite_files:\n  - path: /etc/tinyproxy/tinyproxy.conf\n    content: |\n      Port {{egress.port}}\n      BasicAuth {{egress.username}} {{egress.password}}\n";
+
+/// The image to run, or `None` (skipped, said loudly; a failure under `CI=true`).
+fn image() -> Option<String> {
+    match std::env::var("EGRESS_OPERATOR_IMAGE") {
+        Ok(i) if !i.is_empty() => Some(i),
+        _ => {
+            let msg = "EGRESS_OPERATOR_IMAGE is not set: the image was not built \
+                       (`cargo xtask image`; `cargo xtask test` builds it and sets it)";
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
+            eprintln!("\n!!! SKIPPED: {msg}\n");
+            None
+        }
+    }
+}
+
+/// The manager container of the Deployment, as committed.
+fn manager() -> serde_yaml::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/manager/manager.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let deployment = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment in manager.yaml");
+    deployment["spec"]["template"]["spec"]["containers"][0].clone()
+}
+
+/// The mount path of the volume `name` in the manager container.
+fn mount(manager: &serde_yaml::Value, name: &str) -> String {
+    manager["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == name)
+        .and_then(|m| m["mountPath"].as_str())
+        .unwrap_or_else(|| panic!("no volume mount {name} in manager.yaml"))
+        .to_string()
+}
+
+/// A directory the container's user (65532) can read: 0755, its files 0644.
+fn readable_dir(path: &Path, files: &[(&str, &[u8])]) -> PathBuf {
+    std::fs::create_dir_all(path).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (name, bytes) in files {
+        let f = path.join(name);
+        std::fs::write(&f, bytes).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    path.to_path_buf()
+}
+
+/// The container, removed (by name) however the test ends.
+struct Container {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("podman")
+            .args(["rm", "--force", "--time", "0", &self.name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("--- container log ---\n{log}--- end of log ---");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_runs_as_the_deployment_and_a_proxy_goes_ready_through_it() {
+    let Some(plugin_dir) = support::plugin_dir() else {
+        return;
+    };
+    let Some(image) = image() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (_fake, client, kubeconfig) = fake_cluster(dir.path()).await;
+    let real = RealProxies::new(ProxyKind::Builtin);
+    let hz = HetznerEmulator::start(HetznerConfig {
+        real_proxies: Some(real.clone()),
+        ..HetznerConfig::new(TOKEN)
+    });
+    let (echo, _echo) = support::tinyproxy::echo_server().await;
+
+    let manager = manager();
+    let url = hz.url();
+    let secrets_at = mount(&manager, "secret-hetzner");
+    let providers = format!(
+        "providers:\n- name: hz\n  plugin: hetzner.wasm\n  additionalHosts: ['{url}']\n  \
+         allowPrivateAddresses: true\n  secrets: {{token: {secrets_at}/token}}\n  \
+         config: {{endpoint: '{url}/v1', locations: [fsn1], serverTypes: [cpx11], \
+         images: {{ubuntu: ubuntu-24.04}}}}\n"
+    );
+    let wasm = std::fs::read(plugin_dir.join("hetzner.wasm")).unwrap();
+    let kube = std::fs::read(&kubeconfig).unwrap();
+    let volumes = [
+        (
+            "providers",
+            readable_dir(
+                &dir.path().join("providers"),
+                &[("providers.yaml", providers.as_bytes())],
+            ),
+        ),
+        (
+            "plugins",
+            readable_dir(&dir.path().join("plugins"), &[("hetzner.wasm", &wasm)]),
+        ),
+        (
+            "secret-hetzner",
+            readable_dir(&dir.path().join("secret"), &[("token", TOKEN.as_bytes())]),
+        ),
+    ];
+    let kube_dir = readable_dir(&dir.path().join("kube"), &[("config", &kube)]);
+
+    let port = free_port();
+    let name = format!("egress-image-test-{}", std::process::id());
+    let mut cmd = Command::new("podman");
+    // runc, not crun (which cannot set its rlimits here), with limits this machine allows.
+    cmd.args(["--runtime", "runc", "run", "--rm", "--name", &name])
+        .args(["--network", "host", "--read-only", "--user", "65532:65532"])
+        .args(["--memory", "328m", "--cap-drop", "ALL"])
+        .args(["--security-opt", "no-new-privileges"])
+        .args([
+            "--ulimit",
+            "nofile=20000:20000",
+            "--ulimit",
+            "nproc=32768:32768",
+        ]);
+    // The Deployment's emptyDir on /tmp, 64 MiB.
+    cmd.arg("--tmpfs")
+        .arg(format!("{}:rw,size=64m,mode=1777", mount(&manager, "tmp")));
+    for (volume, host) in &volumes {
+        cmd.arg("--volume")
+            .arg(format!("{}:{}:ro", host.display(), mount(&manager, volume)));
+    }
+    // Out of cluster: the API server's address and no ServiceAccount token.
+    cmd.arg("--volume")
+        .arg(format!(
+            "{}:/etc/proxy-operator/kube:ro",
+            kube_dir.display()
+        ))
+        .args(["--env", "KUBECONFIG=/etc/proxy-operator/kube/config"]);
+    for e in manager["env"].as_sequence().unwrap() {
+        let key = e["name"].as_str().unwrap();
+        let value = match (key, e["value"].as_str()) {
+            (_, Some(v)) => v.to_string(),
+            ("POD_NAME", None) => "proxy-operator-image-test".into(),
+            ("POD_NAMESPACE", None) => "default".into(),
+            (other, None) => panic!("env {other} has no value the test can give"),
+        };
+        cmd.args(["--env", &format!("{key}={value}")]);
+    }
+    cmd.arg(&image);
+    let mut listen_replaced = false;
+    for a in manager["args"].as_sequence().unwrap() {
+        let a = a.as_str().unwrap();
+        // The host network: a free port on loopback instead of the pod's 0.0.0.0:8080.
+        if a.starts_with("--listen=") {
+            cmd.arg(format!("--listen=127.0.0.1:{port}"));
+            listen_replaced = true;
+        } else {
+            cmd.arg(a);
+        }
+    }
+    assert!(listen_replaced, "the Deployment passes --listen");
+    cmd.args(["--probe-target", &format!("127.0.0.1:{echo}")])
+        .args(["--installation", "image-test"]);
+    let log = dir.path().join("container.log");
+    let started = Instant::now();
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("running podman (apt-get install podman runc)");
+    let mut container = Container { name, child, log };
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    wait_for(
+        "/readyz from the container",
+        Duration::from_secs(120),
+        async || {
+            if let Ok(Some(status)) = container.child.try_wait() {
+                panic!("the container exited: {status}");
+            }
+            let a = support::http::try_get(addr, "/readyz").await?;
+            (a.status == 200).then_some(())
+        },
+    )
+    .await;
+    let ready_after = started.elapsed();
+
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let mut p = Proxy::new(
+        "through-the-image",
+        support::hetzner_spec(CLOUD_INIT, support::tinyproxy::free_port()),
+    );
+    p.metadata.namespace = Some("default".into());
+    let created = Instant::now();
+    proxies.create(&PostParams::default(), &p).await.unwrap();
+    wait_for("the Proxy Ready", Duration::from_secs(120), async || {
+        if let Ok(Some(status)) = container.child.try_wait() {
+            panic!("the container exited: {status}");
+        }
+        let p = proxies.get("through-the-image").await.ok()?;
+        let c = p.condition(condition::READY)?;
+        (c.status == "True").then_some(())
+    })
+    .await;
+    let proxy_ready = created.elapsed();
+    let size = Command::new("podman")
+        .args(["image", "inspect", "--format", "{{.Size}}", &image])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    eprintln!(
+        "image {image}: {size} bytes; /readyz 200 after {ready_after:?} from podman run; \
+         a Proxy Ready {proxy_ready:?} after its create"
+    );
+    // JSON logs, as the Deployment asks, and nothing about the read-only filesystem.
+    let text = std::fs::read_to_string(&container.log).unwrap_or_default();
+    assert!(text.lines().any(|l| l.starts_with('{')), "{text}");
+    assert!(!text.contains("Read-only file system"), "{text}");
+    drop(real);
+}
