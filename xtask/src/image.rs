@@ -342,7 +342,11 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let tmp = std::fs::metadata(root.join("tmp")).unwrap();
         assert!(tmp.is_dir());
-        assert_eq!(tmp.permissions().mode() & 0o7777, 0o1777, "a /tmp anyone can use");
+        assert_eq!(
+            tmp.permissions().mode() & 0o7777,
+            0o1777,
+            "a /tmp anyone can use"
+        );
         let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
         assert!(passwd.contains("nonroot:x:65532:65532:"), "{passwd}");
     }
