@@ -15,7 +15,8 @@
 //!   region of the credential scope selects the region the call acts on, so one emulator
 //!   serves every configured region (like moto).
 //! - Actions: RunInstances, DescribeInstances, TerminateInstances, DescribeVolumes,
-//!   DescribeInstanceAttribute, DescribeAvailabilityZones, DescribeRegions.
+//!   DescribeInstanceAttribute, DescribeAvailabilityZones, DescribeRegions,
+//!   DescribeSpotPriceHistory.
 //! - Lifecycle: `pending` (private IP only) -> `running` (public IP [`Ec2Config::public_ip`])
 //!   per [`Ec2Config::launch`]; TerminateInstances -> `shutting-down` -> `terminated` per
 //!   [`Ec2Config::shutdown`]; terminated instances stay listed for
@@ -71,6 +72,26 @@
 //! messages of the combinations EC2 refuses (`InvalidParameterCombination`), the empty
 //! `reason` of a reclaimed instance, `Unsupported` for the market types the emulator does
 //! not model (`capacity-block`, `interruptible-capacity-reservation`).
+//!
+//! DescribeSpotPriceHistory, after the same model (github.com/boto/botocore at 0e6e2404;
+//! the operation's documentation, `DescribeSpotPriceHistoryRequest`,
+//! `DescribeSpotPriceHistoryResult`, `SpotPrice`): `InstanceType.N`, `ProductDescription.N`,
+//! `AvailabilityZone` (or `AvailabilityZoneId`, not both), `StartTime`, `EndTime`,
+//! `Filter.N` (`availability-zone`, `availability-zone-id`, `instance-type`,
+//! `product-description`, `spot-price`, `timestamp`), `MaxResults`, `NextToken` and
+//! `DryRun`; the answer is `spotPriceHistorySet/item` with `availabilityZone`,
+//! `availabilityZoneId`, `instanceType`, `productDescription`, `spotPrice` (decimal text)
+//! and `timestamp`, and `nextToken`. The history holds one price per instance type of the
+//! region's catalogue, zone and product (`Linux/UNIX`, and `Windows` at twice the Linux
+//! price, the emulator's choice, so that a client that does not ask for its product is
+//! caught), all set at [`SPOT_PRICES_SINCE`]: as the reference documents, a start time
+//! after it still answers that price ("the last price change before the start time, which
+//! is the effective price as of the start time"); an end time before it answers nothing.
+//! The Linux price is [`Ec2Config::spot_prices`]' for the type and zone, else
+//! [`Ec2Config::spot_price`], the one RunInstances compares `MaxPrice` with. Assumed, not
+//! verified: `InvalidParameterValue` for a zone the region does not have and for an
+//! unreadable time, an empty history (not an error) for an instance type the region does
+//! not offer, `MaxResults` 5 to 1000 as DescribeInstances takes it.
 //!
 //! Real-proxy mode: with [`Ec2Config::real_proxies`] set, an instance that enters
 //! `running` gets a real forward proxy on 127.0.0.1 (port from its user data, see
@@ -182,10 +203,35 @@ pub struct Ec2Config {
     /// keeps one per API per account and Region); a call past it answers 503
     /// `RequestLimitExceeded`. `None` (the default): never limited.
     pub rate_limit: Option<crate::rate_limit::RateLimit>,
-    /// The current spot price (USD an hour) of every instance type: a spot launch with a
-    /// lower `SpotOptions.MaxPrice` answers `SpotMaxPriceTooLow`.
+    /// The current spot price (USD an hour, decimal text) of every instance type in every
+    /// zone, unless `spot_prices` names another: a spot launch with a lower
+    /// `SpotOptions.MaxPrice` answers `SpotMaxPriceTooLow`, and DescribeSpotPriceHistory
+    /// shows it for `Linux/UNIX`.
     pub spot_price: String,
+    /// Spot prices of single instance types in single zones, over `spot_price`.
+    pub spot_prices: Vec<ZoneSpotPrice>,
 }
+
+/// The spot price of one instance type in one zone (USD an hour, decimal text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneSpotPrice {
+    pub instance_type: String,
+    pub zone: String,
+    pub price: String,
+}
+
+impl ZoneSpotPrice {
+    pub fn new(instance_type: &str, zone: &str, price: &str) -> Self {
+        ZoneSpotPrice {
+            instance_type: instance_type.into(),
+            zone: zone.into(),
+            price: price.into(),
+        }
+    }
+}
+
+/// When every spot price of the history took effect (Unix seconds, 2024-01-01T00:00:00Z).
+pub const SPOT_PRICES_SINCE: u64 = 1_704_067_200;
 
 /// The access key from AWS's documentation examples.
 pub const EXAMPLE_ACCESS_KEY: &str = "AKIAIOSFODNN7EXAMPLE";
@@ -220,6 +266,7 @@ impl Default for Ec2Config {
             real_proxies: None,
             rate_limit: None,
             spot_price: "0.0035".into(),
+            spot_prices: Vec::new(),
         }
     }
 }
@@ -248,6 +295,13 @@ impl Ec2Config {
             session_token: Some(session_token.into()),
         });
         self
+    }
+
+    /// The Linux spot price of `instance_type` in `zone`.
+    pub fn spot_price_in(&self, instance_type: &str, zone: &str) -> &str {
+        let own =
+            self.spot_prices.iter().find(|s| s.instance_type == instance_type && s.zone == zone);
+        own.map_or(&self.spot_price, |s| &s.price)
     }
 
     pub(crate) fn region(&self, name: &str) -> Option<&RegionCatalog> {

@@ -19,6 +19,20 @@
 //!   -> `{"user_data": {"data": base64}}`.
 //! - `DELETE /v2/instances/{id}` -> `204`; `400` while the instance is locked; `404` when
 //!   it is unknown.
+//! - `GET /v2/plans?type=&per_page=&cursor=` -> `{"plans": [...], "meta": {"total",
+//!   "links": {"next", "prev"}}}`: the plans of [`VultrConfig::plans`] in ID order, each with
+//!   the `plans` schema's fields (`id`, `vcpu_count`, `ram`, `disk`, `disk_count`,
+//!   `bandwidth`, `monthly_cost`, `type`, `locations`), paged with the same cursors as the
+//!   instance list. `type` keeps one plan type (`all`, or absent, keeps every one; the
+//!   reference's `voc` group is not modelled); `os` is accepted and ignored. The reference
+//!   (the OpenAPI document in github.com/vultr/vultr-python-client at 8cd1eaf3,
+//!   `openapi-client/swagger.json`, `/plans` and `components/schemas/plans`; Vultr's Go
+//!   client, github.com/vultr/govultr at 9ee451b0, `plans.go`, agrees) has **no hourly
+//!   price**: `monthly_cost` (US dollars; `integer` in the reference, `float32` in govultr)
+//!   is the only one, and
+//!   Vultr's billing documentation makes the hourly rate the monthly price over 672 hours
+//!   (730 for Cloud GPU). The reference marks `/plans` `security: []` (no token needed);
+//!   the emulator, whose gate sees no path, still wants the token every client here sends.
 //!
 //! Errors are Vultr's envelope, `{"error": message, "status": code}`; Vultr has no error
 //! codes. Unknown instance: `404 "instance not found"`. Rate limit: the reference documents
@@ -68,6 +82,31 @@ pub struct VultrConfig {
     pub instance_limit: Option<usize>,
     pub real_proxies: Option<Arc<RealProxies>>,
     pub rate_limit: Option<RateLimit>,
+    /// `GET /v2/plans`: the catalogue, with the prices a test asserts.
+    pub plans: Vec<PlanOffer>,
+}
+
+/// A plan of the catalogue: its ID, type, monthly price and where it is valid for use.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanOffer {
+    pub id: String,
+    /// `vc2`, `vhf`, `vdc`, `vcg`, ...
+    pub kind: String,
+    /// US dollars a month, sent as a JSON number (an integer when it is whole).
+    pub monthly_cost: f64,
+    pub locations: Vec<String>,
+}
+
+impl PlanOffer {
+    /// A plan whose type is the ID's first part (`vc2-1c-1gb` is a `vc2`).
+    pub fn new(id: &str, monthly_cost: f64, locations: &[&str]) -> Self {
+        PlanOffer {
+            id: id.into(),
+            kind: id.split('-').next().unwrap_or_default().into(),
+            monthly_cost,
+            locations: locations.iter().map(|l| l.to_string()).collect(),
+        }
+    }
 }
 
 impl VultrConfig {
@@ -79,6 +118,13 @@ impl VultrConfig {
             instance_limit: None,
             real_proxies: None,
             rate_limit: None,
+            // Vultr's published monthly prices for these plans; the high-frequency one is not
+            // sold in sgp, so a test has a plan without a price in a known region.
+            plans: vec![
+                PlanOffer::new("vc2-1c-1gb", 5.0, &REGIONS),
+                PlanOffer::new("vc2-1c-2gb", 10.0, &REGIONS),
+                PlanOffer::new("vhf-1c-1gb", 6.0, &["ewr", "fra", "ams"]),
+            ],
         }
     }
 }
@@ -139,6 +185,7 @@ pub struct Vultr {
     instance_limit: Option<usize>,
     /// Creates left that make their instance and then answer 500.
     fail_after_making: u32,
+    plans: Vec<PlanOffer>,
 }
 
 impl Adapter for Vultr {
@@ -191,6 +238,7 @@ impl Adapter for Vultr {
         }
     }
 
+    /// `GET /v2/plans` is no instance operation: only `any` faults reach it.
     fn classify(&self, method: &Method, path: &str) -> (Option<FaultOp>, String) {
         let rest = path.strip_prefix("/v2/instances");
         let one =
@@ -250,12 +298,14 @@ impl Served<Backend> {
             regions: cfg.regions,
             instance_limit: cfg.instance_limit,
             fail_after_making: 0,
+            plans: cfg.plans,
         };
         let state = Shared::new(Cloud::new(adapter, fleet, cfg.rate_limit));
         let api = Router::new()
             .route("/v2/instances", get(list_instances).post(create_instance))
             .route("/v2/instances/{id}", get(get_instance).delete(delete_instance))
-            .route("/v2/instances/{id}/user-data", get(get_user_data));
+            .route("/v2/instances/{id}/user-data", get(get_user_data))
+            .route("/v2/plans", get(list_plans));
         let app = crate::framework::gated(api, &state);
         Ok(Served::serve("vultr-emulator", listener, state, app))
     }
@@ -436,6 +486,59 @@ async fn list_instances(
     };
     let instances: Vec<Value> = page.iter().map(|r| render(r)).collect();
     Json(json!({"instances": instances, "meta": {"total": total, "links": {"next": next, "prev": prev}}})).into_response()
+}
+
+/// `GET /v2/plans`: the catalogue in ID order, filtered by `type`, cursor-paged as the
+/// instance list.
+async fn list_plans(
+    State(state): State<Shared<Backend>>,
+    Query(query): Query<Vec<(String, String)>>,
+) -> Response {
+    let (mut per_page, mut start, mut kind) = (100usize, None, None);
+    for (k, v) in query {
+        match k.as_str() {
+            "per_page" => match v.parse::<usize>() {
+                Ok(n) if n > 0 => per_page = n.min(500),
+                _ => return bad_request(format!("Invalid per_page: {v:?}")).into_response(),
+            },
+            "cursor" if v.is_empty() => {}
+            "cursor" => match id_of(&v) {
+                Some(id) => start = Some(id),
+                None => return bad_request("Invalid cursor").into_response(),
+            },
+            "type" if v != "all" => kind = Some(v),
+            _ => {}
+        }
+    }
+    let b = state.lock();
+    let mut plans: Vec<&PlanOffer> =
+        b.backend.plans.iter().filter(|p| kind.as_ref().is_none_or(|k| &p.kind == k)).collect();
+    plans.sort_by(|a, b| a.id.cmp(&b.id));
+    let total = plans.len();
+    let from = start.map_or(0, |s| plans.iter().position(|p| p.id >= s).unwrap_or(total));
+    let next = plans.get(from + per_page).map_or(String::new(), |p| cursor_of(&p.id));
+    let prev =
+        if from == 0 { String::new() } else { cursor_of(&plans[from.saturating_sub(per_page)].id) };
+    let page: Vec<Value> =
+        plans[from..(from + per_page).min(total)].iter().map(|p| render_plan(p)).collect();
+    Json(json!({"plans": page, "meta": {"total": total, "links": {"next": next, "prev": prev}}}))
+        .into_response()
+}
+
+/// A plan as the reference's `plans` schema has it; the figures follow the ID's `<n>c` and
+/// `<n>gb` parts, a whole monthly price goes out as an integer (the reference's type).
+fn render_plan(p: &PlanOffer) -> Value {
+    let part = |suffix: &str| {
+        p.id.split('-').find_map(|s| s.strip_suffix(suffix)?.parse::<u64>().ok()).unwrap_or(1)
+    };
+    let monthly = if p.monthly_cost.fract() == 0.0 && p.monthly_cost.abs() < 1e15 {
+        json!(p.monthly_cost as i64)
+    } else {
+        json!(p.monthly_cost)
+    };
+    json!({"id": p.id, "vcpu_count": part("c"), "ram": part("gb") * 1024, "disk": 25 * part("gb"),
+           "disk_count": 1, "bandwidth": 1024 * part("gb"), "monthly_cost": monthly, "type": p.kind,
+           "locations": p.locations})
 }
 
 async fn get_instance(State(state): State<Shared<Backend>>, Path(id): Path<String>) -> Response {

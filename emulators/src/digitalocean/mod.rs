@@ -11,6 +11,13 @@
 //!   URLs keeping the filters. `name` matches exactly without regard to case, `tag_name`
 //!   too (tags are case stable); they cannot be combined (`400`).
 //! - `GET /v2/droplets/{id}`, `DELETE /v2/droplets/{id}` (`204`, no body).
+//! - `GET /v2/sizes?page=&per_page=` -> `{sizes, links: {pages}, meta: {total}}`, paged as the
+//!   Droplet list (`sizes/sizes_list.yml`, `responses/all_sizes.yml`): every size of
+//!   [`DigitalOceanConfig::catalogue`] in slug order, each with every field `size.yml`
+//!   requires; `price_hourly` (US dollars, a JSON float), `regions` (where the size can be
+//!   created) and `available` are the catalogue's, so a test knows the exact price. A create
+//!   of a catalogued size in a region it does not list, or of an unavailable one, answers
+//!   `422` "Size is not available in this region." (the message DigitalOcean sends).
 //!
 //! Every error is `{"id", "message", "request_id"}`, `id` naming the status (`not_found`,
 //! `unauthorized`, `too_many_requests`, `unprocessable_entity`, `server_error`,
@@ -56,10 +63,16 @@
 //! `Ubuntu`; `Unknown` otherwise) and its `type` and `status` enums, `status` values, the
 //! error body, the three rate-limit headers, the tag charset and length, `per_page` 1-200
 //! and `page`, `links.pages` and `meta.total`, `tag_name`/`name` and that they exclude each
-//! other, `user_data` as plain text of at most 64 KiB. From public captures: the
-//! droplet-limit 422. From DigitalOcean's price list, not the specification: the sizes'
-//! figures and prices, the hourly price being a 672-hour month's share (as in the
-//! specification's example). Assumed: the other 422 messages, the image's dates and sizes,
+//! other, `user_data` as plain text of at most 64 KiB; `GET /v2/sizes` with `per_page` and
+//! `page` (`sizes/sizes_list.yml`), its `sizes`/`links`/`meta` answer
+//! (`sizes/responses/all_sizes.yml`) and the size's `price_hourly` as a float in US dollars,
+//! `regions` as the slugs it can be created in and `available` (default true)
+//! (`sizes/models/size.yml`, github.com/digitalocean/openapi at 7c1300c4). From public
+//! captures: the droplet-limit 422 and "Size is not available in this region.". From
+//! DigitalOcean's price list, not the specification: the sizes' figures and prices, the
+//! hourly price being a 672-hour month's share (as in the specification's example). The
+//! sizes route, like every route here, wants the token (the specification's security is
+//! `bearer_auth` with `sizes:read`). Assumed: the other 422 messages, the image's dates and sizes,
 //! the 400 for bad paging parameters and combined filters, capping `per_page` rather than
 //! refusing it, a 404 for non-numeric IDs, the pending-event 422 for locked Droplets, no
 //! `Retry-After` on a 429.
@@ -112,6 +125,10 @@ pub struct DigitalOceanConfig {
     pub sizes: Vec<String>,
     /// Image ID and slug; a create names either.
     pub images: Vec<(u64, String)>,
+    /// `GET /v2/sizes`: prices and where each size is offered. The default lists every size
+    /// of `sizes` (and the other Basic sizes) in every region, at a 672-hour month's share of
+    /// DigitalOcean's monthly price.
+    pub catalogue: Vec<SizeOffer>,
     /// Creates beyond this many Droplets answer the droplet-limit 422.
     pub droplet_limit: Option<usize>,
     pub schedule: Schedule,
@@ -121,11 +138,17 @@ pub struct DigitalOceanConfig {
 
 impl DigitalOceanConfig {
     pub fn new(token: impl Into<String>) -> Self {
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let regions = s(&["nyc1", "nyc3", "sfo3", "ams3", "fra1", "lon1", "sgp1"]);
+        let catalogue = BASIC
+            .iter()
+            .map(|(slug, .., monthly)| SizeOffer::new(slug, monthly / 672.0, &regions))
+            .collect();
         DigitalOceanConfig {
             token: token.into(),
-            regions: s(&["nyc1", "nyc3", "sfo3", "ams3", "fra1", "lon1", "sgp1"]),
+            regions,
             sizes: s(&["s-1vcpu-512mb-10gb", "s-1vcpu-1gb", "s-2vcpu-2gb"]),
+            catalogue,
             images: vec![
                 (165_064_040, "debian-12-x64".into()),
                 (165_064_077, "ubuntu-24-04-x64".into()),
@@ -135,6 +158,24 @@ impl DigitalOceanConfig {
             rate_limit: None,
             real_proxies: None,
         }
+    }
+}
+
+/// A size of the catalogue `GET /v2/sizes` shows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SizeOffer {
+    pub slug: String,
+    /// US dollars an hour, sent as it is (a JSON float).
+    pub price_hourly: f64,
+    /// Region slugs where the size can be created.
+    pub regions: Vec<String>,
+    pub available: bool,
+}
+
+impl SizeOffer {
+    pub fn new(slug: &str, price_hourly: f64, regions: &[impl AsRef<str>]) -> Self {
+        let regions = regions.iter().map(|r| r.as_ref().to_string()).collect();
+        SizeOffer { slug: slug.into(), price_hourly, regions, available: true }
     }
 }
 
@@ -261,6 +302,7 @@ impl Adapter for Do {
         }
     }
 
+    /// `GET /v2/sizes` is no instance operation: only `any` faults reach it.
     fn classify(&self, method: &Method, path: &str) -> (Option<FaultOp>, String) {
         let rest = path.strip_prefix("/v2/droplets");
         let op = match (method.as_str(), rest) {
@@ -400,6 +442,7 @@ impl Served<Backend> {
         let api = Router::new()
             .route("/v2/droplets", get(list_droplets).post(create_droplet))
             .route("/v2/droplets/{id}", get(get_droplet).delete(delete_droplet))
+            .route("/v2/sizes", get(list_sizes))
             .fallback(unknown);
         let app = crate::framework::gated(api, &state).fallback(unknown);
         Ok(Served::serve("digitalocean-emulator", listener, state, app))
@@ -422,17 +465,20 @@ async fn unknown() -> Response {
     DoError::not_found().into_response()
 }
 
+/// DigitalOcean's Basic Droplets: slug, memory (MiB), vCPUs, disk (GB), transfer (TB) and
+/// the monthly price (USD).
+const BASIC: [(&str, u64, u64, u64, f64, f64); 5] = [
+    ("s-1vcpu-512mb-10gb", 512, 1, 10, 0.5, 4.0),
+    ("s-1vcpu-1gb", 1024, 1, 25, 1.0, 6.0),
+    ("s-1vcpu-2gb", 2048, 1, 50, 2.0, 12.0),
+    ("s-2vcpu-2gb", 2048, 2, 60, 3.0, 18.0),
+    ("s-2vcpu-4gb", 4096, 2, 80, 4.0, 24.0),
+];
+
 /// A size's figures: memory (MiB), vCPUs, disk (GB), transfer (TB) and the monthly price
 /// (USD) of DigitalOcean's Basic Droplets; a slug not in the table gets its vCPUs and memory
 /// read from the slug (`s-2vcpu-4gb`) and the smallest size's other figures.
 fn size_figures(slug: &str) -> (u64, u64, u64, f64, f64) {
-    const BASIC: [(&str, u64, u64, u64, f64, f64); 5] = [
-        ("s-1vcpu-512mb-10gb", 512, 1, 10, 0.5, 4.0),
-        ("s-1vcpu-1gb", 1024, 1, 25, 1.0, 6.0),
-        ("s-1vcpu-2gb", 2048, 1, 50, 2.0, 12.0),
-        ("s-2vcpu-2gb", 2048, 2, 60, 3.0, 18.0),
-        ("s-2vcpu-4gb", 4096, 2, 80, 4.0, 24.0),
-    ];
     if let Some(&(_, memory, vcpus, disk, transfer, monthly)) = BASIC.iter().find(|s| s.0 == slug) {
         return (memory, vcpus, disk, transfer, monthly);
     }
@@ -466,7 +512,7 @@ fn render(d: &Do, r: &Record<Extra>) -> Value {
         v4.push(json!({"ip_address": ip, "netmask": "255.255.255.0", "gateway": "203.0.113.1", "type": "public"}));
     }
     let (image_id, slug) = &r.extra.image;
-    let (memory, vcpus, disk, transfer, monthly) = size_figures(&r.extra.size);
+    let (memory, vcpus, disk, ..) = size_figures(&r.extra.size);
     json!({
         "id": r.id.parse::<u64>().unwrap_or_default(),
         "name": r.name, "memory": memory, "vcpus": vcpus, "disk": disk, "locked": r.locked, "status": r.state,
@@ -476,11 +522,7 @@ fn render(d: &Do, r: &Record<Extra>) -> Value {
                   "public": true, "regions": d.config.regions, "type": "base", "status": "available",
                   "created_at": "2024-06-11T15:44:23Z", "min_disk_size": 7, "size_gigabytes": 0.94,
                   "description": "", "tags": [], "error_message": ""},
-        // DigitalOcean bills by the hour at a 672-hour month's rate (the reference's example:
-        // 5.0 a month, 0.00743999984115362 an hour).
-        "size": {"slug": r.extra.size, "memory": memory, "vcpus": vcpus, "disk": disk,
-                 "transfer": transfer, "price_monthly": monthly, "price_hourly": monthly / 672.0,
-                 "regions": d.config.regions, "available": true, "description": "Basic"},
+        "size": size_json(d, &r.extra.size),
         "size_slug": r.extra.size,
         "networks": {"v4": v4, "v6": []},
         "region": {"name": r.scope.to_uppercase(), "slug": r.scope, "available": true,
@@ -488,6 +530,21 @@ fn render(d: &Do, r: &Record<Extra>) -> Value {
         "tags": r.extra.tags,
         "vpc_uuid": "760e09ef-dc84-11e8-981e-3cfdfeaae000",
     })
+}
+
+/// A size as `size.yml` describes it: the catalogue's price, regions and availability when it
+/// lists the size (for a size it does not, every region, at a 672-hour month's share of the
+/// monthly price: DigitalOcean bills by the hour at that rate, as the reference's example
+/// shows, 5.0 a month and 0.00743999984115362 an hour), the figures of [`size_figures`].
+fn size_json(d: &Do, slug: &str) -> Value {
+    let (memory, vcpus, disk, transfer, monthly) = size_figures(slug);
+    let offer = d.config.catalogue.iter().find(|o| o.slug == slug);
+    let offer =
+        offer.cloned().unwrap_or_else(|| SizeOffer::new(slug, monthly / 672.0, &d.config.regions));
+    json!({"slug": slug, "memory": memory, "vcpus": vcpus, "disk": disk, "transfer": transfer,
+           "price_monthly": monthly, "price_hourly": offer.price_hourly, "regions": offer.regions,
+           "available": offer.available, "description": "Basic",
+           "disk_info": [{"type": "local", "size": {"amount": disk, "unit": "gib"}}]})
 }
 
 #[derive(Deserialize)]
@@ -541,6 +598,10 @@ fn check_create(b: &mut Backend, body: CreateBody) -> Result<Record<Extra>, DoEr
     let size = size.ok_or_else(|| {
         DoError::unprocessable("You specified an invalid size for Droplet creation.")
     })?;
+    let offer = c.catalogue.iter().find(|o| o.slug == size);
+    if offer.is_some_and(|o| !o.available || !o.regions.contains(&region)) {
+        return Err(DoError::unprocessable("Size is not available in this region."));
+    }
     let image = body.image.and_then(|i| b.backend.image(&i));
     let image = image.ok_or_else(|| {
         DoError::unprocessable("You specified an invalid image for Droplet creation.")
@@ -620,16 +681,30 @@ fn list(b: &Backend, q: ListQuery) -> Result<Value, DoError> {
         e.message = format!("Unexpected server-side error (region {down} unavailable)");
         return Err(e);
     }
-    let total = matched.len() as u64;
-    let last = total.div_ceil(per_page).max(1);
     let mut filters = String::new();
     for (k, v) in [("tag_name", &q.tag_name), ("name", &q.name), ("type", &q.kind)] {
         if let Some(v) = v {
             filters.push_str(&format!("&{k}={}", encode(v)));
         }
     }
-    let link =
-        |n: u64| format!("{}/v2/droplets?page={n}&per_page={per_page}{filters}", b.backend.url);
+    let droplets: Vec<Value> = matched.iter().map(|r| render(&b.backend, r)).collect();
+    let base = format!("{}/v2/droplets", b.backend.url);
+    Ok(page_of("droplets", droplets, page, per_page, &base, &filters))
+}
+
+/// Page `page` of `items` under `key`, with `links.pages` (`first`/`prev` after the first
+/// page, `next`/`last` before the last, absolute URLs keeping `filters`) and `meta.total`.
+fn page_of(
+    key: &str,
+    items: Vec<Value>,
+    page: u64,
+    per_page: u64,
+    base: &str,
+    filters: &str,
+) -> Value {
+    let total = items.len() as u64;
+    let last = total.div_ceil(per_page).max(1);
+    let link = |n: u64| format!("{base}?page={n}&per_page={per_page}{filters}");
     let mut pages = serde_json::Map::new();
     if page > 1 {
         pages.insert("first".into(), link(1).into());
@@ -640,9 +715,24 @@ fn list(b: &Backend, q: ListQuery) -> Result<Value, DoError> {
         pages.insert("last".into(), link(last).into());
     }
     let start = ((page - 1) * per_page) as usize;
-    let droplets: Vec<Value> =
-        matched.iter().skip(start).take(per_page as usize).map(|r| render(&b.backend, r)).collect();
-    Ok(json!({"droplets": droplets, "links": {"pages": pages}, "meta": {"total": total}}))
+    let items: Vec<Value> = items.into_iter().skip(start).take(per_page as usize).collect();
+    json!({key: items, "links": {"pages": pages}, "meta": {"total": total}})
+}
+
+/// `GET /v2/sizes`: the catalogue in slug order, paged as the Droplet list.
+async fn list_sizes(State(state): State<Shared<Backend>>, Query(q): Query<ListQuery>) -> Response {
+    let b = state.lock();
+    let paging = positive(q.page.as_deref(), 1, "page")
+        .and_then(|p| Ok((p, positive(q.per_page.as_deref(), 20, "per_page")?.min(200))));
+    let (page, per_page) = match paging {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let mut slugs: Vec<&str> = b.backend.config.catalogue.iter().map(|o| o.slug.as_str()).collect();
+    slugs.sort_unstable();
+    let sizes = slugs.into_iter().map(|s| size_json(&b.backend, s)).collect();
+    let base = format!("{}/v2/sizes", b.backend.url);
+    Json(page_of("sizes", sizes, page, per_page, &base, "")).into_response()
 }
 
 fn encode(s: &str) -> String {

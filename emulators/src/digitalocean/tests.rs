@@ -439,3 +439,55 @@ fn droplets_carry_what_the_specification_requires() {
         "{distributions:?}"
     );
 }
+
+/// `GET /v2/sizes` as `sizes_list.yml` and `all_sizes.yml` describe it: the catalogue in slug
+/// order, paged like the Droplet list, every size with what `size.yml` requires, the
+/// configured prices exactly; a create of a size where the catalogue does not offer it is
+/// refused as DigitalOcean refuses it.
+#[test]
+fn sizes_are_the_catalogue_paged_and_priced() {
+    let mut cfg = DigitalOceanConfig::new(TOKEN);
+    cfg.catalogue = vec![
+        SizeOffer::new("s-1vcpu-1gb", 0.0105, &["ams3", "nyc3"]),
+        SizeOffer::new("s-2vcpu-2gb", 0.02679, &["nyc3"]),
+        SizeOffer { available: false, ..SizeOffer::new("s-1vcpu-512mb-10gb", 0.00595, &["ams3"]) },
+    ];
+    let e = DigitalOceanEmulator::start(cfg);
+    let all = api(&e, "GET", "/v2/sizes", None);
+    assert_eq!((all.status, all.json["meta"]["total"].as_u64()), (200, Some(3)), "{}", all.json);
+    let sizes = all.json["sizes"].as_array().unwrap();
+    let slugs: Vec<&str> = sizes.iter().map(|s| s["slug"].as_str().unwrap()).collect();
+    assert_eq!(slugs, ["s-1vcpu-1gb", "s-1vcpu-512mb-10gb", "s-2vcpu-2gb"]);
+    for s in sizes {
+        let off = off_spec("size", s, &SIZE_REQUIRED);
+        assert!(off.is_empty(), "{off:#?}\n{s:#}");
+    }
+    assert_eq!(sizes[0]["price_hourly"].as_f64(), Some(0.0105));
+    assert_eq!(sizes[0]["regions"], json!(["ams3", "nyc3"]));
+    assert_eq!(
+        (sizes[1]["available"].as_bool(), sizes[2]["price_hourly"].as_f64()),
+        (Some(false), Some(0.02679))
+    );
+
+    let p1 = api(&e, "GET", "/v2/sizes?per_page=2", None);
+    assert_eq!(p1.json["sizes"].as_array().unwrap().len(), 2);
+    let next = p1.json["links"]["pages"]["next"].as_str().unwrap();
+    assert!(next.ends_with("/v2/sizes?page=2&per_page=2"), "{next}");
+    let p2 = api(&e, "GET", "/v2/sizes?per_page=2&page=2", None);
+    assert_eq!(p2.json["sizes"][0]["slug"], "s-2vcpu-2gb");
+    assert!(p2.json["links"]["pages"].get("next").is_none());
+    assert_eq!(api(&e, "GET", "/v2/sizes?page=0", None).status, 400);
+    assert_eq!(call(&e, "GET", "/v2/sizes", None, None).status, 401);
+
+    // Offered in nyc3 only; unavailable everywhere; offered and available.
+    let body = |size: &str, region: &str| json!({"name": "p", "region": region, "size": size, "image": "debian-12-x64"});
+    for (size, region) in [("s-2vcpu-2gb", "ams3"), ("s-1vcpu-512mb-10gb", "ams3")] {
+        let a = api(&e, "POST", "/v2/droplets", Some(body(size, region)));
+        assert_eq!(a.status, 422, "{size} in {region}: {}", a.json);
+        assert_eq!(a.json["message"], "Size is not available in this region.");
+    }
+    let ok = api(&e, "POST", "/v2/droplets", Some(body("s-2vcpu-2gb", "nyc3")));
+    assert_eq!(ok.status, 202, "{}", ok.json);
+    assert_eq!(ok.json["droplet"]["size"]["price_hourly"].as_f64(), Some(0.02679));
+    assert_eq!(ok.json["droplet"]["size"]["regions"], json!(["nyc3"]));
+}

@@ -1,6 +1,7 @@
 //! The EC2 Query API actions: parameter parsing, validation with EC2's error codes, and the
 //! XML answers.
 
+use super::SPOT_PRICES_SINCE;
 use super::model::{
     DiskSpec, Instance, LaunchSpec, State, TokenRecord, Volume, iso_time, state_code, unix_now,
     valid_id,
@@ -49,6 +50,7 @@ pub(crate) const ACTIONS: &[&str] = &[
     "DescribeInstanceAttribute",
     "DescribeAvailabilityZones",
     "DescribeRegions",
+    "DescribeSpotPriceHistory",
 ];
 
 /// Query parameters, from the query string and a form body together.
@@ -160,6 +162,7 @@ pub(crate) fn dispatch(
         }
         "DescribeAvailabilityZones" => describe_zones(st, params, region, request_id),
         "DescribeRegions" => describe_regions(st, params, request_id),
+        "DescribeSpotPriceHistory" => describe_spot_price_history(st, params, region, request_id),
         other => Err(ApiError::bad(
             "InvalidAction",
             format!("The action {other} is not valid for this web service."),
@@ -267,7 +270,7 @@ fn run_instances(
     }
     let (instance_tags, volume_tags) = tag_specifications(p)?;
     let disks = block_devices(p, &cfg.root_device_name)?;
-    let spot = market_options(p, &cfg.spot_price)?;
+    let spot = market_options(p, cfg.spot_price_in(instance_type, &zone))?;
 
     if let Some(limit) = cfg.instance_limit {
         let available = limit.saturating_sub(st.active_in(region));
@@ -999,6 +1002,101 @@ fn describe_zones(st: &mut State, p: &Params, region: &str, request_id: &str) ->
     Ok(x.finish("DescribeAvailabilityZones"))
 }
 
+/// See the module documentation of [`crate::ec2`] for what the history holds.
+fn describe_spot_price_history(
+    st: &mut State,
+    p: &Params,
+    region: &str,
+    request_id: &str,
+) -> ApiResult {
+    let cfg = st.cfg.clone();
+    let catalog = cfg.region(region).expect("verified regions are in the catalogue");
+    let zone_ids: Vec<String> = (0..catalog.zones.len()).map(|n| zone_id(region, n)).collect();
+    let (zone, zone_id_wanted) = (p.get("AvailabilityZone"), p.get("AvailabilityZoneId"));
+    if zone.is_some() && zone_id_wanted.is_some() {
+        return Err(ApiError::bad(
+            "InvalidParameterCombination",
+            "Either AvailabilityZone or AvailabilityZoneId can be specified, but not both",
+        ));
+    }
+    if let Some(z) = zone.filter(|z| !catalog.zones.iter().any(|k| k == z)) {
+        return Err(ApiError::invalid_value(format!("Invalid availability zone: [{z}]")));
+    }
+    if let Some(z) = zone_id_wanted.filter(|z| !zone_ids.iter().any(|k| k == z)) {
+        return Err(ApiError::invalid_value(format!("Invalid availability zone id: [{z}]")));
+    }
+    let time = |key: &str| match p.get(key) {
+        None => Ok(None),
+        Some(v) => crate::time::parse_rfc3339(v).map(Some).ok_or_else(|| {
+            ApiError::invalid_value(format!("Value ({v}) for parameter {key} is invalid."))
+        }),
+    };
+    let (_start, end) = (time("StartTime")?, time("EndTime")?);
+    let (types, products) = (p.list("InstanceType"), p.list("ProductDescription"));
+    let filters = filters(p, SPOT_PRICE_FILTERS)?;
+    let page_size = page_size(p, 1000, false)?.unwrap_or(1000);
+    let after = cursor(p, region)?.unwrap_or(0);
+    p.dry_run()?;
+
+    // Every price took effect at SPOT_PRICES_SINCE: after any start time it is still the
+    // effective one, and it is in the history unless the end time is before it.
+    let since = iso_time(SPOT_PRICES_SINCE);
+    let in_time = end.is_none_or(|e| e >= SPOT_PRICES_SINCE);
+    let mut history = Vec::new();
+    for (n, z) in catalog.zones.iter().enumerate() {
+        for t in &catalog.instance_types {
+            let linux = cfg.spot_price_in(t, z);
+            let windows = linux.parse::<f64>().map_or(String::new(), |v| format!("{:.6}", v * 2.0));
+            for (product, price) in [("Linux/UNIX", linux.to_string()), ("Windows", windows)] {
+                history.push((z, &zone_ids[n], t, product, price));
+            }
+        }
+    }
+    let field = |(z, id, t, product, price): &(&String, &String, &String, &str, String),
+                 name: &str| {
+        let one = |s: &str| vec![s.to_string()];
+        match name {
+            "availability-zone" => one(z),
+            "availability-zone-id" => one(id),
+            "instance-type" => one(t),
+            "product-description" => one(product),
+            "spot-price" => one(price),
+            "timestamp" => one(&since),
+            _ => Vec::new(),
+        }
+    };
+    let matching: Vec<(usize, _)> = history
+        .into_iter()
+        .enumerate()
+        .map(|(n, h)| (n + 1, h))
+        .filter(|(n, _)| *n as u64 > after)
+        .filter(|(_, h)| {
+            in_time && zone.is_none_or(|z| h.0 == z) && zone_id_wanted.is_none_or(|z| h.1 == z)
+        })
+        .filter(|(_, h)| types.is_empty() || types.contains(h.2))
+        .filter(|(_, h)| products.is_empty() || products.iter().any(|p| p == h.3))
+        .filter(|(_, h)| filters.iter().all(|f| f.matches(&field(h, &f.name))))
+        .collect();
+    let mut x = Xml::response("DescribeSpotPriceHistory", request_id);
+    x.open("spotPriceHistorySet");
+    for (_, (z, id, t, product, price)) in matching.iter().take(page_size) {
+        x.open("item")
+            .leaf("availabilityZone", z)
+            .leaf("availabilityZoneId", id)
+            .leaf("instanceType", t)
+            .leaf("productDescription", product)
+            .leaf("spotPrice", price)
+            .leaf("timestamp", &since)
+            .close("item");
+    }
+    x.close("spotPriceHistorySet");
+    match matching.get(page_size) {
+        Some(_) => x.leaf("nextToken", &make_token(region, matching[page_size - 1].0 as u64)),
+        None => x.empty("nextToken"),
+    };
+    Ok(x.finish("DescribeSpotPriceHistory"))
+}
+
 fn describe_regions(st: &mut State, p: &Params, request_id: &str) -> ApiResult {
     let names = p.list("RegionName");
     let cfg = st.cfg.clone();
@@ -1067,6 +1165,14 @@ const VOLUME_FILTERS: &[&str] = &[
     "volume-type",
 ];
 const ZONE_FILTERS: &[&str] = &["region-name", "state", "zone-id", "zone-name"];
+const SPOT_PRICE_FILTERS: &[&str] = &[
+    "availability-zone",
+    "availability-zone-id",
+    "instance-type",
+    "product-description",
+    "spot-price",
+    "timestamp",
+];
 const REGION_FILTERS: &[&str] = &["endpoint", "opt-in-status", "region-name"];
 
 struct Filter {

@@ -1535,3 +1535,114 @@ async fn without_spot_capacity_spot_launches_fail_and_on_demand_ones_do_not() {
     emu.reset();
     run(&emu, &us(), &SPOT).await;
 }
+
+/// DescribeSpotPriceHistory after the 2016-11-15 model: one price per type, zone and product
+/// set at SPOT_PRICES_SINCE, so a start time of now still answers it; the parameters and
+/// filters narrow it, pages follow `nextToken`, and the price a zone is given is the one
+/// RunInstances compares `MaxPrice` with.
+#[tokio::test]
+async fn spot_price_history_is_the_configured_prices() {
+    let cfg = Ec2Config {
+        spot_price: "0.004000".into(),
+        spot_prices: vec![ZoneSpotPrice::new("t3.micro", "us-east-1b", "0.003100")],
+        ..Ec2Config::default()
+    };
+    let emu = Ec2Emulator::start(cfg);
+    let now = crate::time::rfc3339(unix_now());
+    let history = |extra: &[(&'static str, &'static str)]| spot_history(&emu, extra.to_vec());
+    let one = spot_history(
+        &emu,
+        vec![
+            ("InstanceType.1", "t3.micro"),
+            ("ProductDescription.1", "Linux/UNIX"),
+            ("AvailabilityZone", "us-east-1b"),
+            ("StartTime", now.as_str()),
+        ],
+    )
+    .await;
+    one.ok();
+    assert_eq!(one.all("spotPrice"), ["0.003100"]);
+    assert_eq!(
+        (one.all("instanceType"), one.all("availabilityZone"), one.all("productDescription")),
+        (
+            vec!["t3.micro".to_string()],
+            vec!["us-east-1b".to_string()],
+            vec!["Linux/UNIX".to_string()]
+        )
+    );
+    assert_eq!(one.first("timestamp").unwrap(), "2024-01-01T00:00:00.000Z");
+    assert_eq!(one.first("availabilityZoneId").unwrap(), "use1-az2");
+    // The last page: "an empty string or null" says the reference; an empty element here.
+    assert_eq!(one.first("nextToken").as_deref(), Some(""));
+
+    // Every zone, both products: the other zones at the default price, Windows at twice it.
+    let all_zones = history(&[("InstanceType.1", "t3.micro")]).await;
+    assert_eq!(
+        all_zones.all("spotPrice"),
+        ["0.004000", "0.008000", "0.003100", "0.006200", "0.004000", "0.008000"]
+    );
+    let filtered = history(&[
+        ("Filter.1.Name", "product-description"),
+        ("Filter.1.Value.1", "Linux*"),
+        ("Filter.2.Name", "instance-type"),
+        ("Filter.2.Value.1", "m5.large"),
+        ("AvailabilityZoneId", "use1-az3"),
+    ])
+    .await;
+    assert_eq!(filtered.all("spotPrice"), ["0.004000"]);
+    assert_eq!(filtered.all("availabilityZone"), ["us-east-1c"]);
+    // A type the region does not offer has no history; an end time before the price, none.
+    assert!(history(&[("InstanceType.1", "p5.48xlarge")]).await.all("item").is_empty());
+    assert!(history(&[("EndTime", "2023-06-01T00:00:00Z")]).await.all("item").is_empty());
+
+    // 4 types x 3 zones x 2 products = 24 prices, in pages of 10.
+    let (mut seen, mut token) = (0, String::new());
+    for pages in 1.. {
+        let a = spot_history(&emu, vec![("MaxResults", "10"), ("NextToken", token.as_str())]).await;
+        a.ok();
+        seen += a.all("spotPrice").len();
+        match a.first("nextToken") {
+            Some(t) if !t.is_empty() => token = t,
+            _ => {
+                assert_eq!((pages, seen), (3, 24));
+                break;
+            }
+        }
+    }
+
+    for (bad, code) in [
+        (vec![("AvailabilityZone", "us-east-1z")], "InvalidParameterValue"),
+        (
+            vec![("AvailabilityZone", "us-east-1a"), ("AvailabilityZoneId", "use1-az1")],
+            "InvalidParameterCombination",
+        ),
+        (vec![("StartTime", "yesterday")], "InvalidParameterValue"),
+        (vec![("Filter.1.Name", "colour")], "InvalidParameterValue"),
+        (vec![("NextToken", "garbage!")], "InvalidPaginationToken"),
+    ] {
+        assert_eq!(spot_history(&emu, bad.clone()).await.code(), code, "{bad:?}");
+    }
+
+    // RunInstances compares MaxPrice with the zone's price.
+    let market = [
+        ("InstanceMarketOptions.MarketType", "spot"),
+        ("InstanceMarketOptions.SpotOptions.MaxPrice", "0.0035"),
+    ];
+    let mut in_b = market.to_vec();
+    in_b.push(("Placement.AvailabilityZone", "us-east-1b"));
+    run(&emu, &us(), &in_b).await;
+    let mut in_a = market.to_vec();
+    in_a.extend([("Action", "RunInstances"), ("ImageId", AMI), ("InstanceType", "t3.micro")]);
+    in_a.extend([
+        ("MinCount", "1"),
+        ("MaxCount", "1"),
+        ("Placement.AvailabilityZone", "us-east-1a"),
+    ]);
+    assert_eq!(call(&emu, &us(), &in_a).await.code(), "SpotMaxPriceTooLow");
+}
+
+async fn spot_history(emu: &Ec2Emulator, extra: Vec<(&str, &str)>) -> Answer {
+    let mut params = vec![("Action", "DescribeSpotPriceHistory")];
+    params.extend(extra);
+    call(emu, &us(), &params).await
+}

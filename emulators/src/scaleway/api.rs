@@ -27,7 +27,8 @@ pub fn router(state: &Shared<Backend>) -> Router<Shared<Backend>> {
         )
         .route("/ips", get(list_ips).post(create_ip))
         .route("/ips/{id}", delete(delete_ip))
-        .route("/volumes/{id}", delete(delete_volume));
+        .route("/volumes/{id}", delete(delete_volume))
+        .route("/products/servers", get(list_server_types));
     let api = crate::framework::gated(api, state);
     Router::new().nest("/instance/v1/zones/{zone}", api)
 }
@@ -129,19 +130,60 @@ fn paging(q: &ListQuery) -> Result<(usize, usize), ScwError> {
 fn page_of(key: &str, items: Vec<Value>, page: usize, per_page: usize, path: &str) -> Response {
     let total = items.len();
     let slice: Vec<Value> = items.into_iter().skip((page - 1) * per_page).take(per_page).collect();
+    paged(json!({key: slice, "total_count": total}), total, page, per_page, path)
+}
+
+/// `body`, a page of a list of `total`, with `X-Total-Count` and a `Link` header.
+fn paged(body: Value, total: usize, page: usize, per_page: usize, path: &str) -> Response {
     let last = total.div_ceil(per_page).max(1);
     let mut links = Vec::new();
     if page < last {
         links.push(format!("<{path}?page={}&per_page={per_page}>; rel=\"next\"", page + 1));
     }
     links.push(format!("<{path}?page={last}&per_page={per_page}>; rel=\"last\""));
-    let mut resp = Json(json!({key: slice, "total_count": total})).into_response();
+    let mut resp = Json(body).into_response();
     let h = resp.headers_mut();
     h.insert("x-total-count", HeaderValue::from(total as u64));
     if let Ok(v) = HeaderValue::from_str(&links.join(", ")) {
         h.insert("link", v);
     }
     resp
+}
+
+/// `GET /products/servers`: the zone's commercial types in name order, a page of them as the
+/// `servers` map (see the module documentation).
+async fn list_server_types(
+    State(s): St,
+    Path(zone): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Answer {
+    let b = s.lock();
+    known_zone(&b, &zone)?;
+    let (page, per_page) = paging(&q)?;
+    let mut sold: Vec<&super::ServerTypeOffer> =
+        b.backend.config.catalogue.iter().filter(|o| o.zones.contains(&zone)).collect();
+    sold.sort_by(|a, b| a.commercial_type.cmp(&b.commercial_type));
+    let servers: serde_json::Map<String, Value> = sold
+        .iter()
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .map(|o| (o.commercial_type.clone(), server_type(o)))
+        .collect();
+    let body = json!({"servers": servers, "total_count": sold.len()});
+    Ok(paged(body, sold.len(), page, per_page, "/products/servers"))
+}
+
+/// A `ServerType` as the SDK has it: the catalogue's price, illustrative figures.
+fn server_type(o: &super::ServerTypeOffer) -> Value {
+    let gib: u64 = 1 << 30;
+    json!({"hourly_price": o.hourly_price, "monthly_price": o.hourly_price * 730.0, "alt_names": [],
+           "ncpus": 2, "gpu": 0, "ram": 2 * gib, "gpu_info": null, "arch": "x86_64",
+           "volumes_constraint": {"min_size": 0, "max_size": 20_000_000_000u64},
+           "per_volume_constraint": {"l_ssd": {"min_size": 1_000_000_000, "max_size": 20_000_000_000u64}},
+           "capabilities": {"block_storage": true, "boot_types": ["local", "rescue"]},
+           "network": {"sum_internal_bandwidth": 300_000_000, "sum_internet_bandwidth": 300_000_000,
+                       "ipv6_support": true, "interfaces": []},
+           "scratch_storage_max_size": null, "block_bandwidth": 104_857_600, "end_of_service": false})
 }
 
 fn wanted_tags(q: &ListQuery) -> Vec<String> {

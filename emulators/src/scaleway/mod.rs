@@ -31,6 +31,21 @@
 //!   500 `internal_error`, 503 when a zone is down. Scaleway publishes no rate limit for
 //!   this API; an enforced limit answers `429 too_many_requests` with `Retry-After`.
 //!
+//! - **The catalogue**: `GET /products/servers?page=&per_page=` answers `{"servers":
+//!   {<commercial type>: <ServerType>}, "total_count"}` (a map, not a list, as the SDK's
+//!   `ListServersTypesResponse` has it) with `X-Total-Count` and `Link`, paged like the
+//!   server list in commercial-type order. Each `ServerType` carries `hourly_price` (euros,
+//!   a JSON float: the SDK's `float32`), the deprecated `monthly_price` (a 730-hour month:
+//!   the SDK says "estimated monthly price, for a 30 days month"; 730 hours is the emulator's
+//!   choice), `alt_names`, `ncpus`, `ram` (bytes), `gpu`, `arch`, `volumes_constraint`,
+//!   `per_volume_constraint`, `capabilities`, `network`, `block_bandwidth` and
+//!   `end_of_service`. The prices and the zones each type is sold in are
+//!   [`ScalewayConfig::catalogue`]'s, so a test knows the exact price; the other figures
+//!   are illustrative. Source: scaleway-sdk-go at 2c5cd81b, `api/instance/v1/instance_sdk.go`
+//!   (`ListServersTypes`, `ListServersTypesRequest`, `ListServersTypesResponse`,
+//!   `ServerType`) and `scw/client.go` (`doListAll`: pages from 1 while `total_count` says
+//!   there are more). Only `any` faults reach it: it is no instance operation.
+//!
 //! Auth is `X-Auth-Token: <secret key>`; creates must name the configured project.
 
 mod api;
@@ -61,22 +76,49 @@ pub struct ScalewayConfig {
     pub commercial_types: Vec<String>,
     /// Image labels (`ubuntu_noble`) and IDs a create may name.
     pub images: Vec<String>,
+    /// `GET /products/servers`: each commercial type's hourly price and the zones selling it.
+    pub catalogue: Vec<ServerTypeOffer>,
     pub schedule: Schedule,
     pub real_proxies: Option<Arc<RealProxies>>,
 }
 
 impl ScalewayConfig {
     pub fn new(secret_key: impl Into<String>) -> Self {
-        let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect();
+        let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let zones = words(&["fr-par-1", "fr-par-2", "nl-ams-1", "pl-waw-1"]);
+        // Illustrative prices, every type in every zone but GP1-XS, which pl-waw-1 does not
+        // sell (so a test has a type without a price in a known zone).
+        let catalogue = vec![
+            ServerTypeOffer::new("DEV1-S", 0.0088, &zones),
+            ServerTypeOffer::new("DEV1-M", 0.0198, &zones),
+            ServerTypeOffer::new("PLAY2-PICO", 0.014, &zones),
+            ServerTypeOffer::new("GP1-XS", 0.091, &zones[..3]),
+        ];
         ScalewayConfig {
             secret_key: secret_key.into(),
             project: EMULATOR_PROJECT.into(),
-            zones: words(&["fr-par-1", "fr-par-2", "nl-ams-1", "pl-waw-1"]),
+            zones,
+            catalogue,
             commercial_types: words(&["DEV1-S", "DEV1-M", "PLAY2-PICO", "GP1-XS"]),
             images: words(&["ubuntu_noble", "debian_bookworm"]),
             schedule: Schedule::AfterReads(1),
             real_proxies: None,
         }
+    }
+}
+
+/// A commercial type of the catalogue: its hourly price (euros) and the zones selling it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerTypeOffer {
+    pub commercial_type: String,
+    pub hourly_price: f64,
+    pub zones: Vec<String>,
+}
+
+impl ServerTypeOffer {
+    pub fn new(commercial_type: &str, hourly_price: f64, zones: &[impl AsRef<str>]) -> Self {
+        let zones = zones.iter().map(|z| z.as_ref().to_string()).collect();
+        ServerTypeOffer { commercial_type: commercial_type.into(), hourly_price, zones }
     }
 }
 
@@ -262,6 +304,7 @@ impl Adapter for Scaleway {
             ["ips"] => (Some(FaultOp::List), "/ips"),
             ["ips", _] if m == "DELETE" => (Some(FaultOp::Delete), "/ips/{id}"),
             ["volumes", _] if m == "DELETE" => (Some(FaultOp::Delete), "/volumes/{id}"),
+            ["products", "servers"] => (None, "/products/servers"),
             _ => (None, "other"),
         };
         (op, format!("{m} /instance/v1/zones/{{zone}}{route}"))

@@ -279,3 +279,53 @@ async fn auth_faults_locks_scopes_and_rate_limit() {
         "reset forgets IPs and volumes too"
     );
 }
+
+/// `GET /products/servers` as `ListServersTypes` reads it: a map of the zone's commercial
+/// types with the configured `hourly_price` exactly, `total_count` and `X-Total-Count`,
+/// pages from 1; a type the zone does not sell is absent.
+#[tokio::test]
+async fn the_catalogue_maps_commercial_types_to_prices() {
+    let mut cfg = ScalewayConfig::new(KEY);
+    cfg.catalogue = vec![
+        ServerTypeOffer::new("PRO2-XXS", 0.055, &["fr-par-1"]),
+        ServerTypeOffer::new("DEV1-S", 0.0105, &["fr-par-1", "nl-ams-1"]),
+        ServerTypeOffer::new("GP1-XS", 0.091, &["nl-ams-1"]),
+    ];
+    let emu = ScalewayEmulator::start(cfg);
+    let all = api(&emu, "GET", "/products/servers", Value::Null).await;
+    assert_eq!(all.status, 200, "{}", all.text);
+    assert_eq!(all.body["total_count"], 2);
+    assert_eq!(all.headers["x-total-count"], "2");
+    let names: Vec<&String> = all.body["servers"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["DEV1-S", "PRO2-XXS"]);
+    let dev1 = &all.body["servers"]["DEV1-S"];
+    assert_eq!(dev1["hourly_price"].as_f64(), Some(0.0105));
+    for k in [
+        "monthly_price",
+        "alt_names",
+        "ncpus",
+        "ram",
+        "arch",
+        "volumes_constraint",
+        "end_of_service",
+    ] {
+        assert!(dev1.get(k).is_some(), "{k}: {dev1}");
+    }
+
+    let p2 = api(&emu, "GET", "/products/servers?per_page=1&page=2", Value::Null).await;
+    let names: Vec<&str> =
+        p2.body["servers"].as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!((names, p2.body["total_count"].as_u64()), (vec!["PRO2-XXS"], Some(2)));
+    assert!(!p2.headers["link"].to_str().unwrap().contains("rel=\"next\""));
+    let ams =
+        call(&emu, "GET", "/instance/v1/zones/nl-ams-1/products/servers", Some(KEY), "", "").await;
+    assert_eq!(ams.body["servers"]["GP1-XS"]["hourly_price"].as_f64(), Some(0.091));
+    assert!(ams.body["servers"].get("PRO2-XXS").is_none());
+    let bad = api(&emu, "GET", "/products/servers?per_page=101", Value::Null).await;
+    assert_eq!((bad.status, bad.kind()), (400, "invalid_arguments"));
+    let unknown =
+        call(&emu, "GET", "/instance/v1/zones/xx-nope-9/products/servers", Some(KEY), "", "").await;
+    assert_eq!(unknown.status, 400, "{}", unknown.text);
+    let anonymous = call(&emu, "GET", &format!("{Z}/products/servers"), None, "", "").await;
+    assert_eq!(anonymous.status, 401);
+}

@@ -281,3 +281,61 @@ fn a_create_can_fail_after_making_its_instance() {
     assert_eq!(made.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(), ["proxy-lost"]);
     assert_eq!(create(&e, "proxy-next", &[]).0, 202, "only the next create");
 }
+
+/// `GET /v2/plans` as the reference's `list-plans` has it: the catalogue with the `plans`
+/// schema's fields, a whole `monthly_cost` as an integer, `type` filtering, cursor paging
+/// to the end, and no hourly field (the reference has none).
+#[test]
+fn plans_are_the_catalogue_with_monthly_prices() {
+    let mut cfg = VultrConfig::new(TOKEN);
+    cfg.plans = vec![
+        PlanOffer::new("vhf-1c-1gb", 6.0, &["ewr"]),
+        PlanOffer::new("vc2-1c-1gb", 5.0, &["ewr", "fra"]),
+        PlanOffer::new("vc2-1c-0.5gb", 2.5, &["ewr"]),
+        PlanOffer::new("vcg-a16-2c-8g", 43.0, &["fra"]),
+    ];
+    let e = VultrEmulator::start(cfg);
+    let (status, all) = api(&e, "GET", "/v2/plans", None);
+    assert_eq!((status, all["meta"]["total"].as_u64()), (200, Some(4)), "{all}");
+    let ids: Vec<&str> =
+        all["plans"].as_array().unwrap().iter().map(|p| p["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["vc2-1c-0.5gb", "vc2-1c-1gb", "vcg-a16-2c-8g", "vhf-1c-1gb"]);
+    let vc2 = &all["plans"][1];
+    for k in [
+        "id",
+        "vcpu_count",
+        "ram",
+        "disk",
+        "disk_count",
+        "bandwidth",
+        "monthly_cost",
+        "type",
+        "locations",
+    ] {
+        assert!(vc2.get(k).is_some(), "{k} missing: {vc2}");
+    }
+    assert!(vc2.get("hourly_cost").is_none(), "{vc2}");
+    assert_eq!((vc2["monthly_cost"].as_u64(), vc2["type"].as_str()), (Some(5), Some("vc2")));
+    assert_eq!(vc2["locations"], json!(["ewr", "fra"]));
+    assert_eq!(all["plans"][0]["monthly_cost"].as_f64(), Some(2.5));
+    assert_eq!(all["plans"][2]["type"], "vcg");
+
+    let (_, vc2s) = api(&e, "GET", "/v2/plans?type=vc2", None);
+    assert_eq!(vc2s["meta"]["total"], 2);
+    assert_eq!(api(&e, "GET", "/v2/plans?type=all", None).1["meta"]["total"], 4);
+
+    let (mut seen, mut cursor) = (Vec::new(), String::new());
+    for _ in 0..4 {
+        let (status, page) = api(&e, "GET", &format!("/v2/plans?per_page=3&cursor={cursor}"), None);
+        assert_eq!(status, 200, "{page}");
+        seen.extend(
+            page["plans"].as_array().unwrap().iter().map(|p| p["id"].as_str().unwrap().to_string()),
+        );
+        cursor = page["meta"]["links"]["next"].as_str().unwrap().to_string();
+        if cursor.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen, ids);
+    assert_eq!(api(&e, "GET", "/v2/plans?cursor=%%%", None).0, 400);
+}

@@ -10,7 +10,9 @@
 use crate::support;
 
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, RateLimit};
-use egress_emulators::digitalocean::{DigitalOceanConfig, DigitalOceanEmulator, DoError};
+use egress_emulators::digitalocean::{
+    DigitalOceanConfig, DigitalOceanEmulator, DoError, SizeOffer,
+};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use egress_plugin_host::plugin::WasmProvider;
 use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, State};
@@ -452,6 +454,51 @@ async fn quota_rate_limit_and_other_answers_get_their_class() {
         count: 1,
     });
     assert_eq!(p.get(&id).await.unwrap_err().class, Class::Permanent);
+}
+
+/// A placement's price from DigitalOcean's size catalogue (`GET /v2/sizes`, followed to its
+/// second page): the size's `price_hourly` in US dollars, exactly; none where the catalogue
+/// does not offer the size; a failed catalogue read classified as any other call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quote_reads_the_size_catalogue() {
+    let _dir = plugins_or_skip!();
+    let mut cfg = DigitalOceanConfig::new(TOKEN);
+    // 250 other sizes first (slug order), so the one asked for is on the second page of 200.
+    cfg.catalogue = (0..250)
+        .map(|n| SizeOffer::new(&format!("c-{n:03}"), 0.5, &["nyc3", "ams3"]))
+        .chain([SizeOffer::new("s-1vcpu-1gb", 0.0105, &["nyc3"])])
+        .collect();
+    let d = setup_with(cfg.clone(), "").await;
+    let at = |region: &str| Placement::new(region, "", "s-1vcpu-1gb", "debian");
+    let usd = |micros_per_hour| {
+        Some(egress_plugin_host::provider::Price {
+            currency: "USD".into(),
+            micros_per_hour,
+        })
+    };
+    assert_eq!(d.p.quote(&at("nyc3")).await.unwrap(), usd(10_500));
+    let sizes = |s: &egress_emulators::control::RequestStats| {
+        s.by_call.get("GET /v2/sizes").copied().unwrap_or(0)
+    };
+    assert_eq!(sizes(&d.emu.stats()), 2, "both pages read");
+    // The catalogue lists the size for nyc3 only.
+    assert_eq!(d.p.quote(&at("ams3")).await.unwrap(), None);
+    let e = d.p.quote(&at("sfo3")).await.unwrap_err();
+    assert_eq!(e.class, Class::Permanent, "{e}");
+    assert!(e.message.contains("sfo3"), "{e}");
+
+    let failing = setup_with(cfg, "").await;
+    failing.emu.inject(Fault {
+        op: FaultOp::Any,
+        kind: FaultKind::ServerError,
+        count: 1,
+    });
+    let e = failing.p.quote(&at("nyc3")).await.unwrap_err();
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (Class::Transient, Some("server_error")),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use crate::support;
 
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant};
 use egress_emulators::ec2::{
-    EXAMPLE_ACCESS_KEY, EXAMPLE_SECRET_KEY, Ec2Config, Ec2Emulator, Transition,
+    EXAMPLE_ACCESS_KEY, EXAMPLE_SECRET_KEY, Ec2Config, Ec2Emulator, Transition, ZoneSpotPrice,
 };
 use egress_plugin_host::plugin::WasmProvider;
 use egress_plugin_host::provider::{
@@ -1033,4 +1033,80 @@ async fn no_spot_capacity_is_quota_exceeded_and_leaves_nothing() {
     f.emu.set_spot_capacity(true);
     let id = f.p.create(&req).await.unwrap();
     assert_eq!(f.emu.spot_instances(), [Fixture::backend_id(&id)]);
+}
+
+/// A spot placement's price from EC2's spot price history (DescribeSpotPriceHistory for the
+/// type in its zone, Linux/UNIX, from now): the zone's own price exactly, in US dollars;
+/// none for a type the region has no spot price for; a failed call classified as any other.
+/// An on-demand placement has no price from the plugin, and costs no request: EC2 serves
+/// on-demand prices only from the Price List API, and the providers file's `prices` carry
+/// them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quote_reads_the_spot_price_history() {
+    let _dir = plugins_or_skip!();
+    let mut cfg = Ec2Config {
+        spot_price: "0.0035".into(),
+        spot_prices: vec![ZoneSpotPrice::new("t3.micro", "eu-west-1a", "0.003100")],
+        ..Ec2Config::default()
+    };
+    // us-east-1 offers no t3.small: it has no spot price there.
+    cfg.regions[0].instance_types.retain(|t| t != "t3.small");
+    let f = fixture(cfg).await;
+    let at = |region: &str, zone: &str, machine: &str| Placement {
+        capacity: Capacity::Spot,
+        ..Placement::new(region, zone, machine, "debian")
+    };
+    let usd = |micros_per_hour| {
+        Some(egress_plugin_host::provider::Price {
+            currency: "USD".into(),
+            micros_per_hour,
+        })
+    };
+    let asked = |f: &Fixture| {
+        f.emu
+            .stats()
+            .by_call
+            .get("DescribeSpotPriceHistory")
+            .copied()
+            .unwrap_or(0)
+    };
+    let q = |placement| {
+        let p = &f.p;
+        async move { p.quote(&placement).await }
+    };
+    assert_eq!(
+        q(at("eu-west-1", "eu-west-1a", "t3.micro")).await.unwrap(),
+        usd(3_100)
+    );
+    assert_eq!(
+        q(at("eu-west-1", "eu-west-1b", "t3.micro")).await.unwrap(),
+        usd(3_500)
+    );
+    assert_eq!(
+        q(at("us-east-1", "us-east-1a", "t3.small")).await.unwrap(),
+        None
+    );
+    assert_eq!(asked(&f), 3);
+    let on_demand = Placement::new("eu-west-1", "eu-west-1a", "t3.small", "debian");
+    assert_eq!(q(on_demand).await.unwrap(), None);
+    assert_eq!(asked(&f), 3, "on-demand: no request");
+    let e = q(at("eu-west-1", "eu-west-1c", "t3.micro"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.class, Class::Permanent, "{e}");
+    assert!(e.message.contains("eu-west-1c"), "{e}");
+
+    f.emu.inject(Fault {
+        op: FaultOp::Any,
+        kind: FaultKind::ServerError,
+        count: 1,
+    });
+    let e = q(at("eu-west-1", "eu-west-1b", "t3.small"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (Class::Transient, Some("InternalError")),
+        "{e}"
+    );
 }

@@ -22,8 +22,8 @@ use crate::support;
 
 use egress_plugin_host::plugin::WasmProvider;
 use egress_plugin_host::provider::{
-    Class, CreateRequest, Instance, MARK_INSTALLATION, MARK_MANAGED, MARK_UID, Placement, Provider,
-    ProviderError, State,
+    Capacity, Class, CreateRequest, Instance, MARK_INSTALLATION, MARK_MANAGED, MARK_UID, Placement,
+    Price, Provider, ProviderError, State,
 };
 use sha2::{Digest, Sha256};
 use std::path::Path;
@@ -521,6 +521,28 @@ async fn an_unknown_image_or_instance_type_is_refused_permanently() {
             req.name
         );
     }
+}
+
+/// A spot placement's price from moto's DescribeSpotPriceHistory. moto (5.x) answers every
+/// zone of the region with `0.00001` as `Linux/UNIX (Amazon VPC)`, whatever zone and product
+/// were asked for; the plugin keeps the Linux price of the placement's zone: 10 micro-USD.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_quote_reads_the_spot_price_history() {
+    let _dir = plugins_or_skip!();
+    let m = moto_or_skip!();
+    let f = fixture(&m, &m.secret_access_key, &[]).await;
+    let spot = Placement {
+        capacity: Capacity::Spot,
+        ..Placement::new(&m.region, &m.zone, &m.instance_type, "amzn2")
+    };
+    let price = f.p.quote(&spot).await.unwrap();
+    assert_eq!(
+        price,
+        Some(Price {
+            currency: "USD".into(),
+            micros_per_hour: 10
+        })
+    );
 }
 
 /// `proxy-operator provider lifecycle`, the command a user runs against their own account,

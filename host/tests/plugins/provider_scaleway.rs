@@ -10,7 +10,9 @@
 use crate::support;
 
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, RateLimit};
-use egress_emulators::scaleway::{EMULATOR_PROJECT, ScalewayConfig, ScalewayEmulator};
+use egress_emulators::scaleway::{
+    EMULATOR_PROJECT, ScalewayConfig, ScalewayEmulator, ServerTypeOffer,
+};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use egress_plugin_host::plugin::WasmProvider;
 use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, State};
@@ -570,6 +572,59 @@ async fn errors_and_the_rate_limit_get_their_classes() {
     assert!(err.message.contains("retry after 1 s"), "{err}");
     emu.set_rate_limit(None);
     p.delete(&id).await.unwrap();
+}
+
+/// A placement's price from the zone's catalogue (`GET /products/servers`, followed to its
+/// second page): the commercial type's `hourly_price` in euros, exactly (a JSON float,
+/// 0.0105 is 10,500 micros); none where the zone does not sell the type; a failed catalogue
+/// read classified as any other call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quote_reads_the_zone_catalogue() {
+    let _dir = plugins_or_skip!();
+    let mut cfg = ScalewayConfig::new(KEY);
+    // 150 types sort before DEV1-S: it is on the second page of 100.
+    cfg.catalogue = (0..150)
+        .map(|n| ServerTypeOffer::new(&format!("A-{n:03}"), 0.5, &["fr-par-1", "nl-ams-1"]))
+        .chain([
+            ServerTypeOffer::new("DEV1-S", 0.0105, &["fr-par-1"]),
+            ServerTypeOffer::new("PLAY2-PICO", 0.014, &["fr-par-1", "nl-ams-1"]),
+        ])
+        .collect();
+    let s = setup_with(cfg).await;
+    let at = |zone: &str, kind: &str| Placement::new("", zone, kind, "ubuntu_noble");
+    let eur = |micros_per_hour| {
+        Some(egress_plugin_host::provider::Price {
+            currency: "EUR".into(),
+            micros_per_hour,
+        })
+    };
+    assert_eq!(
+        s.p.quote(&at("fr-par-1", "DEV1-S")).await.unwrap(),
+        eur(10_500)
+    );
+    let pages = s
+        .emu
+        .stats()
+        .by_call
+        .get("GET /instance/v1/zones/{zone}/products/servers")
+        .copied();
+    assert_eq!(pages, Some(2), "both pages read");
+    assert_eq!(s.p.quote(&at("nl-ams-1", "DEV1-S")).await.unwrap(), None);
+    let e = s.p.quote(&at("fr-par-2", "DEV1-S")).await.unwrap_err();
+    assert_eq!(e.class, Class::Permanent, "{e}");
+    assert!(e.message.contains("fr-par-2"), "{e}");
+
+    s.emu.inject(Fault {
+        op: FaultOp::Any,
+        kind: FaultKind::ServerError,
+        count: 1,
+    });
+    let e = s.p.quote(&at("nl-ams-1", "PLAY2-PICO")).await.unwrap_err();
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (Class::Transient, Some("internal_error")),
+        "{e}"
+    );
 }
 
 /// A cloud-init sentinel and a credential sentinel never reach an error, a log line or a

@@ -10,7 +10,9 @@ use crate::support;
 
 use egress_emulators::control::{Emulator, Fault, FaultKind, FaultOp, Plant, RateLimit};
 use egress_emulators::framework::Record;
-use egress_emulators::vultr::{Extra, INSTANCE_LIMIT, VultrConfig, VultrEmulator, VultrError};
+use egress_emulators::vultr::{
+    Extra, INSTANCE_LIMIT, PlanOffer, VultrConfig, VultrEmulator, VultrError,
+};
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use egress_plugin_host::plugin::WasmProvider;
 use egress_plugin_host::provider::{
@@ -448,6 +450,51 @@ async fn vultr_errors_get_their_class() {
             "{bad:?}"
         );
     }
+}
+
+/// A placement's price from Vultr's plan catalogue (`GET /v2/plans`, followed over its
+/// cursor to the second page): the monthly price over Vultr's 672-hour cap, in US dollars,
+/// exactly; none where the plan is not valid for use; a failed catalogue read classified as
+/// any other call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quote_reads_the_plan_catalogue() {
+    let _dir = plugins_or_skip!();
+    let catalogue = || VultrConfig {
+        // 600 plans sort before it: the one asked for is on the second page of 500.
+        plans: (0..600)
+            .map(|n| PlanOffer::new(&format!("vc2-0{n:03}c-1gb"), 7.0, &["ewr", "fra"]))
+            .chain([PlanOffer::new("vc2-1c-1gb", 5.0, &["ewr"])])
+            .collect(),
+        ..VultrConfig::new(TOKEN)
+    };
+    let v = setup_with(catalogue()).await;
+    let usd = |micros_per_hour| {
+        Some(egress_plugin_host::provider::Price {
+            currency: "USD".into(),
+            micros_per_hour,
+        })
+    };
+    // 5 / 672 dollars an hour: 7,440.476 micros.
+    assert_eq!(v.p.quote(&placement("ewr")).await.unwrap(), usd(7_440));
+    let plans = v.emu.stats().by_call.get("GET /v2/plans").copied();
+    assert_eq!(plans, Some(2), "both pages read");
+    assert_eq!(v.p.quote(&placement("fra")).await.unwrap(), None);
+    let e = v.p.quote(&placement("sgp")).await.unwrap_err();
+    assert_eq!(e.class, Class::Permanent, "{e}");
+    assert!(e.message.contains("sgp"), "{e}");
+
+    let failing = setup_with(catalogue()).await;
+    failing.emu.inject(Fault {
+        op: FaultOp::Any,
+        kind: FaultKind::ServerError,
+        count: 1,
+    });
+    let e = failing.p.quote(&placement("ewr")).await.unwrap_err();
+    assert_eq!(
+        (e.class, e.code.as_deref()),
+        (Class::Transient, Some("HTTP500")),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,8 @@ use serde_json::Value;
 /// (50,000 Droplets), so a `next` link that never ends fails the list instead of pinning GC.
 pub const PER_PAGE: u32 = 200;
 const PAGES: Bounds = Bounds { what: "DigitalOcean droplet list", max_pages: 250, max_items: 250 * PER_PAGE as usize };
+/// The size catalogue is about 150 sizes; ten pages of 200 leave room for growth and still end a looping `next`.
+const SIZE_PAGES: Bounds = Bounds { what: "DigitalOcean size list", max_pages: 10, max_items: 10 * PER_PAGE as usize };
 
 /// A Droplet as far as the plugin reads it: `status` is `new`, `active`, `off` or `archive`; `networks.v4` holds
 /// `{ip_address, type: public|private}`; `region.slug` names the region.
@@ -58,23 +60,69 @@ pub struct DropletList {
     pub meta: Value,
 }
 
-impl DropletList {
-    /// The page number of `links.pages.next`, `None` on the last page. A `next` link without a readable `page` fails
-    /// the list: guessing could skip a page.
-    fn next_page(&self) -> Result<Option<u64>, ProviderError> {
-        let Some(next) = self.links.pointer("/pages/next").and_then(Value::as_str) else {
-            return Ok(None);
-        };
-        let query = next.split_once('?').map_or("", |(_, q)| q);
-        match query.split('&').find_map(|kv| kv.strip_prefix("page=")).and_then(|p| p.parse().ok()) {
-            Some(p) => Ok(Some(p)),
-            None => Err(bad_pagination(format!("unreadable next link {next:?}"))),
-        }
+/// The page number of a list's `links.pages.next`, `None` on the last page. A `next` link without a readable `page`
+/// fails the list (`what`): guessing could skip a page.
+fn next_page(links: &Value, what: &str) -> Result<Option<u64>, ProviderError> {
+    let Some(next) = links.pointer("/pages/next").and_then(Value::as_str) else {
+        return Ok(None);
+    };
+    let query = next.split_once('?').map_or("", |(_, q)| q);
+    match query.split('&').find_map(|kv| kv.strip_prefix("page=")).and_then(|p| p.parse().ok()) {
+        Some(p) => Ok(Some(p)),
+        None => Err(bad_pagination(what, format!("unreadable next link {next:?}"))),
     }
 }
 
-fn bad_pagination(why: String) -> ProviderError {
-    ProviderError::transient(format!("DigitalOcean droplet list: {why}")).with_code("BadPagination")
+/// A list whose pages do not add up to its `meta.total` (`held` items on pages up to this last one): one went
+/// missing, and the list vouches for nothing.
+fn check_total(meta: &Value, held: u64, what: &str) -> Result<(), ProviderError> {
+    match meta["total"].as_u64().filter(|t| *t != held) {
+        Some(total) => Err(bad_pagination(what, format!("meta.total says {total} items, the pages held {held}"))),
+        None => Ok(()),
+    }
+}
+
+fn bad_pagination(what: &str, why: String) -> ProviderError {
+    ProviderError::transient(format!("{what}: {why}")).with_code("BadPagination")
+}
+
+/// The hourly price of size `slug` in `region`, in millionths of a dollar, from the size catalogue (`GET /v2/sizes`,
+/// the specification's `size.yml`: `price_hourly` a float in US dollars, `regions` the slugs it can be created in,
+/// `available` whether it can be created at all, true by default). `None` where the size cannot be created, since no
+/// Droplet of it would be billed there. Read as JSON values: the plugin already parses those (error bodies), and a
+/// typed size would add its own parser to the plugin.
+pub fn size_price(api: &Client, slug: &str, region: &str) -> Result<Option<u64>, ProviderError> {
+    let what = SIZE_PAGES.what;
+    let fetch = |page: &u64| {
+        let path = format!("/sizes?per_page={PER_PAGE}&page={page}");
+        let mut list: Value = json(api.get(&path)).map_err(|e| not_gone(e, "check config.endpoint"))?;
+        let next = next_page(&list["links"], what)?;
+        let items = match list["sizes"].take() {
+            Value::Array(sizes) => sizes,
+            _ => Vec::new(),
+        };
+        if next.is_none() {
+            check_total(&list["meta"], (page - 1) * u64::from(PER_PAGE) + items.len() as u64, what)?;
+        }
+        Ok(Page { items, next })
+    };
+    let found = SIZE_PAGES.collect(1, fetch, |s| (s["slug"] == slug).then(|| hourly_micros(&s, region)))?;
+    Ok(found.into_iter().flatten().next())
+}
+
+/// A size's hourly price in `region` (see [`size_price`]).
+pub fn hourly_micros(size: &Value, region: &str) -> Option<u64> {
+    let regions = size["regions"].as_array().map_or(&[][..], Vec::as_slice);
+    let offered = size["available"] != false && regions.iter().any(|r| r == region);
+    size["price_hourly"].as_f64().filter(|_| offered).and_then(micros)
+}
+
+/// Dollars (a JSON float) in millionths, rounded half up. Through billionths first: exact for any amount written
+/// with at most nine decimals (`0.0105` is 10,500, never 10,499 from `0.0105 * 1e6` truncated), and a float32 value
+/// printed as a double (`0.00743999984115362`) lands on the price it stands for (7,440). `None` for negative
+/// amounts and amounts of a million or more, which no size costs an hour.
+pub fn micros(dollars: f64) -> Option<u64> {
+    (0.0..1e6).contains(&dollars).then(|| ((dollars * 1e9).round() as u64 + 500) / 1000)
 }
 
 /// The one place that decides classes, from the API reference: errors are `{"id", "message", "request_id"}`, where
@@ -169,10 +217,9 @@ pub fn list<T>(api: &Client, filter: &str, keep: impl FnMut(Droplet) -> Option<T
     let fetch = |page: &u64| {
         let path = format!("/droplets?{filter}&per_page={PER_PAGE}&page={page}");
         let list: DropletList = json(api.get(&path)).map_err(|e| not_gone(e, "check config.endpoint"))?;
-        let next = list.next_page()?;
-        let held = (page - 1) * u64::from(PER_PAGE) + list.droplets.len() as u64;
-        if let (None, Some(total)) = (next, list.meta["total"].as_u64().filter(|t| *t != held)) {
-            return Err(bad_pagination(format!("meta.total says {total} droplets, the pages held {held}")));
+        let next = next_page(&list.links, PAGES.what)?;
+        if next.is_none() {
+            check_total(&list.meta, (page - 1) * u64::from(PER_PAGE) + list.droplets.len() as u64, PAGES.what)?;
         }
         Ok(Page { items: list.droplets, next })
     };
@@ -274,13 +321,15 @@ mod tests {
         .unwrap();
         assert_eq!((private_only.public_ipv4(), private_only.region()), ("", None));
 
-        let page = |links: &str| {
-            serde_json::from_str::<DropletList>(&format!(r#"{{"droplets":[],"links":{links}}}"#)).unwrap()
-        };
+        let page = |links: &str| next_page(&serde_json::from_str(links).unwrap(), "DigitalOcean droplet list");
         let next = r#"{"pages":{"next":"https://api.digitalocean.com/v2/droplets?page=3&per_page=200","last":"x"}}"#;
-        assert_eq!(page(next).next_page().unwrap(), Some(3));
-        assert_eq!(page("{}").next_page().unwrap(), None);
-        assert_eq!(page(r#"{"pages":{"prev":"x?page=1"}}"#).next_page().unwrap(), None);
-        assert!(page(r#"{"pages":{"next":"https://x/v2/droplets?per_page=2"}}"#).next_page().is_err());
+        assert_eq!(page(next).unwrap(), Some(3));
+        assert_eq!(page("{}").unwrap(), None);
+        assert_eq!(page(r#"{"pages":{"prev":"x?page=1"}}"#).unwrap(), None);
+        let e = page(r#"{"pages":{"next":"https://x/v2/droplets?per_page=2"}}"#).unwrap_err();
+        assert!(e.message.starts_with("DigitalOcean droplet list: unreadable next link"), "{}", e.message);
+        assert!(check_total(&serde_json::json!({"total": 3}), 3, "l").is_ok());
+        let e = check_total(&serde_json::json!({"total": 4}), 3, "DigitalOcean size list").unwrap_err();
+        assert_eq!(e.message, "DigitalOcean size list: meta.total says 4 items, the pages held 3");
     }
 }

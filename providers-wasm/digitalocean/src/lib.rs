@@ -11,8 +11,8 @@ use api::{Droplet, classify, client, fetch};
 use egress_guest_sdk::outcome::{self, Outcomes};
 use egress_guest_sdk::time::parse_rfc3339;
 use egress_guest_sdk::{
-    self as sdk, CreateRequest, Instance, Level, PluginInfo, Provider, ProviderError, State, TargetStatus,
-    export_provider,
+    self as sdk, CreateRequest, Instance, Level, Placement, PluginInfo, Price, Provider, ProviderError, State,
+    TargetStatus, export_provider,
 };
 use marks::{ID, parse_id};
 use serde_json::json;
@@ -185,6 +185,23 @@ fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderEr
     Ok((out, what))
 }
 
+/// The hourly price of a placement, from DigitalOcean's size catalogue: checked as a create checks it (a placement
+/// create would refuse is refused here the same way), then `GET /v2/sizes`, page by page, for the size's
+/// `price_hourly` in US dollars. `None` when the catalogue has no such size, or the size is not available in the
+/// region: nothing would be billed there.
+fn quote(p: &Placement) -> Result<(Option<Price>, String), ProviderError> {
+    let cfg = cfg()?;
+    let (region, size, _) = cfg.resolve(p)?;
+    let api = client(&cfg.endpoint)?;
+    let price = api::size_price(&api, &size, &region)?;
+    let price = price.map(|micros_per_hour| Price { currency: "USD".into(), micros_per_hour });
+    let what = match &price {
+        Some(pr) => format!("{size} in {region}: {} micro-USD an hour", pr.micros_per_hour),
+        None => format!("{size} in {region}: not offered there, no price"),
+    };
+    Ok((price, what))
+}
+
 /// One cheap authenticated read with the token, verb and scope of GC's list: DigitalOcean's API is one global
 /// service, so there is one target, `api`.
 fn probe(api: &sdk::http::Client) -> TargetStatus {
@@ -235,6 +252,10 @@ impl Provider for DigitalOcean {
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
         outcome::keep(list_by_tag(installation))
+    }
+
+    fn quote(placement: Placement) -> Result<Option<Price>, ProviderError> {
+        outcome::keep(quote(&placement))
     }
 
     fn check() -> Vec<TargetStatus> {

@@ -204,12 +204,36 @@ impl Ec2 {
     /// Call an action that answers with instances, and parse them.
     pub fn instances(&self, action: &str, params: &[(String, String)]) -> Result<Page, Ec2Error> {
         let body = self.call(action, params)?;
-        wire::parse_instances(&body).map_err(|what| Ec2Error::Unexpected {
+        wire::parse_instances(&body).map_err(|what| self.unexpected(action, what))
+    }
+
+    /// A 2xx answer to `action` that is not what EC2 sends (`what` says how).
+    pub fn unexpected(&self, action: &str, what: String) -> Ec2Error {
+        Ec2Error::Unexpected {
             call: format!("{action} in {}", self.region),
             status: 200,
             what,
-        })
+        }
     }
+}
+
+/// US dollars as decimal text (EC2's `spotPrice`, `0.003500`) in millionths, rounded half up, without a float on
+/// the way. `None` for anything but plain digits with an optional fraction, or more than a trillion dollars.
+pub fn micros(text: &str) -> Option<u64> {
+    let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
+    let digits = whole
+        .bytes()
+        .chain(frac.bytes())
+        .all(|b| b.is_ascii_digit());
+    if whole.is_empty() || whole.len() > 12 || !digits {
+        return None;
+    }
+    let frac = frac.as_bytes();
+    let mut micros: u64 = whole.parse().ok()?;
+    for i in 0..6 {
+        micros = micros * 10 + frac.get(i).map_or(0, |d| u64::from(d - b'0'));
+    }
+    Some(micros + u64::from(frac.get(6).is_some_and(|d| *d >= b'5')))
 }
 
 /// `Action=..&Version=..&k=v..`, every key and value RFC 3986-encoded: the bytes that are

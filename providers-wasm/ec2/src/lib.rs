@@ -124,6 +124,10 @@ const PAGES: Bounds = Bounds {
     max_pages: 100,
     max_items: 100 * 1000,
 };
+/// A spot price history filtered to one instance type, zone and product holds a few entries
+/// from the start time on; EC2 may still hand them out over pages, some empty. More pages
+/// than this is an endpoint that loops.
+const SPOT_PAGES: usize = 20;
 
 fn load_config() -> Result<Config, ProviderError> {
     Config::parse(&sdk::config())
@@ -413,6 +417,65 @@ fn wait_visible(ec2: &Ec2, iid: &str) -> Result<(), ProviderError> {
     .with_code("NotYetVisible"))
 }
 
+/// The spot price of a spot placement now, in millionths of a US dollar an hour: checked as
+/// a create checks it, then DescribeSpotPriceHistory for its instance type in its zone,
+/// `Linux/UNIX`, from now on. EC2 answers with "the last price change before the start
+/// time, which is the effective price as of the start time" (the API reference); the latest
+/// entry wins. `None` when EC2 has no spot price for them.
+fn spot_quote(p: &Placement) -> Result<(Option<Price>, String), ProviderError> {
+    let cfg = load_config()?;
+    let launch = config::resolve(&cfg, p)?;
+    let ec2 = Ec2::new(&launch.region, launch.endpoint.clone(), api::credentials()?);
+    let (kind, zone) = (&launch.instance_type, &launch.zone);
+    let now = Datetime {
+        seconds: sdk::time::now().seconds,
+        nanoseconds: 0,
+    };
+    let p = |k: &str, v: &str| (k.to_string(), v.to_string());
+    let mut params = vec![
+        p("InstanceType.1", kind),
+        p("ProductDescription.1", "Linux/UNIX"),
+        p("AvailabilityZone", zone),
+        p("StartTime", &sdk::time::format_rfc3339(now)),
+    ];
+    // The latest price over every page; a `nextToken` that never ends fails the quote.
+    let mut latest = None;
+    for _ in 0..SPOT_PAGES {
+        let body = ec2
+            .call("DescribeSpotPriceHistory", &params)
+            .map_err(|e| classify(&e))?;
+        let (found, next) = wire::latest_spot_price(&body, kind, zone)
+            .map_err(|what| classify(&ec2.unexpected("DescribeSpotPriceHistory", what)))?;
+        latest = latest.max(found);
+        let Some(next) = next else {
+            let Some((_, text)) = latest else {
+                return Ok((None, format!("spot {kind} in {zone}: no spot price")));
+            };
+            let micros = api::micros(&text).ok_or_else(|| {
+                let msg =
+                    format!("EC2 spotPrice {text:?} of {kind} in {zone} is not a decimal amount");
+                ProviderError::transient(msg).with_code("BadSpotPrice")
+            })?;
+            let what = format!("spot {kind} in {zone}: {micros} micro-USD an hour");
+            let currency = "USD".into();
+            return Ok((
+                Some(Price {
+                    currency,
+                    micros_per_hour: micros,
+                }),
+                what,
+            ));
+        };
+        params.truncate(4);
+        params.push(p("NextToken", &next));
+    }
+    let msg = format!(
+        "EC2 DescribeSpotPriceHistory in {} is longer than {SPOT_PAGES} pages",
+        ec2.region
+    );
+    Err(ProviderError::transient(msg).with_code("BadPagination"))
+}
+
 /// The allow-list entry of an endpoint, with the port spelled out as the host prints it.
 fn allow_entry(endpoint: &config::Endpoint) -> String {
     let https = endpoint.base.starts_with("https://");
@@ -588,6 +651,16 @@ impl Provider for Ec2Provider {
                 out.extend(describe_all(&ec2, &params, mine)?);
             }
             Ok(out)
+        })
+    }
+
+    /// On-demand: `None`, without a call. EC2 publishes on-demand prices only through the
+    /// Price List API (another endpoint, another IAM permission), so the providers file's
+    /// `prices` carry them. Spot: [`spot_quote`].
+    fn quote(placement: Placement) -> Result<Option<Price>, ProviderError> {
+        outcome::run(|| match placement.capacity {
+            Capacity::Spot => spot_quote(&placement),
+            Capacity::OnDemand => Ok((None, "on-demand: no price list EC2 serves".into())),
         })
     }
 

@@ -962,3 +962,98 @@ fn a_reclaimed_spot_instance_is_interrupted_only_when_stopped_or_terminated() {
         "on-demand, running"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// spot prices
+
+/// `spotPrice` is decimal text: millionths of a dollar, half up at the seventh decimal,
+/// with no float on the way.
+#[test]
+fn spot_prices_in_micros() {
+    let cases = [
+        ("0.003500", Some(3_500)),
+        ("0.0105", Some(10_500)),
+        ("0.0115", Some(11_500)),
+        ("0.00001", Some(10)),
+        ("0.0000005", Some(1)),
+        ("0.00000049", Some(0)),
+        ("1.5", Some(1_500_000)),
+        ("2", Some(2_000_000)),
+        ("2.", Some(2_000_000)),
+        ("999999999999.9999994", Some(999_999_999_999_999_999)),
+        ("1000000000000", None),
+        ("", None),
+        (".5", None),
+        ("-0.01", None),
+        ("1e-3", None),
+        (" 0.01", None),
+        ("0.01.1", None),
+    ];
+    for (text, want) in cases {
+        assert_eq!(api::micros(text), want, "{text:?}");
+    }
+}
+
+/// A DescribeSpotPriceHistory answer as the 2016-11-15 reference shapes it
+/// (`spotPriceHistorySet/item`, `nextToken`): the latest Linux price of the type in the zone,
+/// whatever else the answer holds; and what is not such an answer.
+#[test]
+fn reads_the_latest_spot_price() {
+    let item = |kind: &str, zone: &str, product: &str, price: &str, at: &str| {
+        format!(
+            "<item><instanceType>{kind}</instanceType><productDescription>{product}</productDescription>\
+             <spotPrice>{price}</spotPrice><timestamp>{at}</timestamp>\
+             <availabilityZone>{zone}</availabilityZone></item>"
+        )
+    };
+    let answer = |items: &[String], next: &str| {
+        format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeSpotPriceHistoryResponse \
+             xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>r-1</requestId>\
+             <spotPriceHistorySet>{}</spotPriceHistorySet><nextToken>{next}</nextToken>\
+             </DescribeSpotPriceHistoryResponse>",
+            items.concat()
+        )
+    };
+    let t1 = "2026-08-01T10:00:00.000Z";
+    let t2 = "2026-08-01T11:30:00.000Z";
+    let body = answer(
+        &[
+            item("t3.micro", "us-east-1a", "Linux/UNIX", "0.003100", t1),
+            item("t3.micro", "us-east-1a", "Linux/UNIX", "0.003300", t2),
+            item("t3.micro", "us-east-1a", "Windows", "0.009000", t2),
+            item("t3.micro", "us-east-1b", "Linux/UNIX", "0.001000", t2),
+            item("t3.small", "us-east-1a", "Linux/UNIX", "0.002000", t2),
+        ],
+        "tok-2",
+    );
+    let latest = |body: &str, zone: &str| wire::latest_spot_price(body, "t3.micro", zone).unwrap();
+    assert_eq!(
+        latest(&body, "us-east-1a"),
+        (Some((t2.into(), "0.003300".into())), Some("tok-2".into()))
+    );
+    assert_eq!(latest(&body, "us-east-1c").0, None);
+    // moto answers with the VPC product whatever was asked: still Linux.
+    let moto = answer(
+        &[item(
+            "t3.micro",
+            "us-east-1a",
+            "Linux/UNIX (Amazon VPC)",
+            "0.00001",
+            t1,
+        )],
+        "",
+    );
+    assert_eq!(
+        latest(&moto, "us-east-1a"),
+        (Some((t1.into(), "0.00001".into())), None)
+    );
+    let empty = "<DescribeSpotPriceHistoryResponse><spotPriceHistorySet/><nextToken/></DescribeSpotPriceHistoryResponse>";
+    assert_eq!(latest(empty, "us-east-1a"), (None, None));
+    for bad in ["", "<html>gateway</html>", DESCRIBE] {
+        assert!(
+            wire::latest_spot_price(bad, "t3.micro", "us-east-1a").is_err(),
+            "{bad:?}"
+        );
+    }
+}

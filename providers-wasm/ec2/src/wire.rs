@@ -118,6 +118,44 @@ fn instance(item: Node<'_, '_>) -> Ec2Instance {
     }
 }
 
+/// A spot price history entry: its `timestamp` and `spotPrice`, as EC2 writes them.
+pub type SpotPrice = (String, String);
+
+/// From a DescribeSpotPriceHistory answer, the latest `Linux/UNIX` price of `instance_type`
+/// in `zone` (its `timestamp` and `spotPrice`), and the answer's `nextToken`. Items are
+/// filtered again here: an endpoint may ignore a parameter (moto ignores the zone and the
+/// product). EC2 writes every timestamp alike (`2026-08-01T10:00:00.000Z`), so the latest is
+/// the greatest as text.
+pub fn latest_spot_price(
+    body: &str,
+    instance_type: &str,
+    zone: &str,
+) -> Result<(Option<SpotPrice>, Option<String>), String> {
+    let doc = Document::parse(body).map_err(|e| format!("answer is not XML: {e}"))?;
+    let root = doc.root_element();
+    let set = child(root, "spotPriceHistorySet").ok_or_else(|| {
+        format!(
+            "answer <{}> has no spotPriceHistorySet",
+            root.tag_name().name()
+        )
+    })?;
+    let latest = children(set, "item")
+        .filter(|i| {
+            let is = |name, want: &str| {
+                child(*i, name).and_then(|n| n.text()).map(str::trim) == Some(want)
+            };
+            is("instanceType", instance_type)
+                && is("availabilityZone", zone)
+                && text(*i, "productDescription").starts_with("Linux/UNIX")
+        })
+        .map(|i| (text(i, "timestamp"), text(i, "spotPrice")))
+        .max();
+    Ok((
+        latest,
+        Some(text(root, "nextToken")).filter(|t| !t.is_empty()),
+    ))
+}
+
 /// The error of a non-2xx answer, if the body is an EC2 error document. Also reads the
 /// older `<ErrorResponse><Error>` shape that some AWS front ends answer with.
 pub fn parse_error(body: &str) -> Option<ApiError> {

@@ -15,6 +15,8 @@ use std::time::Duration;
 const PER_PAGE: u64 = 100;
 /// 100,000 servers per zone: a listing that never ends fails instead of pinning GC.
 const PAGES: Bounds = Bounds { what: "Scaleway server list", max_pages: 1000, max_items: 100_000 };
+/// A zone sells about a hundred commercial types; twenty pages leave room and still end a listing that loops.
+const PRODUCT_PAGES: Bounds = Bounds { what: "Scaleway server type list", max_pages: 20, max_items: 2_000 };
 
 /// Per request, well inside the host's per-call deadline and the 10 s poll.
 const TIMEOUTS: Timeouts = Timeouts {
@@ -143,6 +145,41 @@ pub fn fetch(api: &Client, zone: &str, id: &str) -> Result<Option<Server>, Provi
     Ok(SCW.found(answer)?.map(|env| env.server))
 }
 
+/// The `hourly_price` (euros, a JSON float) of `commercial_type` in `zone`, from the zone's catalogue `GET
+/// /products/servers` (the SDK's `ListServersTypes`: `servers` maps each commercial type to its `ServerType`), page
+/// by page to `total_count` (the SDK's count; `X-Total-Count` when an answer has none). `None` when the zone does
+/// not sell the type or states no price for it.
+pub fn hourly_price(api: &Client, zone: &str, commercial_type: &str) -> Result<Option<f64>, ProviderError> {
+    let fetch = |page: &u64| {
+        let url = path(zone, &format!("/products/servers?per_page={PER_PAGE}&page={page}"));
+        let resp = api.get(&url).send_ok().map_err(|e| not_gone(e, "check config.endpoint and config.zones"))?;
+        let mut body: Value = resp.json().map_err(classify)?;
+        let items: Vec<(String, Value)> = match body["servers"].take() {
+            Value::Object(types) => types.into_iter().collect(),
+            _ => Vec::new(),
+        };
+        let total = body["total_count"].as_u64().or_else(|| total_count(&resp));
+        let seen = (page - 1) * PER_PAGE + items.len() as u64;
+        let more = !items.is_empty() && total.map_or(items.len() as u64 == PER_PAGE, |t| seen < t);
+        Ok(Page { items, next: more.then_some(page + 1) })
+    };
+    let found =
+        PRODUCT_PAGES.collect(1, fetch, |(name, t)| (name == commercial_type).then(|| t["hourly_price"].as_f64()));
+    Ok(found?.into_iter().flatten().next())
+}
+
+/// Euros (a JSON float) in millionths, rounded half up. Through billionths first: exact for any amount written with
+/// at most nine decimals (`0.0105` is 10,500, never 10,499 from `0.0105 * 1e6` truncated), and a float32 price
+/// printed as a double (`0.010499999858438969`) lands on the price it stands for. `None` for negative amounts and
+/// amounts of a million or more, which no server costs an hour.
+pub fn micros(euros: f64) -> Option<u64> {
+    (0.0..1e6).contains(&euros).then(|| ((euros * 1e9).round() as u64 + 500) / 1000)
+}
+
+fn total_count(resp: &egress_guest_sdk::http::Response) -> Option<u64> {
+    resp.header("x-total-count").and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok())
+}
+
 /// Every server of `zone` matching `query`, page by page to `X-Total-Count`, each passed
 /// through `keep` as its page arrives. Fails whole: GC must not vouch for a partial list.
 pub fn list<T>(
@@ -155,7 +192,7 @@ pub fn list<T>(
         let url = path(zone, &format!("/servers?{query}&per_page={PER_PAGE}&page={page}"));
         let hint = "no such collection: check config.endpoint and config.zones";
         let resp = api.get(&url).send_ok().map_err(|e| not_gone(e, hint))?;
-        let total = resp.header("x-total-count").and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
+        let total = total_count(&resp);
         let items = resp.json::<ServerList>().map_err(classify)?.servers;
         let seen = (page - 1) * PER_PAGE + items.len() as u64;
         let more = !items.is_empty() && total.map_or(items.len() as u64 == PER_PAGE, |t| seen < t);

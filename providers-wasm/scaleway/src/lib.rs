@@ -172,6 +172,21 @@ fn teardown(api: &http::Client, zone: &str, s: &Server) -> Result<&'static str, 
     }
 }
 
+/// The hourly price of a placement, from the zone's catalogue: checked as a create checks it (a placement create
+/// would refuse is refused here the same way), then the commercial type's `hourly_price` in euros. `None` when the
+/// zone does not sell the type.
+fn quote(p: &Placement) -> Result<(Option<Price>, String), ProviderError> {
+    let cfg = cfg()?;
+    let (zone, commercial_type, _) = cfg.resolve(p)?;
+    let price = api::hourly_price(&api::client(&cfg)?, zone, commercial_type)?.and_then(api::micros);
+    let price = price.map(|micros_per_hour| Price { currency: "EUR".into(), micros_per_hour });
+    let what = match &price {
+        Some(pr) => format!("{commercial_type} in {zone}: {} micro-EUR an hour", pr.micros_per_hour),
+        None => format!("{commercial_type} in {zone}: not sold there, no price"),
+    };
+    Ok((price, what))
+}
+
 /// One cheap authenticated read per zone, with the key, verb and scope GC uses.
 fn probe(api: &http::Client, cfg: &Config, zone: &str) -> TargetStatus {
     let managed = http::encode_component(&config::tag(MARK_MANAGED, MARK_MANAGED_YES));
@@ -247,6 +262,10 @@ impl Provider for Scaleway {
             let what = format!("{} managed servers", out.len());
             Ok((out, what))
         })
+    }
+
+    fn quote(placement: Placement) -> Result<Option<Price>, ProviderError> {
+        outcome::keep(quote(&placement))
     }
 
     fn check() -> Vec<TargetStatus> {

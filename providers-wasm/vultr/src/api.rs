@@ -13,6 +13,8 @@ use std::time::Duration;
 /// Vultr's largest page (`per_page` max 500): GC lists as few pages as possible.
 pub const PER_PAGE: u32 = 500;
 const PAGES: Bounds = Bounds { what: "Vultr instance list", max_pages: 200, max_items: 200 * PER_PAGE as usize };
+/// Vultr sells a few hundred plans; ten pages of 500 leave room and still end a cursor that loops.
+const PLAN_PAGES: Bounds = Bounds { what: "Vultr plan list", max_pages: 10, max_items: 10 * PER_PAGE as usize };
 
 /// Per-request bounds, well inside the host's per-call deadline and the 10 s poll.
 pub const TIMEOUTS: Timeouts = Timeouts {
@@ -189,4 +191,41 @@ pub fn list_reason<T>(
     };
     let listed = PAGES.collect(String::new(), fetch, keep);
     listed.map_err(|e| (reason.get(), e.not_found_is_permanent("check config.endpoint")))
+}
+
+/// The hourly price of `plan` in `region`, in millionths of a dollar, from the plan catalogue (`GET /v2/plans` of
+/// every type, following the `meta.links.next` cursor); `None` when the catalogue has no such plan or it is not
+/// valid for use in the region. Read as JSON values: the plugin already parses those (error bodies), and a typed
+/// plan would add its own parser to the plugin.
+pub fn plan_price(api: &Client, plan: &str, region: &str) -> Result<Option<u64>, ProviderError> {
+    let fetch = |cursor: &String| {
+        let mut path = format!("/plans?type=all&per_page={PER_PAGE}");
+        if !cursor.is_empty() {
+            path.push_str(&format!("&cursor={}", encode_component(cursor)));
+        }
+        let mut page: serde_json::Value = api.get_json(&path).map_err(classify)?;
+        let next = page.pointer("/meta/links/next").and_then(|n| n.as_str()).filter(|n| !n.is_empty());
+        let next = next.map(str::to_string);
+        let items = match page["plans"].take() {
+            serde_json::Value::Array(plans) => plans,
+            _ => Vec::new(),
+        };
+        Ok(Page { items, next })
+    };
+    let found = PLAN_PAGES.collect(String::new(), fetch, |p| (p["id"] == plan).then(|| hourly_micros(&p, region)));
+    let found = found.map_err(|e| e.not_found_is_permanent("check config.endpoint"))?;
+    Ok(found.into_iter().flatten().next())
+}
+
+/// A plan's hourly price in `region` (see [`plan_price`]). The reference's `plans` schema has no hourly field, only
+/// `monthly_cost` (US dollars; an integer there, a `float32` in Vultr's Go client) and `locations` (where the plan is
+/// valid for use). Vultr bills by the hour up to the monthly price, the hourly rate being the monthly price over the
+/// hours of that cap (docs.vultr.com, "How Am I Billed for My Servers?": 730 hours for GPU instances, type `vcg`;
+/// 672 for every other server). Rounded half up once, at the end, from the monthly price in billionths (exact for
+/// any price in cents); `None` for a negative price or one of a million dollars or more.
+pub fn hourly_micros(plan: &serde_json::Value, region: &str) -> Option<u64> {
+    let hours: u64 = if plan["type"] == "vcg" { 730 } else { 672 };
+    let offered = plan["locations"].as_array().is_some_and(|l| l.iter().any(|r| r == region));
+    let monthly = plan["monthly_cost"].as_f64().filter(|m| offered && (0.0..1e6).contains(m))?;
+    Some(((monthly * 1e9).round() as u64 + hours * 500) / (hours * 1000))
 }

@@ -242,6 +242,24 @@ fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderEr
     Ok((out, what))
 }
 
+/// The hourly price of a placement, from Vultr's plan catalogue: checked as a create checks it (a placement create
+/// would refuse is refused here the same way), then `GET /v2/plans` for the plan's monthly price in the region,
+/// converted to Vultr's hourly rate. `None` when the catalogue has no such plan, or the plan is not valid for use in
+/// the region.
+fn quote(p: &Placement) -> Result<(Option<Price>, String), ProviderError> {
+    let cfg = cfg()?;
+    let place = cfg.resolve(p)?;
+    let api = client(&cfg.endpoint)?;
+    let price = api::plan_price(&api, place.plan, place.region)?;
+    let price = price.map(|micros_per_hour| Price { currency: "USD".into(), micros_per_hour });
+    let (plan, region) = (place.plan, place.region);
+    let what = match &price {
+        Some(pr) => format!("{plan} in {region}: {} micro-USD an hour", pr.micros_per_hour),
+        None => format!("{plan} in {region}: not offered there, no price"),
+    };
+    Ok((price, what))
+}
+
 /// Whether an instance carries this plugin's managed mark and, when asked, the
 /// installation's mark. The marks are the only test: no list filter is trusted with it.
 fn managed_by(w: &Wire, installation: Option<&str>) -> bool {
@@ -289,6 +307,10 @@ impl Provider for Vultr {
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
         outcome::keep(list_by_tag(installation))
+    }
+
+    fn quote(placement: Placement) -> Result<Option<Price>, ProviderError> {
+        outcome::keep(quote(&placement))
     }
 
     fn check() -> Vec<TargetStatus> {

@@ -191,3 +191,31 @@ fn profile_names_every_axis_once() {
     assert_eq!(info.profile.len(), 19);
     assert_eq!(info.default_hosts, ["https://api.vultr.com:443"]);
 }
+
+/// Monthly price (a JSON number) -> hourly micros: the monthly price over 672 hours (730 for
+/// Cloud GPU), half up, only in the plan's locations.
+#[test]
+fn plan_prices_in_micros() {
+    let plan = |kind: &str, monthly: serde_json::Value| json!({"id": "p", "type": kind, "monthly_cost": monthly, "locations": ["ewr", "fra"]});
+    let cases = [
+        // 5 / 672 = 0.0074404..., 10 / 672 = 0.0148809...
+        ("vc2", json!(5), Some(7_440)),
+        ("vc2", json!(10), Some(14_881)),
+        ("vc2", json!(2.5), Some(3_720)),
+        // Vultr's Go client reads it as a float32: 3.5 and 192 survive as they are.
+        ("vhf", json!(3.5), Some(5_208)),
+        ("vhf", json!(192), Some(285_714)),
+        ("vcg", json!(730), Some(1_000_000)),
+        ("vcg", json!(1), Some(1_370)),
+        ("vc2", json!(0), Some(0)),
+        ("vc2", json!(-5), None),
+        ("vc2", json!(null), None),
+        ("vc2", json!("5"), None),
+        ("vc2", json!(1e6), None),
+    ];
+    for (kind, monthly, want) in cases {
+        assert_eq!(api::hourly_micros(&plan(kind, monthly.clone()), "ewr"), want, "{kind} {monthly}");
+    }
+    assert_eq!(api::hourly_micros(&plan("vc2", json!(5)), "sgp"), None, "not valid for use in sgp");
+    assert_eq!(api::hourly_micros(&json!({"type": "vc2", "monthly_cost": 5}), "ewr"), None, "no locations");
+}
