@@ -67,6 +67,8 @@ pub mod id;
 /// Small helpers for backends' JSON.
 pub mod json;
 mod log;
+/// Prices in millionths from a catalogue's decimal text or floats, one rounding for all.
+pub mod money;
 /// One log line per operation result, with secrets cut out.
 pub mod outcome;
 /// A page loop bounded in pages and items, converting page by page.

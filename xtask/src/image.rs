@@ -106,8 +106,12 @@ pub fn build(ws: &crate::Workspace, args: &Args) -> Result<Built> {
     stage(&binary, &rootfs)?;
     let labels = labels(&ws.root)?;
     std::fs::write(context.join("Containerfile"), containerfile(&labels))?;
+    let iidfile = context.join("image-id");
+    let _ = std::fs::remove_file(&iidfile);
     let status = Command::new("podman")
         .args(["build", "--quiet", "--timestamp", "0", "--tag", &args.tag])
+        .arg("--iidfile")
+        .arg(&iidfile)
         .arg("--file")
         .arg(context.join("Containerfile"))
         .arg(&context)
@@ -115,22 +119,20 @@ pub fn build(ws: &crate::Workspace, args: &Args) -> Result<Built> {
         .status()
         .context("running podman build (apt-get install podman)")?;
     ensure!(status.success(), "podman build failed ({status})");
+    // The ID podman wrote, not a lookup by tag: the image this build made.
+    let id = std::fs::read_to_string(&iidfile)
+        .with_context(|| format!("reading {}", iidfile.display()))?;
+    let id = id.trim().trim_start_matches("sha256:").to_string();
     let inspect = Command::new("podman")
-        .args([
-            "image",
-            "inspect",
-            "--format",
-            "{{.Id}} {{.Size}}",
-            &args.tag,
-        ])
+        .args(["image", "inspect", "--format", "{{.Size}}", &id])
         .output()
         .context("running podman image inspect")?;
-    ensure!(inspect.status.success(), "podman image inspect failed");
-    let out = String::from_utf8_lossy(&inspect.stdout);
-    let mut words = out.split_whitespace();
-    let (Some(id), Some(size)) = (words.next(), words.next()) else {
-        bail!("podman image inspect printed {out:?}");
-    };
+    ensure!(
+        inspect.status.success(),
+        "podman image inspect {id} failed: {}",
+        String::from_utf8_lossy(&inspect.stderr).trim()
+    );
+    let size = String::from_utf8_lossy(&inspect.stdout).trim().to_string();
     Ok(Built {
         tag: args.tag.clone(),
         id: format!("sha256:{id}"),

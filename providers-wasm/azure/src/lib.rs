@@ -517,8 +517,8 @@ pub fn pick(meters: &[Meter], spot: bool) -> Option<Price> {
         .iter()
         .filter(|m| m.currency_code == "USD" && m.unit_of_measure == "1 Hour" && !m.product_name.ends_with(" Windows"))
         .filter(|m| m.sku_name.ends_with(" Spot") == spot && !m.sku_name.ends_with(" Low Priority"))
-        .filter(|m| m.retail_price.is_finite() && m.retail_price > 0.0)
-        .map(|m| (m.retail_price * 1_000_000.0).round() as u64)
+        .filter(|m| m.retail_price > 0.0)
+        .filter_map(|m| egress_guest_sdk::money::micros_from_float(m.retail_price))
         .min()
         .map(|micros_per_hour| Price { currency: "USD".into(), micros_per_hour })
 }

@@ -114,15 +114,7 @@ pub fn size_price(api: &Client, slug: &str, region: &str) -> Result<Option<u64>,
 pub fn hourly_micros(size: &Value, region: &str) -> Option<u64> {
     let regions = size["regions"].as_array().map_or(&[][..], Vec::as_slice);
     let offered = size["available"] != false && regions.iter().any(|r| r == region);
-    size["price_hourly"].as_f64().filter(|_| offered).and_then(micros)
-}
-
-/// Dollars (a JSON float) in millionths, rounded half up. Through billionths first: exact for any amount written
-/// with at most nine decimals (`0.0105` is 10,500, never 10,499 from `0.0105 * 1e6` truncated), and a float32 value
-/// printed as a double (`0.00743999984115362`) lands on the price it stands for (7,440). `None` for negative
-/// amounts and amounts of a million or more, which no size costs an hour.
-pub fn micros(dollars: f64) -> Option<u64> {
-    (0.0..1e6).contains(&dollars).then(|| ((dollars * 1e9).round() as u64 + 500) / 1000)
+    size["price_hourly"].as_f64().filter(|_| offered).and_then(egress_guest_sdk::money::micros_from_float)
 }
 
 /// The one place that decides classes, from the API reference: errors are `{"id", "message", "request_id"}`, where

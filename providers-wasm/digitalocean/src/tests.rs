@@ -70,30 +70,6 @@ fn info_names_the_type_hosts_and_check() {
     assert_eq!(info.profile.len(), 19);
 }
 
-/// `price_hourly` is a JSON float: millionths of a dollar, half up, exact for the decimals a price list writes.
-#[test]
-fn hourly_prices_in_micros() {
-    let cases: [(f64, Option<u64>); 11] = [
-        (0.0105, Some(10_500)),
-        // 0.0115 * 1e6 is 11499.999999999998: truncation would lose a micro.
-        (0.0115, Some(11_500)),
-        // The specification's example: a float32 0.00744 printed as a double.
-        (0.00743999984115362, Some(7_440)),
-        (0.00744047619047619, Some(7_440)),
-        (0.0000005, Some(1)),
-        (0.00000049, Some(0)),
-        (0.0, Some(0)),
-        (1.5, Some(1_500_000)),
-        (999_999.999_999, Some(999_999_999_999)),
-        (1e6, None),
-        (-0.01, None),
-    ];
-    for (dollars, want) in cases {
-        assert_eq!(api::micros(dollars), want, "{dollars}");
-    }
-    assert_eq!(api::micros(f64::NAN), None);
-}
-
 /// A size is priced only where it can be created: listed for the region and available.
 #[test]
 fn size_prices_by_region_and_availability() {

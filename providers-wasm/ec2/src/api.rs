@@ -217,25 +217,6 @@ impl Ec2 {
     }
 }
 
-/// US dollars as decimal text (EC2's `spotPrice`, `0.003500`) in millionths, rounded half up, without a float on
-/// the way. `None` for anything but plain digits with an optional fraction, or more than a trillion dollars.
-pub fn micros(text: &str) -> Option<u64> {
-    let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
-    let digits = whole
-        .bytes()
-        .chain(frac.bytes())
-        .all(|b| b.is_ascii_digit());
-    if whole.is_empty() || whole.len() > 12 || !digits {
-        return None;
-    }
-    let frac = frac.as_bytes();
-    let mut micros: u64 = whole.parse().ok()?;
-    for i in 0..6 {
-        micros = micros * 10 + frac.get(i).map_or(0, |d| u64::from(d - b'0'));
-    }
-    Some(micros + u64::from(frac.get(6).is_some_and(|d| *d >= b'5')))
-}
-
 /// `Action=..&Version=..&k=v..`, every key and value RFC 3986-encoded: the bytes that are
 /// sent are the bytes that are signed.
 pub fn form_body(action: &str, params: &[(String, String)]) -> String {

@@ -451,7 +451,7 @@ fn spot_quote(p: &Placement) -> Result<(Option<Price>, String), ProviderError> {
             let Some((_, text)) = latest else {
                 return Ok((None, format!("spot {kind} in {zone}: no spot price")));
             };
-            let micros = api::micros(&text).ok_or_else(|| {
+            let micros = egress_guest_sdk::money::micros_from_decimal(&text).ok_or_else(|| {
                 let msg =
                     format!("EC2 spotPrice {text:?} of {kind} in {zone} is not a decimal amount");
                 ProviderError::transient(msg).with_code("BadSpotPrice")

@@ -966,34 +966,6 @@ fn a_reclaimed_spot_instance_is_interrupted_only_when_stopped_or_terminated() {
 // ---------------------------------------------------------------------------------------
 // spot prices
 
-/// `spotPrice` is decimal text: millionths of a dollar, half up at the seventh decimal,
-/// with no float on the way.
-#[test]
-fn spot_prices_in_micros() {
-    let cases = [
-        ("0.003500", Some(3_500)),
-        ("0.0105", Some(10_500)),
-        ("0.0115", Some(11_500)),
-        ("0.00001", Some(10)),
-        ("0.0000005", Some(1)),
-        ("0.00000049", Some(0)),
-        ("1.5", Some(1_500_000)),
-        ("2", Some(2_000_000)),
-        ("2.", Some(2_000_000)),
-        ("999999999999.9999994", Some(999_999_999_999_999_999)),
-        ("1000000000000", None),
-        ("", None),
-        (".5", None),
-        ("-0.01", None),
-        ("1e-3", None),
-        (" 0.01", None),
-        ("0.01.1", None),
-    ];
-    for (text, want) in cases {
-        assert_eq!(api::micros(text), want, "{text:?}");
-    }
-}
-
 /// A DescribeSpotPriceHistory answer as the 2016-11-15 reference shapes it
 /// (`spotPriceHistorySet/item`, `nextToken`): the latest Linux price of the type in the zone,
 /// whatever else the answer holds; and what is not such an answer.

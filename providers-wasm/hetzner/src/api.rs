@@ -300,28 +300,6 @@ pub struct Amount {
     pub net: String,
 }
 
-/// `"0.0080000000"` as millionths (8,000), rounded half up at the seventh decimal; `None`
-/// for anything but plain decimal text.
-pub fn micros(decimal: &str) -> Option<u64> {
-    let (whole, frac) = match decimal.split_once('.') {
-        Some((w, f)) => (w, Some(f)),
-        None => (decimal, None),
-    };
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(whole) || !frac.is_none_or(digits) || whole.len() > 12 {
-        return None;
-    }
-    let frac = frac.unwrap_or_default();
-    let padded = format!("{frac:0<7}");
-    let six: u64 = padded[..6].parse().ok()?;
-    let round = u64::from(padded.as_bytes()[6] >= b'5');
-    whole
-        .parse::<u64>()
-        .ok()?
-        .checked_mul(1_000_000)?
-        .checked_add(six + round)
-}
-
 pub fn client(endpoint: &str) -> Result<Client, ProviderError> {
     let token = egress_guest_sdk::secret_string("token")?;
     Ok(Client::new(endpoint)
@@ -605,23 +583,6 @@ mod tests {
             collection_error(hz(503, "unavailable", "x")).class,
             ErrorClass::Transient
         );
-    }
-
-    #[test]
-    fn amounts_are_read_to_the_millionth() {
-        for (text, want) in [
-            ("0.0080000000", Some(8_000)),
-            ("0.0095200000", Some(9_520)),
-            ("0.00000049", Some(0)),
-            ("0.00000050", Some(1)),
-            ("12", Some(12_000_000)),
-            ("-1", None),
-            ("1e3", None),
-            ("", None),
-            ("0.", None),
-        ] {
-            assert_eq!(micros(text), want, "{text:?}");
-        }
     }
 
     /// A server as Hetzner sends it now (`location`, no `datacenter`) and as older answers

@@ -428,7 +428,7 @@ fn quote(p: &Placement) -> Result<(Option<Price>, String), ProviderError> {
         .filter(|t| t.name == place.server_type)
         .flat_map(|t| &t.prices)
         .find(|l| l.location == place.location)
-        .and_then(|l| api::micros(&l.price_hourly.net))
+        .and_then(|l| egress_guest_sdk::money::micros_from_decimal(&l.price_hourly.net))
         .map(|micros_per_hour| Price {
             currency: "EUR".into(),
             micros_per_hour,

@@ -86,7 +86,7 @@ impl LinodeType {
             Some(r) => r.hourly,
             None => self.price.hourly,
         }?;
-        (hourly.is_finite() && (0.0..1e6).contains(&hourly)).then(|| (hourly * 1e6).round() as u64)
+        egress_guest_sdk::money::micros_from_float(hourly)
     }
 }
 

@@ -168,14 +168,6 @@ pub fn hourly_price(api: &Client, zone: &str, commercial_type: &str) -> Result<O
     Ok(found?.into_iter().flatten().next())
 }
 
-/// Euros (a JSON float) in millionths, rounded half up. Through billionths first: exact for any amount written with
-/// at most nine decimals (`0.0105` is 10,500, never 10,499 from `0.0105 * 1e6` truncated), and a float32 price
-/// printed as a double (`0.010499999858438969`) lands on the price it stands for. `None` for negative amounts and
-/// amounts of a million or more, which no server costs an hour.
-pub fn micros(euros: f64) -> Option<u64> {
-    (0.0..1e6).contains(&euros).then(|| ((euros * 1e9).round() as u64 + 500) / 1000)
-}
-
 fn total_count(resp: &egress_guest_sdk::http::Response) -> Option<u64> {
     resp.header("x-total-count").and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok())
 }

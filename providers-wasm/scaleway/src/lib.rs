@@ -178,7 +178,8 @@ fn teardown(api: &http::Client, zone: &str, s: &Server) -> Result<&'static str, 
 fn quote(p: &Placement) -> Result<(Option<Price>, String), ProviderError> {
     let cfg = cfg()?;
     let (zone, commercial_type, _) = cfg.resolve(p)?;
-    let price = api::hourly_price(&api::client(&cfg)?, zone, commercial_type)?.and_then(api::micros);
+    let price = api::hourly_price(&api::client(&cfg)?, zone, commercial_type)?
+        .and_then(egress_guest_sdk::money::micros_from_float);
     let price = price.map(|micros_per_hour| Price { currency: "EUR".into(), micros_per_hour });
     let what = match &price {
         Some(pr) => format!("{commercial_type} in {zone}: {} micro-EUR an hour", pr.micros_per_hour),

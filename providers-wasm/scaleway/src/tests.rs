@@ -254,28 +254,3 @@ fn profile_answers_every_axis() {
     assert_eq!(get("secondary-resources"), Some("explicit"));
     assert_eq!(get("provisioning-state"), Some("create-blocks"));
 }
-
-/// `hourly_price` is a JSON float (a `float32` in the SDK): millionths of a euro, half up,
-/// exact for the decimals a price list writes.
-#[test]
-fn hourly_prices_in_micros() {
-    let cases: [(f64, Option<u64>); 11] = [
-        (0.0105, Some(10_500)),
-        // The same price as a float32 printed as a double.
-        (0.010499999858438969, Some(10_500)),
-        // 0.0115 * 1e6 is 11499.999999999998: truncation would lose a micro.
-        (0.0115, Some(11_500)),
-        (0.00875, Some(8_750)),
-        (0.0000005, Some(1)),
-        (0.00000049, Some(0)),
-        (0.0, Some(0)),
-        (2.1, Some(2_100_000)),
-        (999_999.999_999, Some(999_999_999_999)),
-        (1e6, None),
-        (-0.0105, None),
-    ];
-    for (euros, want) in cases {
-        assert_eq!(api::micros(euros), want, "{euros}");
-    }
-    assert_eq!(api::micros(f64::INFINITY), None);
-}
