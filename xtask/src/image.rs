@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail, ensure};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-#[derive(clap::Args, Default)]
+#[derive(clap::Args)]
 pub struct Args {
     /// The image's name.
     #[arg(long, default_value = DEFAULT_TAG)]
@@ -41,6 +41,18 @@ pub struct Args {
 }
 
 pub const DEFAULT_TAG: &str = "localhost/proxy-operator:dev";
+
+/// What `cargo xtask test` builds: the default tag (clap's defaults apply only to parsed
+/// arguments, so a derived `Default` would leave the tag empty).
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            tag: DEFAULT_TAG.into(),
+            rootfs_only: None,
+            binary: None,
+        }
+    }
+}
 const BIN_PATH: &str = "usr/local/bin/proxy-operator";
 const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 const PASSWD: &str = "root:x:0:0:root:/root:/sbin/nologin\n\
@@ -76,6 +88,7 @@ pub fn run(args: &Args) -> Result<()> {
 
 /// Builds the release binary (unless given one), stages the files and builds the image.
 pub fn build(ws: &crate::Workspace, args: &Args) -> Result<Built> {
+    ensure!(!args.tag.trim().is_empty(), "the image needs a tag (--tag)");
     let binary = match &args.binary {
         Some(b) => b.clone(),
         None => {
@@ -284,6 +297,11 @@ mod tests {
         let e = linked_libraries(missing).unwrap_err().to_string();
         assert!(e.contains("libssl.so.3 => not found"), "{e}");
         assert!(linked_libraries("\tstatically linked\n").is_err());
+    }
+
+    #[test]
+    fn what_the_test_suite_builds_is_tagged() {
+        assert_eq!(Args::default().tag, DEFAULT_TAG);
     }
 
     #[test]
