@@ -46,6 +46,11 @@ const PACKAGES: &[(&str, &str, &str)] = &[
         "building the container image and running it (`cargo xtask image`, operator/image.rs)",
     ),
     (
+        "update-ca-certificates",
+        "ca-certificates",
+        "the container image (its CA roots are the machine's bundle)",
+    ),
+    (
         "runc",
         "runc",
         "running the container image (podman's default runtime, crun, cannot set its rlimits here)",
