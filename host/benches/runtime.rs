@@ -48,7 +48,7 @@ fn plugin_files() -> Vec<PathBuf> {
 
 fn runtime(pooling: bool, cache: Option<&Path>, scratch: &Path) -> Arc<Runtime> {
     let mut opts = RuntimeOptions::for_providers(
-        &ProvidersFile { providers: vec![] },
+        &ProvidersFile::default(),
         cache.map(Path::to_path_buf),
         scratch.to_path_buf(),
     );

@@ -232,7 +232,7 @@ async fn main() {
     .remove(0);
     let scratch = tempfile::tempdir().unwrap();
     let mut opts = RuntimeOptions::for_providers(
-        &ProvidersFile { providers: vec![] },
+        &ProvidersFile::default(),
         None,
         scratch.path().to_path_buf(),
     );

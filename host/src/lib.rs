@@ -23,6 +23,8 @@ pub mod inventory;
 pub mod leader;
 /// Every metric the operator serves on `/metrics`, registered in one place.
 pub mod metrics;
+/// Plugins from OCI registries: pull, cache, cosign signatures, push.
+pub mod oci;
 /// The ProxyPool controller.
 pub mod pool;
 /// The probe engine: a real `CONNECT` through each instance.

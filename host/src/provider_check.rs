@@ -279,7 +279,14 @@ pub async fn publish_rounds(
     let providers = || registry.snapshot().values().cloned().collect();
     let sink = move |checks: Vec<ProviderCheck>| async move {
         let types = registry.plugin_types();
-        publish(client, &checks, &types, &readiness.load_errors()).await;
+        publish(
+            client,
+            &checks,
+            &types,
+            &readiness.load_errors(),
+            &readiness.plugins(),
+        )
+        .await;
     };
     monitor.run(interval, cancel, providers, sink).await;
 }
@@ -332,6 +339,7 @@ pub fn status_for(
         targets,
         last_check_time: check.map(|c| time(c.checked_at)),
         load_error: load_error.map(str::to_string),
+        plugin: None,
     }
 }
 
@@ -408,6 +416,7 @@ pub async fn publish(
     checks: &[ProviderCheck],
     types: &BTreeMap<String, String>,
     load_errors: &BTreeMap<String, String>,
+    plugins: &BTreeMap<String, String>,
 ) {
     use crate::api::ProviderHealth;
     use kube::Resource;
@@ -435,12 +444,17 @@ pub async fn publish(
         };
         let check = checks.iter().find(|c| c.provider == name);
         let type_name = types.get(name).map(String::as_str).unwrap_or("");
-        let status = status_for(
+        let mut status = status_for(
             check,
             type_name,
             load_error_for(name, load_errors),
             previous.as_ref(),
         );
+        // What serves now; a provider that never loaded keeps what it last said.
+        status.plugin = plugins
+            .get(name)
+            .cloned()
+            .or_else(|| previous.as_ref().and_then(|p| p.plugin.clone()));
         if exists && !needs_write(previous.as_ref(), &status) {
             continue;
         }
@@ -711,7 +725,14 @@ mod tests {
         let p = checking("hz", 0, Some(vec![("fsn1", true), ("nbg1", true)]));
         let list: Vec<Arc<dyn Provider>> = vec![p.clone(), checking("plain", 0, None)];
         let types: BTreeMap<String, String> = [("hz".to_string(), "hetzner".to_string())].into();
-        publish(&client, &m.round(&list).await, &types, &BTreeMap::new()).await;
+        publish(
+            &client,
+            &m.round(&list).await,
+            &types,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+        )
+        .await;
         let api: Api<ProviderHealth> = Api::all(client.clone());
         let hz = api.get("hz").await.unwrap().status.unwrap();
         assert_eq!(hz.type_.as_deref(), Some("hetzner"));
@@ -723,7 +744,14 @@ mod tests {
 
         tokio::time::sleep(Duration::from_millis(1100)).await;
         *p.targets.lock().unwrap() = Some(vec![("fsn1", true), ("nbg1", false)]);
-        publish(&client, &m.round(&list).await, &types, &BTreeMap::new()).await;
+        publish(
+            &client,
+            &m.round(&list).await,
+            &types,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+        )
+        .await;
         let hz = api.get("hz").await.unwrap().status.unwrap();
         assert_eq!(
             hz.targets[0].last_transition_time, first,
@@ -735,7 +763,14 @@ mod tests {
 
         // Nothing changed: read, not written (the check runs every minute).
         fake.clear_requests();
-        publish(&client, &m.round(&list).await, &types, &BTreeMap::new()).await;
+        publish(
+            &client,
+            &m.round(&list).await,
+            &types,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+        )
+        .await;
         let writes: Vec<_> = fake
             .requests()
             .into_iter()
@@ -756,7 +791,14 @@ mod tests {
             ),
         ]
         .into();
-        publish(&client, &m.round(&list).await, &types, &errors).await;
+        publish(
+            &client,
+            &m.round(&list).await,
+            &types,
+            &errors,
+            &BTreeMap::new(),
+        )
+        .await;
         let hz = api.get("hz").await.unwrap().status.unwrap();
         assert_eq!(hz.load_error.as_deref(), Some(errors["hz"].as_str()));
         assert_eq!(
@@ -769,7 +811,14 @@ mod tests {
         assert_eq!((never.check_supported, never.targets.len()), (None, 0));
 
         // Fixed: the error goes away.
-        publish(&client, &m.round(&list).await, &types, &BTreeMap::new()).await;
+        publish(
+            &client,
+            &m.round(&list).await,
+            &types,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+        )
+        .await;
         let hz = api.get("hz").await.unwrap().status.unwrap();
         assert_eq!(hz.load_error, None);
     }
@@ -836,6 +885,7 @@ mod tests {
             }],
             last_check_time: at(checked),
             load_error: None,
+            plugin: None,
         };
         let refresh = LAST_CHECK_REFRESH.as_secs() as i64;
         let cases = [

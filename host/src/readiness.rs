@@ -31,6 +31,9 @@ pub struct ProviderLoad {
     pub serving: Vec<String>,
     /// By provider name; `""` is the providers file itself.
     pub errors: BTreeMap<String, String>,
+    /// What each serving provider runs (its pinned `oci://` reference, or its plugin
+    /// file and digest), by provider name.
+    pub plugins: BTreeMap<String, String>,
 }
 
 impl Readiness {
@@ -51,6 +54,11 @@ impl Readiness {
     /// The last load errors, by provider (`""` for the providers file).
     pub fn load_errors(&self) -> BTreeMap<String, String> {
         self.providers().errors
+    }
+
+    /// What each serving provider runs ([`ProviderLoad::plugins`]).
+    pub fn plugins(&self) -> BTreeMap<String, String> {
+        self.providers().plugins
     }
 
     fn providers(&self) -> ProviderLoad {
@@ -129,6 +137,7 @@ mod tests {
                 .iter()
                 .map(|(p, e)| (p.to_string(), e.to_string()))
                 .collect(),
+            plugins: BTreeMap::new(),
         }
     }
 

@@ -21,6 +21,7 @@
 
 use crate::readiness::{ProviderLoad, Readiness};
 use crate::registry::{Entry, ProviderRegistry};
+use egress_plugin_host::config::oci_ref::OciRef;
 use egress_plugin_host::config::{PodResources, ProviderEntry, ProvidersFile};
 use egress_plugin_host::plugin::{LoadedPlugin, ProviderLoadError, Runtime, WasmProvider};
 use egress_plugin_host::provider::{Instrumented, Provider, ProviderMetrics};
@@ -53,8 +54,11 @@ pub struct Plan {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Source {
     pub entry: ProviderEntry,
-    /// sha256 of the plugin file.
+    /// sha256 of the plugin file; for an `oci://` plugin, its manifest's digest.
     pub plugin_sha: String,
+    /// What runs, for status and logs: `oci://registry/repository@sha256:...` (pinned),
+    /// or the plugin file's name and digest.
+    pub origin: String,
 }
 
 /// Decides per provider; pure, so every combination is a table row in the tests.
@@ -110,6 +114,13 @@ pub enum Reason {
     Timeout,
     /// The rebuild panicked (a bug in the operator).
     Crashed,
+    /// An `oci://` plugin could not be pulled (registry away or refusing, a manifest that
+    /// is not a plugin, a layer that does not match its digest, too large).
+    Pull,
+    /// An `oci://` plugin's signature did not verify with the entry's keys.
+    Signature,
+    /// The plugin asks for more than the entry's `approved` allows.
+    Review,
 }
 
 impl Reason {
@@ -120,6 +131,9 @@ impl Reason {
             Reason::Config => "config",
             Reason::Timeout => "timeout",
             Reason::Crashed => "crashed",
+            Reason::Pull => "pull",
+            Reason::Signature => "signature",
+            Reason::Review => "review",
         }
     }
 }
@@ -157,7 +171,7 @@ impl ReloadMetrics {
         );
         registry.register(
             "proxy_operator_provider_reload_errors",
-            "Reloads that failed (the previous version, if any, keeps serving), by reason (file, plugin, config, timeout, crashed); provider=\"\" for the providers file",
+            "Reloads that failed (the previous version, if any, keeps serving), by reason (file, plugin, config, timeout, crashed, pull, signature, review); provider=\"\" for the providers file",
             m.errors.clone(),
         );
         m
@@ -315,6 +329,19 @@ pub struct Reloader {
     errors: BTreeMap<String, String>,
     /// What a providers file must fit (config::fit); a file that does not is refused.
     budget: PodResources,
+    /// Where `oci://` plugins come from; `None`: such entries fail to load, saying so.
+    registries: Option<Arc<Registries>>,
+    /// Providers whose last rebuild failed to pull or verify, and when: retried after
+    /// `Registries::retry` even when nothing changed on disk.
+    pull_failed: Option<(BTreeSet<String>, std::time::Instant)>,
+}
+
+/// What pulling `oci://` plugins needs.
+pub struct Registries {
+    pub store: crate::oci::store::Store,
+    /// The docker config with registry credentials (read at each pull; may be missing).
+    pub auth_file: PathBuf,
+    pub retry: Duration,
 }
 
 impl Reloader {
@@ -333,7 +360,23 @@ impl Reloader {
             seen: None,
             errors: BTreeMap::new(),
             budget: PodResources::default(),
+            registries: None,
+            pull_failed: None,
         }
+    }
+
+    /// Lets entries name `oci://` plugins, pulled through `registries`.
+    pub fn with_registries(mut self, registries: Registries) -> Self {
+        self.registries = Some(Arc::new(registries));
+        self
+    }
+
+    /// What each serving provider runs (`Source::origin`), by name.
+    pub fn origins(&self) -> BTreeMap<String, String> {
+        self.running
+            .iter()
+            .map(|(n, (s, _))| (n.clone(), s.origin.clone()))
+            .collect()
     }
 
     /// Refuses a providers file that does not fit `budget` (config::fit), like one that
@@ -380,14 +423,27 @@ impl Reloader {
                 return self.file_error(String::new(), why, publish);
             }
         };
-        let shas = plugin_digests(&self.plugin_dir, self.rt.max_plugin_bytes());
-        if self
-            .seen
-            .as_ref()
-            .is_some_and(|(t, s)| *t == text && *s == shas)
+        let mut shas = plugin_digests(&self.plugin_dir, self.rt.max_plugin_bytes());
+        let retry_pulls = match (&self.pull_failed, &self.registries) {
+            (Some((_, at)), Some(r)) => at.elapsed() >= r.retry,
+            _ => false,
+        };
+        if !retry_pulls
+            && self
+                .seen
+                .as_ref()
+                .is_some_and(|(t, s)| *t == text && *s == shas)
         {
             return None;
         }
+        let retrying = if retry_pulls {
+            self.pull_failed
+                .take()
+                .map(|(names, _)| names)
+                .unwrap_or_default()
+        } else {
+            BTreeSet::new()
+        };
         self.seen = Some((text.clone(), shas.clone()));
         let file = match ProvidersFile::parse(&text) {
             Ok(f) => f,
@@ -405,12 +461,33 @@ impl Reloader {
             return self.file_error(text, why, publish);
         }
         self.errors.remove("");
+        // An `oci://` plugin's digest: its own, or its tag's pin (no I/O); "" for a tag not
+        // resolved yet, which never matches what runs.
+        for entry in &file.providers {
+            if let Ok(reference) = OciRef::parse(&entry.plugin) {
+                let resolved = self
+                    .registries
+                    .as_ref()
+                    .and_then(|r| r.store.resolved(&reference))
+                    .unwrap_or_default();
+                shas.insert(entry.plugin.clone(), resolved);
+            }
+        }
         let current: BTreeMap<String, Source> = self
             .running
             .iter()
             .map(|(n, (s, _))| (n.clone(), s.clone()))
             .collect();
-        let plan = plan(&current, &file, &shas);
+        let mut plan = plan(&current, &file, &shas);
+        // A pull that failed is tried again, even for an entry whose previous version
+        // still serves unchanged.
+        plan.keep.retain(|n| {
+            let again = retrying.contains(n) && self.errors.contains_key(n);
+            if again {
+                plan.load.push(n.clone());
+            }
+            !again
+        });
         for name in &plan.keep {
             // Back to what is running (a broken edit reverted): nothing is wrong any more.
             self.errors.remove(name);
@@ -431,11 +508,9 @@ impl Reloader {
         let builder = Arc::new(Builder {
             rt: self.rt.clone(),
             plugin_dir: self.plugin_dir.clone(),
-            plugins: to_load
-                .iter()
-                .map(|e| (e.plugin.clone(), Arc::default()))
-                .collect(),
+            plugins: Mutex::default(),
             plugin_load: tokio::sync::Mutex::new(()),
+            registries: self.registries.clone(),
         });
         let stages: BTreeMap<String, Stage> = plan
             .load
@@ -445,9 +520,13 @@ impl Reloader {
         let jobs = to_load
             .into_iter()
             .map(|entry| {
+                let keys = file
+                    .verify_for(entry)
+                    .map(|v| v.keys().expect("checked when the file was parsed"));
                 let job = rebuild(
                     builder.clone(),
                     entry.clone(),
+                    keys,
                     shas.contains_key(&entry.plugin),
                     stages[&entry.name].clone(),
                 );
@@ -478,6 +557,16 @@ impl Reloader {
             publish(self, &unpublished);
             change.absorb(unpublished);
         }
+        if let Some(r) = &self.registries {
+            // The cache keeps what serves (and the pins), nothing older.
+            let serving: Vec<String> = self
+                .running
+                .values()
+                .filter(|(s, _)| OciRef::is_oci(&s.entry.plugin))
+                .map(|(s, _)| s.plugin_sha.clone())
+                .collect();
+            r.store.retain(&serving);
+        }
         change.loaded.sort();
         Some(change)
     }
@@ -499,6 +588,13 @@ impl Reloader {
             }
             Err(Failure { reason, message }) => {
                 self.metrics.failed(&name, reason);
+                if matches!(reason, Reason::Pull | Reason::Signature) {
+                    let (names, at) = self
+                        .pull_failed
+                        .get_or_insert_with(|| (BTreeSet::new(), std::time::Instant::now()));
+                    names.insert(name.clone());
+                    *at = std::time::Instant::now();
+                }
                 let keeps = self.running.contains_key(&name);
                 tracing::error!(
                     provider = %name,
@@ -562,11 +658,23 @@ struct Builder {
     rt: Arc<Runtime>,
     plugin_dir: PathBuf,
     /// Each plugin file the rebuilds need, loaded once for all the providers using it.
-    plugins: BTreeMap<String, PluginLoad>,
+    plugins: Mutex<BTreeMap<PathBuf, PluginLoad>>,
     /// Held while a plugin loads: one compile at a time, as before rebuilds ran in
     /// parallel (a compile runs cranelift in a child process, and blocks the thread it
     /// waits on).
     plugin_load: tokio::sync::Mutex<()>,
+    registries: Option<Arc<Registries>>,
+}
+
+impl Builder {
+    fn plugin_cell(&self, path: &Path) -> PluginLoad {
+        self.plugins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(path.to_path_buf())
+            .or_default()
+            .clone()
+    }
 }
 
 /// What a rebuild is doing, for the message when it times out.
@@ -589,39 +697,65 @@ impl Stage {
     }
 }
 
-/// Builds one provider from its entry: its plugin (loaded once per poll, see [`Builder`]),
-/// then the provider, which runs `validate-config`.
+/// Builds one provider from its entry: its plugin (pulled from its registry for an
+/// `oci://` plugin, and verified with `keys`; loaded once per poll, see [`Builder`]), its
+/// review against `approved`, then the provider, which runs `validate-config`.
 async fn rebuild(
     b: Arc<Builder>,
     entry: ProviderEntry,
+    keys: Option<Vec<egress_plugin_host::config::verify::PublicKey>>,
     plugin_present: bool,
     stage: Stage,
 ) -> Result<(Source, WasmProvider), Failure> {
-    if !plugin_present {
-        return Err(Failure::new(
-            Reason::Plugin,
-            format!(
-                "provider {:?}: plugin file {:?} is not in {}",
-                entry.name,
-                entry.plugin,
-                b.plugin_dir.display()
-            ),
-        ));
-    }
+    let name = &entry.name;
+    let (path, pulled) = match OciRef::parse(&entry.plugin) {
+        Ok(reference) => {
+            stage.set("pulling its plugin from the registry");
+            let pulled = pull(&b, &entry, &reference, keys.as_deref()).await?;
+            (pulled.path.clone(), Some(pulled))
+        }
+        Err(_) if !plugin_present => {
+            return Err(Failure::new(
+                Reason::Plugin,
+                format!(
+                    "provider {name:?}: plugin file {:?} is not in {}",
+                    entry.plugin,
+                    b.plugin_dir.display()
+                ),
+            ));
+        }
+        Err(_) => (b.plugin_dir.join(&entry.plugin), None),
+    };
     stage.set("waiting for its plugin to load");
-    let plugin = b.plugins[&entry.plugin]
+    let plugin = b
+        .plugin_cell(&path)
         .get_or_init(|| async {
             let _one = b.plugin_load.lock().await;
             stage.set("loading its plugin");
-            b.rt.load_plugin(&b.plugin_dir.join(&entry.plugin))
-                .await
-                .map_err(|e| e.to_string())
+            b.rt.load_plugin(&path).await.map_err(|e| e.to_string())
         })
         .await
         .clone()
-        .map_err(|e| Failure::new(Reason::Plugin, format!("provider {:?}: {e}", entry.name)))?;
+        .map_err(|e| Failure::new(Reason::Plugin, format!("provider {name:?}: {e}")))?;
     // The file may have changed since it was hashed: record what was loaded.
-    let plugin_sha = plugin.sha256.clone();
+    let (plugin_sha, origin) = match &pulled {
+        Some(p) => (p.digest.clone(), p.reference.to_string()),
+        None => (
+            plugin.sha256.clone(),
+            format!("{} (sha256:{})", entry.plugin, plugin.sha256),
+        ),
+    };
+    if let Some(approved) = &entry.approved {
+        let excess = approved.excess(&plugin.info.default_hosts, &plugin.imports());
+        if !excess.is_empty() {
+            return Err(Failure::new(
+                Reason::Review,
+                format!(
+                    "provider {name:?}: plugin {origin} asks for more than the entry's approved allows ({excess}); review it with `proxy-operator plugin inspect` and extend approved to load it"
+                ),
+            ));
+        }
+    }
     stage.set("running validate-config");
     let p = b.rt.provider(plugin, &entry).await.map_err(|e| {
         let reason = match e {
@@ -632,7 +766,62 @@ async fn rebuild(
         };
         Failure::new(reason, e.to_string())
     })?;
-    Ok((Source { entry, plugin_sha }, p))
+    Ok((
+        Source {
+            entry,
+            plugin_sha,
+            origin,
+        },
+        p,
+    ))
+}
+
+/// Pulls (or takes from the cache) `entry`'s `oci://` plugin, verified with `keys`.
+async fn pull(
+    b: &Builder,
+    entry: &ProviderEntry,
+    reference: &OciRef,
+    keys: Option<&[egress_plugin_host::config::verify::PublicKey]>,
+) -> Result<crate::oci::store::Pulled, Failure> {
+    let name = &entry.name;
+    let Some(registries) = &b.registries else {
+        return Err(Failure::new(
+            Reason::Pull,
+            format!(
+                "provider {name:?}: plugin {reference}: this command loads no plugins from registries"
+            ),
+        ));
+    };
+    let tls = egress_plugin_host::plugin::tls_config(
+        entry.tls.ca_file.as_deref(),
+        entry.tls.insecure_skip_tls_verify,
+    )
+    .map_err(|e| Failure::new(Reason::Config, format!("provider {name:?}: {e}")))?;
+    let opts = crate::oci::store::PullOptions {
+        tls,
+        auth_file: Some(&registries.auth_file),
+        max_plugin_bytes: b.rt.max_plugin_bytes(),
+        keys,
+    };
+    let pulled = registries
+        .store
+        .fetch(reference, &opts)
+        .await
+        .map_err(|e| {
+            let reason = match e.reason() {
+                "signature" => Reason::Signature,
+                _ => Reason::Pull,
+            };
+            Failure::new(reason, format!("provider {name:?}: {e}"))
+        })?;
+    tracing::info!(
+        provider = %name,
+        plugin = %pulled.reference,
+        signed_by = pulled.signed_by.as_deref().unwrap_or("(no signature asked for)"),
+        from_cache = pulled.from_cache,
+        "plugin pulled"
+    );
+    Ok(pulled)
 }
 
 /// Where the reloader's results go: the registry the reconciler, GC, inventory and
@@ -677,6 +866,7 @@ fn load(reloader: &Reloader) -> ProviderLoad {
     ProviderLoad {
         serving: reloader.providers().into_keys().collect(),
         errors: reloader.errors().clone(),
+        plugins: reloader.origins(),
     }
 }
 
@@ -741,6 +931,7 @@ mod tests {
                     Source {
                         entry: e.clone(),
                         plugin_sha: shas[&e.plugin].clone(),
+                        origin: String::new(),
                     },
                 )
             })

@@ -255,6 +255,7 @@ mod tests {
                 k8s_openapi::jiff::Timestamp::from_second(1_700_000_060).unwrap(),
             )),
             load_error: Some("plugin file \"hetzner.wasm\": not a component".into()),
+            plugin: Some("oci://registry.example/egress/hetzner@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef".into()),
         };
         let patch = json!({"apiVersion": "egress.proxy-operator.dev/v1alpha1", "kind": "ProviderHealth", "status": hs});
         let got = ph

@@ -61,6 +61,11 @@ pub struct ProviderHealthStatus {
     /// succeeds again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_error: Option<String>,
+    /// What serves: an `oci://` plugin's reference pinned to its manifest digest (a tag is
+    /// resolved once), or the plugin file's name and sha256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub plugin: Option<String>,
 }
 
 /// One target of a provider's health check.

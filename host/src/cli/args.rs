@@ -26,6 +26,31 @@ pub struct SourceArgs {
     pub providers: PathBuf,
 }
 
+/// Plugins from OCI registries (`plugin: oci://...` in the providers file).
+#[derive(clap::Args, Clone)]
+pub struct RegistryArgs {
+    /// A docker config file with registry credentials (`auths`), read at each pull: the
+    /// `.dockerconfigjson` of a `kubernetes.io/dockerconfigjson` Secret. Missing: anonymous
+    /// pulls.
+    #[arg(
+        long,
+        env = "REGISTRY_AUTH_FILE",
+        default_value = "/etc/proxy-operator/registry/.dockerconfigjson"
+    )]
+    pub registry_auth_file: PathBuf,
+    /// Where pulled plugins, their signatures and tag pins are kept: a restart loads from
+    /// here while the registry is away. Only what serves is kept.
+    #[arg(
+        long,
+        env = "PLUGIN_STORE_DIR",
+        default_value = "/tmp/proxy-operator/store"
+    )]
+    pub plugin_store_dir: PathBuf,
+    /// How long after a failed pull (registry away, refused signature) it is tried again.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub plugin_pull_retry: Duration,
+}
+
 /// Which plugin, and where the instance goes.
 #[derive(clap::Args)]
 pub struct TargetArgs {

@@ -22,7 +22,7 @@ pub enum Command {
 
 pub async fn run(command: Command) -> anyhow::Result<()> {
     let Command::Inspect { file, runtime } = command;
-    let rt = Runtime::new(runtime.options(&ProvidersFile { providers: vec![] }))?;
+    let rt = Runtime::new(runtime.options(&ProvidersFile::default()))?;
     let p = rt.load_plugin(&file).await?;
     let hosts: Vec<serde_json::Value> = p
         .default_host_review()

@@ -538,6 +538,7 @@ mod tests {
             }],
             last_check_time: Some(Time(Timestamp::from_second(NOW - 30).unwrap())),
             load_error: Some("hetzner.wasm: <bad> component".into()),
+            plugin: None,
         });
         let html = fragment_at(&[], Some(&[Arc::new(ph)]), NOW);
         assert!(

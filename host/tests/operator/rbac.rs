@@ -316,9 +316,13 @@ async fn every_api_call_is_allowed_and_every_rule_is_used() {
         "unloadable".to_string(),
         "unloadable.wasm: no such file".to_string(),
     )]);
-    publish(&op, &checks, &types, &load_errors).await;
+    let plugins = BTreeMap::from([(
+        "fake".to_string(),
+        "oci://registry.example/fake@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef".to_string(),
+    )]);
+    publish(&op, &checks, &types, &load_errors, &plugins).await;
     // A second round reads the first one's object back (get of an existing object).
-    publish(&op, &checks, &types, &load_errors).await;
+    publish(&op, &checks, &types, &load_errors, &plugins).await;
 
     // The discovery API and the status page with a reader's token.
     eventually("the status page shows the provider", || async {

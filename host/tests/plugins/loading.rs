@@ -88,7 +88,7 @@ async fn compile_cache_is_keyed_by_content() {
     let cache = tempfile::tempdir().unwrap();
     let opts = || {
         let mut o = egress_plugin_host::plugin::RuntimeOptions::for_providers(
-            &ProvidersFile { providers: vec![] },
+            &ProvidersFile::default(),
             Some(cache.path().join("c")),
             std::env::temp_dir().join("egress-test-scratch"),
         );
@@ -142,7 +142,7 @@ async fn plugins_compile_in_a_child_process() {
     let cache = tempfile::tempdir().unwrap();
     let opts = |exe: &str, cached: bool| {
         let mut o = egress_plugin_host::plugin::RuntimeOptions::for_providers(
-            &ProvidersFile { providers: vec![] },
+            &ProvidersFile::default(),
             cached.then(|| cache.path().join("c")),
             std::env::temp_dir().join("egress-test-scratch"),
         );
@@ -287,7 +287,7 @@ providers:
 async fn falls_back_to_on_demand_when_the_pool_cannot_be_reserved() {
     let dir = plugins_or_skip!();
     let mut opts = egress_plugin_host::plugin::RuntimeOptions::for_providers(
-        &ProvidersFile { providers: vec![] },
+        &ProvidersFile::default(),
         None,
         std::env::temp_dir().join("egress-test-scratch"),
     );
@@ -316,7 +316,7 @@ async fn refuses_a_plugin_file_over_the_size_limit() {
     let size = std::fs::metadata(&path).unwrap().len();
     let runtime = |max: u64| {
         let mut opts = egress_plugin_host::plugin::RuntimeOptions::for_providers(
-            &ProvidersFile { providers: vec![] },
+            &ProvidersFile::default(),
             None,
             std::env::temp_dir().join("egress-test-scratch"),
         );
@@ -373,7 +373,7 @@ async fn compile_limits_refuse_a_compile_bomb() {
     let bomb = write("bomb.wasm", "example.wasm");
     let runtime = |limits: CompileLimits| {
         let mut o = egress_plugin_host::plugin::RuntimeOptions::for_providers(
-            &ProvidersFile { providers: vec![] },
+            &ProvidersFile::default(),
             None,
             std::env::temp_dir().join("egress-test-scratch"),
         );

@@ -165,7 +165,7 @@ async fn a_0_1_0_plugin_is_refused_what_0_1_0_cannot_carry() {
 async fn the_default_budget_is_what_the_plugin_declares() {
     let dir = plugins_or_skip!();
     let mut opts = RuntimeOptions::for_providers(
-        &egress_plugin_host::config::ProvidersFile { providers: vec![] },
+        &egress_plugin_host::config::ProvidersFile::default(),
         Some(support::cache_dir()),
         std::env::temp_dir().join("egress-test-scratch"),
     );

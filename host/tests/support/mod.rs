@@ -113,7 +113,7 @@ pub fn runtime() -> Arc<Runtime> {
 }
 
 pub fn runtime_with(pooling: bool) -> Arc<Runtime> {
-    let file = ProvidersFile { providers: vec![] };
+    let file = ProvidersFile::default();
     let mut opts = RuntimeOptions::for_providers(
         &file,
         Some(cache_dir()),

@@ -8,10 +8,14 @@
 /// The descriptors the providers may hold, against the open-file limit.
 pub mod descriptors;
 pub mod fit;
+/// `oci://` plugin references.
+pub mod oci_ref;
 /// The pod's resources the providers must fit: its memory limit and its scratch space.
 pub mod pod;
 /// `prices`: what an instance costs where the plugin cannot say, and the account's own.
 pub mod prices;
+/// `verify` (signatures) and `approved` (the permission review).
+pub mod verify;
 
 pub use fit::{FitError, PodResources};
 
@@ -22,9 +26,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// The whole providers file.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ProvidersFile {
+    /// The keys every `oci://` plugin must be signed with, unless its entry has its own
+    /// `verify`.
+    #[serde(default)]
+    pub verify: Option<verify::Verify>,
     pub providers: Vec<ProviderEntry>,
 }
 
@@ -34,8 +42,17 @@ pub struct ProvidersFile {
 pub struct ProviderEntry {
     /// What `Proxy.spec.provider` names; a DNS-1123 label.
     pub name: String,
-    /// File name of the component in the plugin directory, e.g. `hetzner.wasm`.
+    /// File name of the component in the plugin directory, e.g. `hetzner.wasm`, or a
+    /// registry reference, `oci://registry/repository@sha256:...` (a `:tag` is resolved
+    /// once and pinned).
     pub plugin: String,
+    /// Signatures an `oci://` plugin must carry; replaces the file's `verify`.
+    #[serde(default)]
+    pub verify: Option<verify::Verify>,
+    /// What the plugin may ask for: a version declaring more default hosts or importing
+    /// more interfaces does not load. Unset: no review.
+    #[serde(default)]
+    pub approved: Option<verify::Approved>,
     /// Replaces the plugin's default hosts when set (narrowing or redirecting, e.g. to an
     /// emulator). `scheme://host[:port]`, `*.domain` allowed.
     #[serde(default)]
@@ -205,9 +222,32 @@ pub enum ConfigError {
     #[error("provider {name:?} is configured twice")]
     Duplicate { name: String },
     #[error(
-        "provider {name:?}: plugin {plugin:?} must be a file name ending in .wasm, without directories"
+        "provider {name:?}: plugin {plugin:?} must be a file name ending in .wasm, without directories, or an oci:// reference"
     )]
     BadPlugin { name: String, plugin: String },
+    #[error("provider {name:?}: plugin {plugin:?} {source}")]
+    BadReference {
+        name: String,
+        plugin: String,
+        source: oci_ref::OciRefError,
+    },
+    #[error("{field}: {source}")]
+    Keys {
+        /// `verify` (the file's) or `provider "x": verify`.
+        field: String,
+        source: verify::KeyError,
+    },
+    #[error(
+        "provider {name:?}: verify applies to oci:// plugins only (a plugin file from the plugin directory carries no signature); drop it or move the plugin to a registry"
+    )]
+    VerifyWithoutRegistry { name: String },
+    #[error("provider {name:?}: approved.{field} lists {count} entries; at most {max}")]
+    Approved {
+        name: String,
+        field: &'static str,
+        count: usize,
+        max: usize,
+    },
     #[error("provider {name:?}: {field}: {source}")]
     Host {
         name: String,
@@ -252,6 +292,16 @@ pub enum ConfigError {
 }
 
 impl ProvidersFile {
+    /// The signatures `entry`'s plugin must carry: its own `verify`, else the file's for an
+    /// `oci://` plugin. `None`: unsigned plugins load.
+    pub fn verify_for<'a>(&'a self, entry: &'a ProviderEntry) -> Option<&'a verify::Verify> {
+        entry.verify.as_ref().or_else(|| {
+            oci_ref::OciRef::is_oci(&entry.plugin)
+                .then_some(self.verify.as_ref())
+                .flatten()
+        })
+    }
+
     /// Parses and validates a providers file (YAML or JSON).
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let file: ProvidersFile =
@@ -261,6 +311,12 @@ impl ProvidersFile {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(v) = &self.verify {
+            v.keys().map_err(|source| ConfigError::Keys {
+                field: "verify".into(),
+                source,
+            })?;
+        }
         let mut seen = std::collections::HashSet::new();
         for (index, p) in self.providers.iter().enumerate() {
             if !is_dns1123_label(&p.name) {
@@ -283,7 +339,13 @@ impl ProvidersFile {
 impl ProviderEntry {
     fn validate(&self) -> Result<(), ConfigError> {
         let name = &self.name;
-        if !self.plugin.ends_with(".wasm")
+        if oci_ref::OciRef::is_oci(&self.plugin) {
+            oci_ref::OciRef::parse(&self.plugin).map_err(|source| ConfigError::BadReference {
+                name: name.clone(),
+                plugin: self.plugin.clone(),
+                source,
+            })?;
+        } else if !self.plugin.ends_with(".wasm")
             || self.plugin.contains(['/', '\\'])
             || self.plugin.starts_with('.')
         {
@@ -291,6 +353,26 @@ impl ProviderEntry {
                 name: name.clone(),
                 plugin: self.plugin.clone(),
             });
+        } else if self.verify.is_some() {
+            return Err(ConfigError::VerifyWithoutRegistry { name: name.clone() });
+        }
+        if let Some(v) = &self.verify {
+            v.keys().map_err(|source| ConfigError::Keys {
+                field: format!("provider {name:?}: verify"),
+                source,
+            })?;
+        }
+        if let Some(a) = &self.approved {
+            for (field, count) in [("hosts", a.hosts.len()), ("imports", a.imports.len())] {
+                if count > verify::MAX_APPROVED {
+                    return Err(ConfigError::Approved {
+                        name: name.clone(),
+                        field,
+                        count,
+                        max: verify::MAX_APPROVED,
+                    });
+                }
+            }
         }
         for (field, hosts) in [
             (

@@ -1,6 +1,6 @@
 //! The flags of `proxy-operator run`.
 
-use crate::cli::args::{FitArgs, RuntimeArgs, SourceArgs, duration_text};
+use crate::cli::args::{FitArgs, RegistryArgs, RuntimeArgs, SourceArgs, duration_text};
 use proxy_operator::controller::{Settings, Timings};
 use proxy_operator::gc::GcSettings;
 use proxy_operator::http_server::Limits as HttpLimits;
@@ -13,6 +13,8 @@ pub struct Args {
     pub source: SourceArgs,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
     #[command(flatten)]
     pub fit: FitArgs,
     /// Installation identity written on every instance and used to scope GC. Default:

@@ -68,7 +68,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         &args.source.providers,
         metrics.reload.clone(),
     )
-    .with_budget(budget);
+    .with_budget(budget)
+    .with_registries(proxy_operator::reload::Registries {
+        store: proxy_operator::oci::store::Store::open(&args.registry.plugin_store_dir)
+            .with_context(|| {
+                format!(
+                    "opening the plugin store {}",
+                    args.registry.plugin_store_dir.display()
+                )
+            })?,
+        auth_file: args.registry.registry_auth_file.clone(),
+        retry: args.registry.plugin_pull_retry,
+    });
 
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone(), args.shutdown_grace, rt));
