@@ -15,6 +15,9 @@ use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 pub struct TestCa {
     ca_pem: String,
     server: Arc<rustls::ServerConfig>,
+    /// The server certificate and its key, PEM, for servers that read files (a registry).
+    server_cert_pem: String,
+    server_key_pem: String,
 }
 
 impl TestCa {
@@ -31,6 +34,7 @@ impl TestCa {
             .expect("server params");
         params.distinguished_name.push(DnType::CommonName, "127.0.0.1");
         let cert = params.signed_by(&key, &ca).expect("server certificate");
+        let (server_cert_pem, server_key_pem) = (cert.pem(), key.serialize_pem());
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let server = rustls::ServerConfig::builder_with_provider(provider)
@@ -39,7 +43,7 @@ impl TestCa {
             .with_no_client_auth()
             .with_single_cert(vec![cert.der().clone()], key)
             .expect("server TLS config");
-        TestCa { ca_pem: ca.pem(), server: Arc::new(server) }
+        TestCa { ca_pem: ca.pem(), server: Arc::new(server), server_cert_pem, server_key_pem }
     }
 
     /// The CA certificate, PEM: the trust bundle for a client of the emulator.
@@ -52,6 +56,15 @@ impl TestCa {
         let path = dir.join("ca.pem");
         std::fs::write(&path, &self.ca_pem)?;
         Ok(path)
+    }
+
+    /// Writes the server certificate and key to `dir/server.pem` and `dir/server.key`, for a
+    /// server that takes files (the distribution registry's `http.tls`).
+    pub fn write_server_files(&self, dir: &Path) -> std::io::Result<(PathBuf, PathBuf)> {
+        let (cert, key) = (dir.join("server.pem"), dir.join("server.key"));
+        std::fs::write(&cert, &self.server_cert_pem)?;
+        std::fs::write(&key, &self.server_key_pem)?;
+        Ok((cert, key))
     }
 
     pub fn server_config(&self) -> Arc<rustls::ServerConfig> {

@@ -5,7 +5,7 @@
 use anyhow::{Context, Result, bail};
 
 pub fn run() -> Result<()> {
-    crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
+    crate::build_plugins::run(&crate::build_plugins::Args::default())?;
     let ws = crate::workspace()?;
     let json = ws.target_dir.join("bench-runtime.json");
     let out = crate::cargo()

@@ -33,6 +33,34 @@ pub struct Args {
     /// --server-side -k config/release` deploys both in place of the empty placeholder.
     #[arg(long, value_name = "FILE")]
     pub configmap: Option<PathBuf>,
+    /// Also push every real provider's plugin to REGISTRY (`host[:port]/prefix`), as
+    /// `oci://REGISTRY/NAME:TAG` (a CNCF Wasm OCI artifact), through `proxy-operator plugin
+    /// push`; prints each reference pinned to its digest, for the providers file.
+    #[arg(long, value_name = "REGISTRY")]
+    pub push: Option<String>,
+    /// The tag pushed plugins get.
+    #[arg(long, default_value = env!("CARGO_PKG_VERSION"), requires = "push")]
+    pub tag: String,
+    /// Sign each pushed plugin with this PKCS#8 key (`proxy-operator plugin keygen`).
+    #[arg(long, value_name = "KEY", requires = "push")]
+    pub sign_key: Option<PathBuf>,
+    /// CA bundle to trust for the registry.
+    #[arg(long, value_name = "PEM", requires = "push")]
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for Args {
+    /// What a bare `cargo xtask build-plugins` does (clap's defaults apply to parsed
+    /// arguments only).
+    fn default() -> Self {
+        Args {
+            configmap: None,
+            push: None,
+            tag: env!("CARGO_PKG_VERSION").into(),
+            sign_key: None,
+            ca_file: None,
+        }
+    }
 }
 
 /// One plugin crate found in the workspace.
@@ -212,6 +240,56 @@ pub fn run(args: &Args) -> Result<()> {
             entries.push((format!("{}.wasm", p.name), bytes));
         }
         write_configmaps(file, &entries)?;
+    }
+    if let Some(registry) = &args.push {
+        let shipped: Vec<(String, PathBuf)> = built
+            .iter()
+            .filter(|(p, _)| !p.testing)
+            .map(|(p, path)| (p.name.clone(), path.clone()))
+            .collect();
+        push(&ws.root, registry, args, &shipped)?;
+    }
+    Ok(())
+}
+
+/// Pushes (and signs) each plugin with the operator's own `plugin push` and `plugin sign`.
+fn push(root: &Path, registry: &str, args: &Args, plugins: &[(String, PathBuf)]) -> Result<()> {
+    let operator = |sub: &[&str]| -> Result<String> {
+        let mut cmd = crate::cargo();
+        cmd.current_dir(root)
+            .args(["run", "-q", "-p", "proxy-operator", "--", "plugin"])
+            .args(sub);
+        if let Some(ca) = &args.ca_file {
+            cmd.arg("--ca-file").arg(ca);
+        }
+        let out = cmd.output().context("running proxy-operator plugin")?;
+        ensure!(
+            out.status.success(),
+            "proxy-operator plugin {}: {}",
+            sub.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    for (name, path) in plugins {
+        let reference = format!(
+            "oci://{}/{name}:{}",
+            registry.trim_end_matches('/'),
+            args.tag
+        );
+        let path = path.to_string_lossy();
+        let pinned = operator(&["push", &path, &reference])?;
+        if let Some(key) = &args.sign_key {
+            operator(&["sign", &pinned, "--key", &key.to_string_lossy()])?;
+        }
+        println!(
+            "{name:<14} {pinned}{}",
+            if args.sign_key.is_some() {
+                "  (signed)"
+            } else {
+                ""
+            }
+        );
     }
     Ok(())
 }

@@ -34,7 +34,7 @@ const BUILD_ARGS: &[&str] = &[
 ];
 
 pub fn run(args: &Args) -> Result<()> {
-    crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
+    crate::build_plugins::run(&crate::build_plugins::Args::default())?;
     let ws = crate::workspace()?;
     println!("building the operator and the demo driver (debug profile)");
     let status = crate::cargo()

@@ -163,7 +163,7 @@ pub fn run(args: &Args) -> Result<()> {
     println!("e2e against kube context {context}");
 
     // What runs locally: plugins, the operator and the emulator.
-    crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
+    crate::build_plugins::run(&crate::build_plugins::Args::default())?;
     let ws = crate::workspace()?;
     run_checked(crate::cargo().current_dir(&ws.root).args([
         "build",

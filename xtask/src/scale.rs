@@ -66,7 +66,7 @@ with a 3,600/h budget; 1,000 with defaults); at other sizes they are shown for o
 ";
 
 pub fn run(args: &Args) -> Result<()> {
-    crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
+    crate::build_plugins::run(&crate::build_plugins::Args::default())?;
     let ws = crate::workspace()?;
     let plugins = ws.target_dir.join("plugins");
     println!("building the operator and the scale driver (release)");

@@ -91,7 +91,7 @@ pub fn run(args: &Args) -> Result<()> {
     let ws = crate::workspace()?;
     crate::lint::run(&ws.root)?;
 
-    crate::build_plugins::run(&crate::build_plugins::Args { configmap: None })?;
+    crate::build_plugins::run(&crate::build_plugins::Args::default())?;
 
     // The image the operator ships as, run by operator/image.rs.
     let image = if on_path("podman") {

@@ -24,6 +24,7 @@ mod operations_doc;
 mod pool;
 mod probe;
 mod rbac;
+mod registry;
 mod run;
 mod spot;
 mod status_page;

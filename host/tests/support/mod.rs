@@ -6,6 +6,7 @@ pub mod bomb;
 pub mod http;
 pub mod process;
 pub mod real_cloud;
+pub mod registry;
 pub mod sentinels;
 pub mod suite;
 pub mod tinyproxy;
