@@ -232,6 +232,11 @@ mod tests {
         copy_tree(&root.join("config"), &tmp.join("config"));
         crate::build_plugins::write_configmaps(&tmp.join("config/release/plugins.yaml"), entries)
             .unwrap();
+        std::fs::write(
+            tmp.join(crate::image::RELEASE_IMAGE_PATCH),
+            crate::image::image_patch(RELEASED_IMAGE),
+        )
+        .unwrap();
         let out = Command::new("kubectl")
             .arg("kustomize")
             .arg(tmp.join("config/release"))
@@ -314,6 +319,28 @@ mod tests {
         }
         files.sort();
         files
+    }
+
+    const RELEASED_IMAGE: &str = "registry.example:5000/egress/proxy-operator@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    /// The release overlay deploys the image `cargo xtask image --push` wrote, by digest.
+    #[test]
+    fn the_release_overlay_deploys_the_pushed_image_by_digest() {
+        let Some(docs) = render_release(&[("hetzner.wasm".into(), b"\0asm".to_vec())]) else {
+            return;
+        };
+        let deployment = find(&docs, "Deployment", "proxy-operator").expect("the Deployment");
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(container["name"], "manager");
+        assert_eq!(container["image"], RELEASED_IMAGE);
+        assert!(
+            container["volumeMounts"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|m| m["mountPath"] == "/etc/proxy-operator/registry"),
+            "the registry credentials are mounted"
+        );
     }
 
     /// The release overlay renders one ConfigMap per plugin in the operator's namespace,

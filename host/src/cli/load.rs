@@ -32,6 +32,12 @@ pub async fn provider(
     opts.default_budgets = default_budgets;
     let rt = Runtime::new(opts)?;
     let entry = &file.providers[0];
+    anyhow::ensure!(
+        !egress_plugin_host::config::oci_ref::OciRef::is_oci(&entry.plugin),
+        "provider {name:?}: plugin {}: this command loads plugin files (--plugin-dir) only; \
+         pull it with the operator, or review it with `proxy-operator plugin inspect`",
+        entry.plugin
+    );
     // Only the plugin this entry names: the others in the directory are not under test.
     let plugin = rt.load_plugin(&plugin_dir.join(&entry.plugin)).await?;
     Ok(rt.provider(plugin, entry).await?)

@@ -6,6 +6,11 @@
 //! real proxies on 127.0.0.1. A Proxy goes Ready through it: the image holds everything
 //! the operator needs (libraries, CA roots, user) and nothing writes outside `/tmp`.
 //!
+//! Installed as a user installs from a registry: the image is pushed to the distribution
+//! registry on 127.0.0.1 and run from there by digest, and the Hetzner plugin is pushed
+//! and signed there too, the providers file naming it `oci://...@sha256:...` with
+//! `verify.publicKeys`: no plugin ConfigMap at all.
+//!
 //! Without the variable (the image was not built, as under a bare `cargo test`) the test is
 //! skipped loudly; under `CI=true` it fails instead: `cargo xtask test` builds the image.
 
@@ -74,6 +79,67 @@ fn readable_dir(path: &Path, files: &[(&str, &[u8])]) -> PathBuf {
     path.to_path_buf()
 }
 
+/// Pushes the image and the Hetzner plugin (signed with a new key) to `registry`, and
+/// pulls the image back by digest: the image's registry reference, the plugin's pinned
+/// `oci://` reference, and the public key.
+fn publish(
+    registry: &support::registry::Registry,
+    image: &str,
+    plugin_dir: &Path,
+    dir: &Path,
+) -> (String, String, String) {
+    let run = |cmd: &mut Command| -> String {
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // podman trusts the registry's CA from a directory of `*.crt` files.
+    let certs = dir.join("certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    std::fs::copy(&registry.ca_file, certs.join("ca.crt")).unwrap();
+    let host = registry.host();
+    let digest_file = dir.join("image.digest");
+    run(Command::new("podman")
+        .args(["push", "--quiet", "--cert-dir"])
+        .arg(&certs)
+        .arg("--digestfile")
+        .arg(&digest_file)
+        .arg(image)
+        .arg(format!("docker://{host}/egress/proxy-operator:test")));
+    let digest = std::fs::read_to_string(&digest_file).unwrap();
+    let by_digest = format!("{host}/egress/proxy-operator@{}", digest.trim());
+    run(Command::new("podman")
+        .args(["pull", "--quiet", "--cert-dir"])
+        .arg(&certs)
+        .arg(&by_digest));
+
+    let operator = env!("CARGO_BIN_EXE_proxy-operator");
+    let ca = registry.ca_file.to_str().unwrap();
+    let cache = dir.join("cli-cache");
+    let pinned = run(Command::new(operator)
+        .args(["plugin", "push"])
+        .arg(plugin_dir.join("hetzner.wasm"))
+        .arg(format!("oci://{host}/egress/hetzner:test"))
+        .args(["--ca-file", ca, "--plugin-cache-dir"])
+        .arg(&cache))
+    .trim()
+    .to_string();
+    let prefix = dir.join("signing");
+    run(Command::new(operator)
+        .args(["plugin", "keygen"])
+        .arg(&prefix));
+    run(Command::new(operator)
+        .args(["plugin", "sign", &pinned, "--key"])
+        .arg(prefix.with_extension("key"))
+        .args(["--ca-file", ca]));
+    let public = std::fs::read_to_string(prefix.with_extension("pub")).unwrap();
+    (by_digest, pinned, public)
+}
+
 /// The container, removed (by name) however the test ends.
 struct Container {
     name: String,
@@ -105,7 +171,11 @@ async fn the_image_runs_as_the_deployment_and_a_proxy_goes_ready_through_it() {
     let Some(image) = image() else {
         return;
     };
+    let Some(registry) = support::registry::Registry::start().await else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
+    let (image, plugin, public_key) = publish(&registry, &image, &plugin_dir, dir.path());
     let (_fake, client, kubeconfig) = fake_cluster(dir.path()).await;
     let real = RealProxies::new(ProxyKind::Builtin);
     let hz = HetznerEmulator::start(HetznerConfig {
@@ -117,26 +187,30 @@ async fn the_image_runs_as_the_deployment_and_a_proxy_goes_ready_through_it() {
     let manager = manager();
     let url = hz.url();
     let secrets_at = mount(&manager, "secret-hetzner");
+    let providers_at = mount(&manager, "providers");
+    let key: String = public_key.lines().map(|l| format!("    {l}\n")).collect();
     let providers = format!(
-        "providers:\n- name: hz\n  plugin: hetzner.wasm\n  additionalHosts: ['{url}']\n  \
+        "verify:\n  publicKeys:\n  - |\n{key}providers:\n- name: hz\n  plugin: {plugin}\n  \
+         tls: {{caFile: {providers_at}/registry-ca.pem}}\n  additionalHosts: ['{url}']\n  \
          allowPrivateAddresses: true\n  secrets: {{token: {secrets_at}/token}}\n  \
          config: {{endpoint: '{url}/v1', locations: [fsn1], serverTypes: [cpx11], \
          images: {{ubuntu: ubuntu-24.04}}}}\n"
     );
-    let wasm = std::fs::read(plugin_dir.join("hetzner.wasm")).unwrap();
+    let ca = std::fs::read(&registry.ca_file).unwrap();
     let kube = std::fs::read(&kubeconfig).unwrap();
     let volumes = [
         (
             "providers",
             readable_dir(
                 &dir.path().join("providers"),
-                &[("providers.yaml", providers.as_bytes())],
+                &[
+                    ("providers.yaml", providers.as_bytes()),
+                    ("registry-ca.pem", &ca),
+                ],
             ),
         ),
-        (
-            "plugins",
-            readable_dir(&dir.path().join("plugins"), &[("hetzner.wasm", &wasm)]),
-        ),
+        // The plugin ConfigMap's mount, empty: the plugin comes from the registry.
+        ("plugins", readable_dir(&dir.path().join("plugins"), &[])),
         (
             "secret-hetzner",
             readable_dir(&dir.path().join("secret"), &[("token", TOKEN.as_bytes())]),
@@ -148,16 +222,25 @@ async fn the_image_runs_as_the_deployment_and_a_proxy_goes_ready_through_it() {
     let name = format!("egress-image-test-{}", std::process::id());
     let mut cmd = Command::new("podman");
     // runc, not crun (which cannot set its rlimits here), with limits this machine allows.
-    cmd.args(["--runtime", "runc", "run", "--rm", "--name", &name])
-        .args(["--network", "host", "--read-only", "--user", "65532:65532"])
-        .args(["--memory", "328m", "--cap-drop", "ALL"])
-        .args(["--security-opt", "no-new-privileges"])
-        .args([
-            "--ulimit",
-            "nofile=20000:20000",
-            "--ulimit",
-            "nproc=32768:32768",
-        ]);
+    cmd.args([
+        "--runtime",
+        "runc",
+        "run",
+        "--rm",
+        "--pull",
+        "never",
+        "--name",
+        &name,
+    ])
+    .args(["--network", "host", "--read-only", "--user", "65532:65532"])
+    .args(["--memory", "328m", "--cap-drop", "ALL"])
+    .args(["--security-opt", "no-new-privileges"])
+    .args([
+        "--ulimit",
+        "nofile=20000:20000",
+        "--ulimit",
+        "nproc=32768:32768",
+    ]);
     // The Deployment's emptyDir on /tmp, 64 MiB.
     cmd.arg("--tmpfs")
         .arg(format!("{}:rw,size=64m,mode=1777", mount(&manager, "tmp")));
@@ -250,6 +333,11 @@ async fn the_image_runs_as_the_deployment_and_a_proxy_goes_ready_through_it() {
     // JSON logs, as the Deployment asks, and nothing about the read-only filesystem.
     let text = std::fs::read_to_string(&container.log).unwrap_or_default();
     assert!(text.lines().any(|l| l.starts_with('{')), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("plugin pulled") && l.contains("sha256:")),
+        "the plugin came from the registry: {text}"
+    );
     assert!(!text.contains("Read-only file system"), "{text}");
     drop(real);
 }

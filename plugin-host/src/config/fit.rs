@@ -68,6 +68,11 @@ pub const LIFT_BYTES: u64 = MAX_LIFT_BYTES as u64;
 /// leaves room for the artifact of the running version and of one update next to it.
 pub const COMPILE_CACHE_BYTES_PER_PLUGIN: u64 = 4 * MIB;
 
+/// `/tmp` room kept for the plugin store, per `oci://` plugin the providers file names:
+/// the store keeps the component of the version serving and of one being pulled next to
+/// it (the shipped plugins are 190-410 KiB), its manifest and signatures (a few KiB).
+pub const STORE_BYTES_PER_PLUGIN: u64 = MIB;
+
 /// Calls that load a plugin or a provider (`info`, `validate-config`) run one at a time
 /// (the plugin runtime's load slots: as many as this), next to the providers already
 /// serving.
@@ -308,6 +313,20 @@ pub fn scratch_need(file: &ProvidersFile) -> Parts {
         ),
         bytes: plugins.len() as u64 * COMPILE_CACHE_BYTES_PER_PLUGIN,
     });
+    let pulled = plugins
+        .iter()
+        .filter(|p| super::oci_ref::OciRef::is_oci(p))
+        .count() as u64;
+    if pulled > 0 {
+        parts.push(Part {
+            who: "plugin store".into(),
+            how: format!(
+                "{pulled} oci:// plugin(s) x {}",
+                Mib(STORE_BYTES_PER_PLUGIN)
+            ),
+            bytes: pulled * STORE_BYTES_PER_PLUGIN,
+        });
+    }
     Parts(parts)
 }
 

@@ -451,6 +451,15 @@ impl Runtime {
         }
         for entry in &file.providers {
             let result = match plugins.get(&entry.plugin) {
+                None if crate::config::oci_ref::OciRef::is_oci(&entry.plugin) => {
+                    Err(ProviderLoadError::Config {
+                        provider: entry.name.clone(),
+                        message: format!(
+                            "plugin {}: only the operator (`run`) pulls plugins from registries; `proxy-operator plugin inspect` pulls and reviews one",
+                            entry.plugin
+                        ),
+                    })
+                }
                 None => Err(ProviderLoadError::MissingPlugin {
                     provider: entry.name.clone(),
                     plugin: entry.plugin.clone(),
