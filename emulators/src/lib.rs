@@ -32,6 +32,8 @@ pub mod gce;
 pub mod hetzner;
 /// Linode API v4 (`/v4/linode/instances`), from Akamai's published OpenAPI specification.
 pub mod linode;
+/// OCI distribution registry (pull side, Distribution Spec v1.1), for `oci://` plugin pulls.
+pub mod oci_registry;
 /// Proxmox VE API (`/api2/json`) for QEMU VMs, after the API viewer's schema.
 pub mod proxmox;
 /// The token bucket behind an emulator's optional rate limit ([`RateLimit`]).

@@ -56,6 +56,11 @@ const PACKAGES: &[(&str, &str, &str)] = &[
         "running the container image (podman's default runtime, crun, cannot set its rlimits here)",
     ),
     (
+        "docker-registry",
+        "docker-registry",
+        "plugins and the image pulled from a real OCI registry (operator/registry.rs, operator/image.rs)",
+    ),
+    (
         "wasm-opt",
         "binaryen",
         "`wasm-opt -Oz` on the providers, so the tests run the plugins as they ship",

@@ -400,3 +400,165 @@ async fn registry_plugins_load_signed_and_approved_and_bad_versions_leave_the_ve
     assert!(running().await.is_some(), "p1 still Running");
     op.assert_alive("after loading from the store");
 }
+
+/// A registry that answers wrong, in every way the distribution API allows, gets a refusal
+/// that names the reference and the reason, and nothing of it is kept as a plugin. The
+/// in-memory registry of the emulators (HTTPS, faults on demand, token auth).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misbehaving_registry_is_refused_by_name_and_leaves_nothing_in_the_store() {
+    use egress_emulators::oci_registry::{Fault, OciRegistry};
+    use egress_emulators::tls::TestCa;
+    use proxy_operator::oci::store::{PullOptions, Store};
+
+    let plugin_dir = plugins_or_skip!();
+    let wasm = std::fs::read(plugin_dir.join("example.wasm")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let ca_file = ca.write_ca_file(dir.path()).unwrap();
+    let tls = egress_plugin_host::plugin::tls_config(Some(&ca_file), false).unwrap();
+    let registry = OciRegistry::start(&ca);
+    let host = registry.host();
+    let digest = registry.put_plugin("egress/ex", "v1", &wasm);
+    let max = 8 << 20;
+
+    // Each case pulls into a store of its own: `(reference, max bytes, auth file)`.
+    let n = std::sync::atomic::AtomicU32::new(0);
+    let pull = async |reference: &str, max_plugin_bytes: u64, auth: Option<&Path>| {
+        let at = dir.path().join(format!(
+            "store-{}",
+            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let store = Store::open(&at).unwrap();
+        let reference = egress_plugin_host::config::oci_ref::OciRef::parse(reference).unwrap();
+        let opts = PullOptions {
+            tls: tls.clone(),
+            auth_file: auth,
+            max_plugin_bytes,
+            keys: None,
+        };
+        let got = store.fetch(&reference, &opts).await;
+        let kept = std::fs::read_dir(at.join("plugins")).unwrap().count();
+        (got, kept)
+    };
+    let by_digest = format!("oci://{host}/egress/ex@{digest}");
+    let (ok, _) = pull(&by_digest, max, None).await;
+    let ok = ok.unwrap();
+    assert_eq!(
+        std::fs::read(&ok.path).unwrap(),
+        wasm,
+        "the layer, byte for byte"
+    );
+    assert!(!ok.from_cache);
+
+    let refused =
+        async |reference: &str, max: u64, auth: Option<&Path>, reason: &str, why: &str| {
+            let (got, kept) = pull(reference, max, auth).await;
+            let e = got.expect_err(why);
+            let message = e.to_string();
+            assert!(
+                message.contains(reference),
+                "names the reference: {message}"
+            );
+            assert!(message.contains(why), "{why:?} in {message}");
+            assert_eq!(e.reason(), reason, "{message}");
+            assert_eq!(kept, 0, "no plugin kept after: {message}");
+            message
+        };
+    let other = format!("oci://{host}/egress/ex@sha256:{}", "ab".repeat(32));
+    refused(&other, max, None, "pull", "has no manifest").await;
+    refused(
+        &format!("oci://{host}/egress/ex:nope"),
+        max,
+        None,
+        "pull",
+        "(404)",
+    )
+    .await;
+    refused(
+        &by_digest,
+        wasm.len() as u64 - 1,
+        None,
+        "pull",
+        "more than the largest plugin",
+    )
+    .await;
+    // A container image where a plugin was expected.
+    let image = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": digest, "size": 2},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": digest, "size": 2}],
+    }))
+    .unwrap();
+    let image_digest = registry.put_manifest(
+        "egress/ex",
+        "image",
+        &image,
+        "application/vnd.oci.image.manifest.v1+json",
+    );
+    refused(
+        &format!("oci://{host}/egress/ex@{image_digest}"),
+        max,
+        None,
+        "pull",
+        "not a Wasm plugin",
+    )
+    .await;
+    for (fault, why) in [
+        (Fault::Status(500), "answered 500"),
+        (Fault::BlobStatus(503), "answered 503 for blob"),
+        (Fault::TamperBlob, "does not match its digest"),
+        (Fault::TruncateBlob, "cut short"),
+    ] {
+        registry.set_fault(fault);
+        refused(&by_digest, max, None, "pull", why).await;
+    }
+    registry.set_fault(Fault::None);
+
+    // Token auth: none, wrong and right credentials; the password is in no message.
+    let private = OciRegistry::start_with_auth(&ca, "robot", "s3cret-pw");
+    let private_digest = private.put_plugin("egress/ex", "v1", &wasm);
+    let reference = format!("oci://{}/egress/ex@{private_digest}", private.host());
+    let auth = |password: &str| {
+        let path = dir.path().join(format!("auth-{password}.json"));
+        let b64 = data_encoding::BASE64.encode(format!("robot:{password}").as_bytes());
+        std::fs::write(
+            &path,
+            format!(
+                r#"{{"auths": {{"https://{}": {{"auth": "{b64}"}}}}}}"#,
+                private.host()
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let none = dir.path().join("missing.json");
+    let m = refused(
+        &reference,
+        max,
+        Some(&none),
+        "pull",
+        "no credentials for this registry",
+    )
+    .await;
+    assert!(m.contains("401"), "{m}");
+    let wrong = auth("wrong-pw");
+    let m = refused(
+        &reference,
+        max,
+        Some(&wrong),
+        "pull",
+        "refused the credentials",
+    )
+    .await;
+    assert!(!m.contains("wrong-pw"), "{m}");
+    let right = auth("s3cret-pw");
+    let (ok, _) = pull(&reference, max, Some(&right)).await;
+    assert_eq!(std::fs::read(ok.unwrap().path).unwrap(), wasm);
+    assert!(
+        private
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("GET /token")),
+        "the token service was asked"
+    );
+}
