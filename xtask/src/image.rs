@@ -45,6 +45,9 @@ pub struct Args {
     /// A directory of `*.crt` CA files to trust for the registry (podman's `--cert-dir`).
     #[arg(long, requires = "push")]
     pub cert_dir: Option<PathBuf>,
+    /// Where `--push` writes the release overlay's image patch.
+    #[arg(long, requires = "push", default_value = RELEASE_IMAGE_PATCH)]
+    pub release_patch: PathBuf,
 }
 
 pub const DEFAULT_TAG: &str = "localhost/proxy-operator:dev";
@@ -59,6 +62,7 @@ impl Default for Args {
             binary: None,
             push: None,
             cert_dir: None,
+            release_patch: RELEASE_IMAGE_PATCH.into(),
         }
     }
 }
@@ -94,7 +98,7 @@ pub fn run(args: &Args) -> Result<()> {
     );
     if let Some(repository) = &args.push {
         let reference = push(&built.tag, repository, args.cert_dir.as_deref())?;
-        let patch = ws.root.join(RELEASE_IMAGE_PATCH);
+        let patch = ws.root.join(&args.release_patch);
         std::fs::write(&patch, image_patch(&reference))
             .with_context(|| format!("writing {}", patch.display()))?;
         println!("pushed {reference}; wrote {}", patch.display());

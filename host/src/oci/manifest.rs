@@ -348,7 +348,7 @@ mod tests {
         let (other, other_key) = pair();
         let good = sign(&p, &payload("r/x", D));
         assert_eq!(
-            verify(D, &[good.clone()], &[k.clone()]),
+            verify(D, std::slice::from_ref(&good), std::slice::from_ref(&k)),
             Verdict::Signed(k.fingerprint())
         );
         // Any listed key will do, and a bad signature next to a good one does not matter.
@@ -360,7 +360,7 @@ mod tests {
             ),
             Verdict::Signed(_)
         ));
-        let refused = |sigs: &[Signature]| match verify(D, sigs, &[k.clone()]) {
+        let refused = |sigs: &[Signature]| match verify(D, sigs, std::slice::from_ref(&k)) {
             Verdict::Refused(why) => why,
             v => panic!("verified: {v:?}"),
         };

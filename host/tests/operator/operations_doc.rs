@@ -84,6 +84,34 @@ async fn every_command_in_operations_md_runs() {
     copy_dir(&root().join("config"), &config);
     let _ = std::fs::remove_file(config.join("release/plugins.yaml"));
     let _ = std::fs::remove_file(config.join("release/plugins-volume.yaml"));
+    let _ = std::fs::remove_file(config.join("release/image.yaml"));
+
+    // The registry the install pushes the image and the plugins to: the distribution
+    // registry on 127.0.0.1 in place of `registry.example.com`, trusted through its CA.
+    let Some(registry) = crate::support::registry::Registry::start().await else {
+        return;
+    };
+    if Command::new("podman").arg("--version").output().is_err() {
+        let msg = "podman is not installed: docs/operations.md's image push is not run";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
+        eprintln!("\n!!! SKIPPING: {msg}\n");
+        return;
+    }
+    let certs = dir.path().join("certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    std::fs::copy(&registry.ca_file, certs.join("ca.crt")).unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_proxy-operator"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let release = config.join("release");
 
     let mut sample_applied = false;
     for cmd in &cmds {
@@ -93,18 +121,34 @@ async fn every_command_in_operations_md_runs() {
             run(
                 &format!("kubectl apply --server-side -f {}", sample.display()),
                 &kubeconfig,
+                &path,
             );
             sample_applied = true;
         }
-        let filled = cmd
+        // A trailing comment would swallow the arguments added below.
+        let cmd = cmd.split(" #").next().unwrap_or_default();
+        let mut filled = cmd
             .replace("...", "not-a-real-secret")
+            .replace("config/release", &release.display().to_string())
+            .replace("NAME -n NAMESPACE", &sample_name())
+            .replace("registry.example.com", &registry.host())
             .replace(
-                "config/release",
-                &config.join("release").display().to_string(),
+                "keygen release",
+                &format!("keygen {}/release", keys.display()),
             )
-            .replace("NAME -n NAMESPACE", &sample_name());
+            .replace("release.key", &format!("{}/release.key", keys.display()));
+        if cmd.starts_with("cargo xtask image --push") {
+            filled += &format!(
+                " --cert-dir {} --release-patch {}/image.yaml",
+                certs.display(),
+                release.display()
+            );
+        }
+        if cmd.starts_with("cargo xtask build-plugins --push") {
+            filled += &format!(" --ca-file {}", registry.ca_file.display());
+        }
         println!("$ {filled}");
-        run(&filled, &kubeconfig);
+        run(&filled, &kubeconfig, &path);
     }
     assert!(sample_applied, "no `kubectl describe proxy` command found");
 
@@ -178,6 +222,44 @@ async fn every_command_in_operations_md_runs() {
         projected, deployed,
         "the volume projects every plugin ConfigMap"
     );
+    // The image the install pushed, by digest; the plugins pushed and signed.
+    let image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        image.starts_with(&format!(
+            "{}/egress/proxy-operator@sha256:",
+            registry.host()
+        )),
+        "the Deployment runs the pushed image by digest: {image}"
+    );
+    assert!(
+        keys.join("release.pub").is_file(),
+        "plugin keygen wrote the public key"
+    );
+    let blobs = registry
+        .dir()
+        .join("data/docker/registry/v2/repositories/egress");
+    for plugin in ["hetzner", "ec2"] {
+        let signatures = blobs.join(format!("{plugin}/_manifests/tags"));
+        let tags: Vec<String> = std::fs::read_dir(&signatures)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            tags.iter().any(|t| t.ends_with(".sig")),
+            "{plugin} pushed and signed: {tags:?}"
+        );
+    }
+    assert!(
+        fake.object("secrets", Some("egress-system"), "proxy-operator-registry")
+            .is_some(),
+        "the registry credentials Secret"
+    );
     for kind in ["deployments", "services", "clusterroles", "serviceaccounts"] {
         assert!(!fake.objects(kind).is_empty(), "no {kind} applied");
     }
@@ -200,11 +282,12 @@ fn sample_name() -> String {
 
 /// Runs one documented command with bash (the way a reader pastes it), from the repository
 /// root, against the in-memory API server.
-fn run(cmd: &str, kubeconfig: &Path) {
+fn run(cmd: &str, kubeconfig: &Path, path: &str) {
     let mut c = Command::new("bash");
     c.args(["-c", cmd])
         .current_dir(root())
-        .env("KUBECONFIG", kubeconfig);
+        .env("KUBECONFIG", kubeconfig)
+        .env("PATH", path);
     // `cargo xtask build-plugins` builds into the same target dir as this test.
     if std::env::var_os("CARGO_TARGET_DIR").is_none() {
         let exe = std::env::current_exe().unwrap();
