@@ -247,18 +247,19 @@ pub fn run(args: &Args) -> Result<()> {
             .filter(|(p, _)| !p.testing)
             .map(|(p, path)| (p.name.clone(), path.clone()))
             .collect();
-        push(&ws.root, registry, args, &shipped)?;
+        // The operator as the tests build it: `cargo run -p proxy-operator` alone would build
+        // it with other features, replacing the binary the tests run.
+        let operator = crate::demo::build_binaries(&ws)?.join("proxy-operator");
+        push(&operator, registry, args, &shipped)?;
     }
     Ok(())
 }
 
 /// Pushes (and signs) each plugin with the operator's own `plugin push` and `plugin sign`.
-fn push(root: &Path, registry: &str, args: &Args, plugins: &[(String, PathBuf)]) -> Result<()> {
+fn push(operator: &Path, registry: &str, args: &Args, plugins: &[(String, PathBuf)]) -> Result<()> {
     let operator = |sub: &[&str]| -> Result<String> {
-        let mut cmd = crate::cargo();
-        cmd.current_dir(root)
-            .args(["run", "-q", "-p", "proxy-operator", "--", "plugin"])
-            .args(sub);
+        let mut cmd = Command::new(operator);
+        cmd.arg("plugin").args(sub);
         if let Some(ca) = &args.ca_file {
             cmd.arg("--ca-file").arg(ca);
         }

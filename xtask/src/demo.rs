@@ -33,9 +33,9 @@ const BUILD_ARGS: &[&str] = &[
     "egress-demo",
 ];
 
-pub fn run(args: &Args) -> Result<()> {
-    crate::build_plugins::run(&crate::build_plugins::Args::default())?;
-    let ws = crate::workspace()?;
+/// Builds the operator and the demo driver as the tests do (same features, so the same
+/// artifacts); the directory holding them.
+pub fn build_binaries(ws: &crate::Workspace) -> Result<std::path::PathBuf> {
     println!("building the operator and the demo driver (debug profile)");
     let status = crate::cargo()
         .current_dir(&ws.root)
@@ -45,7 +45,13 @@ pub fn run(args: &Args) -> Result<()> {
     if !status.success() {
         bail!("building the binaries failed ({status})");
     }
-    let bin = ws.target_dir.join("debug");
+    Ok(ws.target_dir.join("debug"))
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    crate::build_plugins::run(&crate::build_plugins::Args::default())?;
+    let ws = crate::workspace()?;
+    let bin = build_binaries(&ws)?;
     let (operator, demo) = (bin.join("proxy-operator"), bin.join("egress-demo"));
     for b in [&operator, &demo] {
         if !b.is_file() {
