@@ -146,7 +146,8 @@ fn parse_ip(host: &str) -> Option<IpAddr> {
         .ok()
 }
 
-fn valid_dns_name(name: &str) -> bool {
+/// Dot-separated labels of letters, digits and '-' (not at either end), 63 each, 253 in all.
+pub(crate) fn valid_dns_name(name: &str) -> bool {
     name.len() <= 253
         && name.split('.').all(|label| {
             !label.is_empty()

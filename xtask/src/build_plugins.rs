@@ -249,7 +249,7 @@ pub fn run(args: &Args) -> Result<()> {
             .collect();
         // The operator as the tests build it: `cargo run -p proxy-operator` alone would build
         // it with other features, replacing the binary the tests run.
-        let operator = crate::demo::build_binaries(&ws)?.join("proxy-operator");
+        let operator = crate::binaries::build(&ws)?.join("proxy-operator");
         push(&operator, registry, args, &shipped)?;
     }
     Ok(())

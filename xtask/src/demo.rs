@@ -18,40 +18,10 @@ pub struct Args {
     pub demo_args: Vec<String>,
 }
 
-/// The binaries the demo runs. The operator gets `test-support` through `egress-demo`'s
-/// dependency on it, exactly as in `cargo test --workspace`, so both builds share it.
-const BUILD_ARGS: &[&str] = &[
-    "build",
-    "--quiet",
-    "-p",
-    "proxy-operator",
-    "-p",
-    "egress-demo",
-    "--bin",
-    "proxy-operator",
-    "--bin",
-    "egress-demo",
-];
-
-/// Builds the operator and the demo driver as the tests do (same features, so the same
-/// artifacts); the directory holding them.
-pub fn build_binaries(ws: &crate::Workspace) -> Result<std::path::PathBuf> {
-    println!("building the operator and the demo driver (debug profile)");
-    let status = crate::cargo()
-        .current_dir(&ws.root)
-        .args(BUILD_ARGS)
-        .status()
-        .context("running cargo build")?;
-    if !status.success() {
-        bail!("building the binaries failed ({status})");
-    }
-    Ok(ws.target_dir.join("debug"))
-}
-
 pub fn run(args: &Args) -> Result<()> {
     crate::build_plugins::run(&crate::build_plugins::Args::default())?;
     let ws = crate::workspace()?;
-    let bin = build_binaries(&ws)?;
+    let bin = crate::binaries::build(&ws)?;
     let (operator, demo) = (bin.join("proxy-operator"), bin.join("egress-demo"));
     for b in [&operator, &demo] {
         if !b.is_file() {

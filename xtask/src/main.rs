@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 mod bench;
+mod binaries;
 mod build_plugins;
 mod configmaps;
 mod demo;

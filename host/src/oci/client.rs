@@ -307,12 +307,7 @@ impl Client {
                     .body(body.clone())
             })
             .await?;
-        if done.status() != StatusCode::CREATED {
-            return Err(ClientError::Status {
-                what,
-                status: done.status().as_u16(),
-            });
-        }
+        created(&done, what)?;
         Ok(digest)
     }
 
@@ -333,13 +328,19 @@ impl Client {
                     .body(body.clone())
             })
             .await?;
-        if done.status() != StatusCode::CREATED {
-            return Err(ClientError::Status {
-                what,
-                status: done.status().as_u16(),
-            });
-        }
+        created(&done, what)?;
         Ok(digest_of(bytes))
+    }
+}
+
+/// A push's answer: 201 Created, or the status named.
+fn created(response: &reqwest::Response, what: String) -> Result<(), ClientError> {
+    match response.status() {
+        StatusCode::CREATED => Ok(()),
+        s => Err(ClientError::Status {
+            what,
+            status: s.as_u16(),
+        }),
     }
 }
 

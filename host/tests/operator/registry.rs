@@ -11,7 +11,7 @@ use crate::support;
 use super::harness::{Limits, Operator, fake_cluster, start_operator_limited, wait_for};
 use egress_emulators::example::ExampleBackend;
 use kube::api::{Api, PostParams};
-use proxy_operator::api::{ProviderHealth, Proxy};
+use proxy_operator::api::{ProviderHealth, Proxy, condition};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -34,34 +34,26 @@ fn cli(args: &[&str]) -> String {
 /// `wasm` with a custom section appended: another plugin version (another digest) that
 /// behaves the same.
 fn variant(wasm: &[u8], name: &str) -> Vec<u8> {
-    fn leb(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
+    use support::bomb::leb;
     let mut content = Vec::new();
-    leb(name.len(), &mut content);
+    leb(name.len() as u64, &mut content);
     content.extend_from_slice(name.as_bytes());
     let mut out = wasm.to_vec();
     out.push(0);
-    leb(content.len(), &mut out);
+    leb(content.len() as u64, &mut out);
     out.extend_from_slice(&content);
     out
 }
 
-fn proxy(name: &str) -> Proxy {
+/// A Proxy on provider `ex`; its instance is 127.0.0.1 (the example backend), so `port` is
+/// tinyproxy's and the health probe's CONNECT goes through it.
+fn proxy(name: &str, port: u16) -> Proxy {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "egress.proxy-operator.dev/v1alpha1",
         "kind": "Proxy",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"provider": "ex", "placement": {"region": "r1"},
-                 "cloudInit": {"inline": "#cloud-config\n"}, "port": 3128},
+                 "cloudInit": {"inline": "#cloud-config\n"}, "port": port},
     }))
     .unwrap()
 }
@@ -99,7 +91,13 @@ impl Setup<'_> {
     }
 }
 
-fn start(plugin_dir: &Path, providers: &Path, kubeconfig: &Path, dir: &Path) -> Option<Operator> {
+fn start(
+    plugin_dir: &Path,
+    providers: &Path,
+    kubeconfig: &Path,
+    dir: &Path,
+    echo: u16,
+) -> Option<Operator> {
     let store = dir.join("store");
     let auth = dir.join("no-credentials.json");
     start_operator_limited(
@@ -109,7 +107,9 @@ fn start(plugin_dir: &Path, providers: &Path, kubeconfig: &Path, dir: &Path) -> 
         dir,
         &[
             "--probe-target",
-            "127.0.0.1:9",
+            &format!("127.0.0.1:{echo}"),
+            "--probe-interval",
+            "300ms",
             "--plugin-store-dir",
             store.to_str().unwrap(),
             "--registry-auth-file",
@@ -141,6 +141,12 @@ async fn registry_plugins_load_signed_and_approved_and_bad_versions_leave_the_ve
     let Some(mut registry) = support::registry::Registry::start().await else {
         return;
     };
+    let Some(tinyproxy) = support::tinyproxy::tinyproxy_bin() else {
+        return;
+    };
+    let (echo, _echo) = support::tinyproxy::echo_server().await;
+    let tinyproxy =
+        support::tinyproxy::Tinyproxy::start(&tinyproxy, &format!("ConnectPort {echo}")).await;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let host = registry.host();
@@ -276,28 +282,23 @@ async fn registry_plugins_load_signed_and_approved_and_bad_versions_leave_the_ve
 
     // v1 by its tag: resolved once, pinned, shown.
     std::fs::write(&providers, setup.file(&format!("{repo}:v1"))).unwrap();
-    let Some(op) = start(&plugin_dir, &providers, &kubeconfig, d) else {
+    let Some(op) = start(&plugin_dir, &providers, &kubeconfig, d, echo) else {
         return;
     };
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
     proxies
-        .create(&PostParams::default(), &proxy("p1"))
+        .create(&PostParams::default(), &proxy("p1", tinyproxy.addr.port()))
         .await
         .unwrap();
-    let running = async || {
-        proxies
-            .get("p1")
-            .await
-            .ok()?
-            .status?
-            .state
-            .filter(|s| s == "Running")
-            .map(|_| ())
+    // Ready: Running, and a real CONNECT through its proxy passed.
+    let ready = async || {
+        let p = proxies.get("p1").await.ok()?;
+        (p.condition(condition::READY)?.status == "True").then_some(())
     };
     wait_for(
-        "p1 to run on the registry's v1",
+        "p1 Ready on the registry's v1",
         Duration::from_secs(90),
-        running,
+        ready,
     )
     .await;
     let health: Api<ProviderHealth> = Api::all(client.clone());
@@ -353,7 +354,7 @@ async fn registry_plugins_load_signed_and_approved_and_bad_versions_leave_the_ve
             Some(refs[0].as_str()),
             "v1 serves on"
         );
-        assert!(running().await.is_some(), "p1 stays Running");
+        assert!(ready().await.is_some(), "p1 stays Ready");
     }
     // A refused pull is tried again (registry fixed, key rotated...), not only on edits.
     let before = errors(&op, "signature").await;
@@ -379,7 +380,7 @@ async fn registry_plugins_load_signed_and_approved_and_bad_versions_leave_the_ve
     .await;
     drop(op);
     registry.stop();
-    let Some(mut op) = start(&plugin_dir, &providers, &kubeconfig, d) else {
+    let Some(mut op) = start(&plugin_dir, &providers, &kubeconfig, d, echo) else {
         return;
     };
     wait_for(
@@ -397,7 +398,7 @@ async fn registry_plugins_load_signed_and_approved_and_bad_versions_leave_the_ve
             .any(|l| l.contains("plugin pulled") && l.contains("from_cache=true")),
         "{log}"
     );
-    assert!(running().await.is_some(), "p1 still Running");
+    wait_for("p1 Ready after the restart", Duration::from_secs(30), ready).await;
     op.assert_alive("after loading from the store");
 }
 

@@ -36,7 +36,8 @@ pub const BOMB_CALLS: u32 = 20_000;
 pub const SLOW_FUNCTIONS: u32 = 80;
 pub const SLOW_CALLS: u32 = 5_000;
 
-fn leb(mut n: u64, out: &mut Vec<u8>) {
+/// Appends `n` as unsigned LEB128, the wasm binary format's integers.
+pub fn leb(mut n: u64, out: &mut Vec<u8>) {
     loop {
         let byte = (n & 0x7f) as u8;
         n >>= 7;

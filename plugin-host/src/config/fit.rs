@@ -449,6 +449,16 @@ providers:
     plugin: hetzner.wasm
     limits: {tmpMib: 16, concurrency: 8}
 ";
+        let pulled = "
+providers:
+  - name: a
+    plugin: oci://registry.example/egress/a:v1
+    limits: {tmpMib: 8, concurrency: 4}
+  - name: b
+    plugin: oci://registry.example/egress/a:v1
+  - name: c
+    plugin: oci://registry.example/egress/c@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+";
         /// (case, file, budget, Ok or the substrings of the error)
         type Case<'a> = (&'a str, &'a str, PodResources, Result<(), Vec<&'a str>>);
         let cases: Vec<Case> = vec![
@@ -566,6 +576,20 @@ providers:
                     "sandbox memory",
                     "; and providers need up to",
                     "of /tmp",
+                ]),
+            ),
+            (
+                "oci:// plugins take room in the store, once per reference",
+                pulled,
+                PodResources {
+                    memory_bytes: None,
+                    reserve_bytes: 0,
+                    scratch_bytes: Some(32 * MIB),
+                    descriptors: None,
+                },
+                Err(vec![
+                    "plugin store: 2 oci:// plugin(s) x 1 MiB = 2 MiB",
+                    "compile cache: 2 plugin file(s) x 4 MiB = 8 MiB",
                 ]),
             ),
             (
