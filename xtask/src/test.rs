@@ -203,7 +203,7 @@ fn on_path(bin: &str) -> bool {
 
 /// Installs `package` with apt-get when `bin` is missing and we are root (CI machines and
 /// fresh containers are); otherwise says what to install. Under CI a failure is an error.
-fn ensure_package(bin: &str, package: &str, why: &str, ci: bool) -> Result<()> {
+pub(crate) fn ensure_package(bin: &str, package: &str, why: &str, ci: bool) -> Result<()> {
     if on_path(bin) {
         return Ok(());
     }
