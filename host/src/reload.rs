@@ -808,8 +808,8 @@ async fn pull(
         .fetch(reference, &opts)
         .await
         .map_err(|e| {
-            let reason = match e.reason() {
-                "signature" => Reason::Signature,
+            let reason = match e {
+                crate::oci::store::PullError::Signature { .. } => Reason::Signature,
                 _ => Reason::Pull,
             };
             Failure::new(reason, format!("provider {name:?}: {e}"))

@@ -247,10 +247,40 @@ async fn registry_plugins_load_signed_and_approved_and_bad_versions_leave_the_ve
     let token = d.join("token");
     std::fs::write(&token, "tok").unwrap();
     let backend = ExampleBackend::start("tok");
+    // Two misbehaving registries next to the real one (the in-memory registry with a
+    // fault each), trusted through one CA bundle: the running operator meets them too.
+    let fault_ca = egress_emulators::tls::TestCa::new();
+    let bundle = d.join("ca-bundle.pem");
+    std::fs::write(
+        &bundle,
+        format!(
+            "{}{}",
+            std::fs::read_to_string(&ca).unwrap(),
+            fault_ca.ca_pem()
+        ),
+    )
+    .unwrap();
+    let faulty: Vec<(egress_emulators::oci_registry::OciRegistry, String)> = [
+        egress_emulators::oci_registry::Fault::Status(500),
+        egress_emulators::oci_registry::Fault::TruncateBlob,
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, fault)| {
+        let r = egress_emulators::oci_registry::OciRegistry::start(&fault_ca);
+        // A layer of its own: the store already holds v1's, and would serve it without
+        // asking (content by digest).
+        let layer = variant(&example, &format!("fault-{i}"));
+        let digest = r.put_plugin("egress/example", "v1", &layer);
+        r.set_fault(fault);
+        let reference = format!("oci://{}/egress/example@{digest}", r.host());
+        (r, reference)
+    })
+    .collect();
     let setup = Setup {
         backend: &backend,
         token: &token,
-        ca: &ca,
+        ca: &bundle,
         key_a: std::fs::read_to_string(d.join("a.pub")).unwrap(),
         approved,
     };
@@ -322,6 +352,8 @@ async fn registry_plugins_load_signed_and_approved_and_bad_versions_leave_the_ve
         (&refs[1], "signature", "it is not signed"),
         (&refs[2], "signature", "a key not in verify.publicKeys"),
         (&refs[3], "pull", "does not match its digest"),
+        (&faulty[0].1, "pull", "answered 500"),
+        (&faulty[1].1, "pull", "cut short"),
         (
             &hetzner,
             "review",
