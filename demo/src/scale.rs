@@ -490,12 +490,22 @@ async fn measure(
     }
     let poll = if n > 2000 { secs_f(2.0) } else { secs_f(0.5) };
     let mut last_print = Instant::now();
+    // Running over time: sampled finely until the first one runs (its time is a goal),
+    // then at `poll`.
+    let mut curve: Vec<(f64, usize)> = vec![(0.0, 0)];
     // `--timeout` without convergence still measures the rest (marked as such): where it
     // stalls is a finding too.
     let (converged, up) = loop {
         let up = running(api).len();
+        if curve.last().is_none_or(|(_, u)| *u != up) {
+            curve.push((t0.elapsed().as_secs_f64(), up));
+        }
         if up == n || t0.elapsed() >= s.timeout {
             break (t0.elapsed(), up);
+        }
+        if up == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
         }
         if last_print.elapsed() > Duration::from_secs(15) {
             last_print = Instant::now();
@@ -509,6 +519,8 @@ async fn measure(
         tokio::time::sleep(poll).await;
     };
     let conv = emu.stats().since(&start_stats);
+    // The operator started with this run: its wait histograms so far are convergence's.
+    let mc = scrape(listen).await?;
     let (conv_api, conv_writes, _, _) = api_counts(&api.requests());
     api.clear_requests();
     println!(
@@ -604,6 +616,8 @@ async fn measure(
         s,
         Measured {
             converged,
+            curve,
+            mc,
             up,
             conv,
             conv_api,
@@ -627,6 +641,51 @@ async fn measure(
     ))
 }
 
+/// When the Running count first reached `k` (real seconds), from the sampled curve.
+fn time_to(curve: &[(f64, usize)], k: usize) -> Option<f64> {
+    curve.iter().find(|(_, up)| *up >= k).map(|(t, _)| *t)
+}
+
+/// The longest stretch (real seconds) between the first Running Proxy and the last in
+/// which no more came: a plateau while creates run.
+fn longest_plateau(curve: &[(f64, usize)]) -> f64 {
+    let from = curve.iter().position(|(_, up)| *up > 0).unwrap_or(0);
+    curve[from..]
+        .windows(2)
+        .map(|w| w[1].0 - w[0].0)
+        .fold(0.0, f64::max)
+}
+
+/// The upper bound of the highest histogram bucket `name` counted anything in, for the
+/// series `keep`: the longest observation, to a bucket's precision.
+fn longest(
+    m: &Metrics,
+    name: &str,
+    keep: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> Option<f64> {
+    let bucket = format!("{name}_bucket");
+    let mut by_le: BTreeMap<u64, f64> = BTreeMap::new();
+    for (n, labels, v) in &m.0 {
+        if *n != bucket || !keep(labels) {
+            continue;
+        }
+        let le = labels
+            .get("le")
+            .map_or(f64::INFINITY, |s| s.parse().unwrap_or(f64::INFINITY));
+        *by_le.entry(le.to_bits()).or_default() += v;
+    }
+    let mut les: Vec<(f64, f64)> = by_le
+        .into_iter()
+        .map(|(k, v)| (f64::from_bits(k), v))
+        .collect();
+    les.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = les.last()?.1;
+    if total == 0.0 {
+        return None;
+    }
+    les.into_iter().find(|(_, c)| *c >= total).map(|(le, _)| le)
+}
+
 fn secs_f(s: f64) -> Duration {
     Duration::from_secs_f64(s)
 }
@@ -634,6 +693,10 @@ fn secs_f(s: f64) -> Duration {
 struct Measured {
     /// How long until all ran, or until `--timeout` when `up` < N.
     converged: Duration,
+    /// (real seconds since the apply, Proxies Running), at each change seen.
+    curve: Vec<(f64, usize)>,
+    /// The operator's metrics at convergence.
+    mc: Metrics,
     up: usize,
     conv: RequestStats,
     conv_api: u64,
@@ -659,6 +722,7 @@ struct Measured {
 
 fn figures(s: &ScaleArgs, m: Measured) -> Figures {
     let (f, n) = (s.factor, s.proxies as f64);
+    let n_usize = s.proxies;
     let budget = f64::from(s.budget());
     let w = m.real_window;
     let scaled_h = |count: u64| per_hour(count as f64, w, f);
@@ -735,6 +799,7 @@ fn figures(s: &ScaleArgs, m: Measured) -> Figures {
         Some(egress_plugin_host::provider::Pacing {
             requests_per_hour: budget,
             last_list_requests: Some(pages.ceil() as u32),
+            contended: false,
         }),
     );
     let drift_bound = list_interval.as_secs_f64() + list_scaled;
@@ -779,6 +844,76 @@ fn figures(s: &ScaleArgs, m: Measured) -> Figures {
         m.conv.rate_limited.to_string(),
         "",
         None,
+    );
+    // Ready over time (issue 29): the first, 10%, 50%, 90% and all, real and operator time.
+    let marks: Vec<(&str, Option<f64>)> = [
+        ("first", 1),
+        ("10%", n_usize.div_ceil(10)),
+        ("50%", n_usize.div_ceil(2)),
+        ("90%", (n_usize * 9).div_ceil(10)),
+        ("100%", n_usize),
+    ]
+    .into_iter()
+    .map(|(what, k)| (what, time_to(&m.curve, k)))
+    .collect();
+    let first_scaled = marks[0].1.map(|t| t * f64::from(f));
+    fig.row(
+        "Running over time after the apply: first / 10% / 50% / 90% / 100%",
+        marks
+            .iter()
+            .map(|(what, t)| match t {
+                Some(t) => format!("{what} {:.0} s ({t:.1} s real)", t * f64::from(f)),
+                None => format!("{what} not reached"),
+            })
+            .collect::<Vec<_>>()
+            .join(" / "),
+        "first ≤ 60 s (10,000 Proxies)",
+        first_scaled.map(|t| t <= 60.0),
+    );
+    let plateau = longest_plateau(&m.curve);
+    fig.row(
+        "longest stretch with no new Running Proxy, first to last",
+        format!(
+            "{:.0} s ({:.1} s real; {:.1}% of the convergence)",
+            plateau * f64::from(f),
+            plateau,
+            100.0 * plateau / m.converged.as_secs_f64().max(1e-9)
+        ),
+        "no plateau while creates run (≤ 5% of the convergence)",
+        Some(plateau <= 0.05 * m.converged.as_secs_f64()),
+    );
+    let all_scaled = marks[4].1.map(|t| t * f64::from(f));
+    let floor = n / (budget / 3600.0);
+    fig.row(
+        "all Running against the create floor (N creates at the budget)",
+        match all_scaled {
+            Some(t) => format!("{:.2}x ({t:.0} s against {floor:.0} s)", t / floor),
+            None => "not reached".into(),
+        },
+        "≤ 1.3x (10,000 Proxies, 3,600/h)",
+        all_scaled.map(|t| t <= 1.3 * floor),
+    );
+    let background =
+        |l: &BTreeMap<String, String>| l.get("priority").map(String::as_str) == Some("background");
+    let slot = longest(&m.mc, "proxy_operator_plugin_slot_wait_seconds", background);
+    let token = longest(
+        &m.mc,
+        "proxy_operator_plugin_budget_wait_seconds",
+        background,
+    );
+    let show = |v: Option<f64>| match v {
+        Some(v) if v.is_finite() => format!("≤ {:.1} s ({v:.2} s real)", v * f64::from(f)),
+        Some(_) => "past the largest bucket".into(),
+        None => "none".into(),
+    };
+    let drift_real = s.real(s.drift_poll).as_secs_f64();
+    fig.row(
+        "longest wait of a background call (lists, provider checks, drift Gets) during convergence: for a call slot / for a token",
+        format!("{} / {}", show(slot), show(token)),
+        "within the drift poll",
+        Some(
+            slot.unwrap_or(0.0) <= drift_real && token.unwrap_or(0.0) <= drift_real,
+        ),
     );
     fig.row(
         "steady-state backend requests per hour",
@@ -884,6 +1019,7 @@ fn figures(s: &ScaleArgs, m: Measured) -> Figures {
         "backend_limit": s.backend_limit(),
         "drift_poll_s": s.drift_poll.as_secs_f64(),
         "concurrency": s.concurrency,
+        "curve": m.curve.iter().map(|(t, up)| json!([t, up])).collect::<Vec<_>>(),
         "convergence": {
             "seconds_real": m.converged.as_secs_f64(),
             "seconds_scaled": conv_scaled,
@@ -955,5 +1091,24 @@ mod tests {
     fn per_hour_counts_in_operator_time() {
         // 100 requests in 60 s at x60 is 100 in an hour of the operator's time.
         assert_eq!(per_hour(100.0, Duration::from_secs(60), 60), 100.0);
+    }
+
+    #[test]
+    fn ready_over_time_from_the_sampled_curve() {
+        let curve = [(0.0, 0), (1.0, 0), (2.5, 1), (3.0, 5), (9.0, 6), (10.0, 10)];
+        assert_eq!(time_to(&curve, 1), Some(2.5));
+        assert_eq!(time_to(&curve, 5), Some(3.0));
+        assert_eq!(time_to(&curve, 10), Some(10.0));
+        assert_eq!(time_to(&curve, 11), None);
+        // From the first Running on: 3.0 -> 9.0.
+        assert_eq!(longest_plateau(&curve), 6.0);
+        let m = Metrics::parse(
+            "w_bucket{p=\"background\",le=\"1\"} 2\nw_bucket{p=\"background\",le=\"2\"} 3\nw_bucket{p=\"background\",le=\"4\"} 3\nw_bucket{p=\"background\",le=\"+Inf\"} 3\nw_bucket{p=\"urgent\",le=\"4\"} 0\nw_bucket{p=\"urgent\",le=\"+Inf\"} 1\n",
+        );
+        let bg =
+            |l: &BTreeMap<String, String>| l.get("p").map(String::as_str) == Some("background");
+        assert_eq!(longest(&m, "w", bg), Some(2.0));
+        assert_eq!(longest(&m, "w", |_| true), Some(f64::INFINITY));
+        assert_eq!(longest(&m, "x", |_| true), None);
     }
 }

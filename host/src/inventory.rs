@@ -40,6 +40,9 @@ pub struct Listing {
     /// How long it stays fresh, when longer than the inventory's `max_age` (a provider
     /// listed less often than every drift poll).
     fresh_for: Duration,
+    /// When the list ended: a Proxy in transition takes its answer from a list that ended
+    /// within its provisioning poll, as it would take a Get's.
+    pub done: SystemTime,
 }
 
 impl Listing {
@@ -69,6 +72,9 @@ pub struct Inventory {
     /// How many list loops ([`run`]) are running: while one is, a configured provider not
     /// yet tried will be listed shortly.
     loops: std::sync::atomic::AtomicUsize,
+    /// Provider names whose Proxies in transition are confirmed by lists now
+    /// ([`confirm_by_list`]), as the list loop last decided.
+    by_list: RwLock<BTreeMap<String, bool>>,
 }
 
 impl Inventory {
@@ -80,7 +86,52 @@ impl Inventory {
             in_flight: Default::default(),
             tried: Default::default(),
             loops: Default::default(),
+            by_list: Default::default(),
         }
+    }
+
+    /// How the reconcile of a Proxy in transition with instance `id` learns how it is
+    /// doing (see [`by_list_view`]). `since`: when its `Provisioned` condition last
+    /// changed (the create, for a new instance); `fresh`: the provisioning poll.
+    pub fn transition(
+        &self,
+        name: &str,
+        provider: &Arc<dyn Provider>,
+        id: &str,
+        since: Option<SystemTime>,
+        now: SystemTime,
+        fresh: Duration,
+    ) -> ByList {
+        let by_list = self
+            .by_list
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .copied()
+            .unwrap_or(false);
+        if !by_list {
+            return ByList::No;
+        }
+        let listing = {
+            let lists = self.lists.read().unwrap_or_else(|e| e.into_inner());
+            lists
+                .get(name)
+                .filter(|l| l.provider == provider_key(provider))
+                .cloned()
+        };
+        let under_way = self
+            .in_flight
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(name);
+        by_list_view(listing.as_deref(), under_way, id, since, now, fresh)
+    }
+
+    fn set_by_list(&self, name: &str, on: bool) {
+        self.by_list
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), on);
     }
 
     pub fn max_age(&self) -> Duration {
@@ -113,6 +164,7 @@ impl Inventory {
             provider: provider_key(provider),
             instances: instances.into_iter().map(|i| (i.id.clone(), i)).collect(),
             fresh_for,
+            done: SystemTime::now().max(at),
         });
         let mut lists = self.lists.write().unwrap_or_else(|e| e.into_inner());
         // A slower, older list never replaces a newer one.
@@ -209,7 +261,73 @@ impl Inventory {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|k, _| names.contains(&k.as_str()));
+        self.by_list
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| names.contains(&k.as_str()));
     }
+}
+
+/// Lists confirm a provider's Proxies in transition once one list page replaces at least
+/// this many Gets: a list of `p` pages is made only for `CONFIRMS_PER_PAGE x p` Proxies or
+/// more, so confirming costs at most a quarter of a request per Proxy instead of one.
+///
+/// Issue 29: 10,000 Proxies on Hetzner's 3,600/h spent 10,018 Gets confirming their
+/// creates, as many requests as the creates themselves.
+pub const CONFIRMS_PER_PAGE: u64 = 4;
+
+/// Whether a provider with `in_transition` Proxies waiting to be confirmed should list
+/// rather than Get each, its last list having sent `list_requests` (pages; one before the
+/// first).
+pub fn confirm_by_list(in_transition: usize, list_requests: Option<u32>) -> bool {
+    in_transition > 0
+        && in_transition as u64 >= CONFIRMS_PER_PAGE * u64::from(list_requests.unwrap_or(1).max(1))
+}
+
+/// How the reconcile of a Proxy in transition learns how its instance does, while its
+/// provider confirms by list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ByList {
+    /// A list that ended within the provisioning poll shows the instance: its answer, no
+    /// call.
+    Listed(Instance),
+    /// A list under way, or due, will answer: come back at the provisioning poll.
+    Wait,
+    /// Ask the provider (Get): lists do not confirm this provider's Proxies now, or a list
+    /// that started after the instance was made does not show it (only Get concludes).
+    No,
+}
+
+/// [`ByList`] for instance `id`, from the provider's last list (`listing`) and whether
+/// one is `under_way`. A Proxy waits for lists only while they keep coming: a list ended
+/// within three provisioning polls or one under way; else it Gets.
+pub fn by_list_view(
+    listing: Option<&Listing>,
+    under_way: bool,
+    id: &str,
+    since: Option<SystemTime>,
+    now: SystemTime,
+    fresh: Duration,
+) -> ByList {
+    let age = |l: &Listing| now.duration_since(l.done).unwrap_or_default();
+    if let Some(l) = listing
+        && age(l) <= fresh
+        && let Some(inst) = l.instances.get(id)
+    {
+        return ByList::Listed(inst.clone());
+    }
+    let Some(since) = since else {
+        return ByList::No;
+    };
+    if let Some(l) = listing
+        && l.at > since
+        && !l.instances.contains_key(id)
+    {
+        // Made before that list started, and not in it.
+        return ByList::No;
+    }
+    let coming = under_way || listing.is_some_and(|l| age(l) <= fresh * 3);
+    if coming { ByList::Wait } else { ByList::No }
 }
 
 /// A list loop that runs (see [`Inventory::loop_running`]).
@@ -264,6 +382,19 @@ pub fn running_view(p: &Proxy, name: &str) -> Option<RunningView> {
     })
 }
 
+/// The instance ID of a Proxy of provider `name` in transition: an instance recorded, not
+/// Running, not being deleted. Lists confirm these when there are many ([`confirm_by_list`]).
+pub fn in_transition_id<'p>(p: &'p Proxy, name: &str) -> Option<&'p str> {
+    if p.spec.provider != name || p.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let s = p.status.as_ref()?;
+    if s.state.as_deref() == Some(State::Running.as_str()) {
+        return None;
+    }
+    s.provider_id.as_deref().filter(|i| !i.is_empty())
+}
+
 /// Whether `listing` confirms a Running Proxy as it is: its instance listed, Running, at
 /// the same address. Anything else (missing, stopped, another address) needs a Get.
 pub fn confirms(listing: &Listing, view: &RunningView) -> bool {
@@ -295,6 +426,13 @@ pub fn to_recheck<'a, K: Clone + 'a>(
 /// what users wait on (creates, deletes, Proxies in transition) and provider checks.
 pub const LIST_SHARE: f64 = 0.5;
 
+/// The share lists may use while creates, deletes or transitions wait
+/// ([`Pacing::contended`]): three quarters of what the Background class is guaranteed
+/// then (a fifth), the rest left to provider checks and drift Gets. Spaced this way a list
+/// gets its pages within its interval however long the rollout, and during a rollout at
+/// the budget's floor lists cost the creates at most 15% more time.
+pub const CONTENDED_LIST_SHARE: f64 = 0.15;
+
 /// How long after one list of a provider the next is due: the drift poll, or longer when
 /// lists costing what the last one sent would, that often, use more than [`LIST_SHARE`] of
 /// the provider's request budget. Without a budget, or before the first list, the drift
@@ -303,6 +441,7 @@ pub fn list_interval(drift_poll: Duration, pacing: Option<Pacing>) -> Duration {
     let Some(Pacing {
         requests_per_hour,
         last_list_requests: Some(cost),
+        contended,
     }) = pacing
     else {
         return drift_poll;
@@ -310,7 +449,12 @@ pub fn list_interval(drift_poll: Duration, pacing: Option<Pacing>) -> Duration {
     if requests_per_hour <= 0.0 {
         return drift_poll;
     }
-    let secs = f64::from(cost) * 3600.0 / (LIST_SHARE * requests_per_hour);
+    let share = if contended {
+        CONTENDED_LIST_SHARE
+    } else {
+        LIST_SHARE
+    };
+    let secs = f64::from(cost) * 3600.0 / (share * requests_per_hour);
     // At most a day: a budget configured absurdly low still gets a list now and then.
     drift_poll.max(Duration::from_secs_f64(secs.min(86_400.0)))
 }
@@ -330,14 +474,13 @@ async fn list_one(
     installation: &str,
     store: &Store<Proxy>,
     drift_poll: Duration,
+    priority: Priority,
 ) -> (Vec<ObjectRef<Proxy>>, Duration) {
     let at = SystemTime::now();
     let started = std::time::Instant::now();
     // Until the list is recorded (or has failed).
     let _under_way = inventory.listing_under_way(name);
-    let result = provider
-        .list_by_tag_at(installation, Priority::Background)
-        .await;
+    let result = provider.list_by_tag_at(installation, priority).await;
     let took = started.elapsed();
     inventory.tried(name, provider);
     let interval = list_interval(drift_poll, provider.pacing());
@@ -357,12 +500,23 @@ async fn list_one(
                 .iter()
                 .filter_map(|p| Some((ObjectRef::from_obj(p.as_ref()), running_view(p, name)?)))
                 .collect();
-            let recheck = to_recheck(&listing, running.iter().map(|(k, v)| (k, v)));
+            let mut recheck = to_recheck(&listing, running.iter().map(|(k, v)| (k, v)));
+            // Proxies in transition whose instance the list shows take its answer now.
+            recheck.extend(
+                store
+                    .state()
+                    .iter()
+                    .filter(|p| {
+                        in_transition_id(p, name)
+                            .is_some_and(|id| listing.instances.contains_key(id))
+                    })
+                    .map(|p| ObjectRef::from_obj(p.as_ref())),
+            );
             if !recheck.is_empty() {
                 debug!(
                     provider.name = name,
                     proxies = recheck.len(),
-                    "not confirmed by the list: reconciling (Get)"
+                    "not confirmed by the list, or in transition and listed: reconciling"
                 );
             }
             (recheck, interval)
@@ -390,7 +544,7 @@ pub fn run(
     registry: ProviderRegistry,
     installation: String,
     proxies: ProxyCache,
-    drift_poll: Duration,
+    polls: Polls,
     recheck: impl Fn(ObjectRef<Proxy>) + Send + 'static,
     stop: tokio_util::sync::CancellationToken,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
@@ -400,11 +554,21 @@ pub fn run(
         registry,
         installation,
         proxies,
-        drift_poll,
+        polls,
         recheck,
         stop,
         running,
     )
+}
+
+/// The list loop's intervals.
+#[derive(Debug, Clone, Copy)]
+pub struct Polls {
+    /// Lists for drift detection, at least this far apart ([`list_interval`]).
+    pub drift: Duration,
+    /// While lists confirm Proxies in transition ([`confirm_by_list`]): one at least this
+    /// often, as each of them would Get.
+    pub provisioning: Duration,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -413,11 +577,12 @@ async fn run_lists(
     registry: ProviderRegistry,
     installation: String,
     proxies: ProxyCache,
-    drift_poll: Duration,
+    polls: Polls,
     recheck: impl Fn(ObjectRef<Proxy>),
     stop: tokio_util::sync::CancellationToken,
     _running: LoopRunning,
 ) {
+    let drift_poll = polls.drift;
     use futures::StreamExt;
     use tokio::time::Instant;
     // Subscribed before the first snapshot, so no swap goes unseen.
@@ -441,12 +606,40 @@ async fn run_lists(
         let names: Vec<&str> = providers.keys().map(String::as_str).collect();
         inventory.retain(&names);
         due.retain(|n, _| providers.contains_key(n));
+        // Proxies in transition per provider, counted only when some provider may need it.
+        let mut transition: HashMap<&str, usize> = HashMap::new();
+        for p in proxies.store.state() {
+            if let Some(name) = providers.keys().find(|n| in_transition_id(&p, n).is_some()) {
+                *transition.entry(name.as_str()).or_default() += 1;
+            }
+        }
+        let mut any_by_list = false;
         for (name, provider) in providers.iter() {
             let key = provider_key(provider);
+            let by_list = confirm_by_list(
+                transition.get(name.as_str()).copied().unwrap_or(0),
+                provider.pacing().and_then(|p| p.last_list_requests),
+            );
+            inventory.set_by_list(name, by_list);
+            any_by_list |= by_list;
             let not_yet = due.get(name).is_some_and(|(k, at)| *k == key && *at > now);
-            if listing.contains(name) || not_yet {
+            // Confirming by list: one every provisioning poll, counted from the end of the
+            // last (a drift list included), at the priority of the Gets it replaces.
+            let confirm_due = by_list
+                && inventory
+                    .listing(name, provider, SystemTime::now())
+                    .is_none_or(|l| {
+                        SystemTime::now().duration_since(l.done).unwrap_or_default()
+                            >= polls.provisioning
+                    });
+            if listing.contains(name) || (not_yet && !confirm_due) {
                 continue;
             }
+            let priority = if confirm_due {
+                Priority::Transition
+            } else {
+                Priority::Background
+            };
             due.remove(name);
             listing.insert(name.clone());
             let (inventory, store, installation) = (
@@ -463,6 +656,7 @@ async fn run_lists(
                     &installation,
                     &store,
                     drift_poll,
+                    priority,
                 )
                 .await;
                 (name, provider_key(&provider), refs, next)
@@ -475,7 +669,12 @@ async fn run_lists(
             .map(|(_, at)| *at)
             .min()
             .unwrap_or(now + drift_poll)
-            .min(now + drift_poll);
+            .min(now + drift_poll)
+            .min(if any_by_list {
+                now + polls.provisioning
+            } else {
+                now + drift_poll
+            });
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep_until(wake) => {}
@@ -557,9 +756,20 @@ mod tests {
                 Some(Pacing {
                     requests_per_hour: rph,
                     last_list_requests: cost,
+                    contended: false,
                 }),
             )
         };
+        let contended = list_interval(
+            poll,
+            Some(Pacing {
+                requests_per_hour: 3600.0,
+                last_list_requests: Some(200),
+                contended: true,
+            }),
+        );
+        // During a rollout: 200 pages at 15% of 3,600/h, every 1333 s.
+        assert_eq!(contended.as_secs(), 1333);
         let cases = [
             ("no budget", list_interval(poll, None), poll),
             ("before the first list", paced(3600.0, None), poll),
@@ -678,6 +888,7 @@ mod tests {
             .map(|i| (i.id.clone(), i))
             .collect(),
             fresh_for: Duration::ZERO,
+            done: SystemTime::UNIX_EPOCH,
         };
         let view = |id: &str, ip: &str| RunningView {
             id: id.into(),
@@ -786,5 +997,147 @@ mod tests {
             k8s_openapi::jiff::Timestamp::now(),
         ));
         assert_eq!(running_view(&q, "a"), None, "deleting");
+    }
+
+    #[test]
+    fn lists_confirm_transitions_only_when_a_page_replaces_four_gets() {
+        let cases = [
+            (0, None, false),
+            (3, None, false),
+            (4, None, true),
+            (79, Some(20), false),
+            (80, Some(20), true),
+            (800, Some(200), true),
+            (799, Some(200), false),
+            (4, Some(0), true),
+        ];
+        for (n, pages, want) in cases {
+            assert_eq!(
+                confirm_by_list(n, pages),
+                want,
+                "{n} in transition, {pages:?} pages"
+            );
+        }
+    }
+
+    #[test]
+    fn by_list_view_table() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let s = Duration::from_secs;
+        let poll = s(10);
+        // A list that started at t0 and ended 5 s later, showing "a" (booting).
+        let listing = |done_after: u64| Listing {
+            at: t0,
+            provider: 0,
+            instances: [inst("a", State::Provisioning, "")]
+                .into_iter()
+                .map(|i| (i.id.clone(), i))
+                .collect(),
+            fresh_for: Duration::ZERO,
+            done: t0 + s(done_after),
+        };
+        let recent = listing(5);
+        let listed_a = ByList::Listed(inst("a", State::Provisioning, ""));
+        let before = Some(t0 - s(30));
+        let after = Some(t0 + s(2));
+        type Case<'a> = (
+            &'a str,
+            Option<&'a Listing>,
+            bool,
+            &'a str,
+            Option<SystemTime>,
+            SystemTime,
+            ByList,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "listed, ended within the poll",
+                Some(&recent),
+                false,
+                "a",
+                before,
+                t0 + s(12),
+                listed_a.clone(),
+            ),
+            (
+                "listed, but ended longer ago: the next list",
+                Some(&recent),
+                false,
+                "a",
+                before,
+                t0 + s(20),
+                ByList::Wait,
+            ),
+            (
+                "made before the list started, not in it: Get",
+                Some(&recent),
+                false,
+                "b",
+                before,
+                t0 + s(12),
+                ByList::No,
+            ),
+            (
+                "made after the list started: the next list",
+                Some(&recent),
+                false,
+                "b",
+                after,
+                t0 + s(12),
+                ByList::Wait,
+            ),
+            (
+                "no list for three polls, none under way: Get",
+                Some(&recent),
+                false,
+                "b",
+                after,
+                t0 + s(36),
+                ByList::No,
+            ),
+            (
+                "no list for three polls, one under way: wait",
+                Some(&recent),
+                true,
+                "b",
+                after,
+                t0 + s(36),
+                ByList::Wait,
+            ),
+            (
+                "no list yet, one under way",
+                None,
+                true,
+                "b",
+                after,
+                t0,
+                ByList::Wait,
+            ),
+            (
+                "no list yet, none under way: Get",
+                None,
+                false,
+                "b",
+                after,
+                t0,
+                ByList::No,
+            ),
+            (
+                "no transition time known: Get",
+                None,
+                true,
+                "b",
+                None,
+                t0,
+                ByList::No,
+            ),
+        ];
+        for (what, l, under_way, id, since, now, want) in cases {
+            assert_eq!(
+                by_list_view(l, under_way, id, since, now, poll),
+                want,
+                "{what}"
+            );
+        }
     }
 }

@@ -97,6 +97,11 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
         &["provider", "priority"],
     ),
     (
+        "proxy_operator_plugin_slot_wait_seconds",
+        "histogram",
+        &["provider", "priority"],
+    ),
+    (
         "proxy_operator_plugin_budget_wait_seconds",
         "histogram",
         &["provider", "priority"],

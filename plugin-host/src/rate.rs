@@ -2,10 +2,13 @@
 //! order when they are short, and what the backend said about its own limit.
 //!
 //! [`Bucket`] is the pure part (no I/O, time passed in): a token bucket of `burst` tokens
-//! refilled at `requestsPerHour`, with a queue ordered by [`Priority`] then arrival. Only
-//! the head of the queue may take a token, so a waiting higher-priority request is always
-//! served before any lower one; and the lower priorities must leave a reserve in the bucket
-//! ([`Bucket::reserve`]), so background polling never drains what a user's create needs.
+//! refilled at `requestsPerHour`, with a queue per [`Priority`] in arrival order. Only the
+//! head of the queue may take a token: the first request of the class whose turn it is by
+//! the classes' shares ([`Shares`]: Urgent 5, Transition 3, Background 2), so a list or a
+//! check issued during a rollout gets at least a fifth of the tokens instead of waiting for
+//! the last create. A class with no higher class waiting must leave a reserve in the
+//! bucket ([`Bucket::reserve`]), so background polling never drains what a user's create
+//! would need on arrival.
 //! What the backend says adapts it ([`Bucket::observe`]): `Retry-After` on a 429 or 503
 //! pauses every request of the provider until then; `RateLimit-Remaining` (or Azure
 //! Resource Manager's `x-ms-ratelimit-remaining-*`, see [`remaining`]) lowers the tokens to
@@ -16,6 +19,7 @@
 //! all its calls and kept across reloads (see `Runtime::budget`).
 
 pub use crate::provider::priority::Priority;
+use crate::provider::priority::Shares;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -92,6 +96,7 @@ pub struct Bucket {
     paused_until: Option<Instant>,
     waiting: BTreeSet<Ticket>,
     next: u64,
+    shares: Shares,
 }
 
 impl Bucket {
@@ -104,6 +109,7 @@ impl Bucket {
             paused_until: None,
             waiting: BTreeSet::new(),
             next: 0,
+            shares: Shares::default(),
         }
     }
 
@@ -165,20 +171,38 @@ impl Bucket {
         self.waiting.iter().filter(|t| t.0 == p).count()
     }
 
-    /// Whether `t` may send now. Only the head of the queue takes a token; it leaves the
-    /// queue when it does.
+    fn has_waiting(&self, p: Priority) -> bool {
+        self.waiting.range((p, 0)..=(p, u64::MAX)).next().is_some()
+    }
+
+    /// The request whose turn it is: the first of the class the shares serve next.
+    fn head(&self) -> Option<Ticket> {
+        let class = self.shares.next(|p| self.has_waiting(p))?;
+        self.waiting
+            .range((class, 0)..=(class, u64::MAX))
+            .next()
+            .copied()
+    }
+
+    /// Whether `t` may send now. Only the head of the queue ([`Bucket::head`]) takes a
+    /// token; it leaves the queue when it does. It leaves its class's reserve in the
+    /// bucket unless a higher class waits: then the shares, not the reserve, protect it.
     pub fn try_take(&mut self, t: Ticket, now: Instant) -> Take {
-        if self.waiting.first() != Some(&t) {
+        if self.head() != Some(t) {
             return Take::Behind;
         }
         if let Some(until) = self.paused_until(now) {
             return Take::WaitUntil(until);
         }
         self.refill(now);
-        let need = 1.0 + self.reserve(t.0);
+        let higher_waits = Priority::ALL
+            .into_iter()
+            .any(|p| p < t.0 && self.has_waiting(p));
+        let need = 1.0 + if higher_waits { 0.0 } else { self.reserve(t.0) };
         if self.tokens >= need {
             self.tokens -= 1.0;
             self.waiting.remove(&t);
+            self.shares.charge(t.0);
             return Take::Granted;
         }
         let secs = (need - self.tokens) / self.rate;
@@ -327,6 +351,9 @@ impl Budget {
     pub async fn acquire(&self, p: Priority, deadline: Instant) -> Result<Duration, Refused> {
         let start = Instant::now();
         let ticket = self.lock().enqueue(p);
+        // The head may change (a class whose turn it is has come) and what it needs with it
+        // (no reserve once a higher class waits): the waiters look again.
+        self.changed.notify_waiters();
         let mut guard = Waiting {
             budget: self,
             ticket,
@@ -360,6 +387,12 @@ impl Budget {
                 }
             }
         }
+    }
+
+    /// Whether a create, delete or transition waits for a token now.
+    pub fn above_background_waiting(&self) -> bool {
+        let b = self.lock();
+        b.has_waiting(Priority::Urgent) || b.has_waiting(Priority::Transition)
     }
 
     /// Adapts to an answer of the backend; waiters re-check.
@@ -470,29 +503,63 @@ mod tests {
     }
 
     #[test]
-    fn the_head_goes_first_whatever_arrived_earlier() {
+    fn the_class_whose_turn_it_is_goes_first_then_arrival_order() {
         let t0 = Instant::now();
         let mut b = Bucket::new(spec(3600, 1), t0);
         let first = b.enqueue(Urgent);
         assert_eq!(b.try_take(first, t0), Take::Granted);
-        // Empty: three gets queue, then a create.
+        // Empty: three gets queue, then a create and a transition.
         let gets: Vec<_> = (0..3).map(|_| b.enqueue(Background)).collect();
         assert!(matches!(b.try_take(gets[0], t0), Take::WaitUntil(_)));
         assert_eq!(b.try_take(gets[1], t0), Take::Behind);
         let create = b.enqueue(Urgent);
         let transition = b.enqueue(Transition);
+        // Urgent was just served (its pass is ahead): the transition, then the first get,
+        // then the create; a token a second. Nobody waits for a whole queue.
         assert_eq!(b.try_take(gets[0], t0 + secs(1.0)), Take::Behind);
-        assert_eq!(b.try_take(transition, t0 + secs(1.0)), Take::Behind);
-        assert_eq!(b.try_take(create, t0 + secs(1.0)), Take::Granted);
-        assert_eq!(b.try_take(gets[0], t0 + secs(2.0)), Take::Behind);
-        assert_eq!(b.try_take(transition, t0 + secs(2.0)), Take::Granted);
-        // Then the gets, in the order they came.
+        assert_eq!(b.try_take(create, t0 + secs(1.0)), Take::Behind);
+        assert_eq!(b.try_take(transition, t0 + secs(1.0)), Take::Granted);
+        assert_eq!(b.try_take(create, t0 + secs(2.0)), Take::Behind);
+        assert_eq!(b.try_take(gets[0], t0 + secs(2.0)), Take::Granted);
         assert_eq!(b.try_take(gets[1], t0 + secs(3.0)), Take::Behind);
-        assert_eq!(b.try_take(gets[0], t0 + secs(3.0)), Take::Granted);
+        assert_eq!(b.try_take(create, t0 + secs(3.0)), Take::Granted);
+        // Then the gets, in the order they came.
+        assert_eq!(b.try_take(gets[2], t0 + secs(4.0)), Take::Behind);
         assert_eq!(b.try_take(gets[1], t0 + secs(4.0)), Take::Granted);
         assert_eq!(b.waiting(Background), 1);
         b.cancel(gets[2]);
         assert_eq!(b.waiting(Background), 0);
+    }
+
+    /// Issue 29: during a rollout larger than the budget, a list's pages still get a fifth
+    /// of the tokens, so a list issued mid-rollout ends in a bounded time.
+    #[test]
+    fn a_list_behind_a_rollout_gets_its_share_of_the_tokens() {
+        let t0 = Instant::now();
+        // 3,600/h, burst 10: spent by the first creates, then one token a second.
+        let mut b = Bucket::new(spec(3600, 10), t0);
+        let creates: Vec<_> = (0..1000).map(|_| b.enqueue(Urgent)).collect();
+        let mut pages_sent = 0;
+        let mut creates_sent = 0;
+        let mut page = b.enqueue(Background);
+        let mut t = t0;
+        let mut next_create = creates.iter();
+        let mut create = *next_create.next().unwrap();
+        // 100 seconds of one token a second (plus the burst).
+        while t < t0 + secs(100.0) {
+            if b.try_take(page, t) == Take::Granted {
+                pages_sent += 1;
+                page = b.enqueue(Background);
+            } else if b.try_take(create, t) == Take::Granted {
+                creates_sent += 1;
+                create = *next_create.next().unwrap();
+            } else {
+                t += secs(0.25);
+            }
+        }
+        // 110 tokens: about 2 in 7 to the list (5:2), the rest to the creates.
+        assert!((28..=34).contains(&pages_sent), "pages {pages_sent}");
+        assert!((76..=82).contains(&creates_sent), "creates {creates_sent}");
     }
 
     #[test]
@@ -521,14 +588,18 @@ mod tests {
             }
         }
         assert_eq!(sent, 8);
-        // ...so a create is served at once, and a transition too.
+        // ...so a create is served at once; a transition alone leaves its reserve of 1.
         let c = b.enqueue(Urgent);
         assert_eq!(b.try_take(c, t0), Take::Granted);
         let tr = b.enqueue(Transition);
         assert_eq!(b.try_take(tr, t0), Take::WaitUntil(t0 + secs(1.0)));
+        // With a create waiting, the shares protect it, not the reserve: the transition
+        // (whose turn it is) takes the last token, and the create the next one.
         let d = b.enqueue(Urgent);
-        assert_eq!(b.try_take(d, t0), Take::Granted);
+        assert_eq!(b.try_take(d, t0), Take::Behind);
+        assert_eq!(b.try_take(tr, t0), Take::Granted);
         assert_eq!(b.tokens(t0), 0.0);
+        assert_eq!(b.try_take(d, t0 + secs(1.0)), Take::Granted);
     }
 
     #[test]
@@ -698,7 +769,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn waiters_are_served_in_priority_order() {
+    async fn a_create_waits_for_one_turn_not_for_the_queue() {
         // 36000/h: a token every 100 ms; burst 1, spent at once.
         let budget = std::sync::Arc::new(Budget::new(spec(36_000, 1)));
         let far = Instant::now() + Duration::from_secs(30);
@@ -720,7 +791,10 @@ mod tests {
         for t in tasks {
             t.await.unwrap();
         }
-        assert_eq!(order.lock().unwrap()[0], 3, "{:?}", order.lock().unwrap());
+        // The first get was already due when the create came; the create goes next, before
+        // the two other gets.
+        let order = order.lock().unwrap().clone();
+        assert_eq!(order, [0, 3, 1, 2]);
         // Refused at once when the deadline comes before the token; the queue is left.
         let soon = Instant::now() + Duration::from_millis(1);
         assert_eq!(

@@ -158,6 +158,19 @@ pub fn run(args: &Args) -> Result<()> {
         print!("{line}");
         table.push_str(&line);
     }
+    if let Some(curve) = run["curve"].as_array() {
+        let points: Vec<(f64, f64)> = curve
+            .iter()
+            .filter_map(|p| Some((p[0].as_f64()?, p[1].as_f64()?)))
+            .collect();
+        let factor = run["factor"].as_f64().unwrap_or(1.0);
+        let svg = curve_svg(&points, factor, args.proxies as f64);
+        let name = format!("scale-{key}.svg");
+        std::fs::write(ws.root.join("docs").join(&name), svg)?;
+        table.push_str(&format!(
+            "\n![Proxies Running over the operator's time after the apply]({name})\n"
+        ));
+    }
     let extra = if args.driver_args.is_empty() {
         String::new()
     } else {
@@ -216,4 +229,58 @@ fn read_json(path: &std::path::Path) -> Result<serde_json::Value> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The Running count over time as a small SVG line chart (operator time on x: real
+/// seconds times the factor), committed next to docs/benchmarks.md.
+fn curve_svg(points: &[(f64, f64)], factor: f64, n: f64) -> String {
+    let (w, h, left, bottom) = (640.0, 320.0, 60.0, 40.0);
+    let t_max = points.last().map_or(1.0, |p| p.0 * factor).max(1.0);
+    let x = |t: f64| left + (w - left - 20.0) * (t * factor) / t_max;
+    let y = |up: f64| h - bottom - (h - bottom - 20.0) * up / n.max(1.0);
+    // A step line: the count holds until the next sample.
+    let mut path = String::new();
+    let mut prev: Option<(f64, f64)> = None;
+    for &(t, up) in points {
+        if let Some((_, pu)) = prev {
+            path.push_str(&format!(" L{:.1},{:.1}", x(t), y(pu)));
+        } else {
+            path.push_str(&format!("M{:.1},{:.1}", x(t), y(up)));
+        }
+        path.push_str(&format!(" L{:.1},{:.1}", x(t), y(up)));
+        prev = Some((t, up));
+    }
+    let minutes = t_max / 60.0;
+    format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<line x1="{left}" y1="{yb}" x2="{xr}" y2="{yb}" stroke="black"/>
+<line x1="{left}" y1="20" x2="{left}" y2="{yb}" stroke="black"/>
+<text x="{left}" y="{yl}" >0</text>
+<text x="{xr}" y="{yl}" text-anchor="end">{minutes:.0} min (operator time)</text>
+<text x="{lx}" y="{yb}" text-anchor="end">0</text>
+<text x="{lx}" y="24" text-anchor="end">{n:.0}</text>
+<text x="{cx}" y="14" text-anchor="middle">Proxies Running after the apply</text>
+<path d="{path}" fill="none" stroke="#1f77b4" stroke-width="2"/>
+</svg>
+"##,
+        yb = h - bottom,
+        xr = w - 20.0,
+        yl = h - bottom + 16.0,
+        lx = left - 6.0,
+        cx = w / 2.0,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_curve_is_a_step_line_within_the_frame() {
+        let svg = super::curve_svg(&[(0.0, 0.0), (1.0, 5.0), (2.0, 10.0)], 60.0, 10.0);
+        assert!(svg.starts_with("<svg"), "{svg}");
+        // Starts at the origin, ends at the top right.
+        assert!(svg.contains("M60.0,280.0"), "{svg}");
+        assert!(svg.contains("L620.0,20.0"), "{svg}");
+        assert!(svg.contains("2 min (operator time)"), "{svg}");
+    }
 }

@@ -150,6 +150,9 @@ pub struct Observed {
     /// A list of this provider is under way and no fresh one exists yet (just after start,
     /// or a reload): it will answer for every Running Proxy at once.
     pub list_pending: bool,
+    /// For a Proxy in transition: whether the provider's lists answer for it instead of a
+    /// Get (see [`crate::inventory::by_list_view`]).
+    pub by_list: crate::inventory::ByList,
     /// `spec.auth` asks for neither credentials nor an allow-list: the proxy is open.
     pub open: bool,
     /// `spec.ipFamily`: which of the instance's addresses clients get.
@@ -570,6 +573,17 @@ fn plan(o: &Observed, t: &Timings) -> Decision {
             // list does not confirm is sent back at once; if the list fails, this one Gets
             // at its next drift poll.
             return Decision::next(Next::Requeue(t.drift_poll));
+        }
+        if !o.running_as_recorded() {
+            // In transition while lists confirm this provider's many Proxies in transition:
+            // a list's answer stands for a Get's; a list coming answers for all at once.
+            match &o.by_list {
+                crate::inventory::ByList::Listed(inst) => return observe(o, inst, t),
+                crate::inventory::ByList::Wait => {
+                    return Decision::next(Next::Requeue(t.provisioning_poll));
+                }
+                crate::inventory::ByList::No => {}
+            }
         }
         return Decision::next(Next::Call(Call::Get {
             id: id.clone(),
@@ -1012,6 +1026,7 @@ mod tests {
             ip: Some("192.0.2.1".into()),
             listed: None,
             list_pending: false,
+            by_list: crate::inventory::ByList::No,
             open: false,
             ip_family: IpFamily::V4,
         }
@@ -2538,6 +2553,45 @@ mod tests {
             c.message.contains("no IPv6 address") && c.message.contains("spec.ipFamily"),
             "{}",
             c.message
+        );
+    }
+
+    /// Issue 29: while lists confirm a provider's Proxies in transition, a list's answer
+    /// stands for a Get's (the same decision, no call), a list coming is waited for, and a
+    /// Running Proxy's drift check is not affected.
+    #[test]
+    fn a_proxy_in_transition_takes_a_lists_answer_as_a_gets() {
+        use crate::inventory::ByList;
+        let t = t();
+        let provisioning = |by_list: ByList| {
+            with(|o| {
+                o.provisioned = Some(cond("False", reason::PROVISIONING, 1));
+                o.by_list = by_list;
+            })
+        };
+        for state in [State::Running, State::Provisioning, State::Stopped] {
+            let i = inst(state, "192.0.2.1");
+            let by_list = decide(&provisioning(ByList::Listed(i.clone())), None, &t);
+            let by_get = decide(
+                &provisioning(ByList::No),
+                Some(&Answer::Got(GetPurpose::Observe, Ok(i))),
+                &t,
+            );
+            assert_eq!(by_list, by_get, "{state:?}");
+        }
+        assert_eq!(
+            decide(&provisioning(ByList::Wait), None, &t),
+            Decision::next(Next::Requeue(t.provisioning_poll))
+        );
+        assert_eq!(
+            decide(&provisioning(ByList::No), None, &t),
+            Decision::next(get(GetPurpose::Observe))
+        );
+        // Running as recorded: the drift check's own rules, whatever `by_list` says.
+        let running = with(|o| o.by_list = ByList::Wait);
+        assert_eq!(
+            decide(&running, None, &t),
+            Decision::next(get(GetPurpose::Observe))
         );
     }
 }

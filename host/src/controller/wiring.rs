@@ -83,7 +83,10 @@ pub async fn run(
                 store: reader.clone(),
                 synced: synced.clone(),
             },
-            ctx.settings.timings.drift_poll,
+            crate::inventory::Polls {
+                drift: ctx.settings.timings.drift_poll,
+                provisioning: ctx.settings.timings.provisioning_poll,
+            },
             move |r| {
                 let _ = tx.send(r);
             },

@@ -483,8 +483,9 @@ impl Provider for FakeProvider {
         Ok(())
     }
 
-    /// A listing also lets deletions progress (like a Get of each deleting instance), so
-    /// instances deleted by GC, which never calls Get, eventually go away.
+    /// A listing also lets deletions and boots progress (like a Get of each instance), so
+    /// instances deleted by GC, which never calls Get, eventually go away, and instances
+    /// confirmed by lists rather than Gets (many in transition) eventually run.
     async fn list_by_tag_at(
         &self,
         installation: &str,
@@ -500,6 +501,15 @@ impl Provider for FakeProvider {
             }
             None => true,
         });
+        for i in inner.instances.values_mut() {
+            if i.state == State::Provisioning && i.installation == installation {
+                if i.provisioning_left == 0 {
+                    i.state = State::Running;
+                } else {
+                    i.provisioning_left -= 1;
+                }
+            }
+        }
         Ok(inner
             .instances
             .values()

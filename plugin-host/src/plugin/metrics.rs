@@ -89,6 +89,7 @@ pub struct PluginMetrics {
     memory: Family<CallLabels, Histogram>,
     traps: Family<TrapLabels, Counter>,
     budget: BudgetMetrics,
+    slot_wait: Family<PriorityLabels, Histogram>,
 }
 
 /// The request budget's families, fed by the HTTP hooks.
@@ -154,6 +155,11 @@ impl PluginMetrics {
             Histogram::new(exponential_buckets(65536.0, 2.0, 13))
         });
         let traps = Family::<TrapLabels, Counter>::default();
+        // 1 ms .. ~35 min: during a rollout a background call may wait several calls'
+        // time for its class's turn; the buckets show that it is bounded.
+        let slot_wait = Family::<PriorityLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 22))
+        });
         let budget = BudgetMetrics {
             requests: Family::default(),
             // 1 ms .. ~65 s: a wait is bounded by the call's limits.timeout.
@@ -189,6 +195,11 @@ impl PluginMetrics {
             budget.requests.clone(),
         );
         registry.register(
+            "proxy_operator_plugin_slot_wait_seconds",
+            "Time plugin calls waited for one of their provider's call slots (limits.concurrency), by provider and priority",
+            slot_wait.clone(),
+        );
+        registry.register(
             "proxy_operator_plugin_budget_wait_seconds",
             "Time backend requests waited for a token of their provider's request budget, by provider and priority",
             budget.wait.clone(),
@@ -209,7 +220,15 @@ impl PluginMetrics {
             memory,
             traps,
             budget,
+            slot_wait,
         }
+    }
+
+    /// A call got its slot after `waited`.
+    pub fn slot_waited(&self, provider: &str, priority: &str, waited: Duration) {
+        self.slot_wait
+            .get_or_create(&BudgetMetrics::labels(provider, priority))
+            .observe(waited.as_secs_f64());
     }
 
     /// Records one call (the runtime does; public for the operator's label check).

@@ -487,8 +487,14 @@ impl WasmProvider {
         } else {
             &self.permits
         };
+        let asked = Instant::now();
         let _permit = slots.acquire(priority).await;
         let started = Instant::now();
+        if op != Op::Load
+            && let Some(m) = self.runtime.metrics.get()
+        {
+            m.slot_waited(&self.shared.name, priority.as_str(), started - asked);
+        }
         let allowance = if op == Op::Load {
             Duration::ZERO
         } else {
@@ -653,6 +659,7 @@ impl WasmProvider {
         Some(crate::provider::Pacing {
             requests_per_hour: budget.rate_per_hour(),
             last_list_requests: (last > 0).then_some(last),
+            contended: budget.above_background_waiting() || self.permits.above_background_waiting(),
         })
     }
 

@@ -1,12 +1,13 @@
-//! A provider's call slots (`limits.concurrency`), handed out by priority.
+//! A provider's call slots (`limits.concurrency`), shared among the priority classes.
 //!
 //! With a plain semaphore a user's create could wait behind a queue of background drift
-//! checks for a free slot, before it ever reached the request budget's priority queue
-//! ([`crate::rate`]). Here a freed slot goes to the waiting call of the highest priority,
-//! in arrival order within one priority, so the budget's promise (a user's create is never
-//! starved by background polling) holds from the first queue a call meets.
+//! checks for a free slot; with strict priority (before issue 29) the inventory's lists and
+//! the provider checks waited behind every create of a rollout. Here a freed slot goes to
+//! a waiting class by its share ([`Shares`]: Urgent 5, Transition 3, Background 2), and
+//! within a class in arrival order, so every class's wait is bounded whatever the backlog
+//! of the others, and the request budget ([`crate::rate`]) shares its tokens the same way.
 
-use crate::provider::priority::Priority;
+use crate::provider::priority::{Priority, Shares};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
@@ -21,6 +22,21 @@ struct Inner {
     seq: u64,
     /// Waiting calls by (priority, arrival).
     waiting: BTreeMap<(Priority, u64), Arc<Waiter>>,
+    shares: Shares,
+}
+
+impl Inner {
+    fn has_waiting(&self, p: Priority) -> bool {
+        self.waiting.range((p, 0)..=(p, u64::MAX)).next().is_some()
+    }
+
+    /// The waiter the next free slot goes to: the first of the class whose turn it is.
+    fn pop_next(&mut self) -> Option<Arc<Waiter>> {
+        let class = self.shares.next(|p| self.has_waiting(p))?;
+        self.shares.charge(class);
+        let key = *self.waiting.range((class, 0)..=(class, u64::MAX)).next()?.0;
+        self.waiting.remove(&key)
+    }
 }
 
 #[derive(Default)]
@@ -48,6 +64,7 @@ impl Slots {
                 free: n,
                 seq: 0,
                 waiting: BTreeMap::new(),
+                shares: Shares::default(),
             }),
         })
     }
@@ -91,16 +108,22 @@ impl Slots {
         }
     }
 
-    /// Hands the slot to the first waiter by priority, or puts it back.
+    /// Hands the slot to the next waiter by the classes' shares, or puts it back.
     fn release(&self) {
         let mut inner = self.lock();
-        match inner.waiting.pop_first() {
-            Some((_, w)) => {
+        match inner.pop_next() {
+            Some(w) => {
                 w.granted.store(true, std::sync::atomic::Ordering::Release);
                 w.notify.notify_one();
             }
             None => inner.free += 1,
         }
+    }
+
+    /// Whether a create, delete or transition waits for a slot now.
+    pub fn above_background_waiting(&self) -> bool {
+        let inner = self.lock();
+        inner.has_waiting(Priority::Urgent) || inner.has_waiting(Priority::Transition)
     }
 
     /// Slots free now.
@@ -143,7 +166,7 @@ mod tests {
     use std::time::Duration;
 
     #[tokio::test]
-    async fn a_freed_slot_goes_to_the_highest_priority_then_the_earliest() {
+    async fn freed_slots_go_by_share_then_by_arrival() {
         let slots = Slots::new(1);
         let held = slots.acquire(Priority::Background).await;
         let order = Arc::new(Mutex::new(Vec::new()));
@@ -167,9 +190,11 @@ mod tests {
         for t in tasks {
             t.await.unwrap();
         }
+        // Urgent first (ties go up), then each class by its pass: Transition's stride is 10,
+        // Background's 15, Urgent's 6; within a class by arrival.
         assert_eq!(
             *order.lock().unwrap(),
-            ["urgent", "tr1", "tr2", "bg1", "bg2"]
+            ["urgent", "tr1", "bg1", "tr2", "bg2"]
         );
         assert_eq!(slots.free(), 1);
     }
@@ -200,5 +225,44 @@ mod tests {
         let _a = tokio::time::timeout(Duration::from_secs(1), slots.acquire(Priority::Background))
             .await
             .expect("the slot is free again");
+    }
+
+    #[tokio::test]
+    async fn a_background_call_behind_a_rollout_waits_a_few_calls_not_the_rollout() {
+        // Two slots, 200 creates queued, then a list: it gets a slot within a few grants
+        // instead of after the 200th create.
+        let slots = Slots::new(2);
+        let held = [
+            slots.acquire(Priority::Urgent).await,
+            slots.acquire(Priority::Urgent).await,
+        ];
+        let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let list_at = Arc::new(Mutex::new(None));
+        let mut tasks = Vec::new();
+        for i in 0..201 {
+            let (slots, served, list_at) = (slots.clone(), served.clone(), list_at.clone());
+            let p = if i == 200 {
+                Priority::Background
+            } else {
+                Priority::Urgent
+            };
+            tasks.push(tokio::spawn(async move {
+                let _slot = slots.acquire(p).await;
+                let n = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if p == Priority::Background {
+                    *list_at.lock().unwrap() = Some(n);
+                }
+                tokio::task::yield_now().await;
+            }));
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(held);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let at = list_at.lock().unwrap().unwrap();
+        assert!(at <= 3, "the list was served {at}th, behind the rollout");
+        assert_eq!(slots.free(), 2);
     }
 }

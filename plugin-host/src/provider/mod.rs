@@ -324,6 +324,10 @@ pub struct Pacing {
     pub requests_per_hour: f64,
     /// Backend requests its last successful list sent (pages, mostly), once known.
     pub last_list_requests: Option<u32>,
+    /// Creates, deletes or Proxies in transition wait for its call slots or tokens now: a
+    /// list gets only the Background class's guaranteed share
+    /// ([`crate::provider::priority::guaranteed_share`]).
+    pub contended: bool,
 }
 
 /// A provider shared between owners (the reloader keeps what the registry serves) is still

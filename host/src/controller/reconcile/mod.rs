@@ -115,9 +115,14 @@ impl<'a> Shell<'a> {
         let suspect = self.ctx.take_suspect(&self.health_key());
         let listed = (!suspect).then(|| self.listed(&status)).flatten();
         let list_pending = !suspect && listed.is_none() && self.list_pending();
+        let by_list = if suspect {
+            crate::inventory::ByList::No
+        } else {
+            self.by_list(&status)
+        };
         let mut answer: Option<Answer> = None;
         for _ in 0..MAX_STEPS {
-            let observed = observe(
+            let mut observed = observe(
                 self.proxy,
                 &status,
                 has_finalizer,
@@ -126,6 +131,7 @@ impl<'a> Shell<'a> {
                 listed.clone(),
                 list_pending,
             );
+            observed.by_list = by_list.clone();
             let reported = match &answer {
                 Some(Answer::Got(_, Ok(i))) => i.hourly_price.clone(),
                 _ => None,
@@ -189,6 +195,34 @@ impl<'a> Shell<'a> {
             provider,
             id,
             std::time::SystemTime::now(),
+        )
+    }
+
+    /// For a Proxy in transition, whether the provider's lists answer for it (see
+    /// [`crate::inventory::Inventory::transition`]).
+    fn by_list(&self, status: &ProxyStatus) -> crate::inventory::ByList {
+        use crate::inventory::ByList;
+        let (Some(inventory), Some(provider)) = (&self.ctx.inventory, &self.provider) else {
+            return ByList::No;
+        };
+        if crate::inventory::in_transition_id(self.proxy, &self.proxy.spec.provider).is_none() {
+            return ByList::No;
+        }
+        let Some(id) = status.provider_id.as_deref().filter(|s| !s.is_empty()) else {
+            return ByList::No;
+        };
+        let since = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::PROVISIONED)
+            .map(|c| std::time::SystemTime::from(c.last_transition_time.0));
+        inventory.transition(
+            &self.proxy.spec.provider,
+            provider,
+            id,
+            since,
+            std::time::SystemTime::now(),
+            self.ctx.settings.timings.provisioning_poll,
         )
     }
 
@@ -452,6 +486,7 @@ pub fn observe(
         ip: status.ip.clone().filter(|s| !s.is_empty()),
         listed,
         list_pending,
+        by_list: crate::inventory::ByList::No,
         open: proxy
             .metadata
             .name
