@@ -4,13 +4,11 @@
 //! it, and the caller asks once more within the same call.
 
 use crate::config::{Config, TokenSource};
+use crate::rs256;
 use data_encoding::BASE64URL_NOPAD;
 use egress_guest_sdk::classify::{Classifier, Kind, Rule};
 use egress_guest_sdk::http::{ErrorCode, HttpError, Request, encode_component};
 use egress_guest_sdk::{self as sdk, ProviderError};
-use rsa::pkcs1v15::SigningKey;
-use rsa::pkcs8::DecodePrivateKey;
-use rsa::signature::{SignatureEncoding, Signer};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -68,14 +66,16 @@ fn read_key(secret: &str) -> Result<Key, ProviderError> {
 fn assertion(key: &Key, secret: &str, now: u64) -> Result<String, ProviderError> {
     let body: String = key.private_key.lines().filter(|l| !l.starts_with("-----")).map(str::trim).collect();
     let der = data_encoding::BASE64.decode(body.as_bytes()).ok();
-    let private = der.and_then(|der| rsa::RsaPrivateKey::from_pkcs8_der(&der).ok());
+    let private = der.and_then(|der| rs256::Key::from_pkcs8_der(&der));
     let private = private.ok_or_else(|| bad_key(secret, "private_key is not a PEM PKCS#8 RSA key"))?;
     let header = json!({"alg": "RS256", "typ": "JWT", "kid": key.private_key_id});
     let claims = json!({"iss": key.client_email, "scope": SCOPE, "aud": key.token_uri, "iat": now, "exp": now + 3600});
     let [h, c] = [header, claims].map(|v| BASE64URL_NOPAD.encode(v.to_string().as_bytes()));
     // PKCS#1 v1.5 signatures are deterministic: no randomness needed inside the sandbox.
-    let signature = SigningKey::<sha2::Sha256>::new(private).sign(format!("{h}.{c}").as_bytes());
-    Ok(format!("{h}.{c}.{}", BASE64URL_NOPAD.encode(&signature.to_bytes())))
+    let signature = private.sign(format!("{h}.{c}").as_bytes());
+    let why = "private_key cannot make an RS256 signature (a modulus too short, or parts that do not fit together)";
+    let signature = signature.ok_or_else(|| bad_key(secret, why))?;
+    Ok(format!("{h}.{c}.{}", BASE64URL_NOPAD.encode(&signature)))
 }
 
 /// Where the token is cached (per key, so a rotated key gets a fresh token; or per metadata server), and the key.

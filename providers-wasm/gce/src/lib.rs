@@ -1,5 +1,6 @@
 //! Google Compute Engine provider: each egress proxy is a VM instance. Config in [`config`], access tokens in
-//! [`auth`], the labels and IDs in [`marks`], the API and its one classify function in [`api`]; this file is the
+//! [`auth`] (their JWTs signed by [`rs256`]), the labels and IDs in [`marks`], the API and its one classify function in
+//! [`api`]; this file is the
 //! contract, operation by operation. docs/providers/gce.md is the user's guide and gives the reason for every choice of
 //! the behaviour profile below.
 //!
@@ -12,6 +13,7 @@ mod api;
 mod auth;
 mod config;
 mod marks;
+mod rs256;
 
 use api::{Api, GCE, Operation, Vm, classify};
 use egress_guest_sdk::http::{Method, encode_component};
