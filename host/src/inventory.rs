@@ -112,13 +112,7 @@ impl Inventory {
         if !by_list {
             return ByList::No;
         }
-        let listing = {
-            let lists = self.lists.read().unwrap_or_else(|e| e.into_inner());
-            lists
-                .get(name)
-                .filter(|l| l.provider == provider_key(provider))
-                .cloned()
-        };
+        let listing = self.listing(name, provider, now);
         let under_way = self
             .in_flight
             .read()
@@ -288,8 +282,7 @@ pub fn confirm_by_list(in_transition: usize, list_requests: Option<u32>) -> bool
 /// provider confirms by list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ByList {
-    /// A list that ended within the provisioning poll shows the instance: its answer, no
-    /// call.
+    /// The provider's newest fresh list shows the instance: its answer, no call.
     Listed(Instance),
     /// A list under way, or due, will answer: come back at the provisioning poll.
     Wait,
@@ -311,9 +304,10 @@ pub fn by_list_view(
 ) -> ByList {
     let age = |l: &Listing| now.duration_since(l.done).unwrap_or_default();
     if let Some(l) = listing
-        && age(l) <= fresh
         && let Some(inst) = l.instances.get(id)
     {
+        // The newest list: a Proxy listed as still booting is told so until the next
+        // list, as a Get would tell it at its next poll.
         return ByList::Listed(inst.clone());
     }
     let Some(since) = since else {
@@ -501,14 +495,20 @@ async fn list_one(
                 .filter_map(|p| Some((ObjectRef::from_obj(p.as_ref()), running_view(p, name)?)))
                 .collect();
             let mut recheck = to_recheck(&listing, running.iter().map(|(k, v)| (k, v)));
-            // Proxies in transition whose instance the list shows take its answer now.
+            // Proxies in transition whose instance the list shows in another state than
+            // their status (booted, stopped) take its answer now; those still booting are
+            // told so at their next poll.
             recheck.extend(
                 store
                     .state()
                     .iter()
                     .filter(|p| {
-                        in_transition_id(p, name)
-                            .is_some_and(|id| listing.instances.contains_key(id))
+                        in_transition_id(p, name).is_some_and(|id| {
+                            listing.instances.get(id).is_some_and(|i| {
+                                p.status.as_ref().and_then(|s| s.state.as_deref())
+                                    != Some(i.state.as_str())
+                            })
+                        })
                     })
                     .map(|p| ObjectRef::from_obj(p.as_ref())),
             );
@@ -1060,13 +1060,13 @@ mod tests {
                 listed_a.clone(),
             ),
             (
-                "listed, but ended longer ago: the next list",
+                "listed, ended longer ago: still the newest answer",
                 Some(&recent),
                 false,
                 "a",
                 before,
                 t0 + s(20),
-                ByList::Wait,
+                listed_a.clone(),
             ),
             (
                 "made before the list started, not in it: Get",

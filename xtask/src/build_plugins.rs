@@ -4,8 +4,8 @@
 //! profile, and lays the components out the way the host loads them: real providers in
 //! `<target>/plugins/`, testing plugins in `<target>/plugins/testing/`. The size limit
 //! exists because each plugin ships in a ConfigMap (1 MiB) and is compiled at every
-//! operator start: a provider that outgrows 512 KiB has pulled in something it should
-//! not have.
+//! operator start: a provider that outgrows 320 KiB (512 KiB without `wasm-opt`) has
+//! pulled in something it should not have.
 
 use crate::configmaps::{configmap_name, configmaps_yaml, volume_patch_yaml};
 use anyhow::{Context, Result, bail, ensure};
@@ -22,8 +22,12 @@ const OLD_CONTRACT_BUILDS: &[(&str, &str, &str)] = &[(
     "example-v0.1.0",
 )];
 const PROFILE: &str = "plugin";
-/// A real provider at or above this size fails the build.
-pub const MAX_PLUGIN_BYTES: u64 = 512 * 1024;
+/// A real provider at or above this size fails the build when `wasm-opt` ran (as in
+/// `cargo xtask test` and CI, which install binaryen): the performance issue's goal (29),
+/// met with 26 KB to spare by the largest (proxmox, 301,381 bytes in 2026-12).
+pub const MAX_PLUGIN_BYTES: u64 = 320 * 1024;
+/// The limit without `wasm-opt`, whose absence leaves plugins 14-22% larger.
+pub const MAX_UNOPTIMIZED_PLUGIN_BYTES: u64 = 512 * 1024;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -216,7 +220,14 @@ pub fn run(args: &Args) -> Result<()> {
         .iter()
         .map(|(p, path)| Ok((p, std::fs::metadata(path)?.len())))
         .collect::<Result<_>>()?;
-    check_sizes(&sizes)?;
+    check_sizes(
+        &sizes,
+        if shrink {
+            MAX_PLUGIN_BYTES
+        } else {
+            MAX_UNOPTIMIZED_PLUGIN_BYTES
+        },
+    )?;
 
     let mut placed = Vec::new();
     for (p, staged) in built {
@@ -336,17 +347,18 @@ pub fn find_plugins(root: &Path, packages: &[serde_json::Value]) -> Vec<Plugin> 
     plugins
 }
 
-/// Fails when a real provider is at or over [`MAX_PLUGIN_BYTES`], naming each one.
+/// Fails when a real provider is at or over `max` bytes, naming each one.
 /// Testing plugins are exempt: some are deliberately odd.
-pub fn check_sizes(sizes: &[(&Plugin, u64)]) -> Result<()> {
+pub fn check_sizes(sizes: &[(&Plugin, u64)], max: u64) -> Result<()> {
     let too_big: Vec<String> = sizes
         .iter()
-        .filter(|(p, size)| !p.testing && *size >= MAX_PLUGIN_BYTES)
+        .filter(|(p, size)| !p.testing && *size >= max)
         .map(|(p, size)| format!("{}.wasm is {size} bytes", p.name))
         .collect();
     if !too_big.is_empty() {
         bail!(
-            "provider plugins must stay under {MAX_PLUGIN_BYTES} bytes (512 KiB): {}",
+            "provider plugins must stay under {max} bytes ({} KiB): {}",
+            max / 1024,
             too_big.join(", ")
         );
     }
@@ -439,11 +451,13 @@ mod tests {
     #[test]
     fn size_check_applies_to_real_providers_only() {
         let (real, testing) = (plugin("example", false), plugin("hostile", true));
-        assert!(check_sizes(&[(&real, MAX_PLUGIN_BYTES - 1), (&testing, 10 << 20)]).is_ok());
-        let err = check_sizes(&[(&real, MAX_PLUGIN_BYTES)])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("example.wasm is 524288 bytes"), "{err}");
+        let max = MAX_PLUGIN_BYTES;
+        assert!(check_sizes(&[(&real, max - 1), (&testing, 10 << 20)], max).is_ok());
+        let err = check_sizes(&[(&real, max)], max).unwrap_err().to_string();
+        assert!(
+            err.contains("example.wasm is 327680 bytes") && err.contains("(320 KiB)"),
+            "{err}"
+        );
     }
 
     #[test]

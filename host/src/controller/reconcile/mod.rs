@@ -115,13 +115,15 @@ impl<'a> Shell<'a> {
         let suspect = self.ctx.take_suspect(&self.health_key());
         let listed = (!suspect).then(|| self.listed(&status)).flatten();
         let list_pending = !suspect && listed.is_none() && self.list_pending();
-        let by_list = if suspect {
-            crate::inventory::ByList::No
-        } else {
-            self.by_list(&status)
-        };
         let mut answer: Option<Answer> = None;
         for _ in 0..MAX_STEPS {
+            // Asked again at each step: right after a Create the new instance waits for the
+            // next list like the others rather than Get at once, when lists confirm.
+            let by_list = if suspect {
+                crate::inventory::ByList::No
+            } else {
+                self.by_list(&status)
+            };
             let mut observed = observe(
                 self.proxy,
                 &status,
@@ -131,7 +133,7 @@ impl<'a> Shell<'a> {
                 listed.clone(),
                 list_pending,
             );
-            observed.by_list = by_list.clone();
+            observed.by_list = by_list;
             let reported = match &answer {
                 Some(Answer::Got(_, Ok(i))) => i.hourly_price.clone(),
                 _ => None,
@@ -205,7 +207,12 @@ impl<'a> Shell<'a> {
         let (Some(inventory), Some(provider)) = (&self.ctx.inventory, &self.provider) else {
             return ByList::No;
         };
-        if crate::inventory::in_transition_id(self.proxy, &self.proxy.spec.provider).is_none() {
+        // In transition as of this step's status: an instance recorded, not Running, the
+        // Proxy not being deleted.
+        if self.proxy.metadata.deletion_timestamp.is_some()
+            || status.state.as_deref()
+                == Some(egress_plugin_host::provider::State::Running.as_str())
+        {
             return ByList::No;
         }
         let Some(id) = status.provider_id.as_deref().filter(|s| !s.is_empty()) else {
