@@ -40,8 +40,9 @@ pub struct Listing {
     /// How long it stays fresh, when longer than the inventory's `max_age` (a provider
     /// listed less often than every drift poll).
     fresh_for: Duration,
-    /// When the list ended: a Proxy in transition takes its answer from a list that ended
-    /// within its provisioning poll, as it would take a Get's.
+    /// When the list ended: lists confirming transitions are due a provisioning poll
+    /// after the last one ended, and a Proxy waits for lists only while one ended within
+    /// three polls ([`by_list_view`]).
     pub done: SystemTime,
 }
 

@@ -551,6 +551,8 @@ mod tests {
             .budget()
             .granted("ec2", "urgent", Duration::from_millis(1), 99.0);
         m.plugin.budget().rate_limited("ec2");
+        m.plugin
+            .slot_waited("ec2", "urgent", Duration::from_millis(1));
         m.reconcile.observe(
             &Ok(kube::runtime::controller::Action::await_change()),
             Duration::from_millis(5),
