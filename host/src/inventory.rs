@@ -380,11 +380,15 @@ pub fn running_view(p: &Proxy, name: &str) -> Option<RunningView> {
 /// The instance ID of a Proxy of provider `name` in transition: an instance recorded, not
 /// Running, not being deleted. Lists confirm these when there are many ([`confirm_by_list`]).
 pub fn in_transition_id<'p>(p: &'p Proxy, name: &str) -> Option<&'p str> {
-    if p.spec.provider != name || p.metadata.deletion_timestamp.is_some() {
+    if p.spec.provider != name {
         return None;
     }
-    let s = p.status.as_ref()?;
-    if s.state.as_deref() == Some(State::Running.as_str()) {
+    transition_id(p.metadata.deletion_timestamp.is_some(), p.status.as_ref()?)
+}
+
+/// [`in_transition_id`] of a Proxy with this `status`, `deleting` or not.
+pub fn transition_id(deleting: bool, s: &crate::api::ProxyStatus) -> Option<&str> {
+    if deleting || s.state.as_deref() == Some(State::Running.as_str()) {
         return None;
     }
     s.provider_id.as_deref().filter(|i| !i.is_empty())
@@ -426,7 +430,9 @@ pub const LIST_SHARE: f64 = 0.5;
 /// then (a fifth), the rest left to provider checks and drift Gets. Spaced this way a list
 /// gets its pages within its interval however long the rollout, and during a rollout at
 /// the budget's floor lists cost the creates at most 15% more time.
-pub const CONTENDED_LIST_SHARE: f64 = 0.15;
+pub fn contended_list_share() -> f64 {
+    0.75 * egress_plugin_host::provider::priority::guaranteed_share(Priority::Background)
+}
 
 /// How long after one list of a provider the next is due: the drift poll, or longer when
 /// lists costing what the last one sent would, that often, use more than [`LIST_SHARE`] of
@@ -445,7 +451,7 @@ pub fn list_interval(drift_poll: Duration, pacing: Option<Pacing>) -> Duration {
         return drift_poll;
     }
     let share = if contended {
-        CONTENDED_LIST_SHARE
+        contended_list_share()
     } else {
         LIST_SHARE
     };
@@ -610,7 +616,9 @@ async fn run_lists(
         // Proxies in transition per provider, counted only when some provider may need it.
         let mut transition: HashMap<&str, usize> = HashMap::new();
         for p in proxies.store.state() {
-            if let Some(name) = providers.keys().find(|n| in_transition_id(&p, n).is_some()) {
+            if let Some((name, _)) = providers.get_key_value(&p.spec.provider)
+                && in_transition_id(&p, name).is_some()
+            {
                 *transition.entry(name.as_str()).or_default() += 1;
             }
         }

@@ -19,7 +19,7 @@
 //! all its calls and kept across reloads (see `Runtime::budget`).
 
 pub use crate::provider::priority::Priority;
-use crate::provider::priority::Shares;
+use crate::provider::priority::{Shares, class_keys};
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -172,16 +172,13 @@ impl Bucket {
     }
 
     fn has_waiting(&self, p: Priority) -> bool {
-        self.waiting.range((p, 0)..=(p, u64::MAX)).next().is_some()
+        self.waiting.range(class_keys(p)).next().is_some()
     }
 
     /// The request whose turn it is: the first of the class the shares serve next.
     fn head(&self) -> Option<Ticket> {
         let class = self.shares.next(|p| self.has_waiting(p))?;
-        self.waiting
-            .range((class, 0)..=(class, u64::MAX))
-            .next()
-            .copied()
+        self.waiting.range(class_keys(class)).next().copied()
     }
 
     /// Whether `t` may send now. Only the head of the queue ([`Bucket::head`]) takes a

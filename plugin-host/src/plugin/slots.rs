@@ -7,7 +7,7 @@
 //! within a class in arrival order, so every class's wait is bounded whatever the backlog
 //! of the others, and the request budget ([`crate::rate`]) shares its tokens the same way.
 
-use crate::provider::priority::{Priority, Shares};
+use crate::provider::priority::{Priority, Shares, class_keys};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
@@ -27,14 +27,14 @@ struct Inner {
 
 impl Inner {
     fn has_waiting(&self, p: Priority) -> bool {
-        self.waiting.range((p, 0)..=(p, u64::MAX)).next().is_some()
+        self.waiting.range(class_keys(p)).next().is_some()
     }
 
     /// The waiter the next free slot goes to: the first of the class whose turn it is.
     fn pop_next(&mut self) -> Option<Arc<Waiter>> {
         let class = self.shares.next(|p| self.has_waiting(p))?;
         self.shares.charge(class);
-        let key = *self.waiting.range((class, 0)..=(class, u64::MAX)).next()?.0;
+        let key = *self.waiting.range(class_keys(class)).next()?.0;
         self.waiting.remove(&key)
     }
 }

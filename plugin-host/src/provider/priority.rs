@@ -76,6 +76,12 @@ pub fn guaranteed_share(p: Priority) -> f64 {
         .map_or(0.0, |(_, w)| *w as f64 / total as f64)
 }
 
+/// The keys of class `p` in a queue ordered by `(priority, arrival)`: the range to look up
+/// whether it waits and who is its first.
+pub fn class_keys(p: Priority) -> std::ops::RangeInclusive<(Priority, u64)> {
+    (p, 0)..=(p, u64::MAX)
+}
+
 /// Stride scheduling over the classes (Waldspurger and Weihl, 1995): pure, no time. Each
 /// class has a pass; the waiting class of the lowest pass is served next (ties go to the
 /// higher priority) and its pass advances by its stride, the inverse of its weight. A class

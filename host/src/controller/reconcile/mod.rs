@@ -207,15 +207,9 @@ impl<'a> Shell<'a> {
         let (Some(inventory), Some(provider)) = (&self.ctx.inventory, &self.provider) else {
             return ByList::No;
         };
-        // In transition as of this step's status: an instance recorded, not Running, the
-        // Proxy not being deleted.
-        if self.proxy.metadata.deletion_timestamp.is_some()
-            || status.state.as_deref()
-                == Some(egress_plugin_host::provider::State::Running.as_str())
-        {
-            return ByList::No;
-        }
-        let Some(id) = status.provider_id.as_deref().filter(|s| !s.is_empty()) else {
+        // In transition as of this step's status.
+        let deleting = self.proxy.metadata.deletion_timestamp.is_some();
+        let Some(id) = crate::inventory::transition_id(deleting, status) else {
             return ByList::No;
         };
         let since = status
