@@ -121,6 +121,7 @@ fn static_verb(verb: &str) -> &'static str {
         "patch" => "patch",
         "delete" => "delete",
         "deletecollection" => "deletecollection",
+        "watch-event" => "watch-event",
         other => panic!("unknown verb {other:?}"),
     }
 }
@@ -338,6 +339,10 @@ impl FakeApi {
     /// Every later request with `verb` on `resource` (as for [`FakeApi::inject_error`])
     /// waits `by` before it is served, like a slow API server: for tests of what
     /// concurrent callers do while a request is in flight. `Duration::ZERO` removes it.
+    ///
+    /// The pseudo-verb `watch-event` holds every event a watch on `resource` sends by
+    /// `by` instead (one after the other, so a watch lags its writes by at least `by`): a
+    /// watch cache that is behind the server, as informers are under load.
     pub fn delay(&self, verb: &str, resource: &str, by: Duration) {
         let verb = static_verb(verb);
         let mut delays = lock(&self.inner.delays);

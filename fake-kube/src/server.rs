@@ -1086,6 +1086,9 @@ impl StreamCtx {
         let Some(ty) = self.filter.event_type(c) else {
             return true;
         };
+        if let Some(lag) = self.api.delay_for("watch-event", &self.rt) {
+            tokio::time::sleep(lag).await;
+        }
         let mut obj = c.obj.clone();
         obj["apiVersion"] = json!(self.rt.api_version(&self.version));
         obj["kind"] = json!(self.rt.kind);

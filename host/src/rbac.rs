@@ -51,10 +51,10 @@ pub const RULES: &[Rule] = &[
     Rule {
         group: GROUP,
         resource: "proxies",
-        verbs: &["list", "watch", "patch", "create", "delete"],
+        verbs: &["get", "list", "watch", "patch", "create", "delete"],
         names: &[],
         scope: Scope::Cluster,
-        why: "reconciler (watch, finalizer patches), orphan GC (list), discovery API cache (list, watch), ProxyPool controller (create, delete the pool's Proxies)",
+        why: "reconciler (watch, finalizer patches, get: the server's copy before each Create, so a watch that lags sends no second Create), orphan GC (list), discovery API cache (list, watch), ProxyPool controller (create, delete the pool's Proxies)",
     },
     Rule {
         group: GROUP,
@@ -340,11 +340,11 @@ mod tests {
             )
             .is_some()
         );
-        // proxies may be listed, watched and patched, not read one by one.
+        // proxies may be patched, not replaced.
         assert!(
             allowing(
                 RULES,
-                &call(GROUP, "proxies", "get", Some("a"), Some("p")),
+                &call(GROUP, "proxies", "update", Some("a"), Some("p")),
                 "x"
             )
             .is_none()

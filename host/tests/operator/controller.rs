@@ -720,6 +720,28 @@ async fn crash_between_create_and_status_write_makes_no_duplicate() {
     assert!(env.fake.count_calls(Op::Create) >= 2);
 }
 
+/// A watch that lags the server (an informer under load) hands reconciles a copy older
+/// than the status the last one wrote. Such a copy shows no instance ID for a Proxy that has
+/// one: acting on it would send the Create again (the backend answers it by name, at the
+/// cost of a request, and the Hetzner plugin's two).
+#[tokio::test]
+async fn a_lagging_watch_sends_no_second_create() {
+    let env = Env::start().await;
+    // Longer than the provisioning poll and every retry, so each requeue finds the cache
+    // behind the status the last reconcile wrote.
+    env.api
+        .delay("watch-event", "proxies", Duration::from_millis(400));
+    env.create("p1", spec("z1")).await;
+    env.wait_running("p1").await;
+    assert_eq!(
+        env.fake.count_calls(Op::Create),
+        1,
+        "{:?}",
+        env.fake.calls()
+    );
+    assert_eq!(env.fake.instances().len(), 1);
+}
+
 #[tokio::test]
 async fn provider_configured_later_is_picked_up_without_a_spec_change() {
     let fake = Arc::new(FakeProvider::new("fake"));

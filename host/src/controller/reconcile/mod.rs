@@ -9,7 +9,7 @@ use crate::api::{Proxy, ProxyStatus, condition};
 use crate::controller::bounds::{CONDITION_MESSAGE_MAX, EVENT_NOTE_MAX, truncate};
 use crate::controller::context::{Context, FIELD_MANAGER, FINALIZER, ReconcileError};
 use crate::controller::decide::{
-    Answer, CondView, Decision, EventNote, Input, Next, Observed, decide, event,
+    Answer, Call, CondView, Decision, EventNote, Input, Next, Observed, decide, event,
 };
 use crate::controller::proxy_auth::{self, Credentials};
 use crate::controller::status;
@@ -156,6 +156,13 @@ impl<'a> Shell<'a> {
                 self.publish(e).await;
             }
             match next {
+                Next::Call(Call::Create) if !self.copy_is_current().await? => {
+                    // The watch has not brought the server's copy yet: its event brings
+                    // the next reconcile; the requeue is only a backstop for a watch that
+                    // never does.
+                    debug!("cached copy is behind the server's; Create deferred");
+                    return Ok(Action::requeue(timings.provisioning_poll));
+                }
                 Next::Call(call) => answer = Some(self.call(call, resolved.as_ref()).await),
                 Next::AddFinalizer => {
                     // End here: the patch triggers the next reconcile, which then sees the
@@ -185,6 +192,21 @@ impl<'a> Shell<'a> {
         }
         warn!("reconcile did not settle; coming back shortly");
         Ok(Action::requeue(timings.requeue_now))
+    }
+
+    /// Whether the copy this reconcile acts on is the server's (as of our own writes in it).
+    ///
+    /// Asked before a Create only: a copy from a watch that lags shows no instance for a
+    /// Proxy whose instance the last reconcile recorded, and every other decision made on
+    /// such a copy is undone by the next one at the price of a Get at most, while a Create
+    /// costs a backend request or two (answered by name, so never a second instance) and
+    /// budget the rollout needs. One API read per Create.
+    async fn copy_is_current(&self) -> Result<bool, ReconcileError> {
+        match self.api.get_metadata_opt(&self.name).await? {
+            Some(server) => Ok(server.metadata.resource_version == self.resource_version),
+            // Gone: the deletion event ends this Proxy's reconciles.
+            None => Ok(false),
+        }
     }
 
     /// What the provider's last fresh list says about the recorded instance.
