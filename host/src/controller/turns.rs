@@ -17,6 +17,17 @@
 //!
 //! Closing the queue (at shutdown) turns every waiter away at once, so a graceful
 //! shutdown waits for the reconciles that run, not for the whole queue.
+//!
+//! **Creates never hold every turn.** A reconcile that creates waits for the provider's
+//! budget inside its turn (a token a second at Hetzner's 3,600/h). In one queue, a
+//! rollout's Pending Proxies took every turn for as long as their creates lasted, and the
+//! Proxies whose instances a list had already confirmed (a status write each, no call)
+//! waited behind all of them: at 2,000 Proxies on 3,600/h the first ran after 8,748 s of
+//! the 9,161 the rollout took. So a reconcile expected to create ([`Kind::Create`]) first
+//! takes one of `concurrency - 1` create permits, in arrival order, and only then a turn:
+//! at most `concurrency - 1` creates hold or wait for a turn, and every other reconcile
+//! waits behind at most those. The creates keep the budget busy all the same, since each
+//! one in flight already waits for the next token.
 
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -25,29 +36,56 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 #[derive(Clone, Debug)]
 pub struct Turns {
     permits: Arc<Semaphore>,
+    /// Creates that may hold or wait for a turn at once (see the module's doc).
+    creates: Arc<Semaphore>,
+}
+
+/// What a reconcile is expected to do, from the copy it was asked with (a guess that only
+/// orders the queue: the reconcile decides from the copy of its turn).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Its Proxy has its finalizer and no instance: it will create, and wait for the budget.
+    Create,
+    /// Anything else: a finalizer, a status write, a Get, a Delete.
+    Other,
 }
 
 /// Held for the length of a reconcile; the next waiter goes when it drops.
 #[derive(Debug)]
-pub struct Turn(#[allow(dead_code)] OwnedSemaphorePermit);
+pub struct Turn {
+    _turn: OwnedSemaphorePermit,
+    _create: Option<OwnedSemaphorePermit>,
+}
 
 impl Turns {
     /// `concurrency` reconciles at a time (0 is taken as 1: a controller that never runs
-    /// anything is not a setting anyone means).
+    /// anything is not a setting anyone means). With one, creates take it too.
     pub fn new(concurrency: u16) -> Self {
+        let n = usize::from(concurrency.max(1));
         Turns {
-            permits: Arc::new(Semaphore::new(usize::from(concurrency.max(1)))),
+            permits: Arc::new(Semaphore::new(n)),
+            creates: Arc::new(Semaphore::new((n - 1).max(1))),
         }
     }
 
-    /// Waits for this caller's turn, after everyone who asked before it. `None` once
+    /// Waits for this caller's turn, after everyone of its kind who asked before it (and,
+    /// for a create, behind at most `concurrency - 1` creates). `None` once
     /// [`Turns::close`] was called.
-    pub async fn take(&self) -> Option<Turn> {
-        self.permits.clone().acquire_owned().await.ok().map(Turn)
+    pub async fn take(&self, kind: Kind) -> Option<Turn> {
+        let create = match kind {
+            Kind::Create => Some(self.creates.clone().acquire_owned().await.ok()?),
+            Kind::Other => None,
+        };
+        let turn = self.permits.clone().acquire_owned().await.ok()?;
+        Some(Turn {
+            _turn: turn,
+            _create: create,
+        })
     }
 
     /// Turns every waiter (and every later caller) away.
     pub fn close(&self) {
+        self.creates.close();
         self.permits.close();
     }
 
@@ -70,13 +108,13 @@ mod tests {
         let turns = Turns::new(2);
         let order = Arc::new(Mutex::new(Vec::new()));
         let peak = Arc::new(Mutex::new(0usize));
-        let first = turns.take().await.unwrap();
-        let second = turns.take().await.unwrap();
+        let first = turns.take(Kind::Other).await.unwrap();
+        let second = turns.take(Kind::Other).await.unwrap();
         let mut waiters = Vec::new();
         for i in 0..20 {
             let (turns, order, peak) = (turns.clone(), order.clone(), peak.clone());
             waiters.push(tokio::spawn(async move {
-                let _turn = turns.take().await.unwrap();
+                let _turn = turns.take(Kind::Other).await.unwrap();
                 order.lock().unwrap().push(i);
                 {
                     let mut p = peak.lock().unwrap();
@@ -98,16 +136,16 @@ mod tests {
     #[tokio::test]
     async fn closing_turns_waiters_away_and_the_running_finish() {
         let turns = Turns::new(1);
-        let running = turns.take().await.unwrap();
+        let running = turns.take(Kind::Other).await.unwrap();
         let waiter = tokio::spawn({
             let turns = turns.clone();
-            async move { turns.take().await.is_some() }
+            async move { turns.take(Kind::Other).await.is_some() }
         });
         tokio::time::sleep(Duration::from_millis(10)).await;
         turns.close();
         let got = tokio::time::timeout(Duration::from_secs(5), waiter).await;
         assert!(matches!(got, Ok(Ok(false))), "{got:?}");
-        assert!(turns.take().await.is_none());
+        assert!(turns.take(Kind::Other).await.is_none());
         drop(running);
     }
 
@@ -115,5 +153,91 @@ mod tests {
     fn zero_concurrency_still_runs_one() {
         let turns = Turns::new(0);
         assert_eq!(turns.permits.available_permits(), 1);
+        assert_eq!(turns.creates.available_permits(), 1);
+    }
+
+    /// A rollout's creates queued first, each holding its turn a while (waiting for the
+    /// budget), then one status write: it runs after at most `concurrency - 1` creates,
+    /// not after all of them. Under one FIFO queue it ran after all of them.
+    #[tokio::test]
+    async fn a_reconcile_behind_a_rollout_waits_for_a_free_turn_not_the_rollout() {
+        let turns = Turns::new(3);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..40 {
+            let (turns, order) = (turns.clone(), order.clone());
+            waiters.push(tokio::spawn(async move {
+                let _turn = turns.take(Kind::Create).await.unwrap();
+                order.lock().unwrap().push(format!("create {i}"));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let queued_at = order.lock().unwrap().len();
+        let other = tokio::spawn({
+            let (turns, order) = (turns.clone(), order.clone());
+            async move {
+                let _turn = turns.take(Kind::Other).await.unwrap();
+                order.lock().unwrap().push("status write".to_string());
+            }
+        });
+        other.await.unwrap();
+        let at = order
+            .lock()
+            .unwrap()
+            .iter()
+            .position(|s| s == "status write")
+            .unwrap();
+        // The creates holding their turns when it came (two) may start first, no more.
+        assert!(
+            at <= queued_at + 2,
+            "queued after {queued_at} creates, ran after {at}: {:?}",
+            order.lock().unwrap()
+        );
+        // The creates still go in their order, two at a time.
+        for w in waiters {
+            w.await.unwrap();
+        }
+        let creates: Vec<String> = order
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.starts_with("create"))
+            .cloned()
+            .collect();
+        assert_eq!(
+            creates,
+            (0..40).map(|i| format!("create {i}")).collect::<Vec<_>>()
+        );
+        assert_eq!(turns.running(3), 0);
+    }
+
+    #[tokio::test]
+    async fn with_one_turn_creates_and_the_rest_share_it() {
+        let turns = Turns::new(1);
+        let create = turns.take(Kind::Create).await.unwrap();
+        let other = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.take(Kind::Other).await.is_some() }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!other.is_finished(), "two reconciles at once with one turn");
+        drop(create);
+        assert!(other.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn closing_turns_away_a_create_waiting_for_its_permit() {
+        let turns = Turns::new(2);
+        let first = turns.take(Kind::Create).await.unwrap();
+        let second = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.take(Kind::Create).await.is_some() }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        turns.close();
+        let got = tokio::time::timeout(Duration::from_secs(5), second).await;
+        assert!(matches!(got, Ok(Ok(false))), "{got:?}");
+        drop(first);
     }
 }

@@ -6,7 +6,7 @@ use crate::controller::context::{Context, ReconcileError};
 use crate::controller::reconcile::reconcile;
 use crate::controller::secret_cache;
 use crate::controller::secret_cache::SecretCache;
-use crate::controller::turns::Turns;
+use crate::controller::turns::{Kind, Turns};
 use crate::proxy_cache::{ProxyCache, trim_for_cache};
 
 use futures::StreamExt;
@@ -248,6 +248,22 @@ fn error_policy(proxy: Arc<Proxy>, err: &ReconcileError, ctx: Arc<Context>) -> A
     Action::requeue(delay)
 }
 
+/// Whether a reconcile of `proxy` is expected to create: it has its finalizer (added by a
+/// reconcile of its own, a quick API write) and no instance, and is not being deleted.
+fn expected_kind(proxy: &Proxy) -> Kind {
+    let creating = proxy.metadata.deletion_timestamp.is_none()
+        && proxy
+            .finalizers()
+            .iter()
+            .any(|f| f == crate::controller::FINALIZER)
+        && proxy
+            .status
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .is_none_or(str::is_empty);
+    if creating { Kind::Create } else { Kind::Other }
+}
+
 /// Waits for a turn, then reconciles the Proxy as the cache has it by then (a request can
 /// wait minutes behind a large queue). Kept small while it waits: the reconcile's own
 /// future is only built (and boxed) once the turn comes.
@@ -257,7 +273,7 @@ async fn in_turn(
     proxy: Arc<Proxy>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
-    let Some(_turn) = turns.take().await else {
+    let Some(_turn) = turns.take(expected_kind(&proxy)).await else {
         // Shutting down: the next leader (or this process's next term) reconciles it.
         return Ok(Action::await_change());
     };
@@ -266,4 +282,58 @@ async fn in_turn(
         return Ok(Action::await_change());
     };
     Box::pin(reconcile(fresh, ctx)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ProxyStatus;
+
+    #[test]
+    fn only_a_proxy_with_its_finalizer_and_no_instance_is_expected_to_create() {
+        let with = |finalizer: bool, id: Option<&str>, deleting: bool| {
+            let mut p: Proxy = serde_json::from_value(serde_json::json!({
+                "apiVersion": "egress.proxy-operator.dev/v1alpha1",
+                "kind": "Proxy",
+                "metadata": {"name": "p", "namespace": "default"},
+                "spec": {
+                    "provider": "fake",
+                    "placement": {"region": "r1", "zone": "z1", "size": "s", "image": "i"},
+                    "cloudInit": {"inline": "#cloud-config"},
+                    "port": 3128,
+                },
+            }))
+            .unwrap();
+            if finalizer {
+                p.metadata.finalizers = Some(vec![crate::controller::FINALIZER.into()]);
+            }
+            if deleting {
+                p.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::now(),
+                    ));
+            }
+            p.status = Some(ProxyStatus {
+                provider_id: id.map(str::to_string),
+                ..Default::default()
+            });
+            expected_kind(&p)
+        };
+        let cases = [
+            ((true, None, false), Kind::Create),
+            ((true, Some(""), false), Kind::Create),
+            // The first reconcile only adds the finalizer: not held behind the creates.
+            ((false, None, false), Kind::Other),
+            ((true, Some("i-1"), false), Kind::Other),
+            ((true, None, true), Kind::Other),
+            ((true, Some("i-1"), true), Kind::Other),
+        ];
+        for ((finalizer, id, deleting), want) in cases {
+            assert_eq!(
+                with(finalizer, id, deleting),
+                want,
+                "{finalizer} {id:?} {deleting}"
+            );
+        }
+    }
 }
