@@ -414,19 +414,22 @@ async fn send(
 
     // A kept-alive connection of this provider's, for the same scheme, host and port, made
     // to an address this request's own lookup just vetted; else a new one to a vetted
-    // address. The connection lives as long as the request and its response body; read to
-    // the end, it goes back to the pool, otherwise (the guest dropped the response, the
-    // call ended, a cap tripped) its socket is closed.
+    // address. An HTTP/1.1 connection is this request's alone until its response body is
+    // dropped: read to the end, it goes back to the pool, otherwise (the guest dropped the
+    // response, the call ended, a cap tripped) its socket is closed. An HTTP/2 connection
+    // stays in the pool and carries other requests of this provider meanwhile, under the
+    // same rules (see `pool.rs`).
     let key = super::pool::Key {
         https: target.scheme == crate::policy::Scheme::Https,
         host: host.to_ascii_lowercase(),
         port: target.port,
     };
     let mut pooled = None;
-    while let Some(mut conn) = pool.take(&key, &vetted) {
-        if let Ok(Ok(())) = tokio::time::timeout_at(connect_deadline, conn.sender.ready()).await {
+    while let Some(found) = pool.take(&key, &vetted) {
+        let mut lease = super::pool::Lease::found(found, pool);
+        if let Ok(Ok(())) = tokio::time::timeout_at(connect_deadline, lease.ready()).await {
             pool.note_reused();
-            pooled = Some(super::pool::Lease::new(conn, pool));
+            pooled = Some(lease);
             break;
         }
     }
@@ -435,17 +438,15 @@ async fn send(
         let mut lease = match pooled.take() {
             Some(l) => l,
             None => {
-                let conn = open(policy, key.clone(), &vetted, shown, connect_deadline).await?;
+                let lease =
+                    open(policy, pool, key.clone(), &vetted, shown, connect_deadline).await?;
                 pool.note_opened();
-                super::pool::Lease::new(conn, pool)
+                lease
             }
         };
-        let sent = tokio::time::timeout(
-            first_byte_timeout,
-            lease.conn().sender.try_send_request(request),
-        )
-        .await
-        .map_err(|_| Error::ConnectionReadTimeout)?;
+        let sent = tokio::time::timeout(first_byte_timeout, lease.send(request))
+            .await
+            .map_err(|_| Error::ConnectionReadTimeout)?;
         match sent {
             Ok(response) => break (response, lease),
             // The kept-alive connection was closed by the server before the request went
@@ -453,7 +454,16 @@ async fn send(
             Err(mut e) if reused && e.message().is_some() => {
                 request = e.take_message().expect("checked just above");
             }
-            Err(e) => return Err(Error::from(e.into_error())),
+            Err(e) => {
+                let e = e.into_error();
+                if lease.is_h2()
+                    && let Some((refused, why)) = super::h2::refused_head(&e, &policy.limits)
+                {
+                    tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, "HTTP/2 response refused: {why}");
+                    return Err(refused);
+                }
+                return Err(Error::from(e));
+            }
         }
     };
     feedback(policy, call.budget, &response);
@@ -493,15 +503,19 @@ async fn send(
     Ok((response, Box::new(async { Ok(()) })))
 }
 
-/// A new connection for `key` to the first of `vetted` that answers: TCP, TLS with the
-/// provider's trust for an `https` URL, then the HTTP/1.1 handshake; its task spawned.
+/// A new connection for `key` to the first of `vetted` that answers, lent to one request:
+/// TCP, then for an `https` URL TLS with the provider's trust offering `h2` and
+/// `http/1.1` by ALPN; the HTTP/2 handshake if the server chose `h2` (the connection joins
+/// the provider's pool at once, see [`super::h2`]), else the HTTP/1.1 handshake; its task
+/// spawned.
 async fn open(
     policy: &HttpPolicy,
+    pool: &Arc<super::pool::Pool>,
     key: super::pool::Key,
     vetted: &[SocketAddr],
     shown: &str,
     connect_deadline: tokio::time::Instant,
-) -> Result<super::pool::Conn, Error> {
+) -> Result<super::pool::Lease, Error> {
     let stream = connect(vetted, connect_deadline).await?;
     let addr = stream.peer_addr().map_err(Error::Connect)?;
     let io: Box<dyn IoStream> = if key.https {
@@ -515,7 +529,7 @@ async fn open(
             Err(_) => rustls::pki_types::ServerName::try_from(host.to_string())
                 .map_err(Error::InvalidDnsNameError)?,
         };
-        let connector = tokio_rustls::TlsConnector::from(policy.tls.clone());
+        let connector = tokio_rustls::TlsConnector::from(pool.alpn_tls(&policy.tls));
         let tls = tokio::time::timeout_at(connect_deadline, connector.connect(name, stream))
             .await
             .map_err(|_| Error::ConnectionTimeout)?
@@ -525,6 +539,15 @@ async fn open(
                 tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, error = %e, "TLS handshake with the backend failed; a backend with a private or self-signed certificate needs its CA in the provider's tls.caFile");
                 Error::Tls(e)
             })?;
+        if super::h2::chosen(&tls) {
+            let conn = tokio::time::timeout_at(
+                connect_deadline,
+                super::h2::handshake(tls, &policy.limits, key, addr),
+            )
+            .await
+            .map_err(|_| Error::ConnectionTimeout)??;
+            return Ok(pool.add_shared(conn));
+        }
         Box::new(tls)
     } else {
         Box::new(stream)
@@ -535,12 +558,13 @@ async fn open(
     )
     .await
     .map_err(|_| Error::ConnectionTimeout)??;
-    Ok(super::pool::Conn {
+    let conn = super::pool::Conn {
         sender,
         _task: super::pool::AbortOnDrop(tokio::spawn(conn)),
         key,
         addr,
-    })
+    };
+    Ok(super::pool::Lease::new(conn, pool))
 }
 
 trait IoStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
@@ -1082,6 +1106,205 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
         server.abort();
+    }
+
+    /// A provider allowed to call `s` over HTTPS, trusting its CA.
+    fn tls_policy(
+        name: &str,
+        s: &std::net::SocketAddr,
+        ca: &std::path::Path,
+        limits: crate::config::HttpLimits,
+    ) -> Arc<HttpPolicy> {
+        let port = s.port();
+        let rules = [
+            format!("https://127.0.0.1:{port}"),
+            format!("https://moved-h2.pool.test:{port}"),
+        ];
+        Arc::new(HttpPolicy {
+            provider: name.into(),
+            allow: AllowList::new(rules.iter().map(|r| r.parse().unwrap()).collect()),
+            pool: super::super::pool::Pool::new(limits.max_idle, limits.idle_timeout),
+            limits,
+            tls: tls_config(Some(ca), false).unwrap(),
+            sensitive: Arc::default(),
+            budget: None,
+        })
+    }
+
+    /// Requests of one provider to a backend that offers `h2` share one connection, one
+    /// after another and at once.
+    #[tokio::test]
+    async fn h2_requests_of_a_provider_share_one_connection_also_at_once() {
+        let s = super::super::h2::tests::tls_server(true).await;
+        let p = tls_policy("a", &s.addr, &s.ca_file, Default::default());
+        let url = |path: &str| format!("https://127.0.0.1:{}{path}", s.addr.port());
+        assert_eq!(get(&p, &url("/x"), &call()).await.unwrap(), "ok");
+        assert_eq!(get(&p, &url("/x"), &call()).await.unwrap(), "ok");
+        let calls: Vec<CallBudget> = (0..8).map(|_| call()).collect();
+        let slow = url("/slow");
+        let answers = futures::future::join_all(calls.iter().map(|c| get(&p, &slow, c))).await;
+        for a in answers {
+            assert_eq!(a.unwrap(), "ok");
+        }
+        assert_eq!(s.accepted.load(Ordering::SeqCst), 1, "one connection");
+        assert_eq!(s.requests.load(Ordering::SeqCst), 10);
+        let most = s.max_active.load(Ordering::SeqCst);
+        assert!(most >= 2, "requests were carried at once: at most {most}");
+        settle().await;
+        assert_eq!(p.pool.streams(), vec![0], "held once, nothing in flight");
+        assert_eq!(p.pool.counts(), (1, 9), "opened once, reused 9 times");
+    }
+
+    /// A backend offering only `http/1.1` over TLS: one request per connection at a time,
+    /// as before; a connection is reused once its response was read.
+    #[tokio::test]
+    async fn an_http1_only_tls_backend_gets_one_request_per_connection() {
+        let s = super::super::h2::tests::tls_server(false).await;
+        let p = tls_policy("a", &s.addr, &s.ca_file, Default::default());
+        let url = |path: &str| format!("https://127.0.0.1:{}{path}", s.addr.port());
+        assert_eq!(get(&p, &url("/x"), &call()).await.unwrap(), "ok");
+        assert_eq!(get(&p, &url("/x"), &call()).await.unwrap(), "ok");
+        assert_eq!(
+            s.accepted.load(Ordering::SeqCst),
+            1,
+            "reused one after another"
+        );
+        let calls: Vec<CallBudget> = (0..3).map(|_| call()).collect();
+        let slow = url("/slow");
+        for a in futures::future::join_all(calls.iter().map(|c| get(&p, &slow, c))).await {
+            assert_eq!(a.unwrap(), "ok");
+        }
+        assert_eq!(
+            s.accepted.load(Ordering::SeqCst),
+            3,
+            "at once: the idle one and two new"
+        );
+        assert!(p.pool.streams().is_empty(), "no HTTP/2 connection");
+        assert_eq!(p.pool.idle(), 3);
+    }
+
+    /// Two providers calling the same HTTP/2 backend never share a connection.
+    #[tokio::test]
+    async fn providers_never_share_an_h2_connection() {
+        let s = super::super::h2::tests::tls_server(true).await;
+        let url = format!("https://127.0.0.1:{}/", s.addr.port());
+        let a = tls_policy("a", &s.addr, &s.ca_file, Default::default());
+        let b = tls_policy("b", &s.addr, &s.ca_file, Default::default());
+        for _ in 0..2 {
+            get(&a, &url, &call()).await.unwrap();
+            get(&b, &url, &call()).await.unwrap();
+        }
+        assert_eq!(s.accepted.load(Ordering::SeqCst), 2, "one each");
+        assert_eq!((a.pool.streams(), b.pool.streams()), (vec![0], vec![0]));
+        // A reload drops the old provider: its connection goes, its successor dials anew.
+        drop(a);
+        let a = tls_policy("a", &s.addr, &s.ca_file, Default::default());
+        get(&a, &url, &call()).await.unwrap();
+        assert_eq!(s.accepted.load(Ordering::SeqCst), 3);
+    }
+
+    /// An HTTP/2 connection made for a name when it resolved to a vetted address is not
+    /// used once the name resolves to an address the vetting refuses.
+    #[tokio::test]
+    async fn a_pooled_h2_connection_never_bypasses_the_address_vetting() {
+        let s = super::super::h2::tests::tls_server(true).await;
+        let port = s.addr.port();
+        let p = tls_policy("a", &s.addr, &s.ca_file, Default::default());
+        let key = super::super::pool::Key {
+            https: true,
+            host: "moved-h2.pool.test".into(),
+            port,
+        };
+        let pool = p.pool.clone();
+        let conn = super::super::h2::tests::h2_conn(&s, key, &pool).await;
+        drop(pool.add_shared(conn));
+        assert_eq!(pool.streams(), vec![0]);
+        let url = format!("https://moved-h2.pool.test:{port}/");
+        for now in ["10.9.8.7", "127.0.0.1"] {
+            dns::set("moved-h2.pool.test", &[now.parse().unwrap()]);
+            match get(&p, &url, &call()).await {
+                Err(Error::DestinationIpProhibited) => {}
+                other => panic!("resolving to {now}: want refused, got {other:?}"),
+            }
+        }
+        assert_eq!(s.requests.load(Ordering::SeqCst), 0, "nothing sent on it");
+        assert_eq!(pool.counts(), (0, 0));
+    }
+
+    /// The response checks hold the same over HTTP/2 as over HTTP/1.1: header bytes, body
+    /// size; and a header block over HTTP/2's decoding bound is refused as it is decoded,
+    /// the connection serving on.
+    #[tokio::test]
+    async fn h2_responses_get_the_same_checks_as_http1() {
+        let limits = crate::config::HttpLimits {
+            max_response_bytes: 1000,
+            ..Default::default()
+        };
+        let mut seen = Vec::new();
+        for h2 in [true, false] {
+            let s = super::super::h2::tests::tls_server(h2).await;
+            let p = tls_policy("a", &s.addr, &s.ca_file, limits.clone());
+            let url = |path: &str| format!("https://127.0.0.1:{}{path}", s.addr.port());
+            // Over maxHeaderBytes (16 KiB), within what HTTP/2 decodes: the same refusal.
+            match get(&p, &url("/headers/17000"), &call()).await {
+                Err(Error::HttpResponseHeaderSectionSize(Some(n))) => seen.push(n),
+                other => panic!("h2 {h2}: want the header section refused, got {other:?}"),
+            }
+            match get(&p, &url("/big/5000"), &call()).await {
+                Err(Error::HttpResponseBodySize(Some(5000))) => {}
+                other => panic!("h2 {h2}: want the body refused, got {other:?}"),
+            }
+            assert_eq!(
+                get(&p, &url("/big/1000"), &call()).await.unwrap().len(),
+                1000
+            );
+            if h2 {
+                // Over the decoding bound: refused by h2 while decoding, the stream reset.
+                match get(&p, &url("/headers/40000"), &call()).await {
+                    Err(Error::HttpResponseHeaderSectionSize(None)) => {}
+                    other => panic!("want the header block refused, got {other:?}"),
+                }
+                assert_eq!(get(&p, &url("/"), &call()).await.unwrap(), "ok");
+                assert_eq!(
+                    s.accepted.load(Ordering::SeqCst),
+                    1,
+                    "one connection throughout"
+                );
+            }
+        }
+        // `x-big` (17,005 bytes) and the server's `date` and `content-length`, both ways.
+        assert_eq!(seen, vec![17053, 17053]);
+    }
+
+    /// A hostile HTTP/2 backend's header block (an HPACK bomb, endless CONTINUATION
+    /// frames) is refused with the header-size error, at once, and the host stops
+    /// reading the endless one.
+    #[tokio::test]
+    async fn a_hostile_h2_header_block_is_refused_and_never_held() {
+        use super::super::h2::tests::{Hostile, hostile_server};
+        for kind in [Hostile::HpackBomb, Hostile::EndlessContinuation] {
+            let s = hostile_server(kind).await;
+            let p = tls_policy("a", &s.addr, &s.ca_file, Default::default());
+            let url = format!("https://127.0.0.1:{}/", s.addr.port());
+            let start = Instant::now();
+            match get(&p, &url, &call()).await {
+                Err(Error::HttpResponseHeaderSectionSize(None)) => {}
+                other => panic!("want the header block refused, got {other:?}"),
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{:?}",
+                start.elapsed()
+            );
+            drop(p);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !s.ended.load(Ordering::SeqCst) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(s.ended.load(Ordering::SeqCst), "the host stopped reading");
+            let written = s.written.load(Ordering::SeqCst);
+            assert!(written < 8 << 20, "the host took {written} bytes of it");
+        }
     }
 
     fn hostname() -> String {

@@ -14,6 +14,7 @@ pub mod compiler;
 mod engine;
 mod fs;
 mod guest;
+mod h2;
 mod host_services;
 mod http;
 mod interfaces;
