@@ -15,8 +15,16 @@
 //!   is a connection error); CONTINUATION frames after a HEADERS frame are counted (at
 //!   most `max(5, 1.25 x list size / frame size)`, then GOAWAY `ENHANCE_YOUR_CALM`), and
 //!   the raw bytes of a block already over the size are capped at the list size (then
-//!   GOAWAY `COMPRESSION_ERROR`). h2 applies our list size once the server has
-//!   acknowledged our SETTINGS; before that it uses its own default (16 MiB);
+//!   GOAWAY `COMPRESSION_ERROR`);
+//! * header blocks before the server has acknowledged our SETTINGS: h2 applies our list
+//!   size only from that ACK on, and until then its own default (16 MiB, per stream).
+//!   So no header block is let through before it: `AckGuard` reads the server's bytes
+//!   as frame headers ([`FrameScan`]) on their way to h2, and a HEADERS, PUSH_PROMISE or
+//!   CONTINUATION frame before the ACK fails the read, which closes the connection
+//!   before h2 decodes a byte of the block. [`handshake`] returns the connection only
+//!   once the ACK was read, so no request is sent before it (any header block before it
+//!   is unsolicited: refusing it breaks no honest server). A server that does not ACK
+//!   within the request's connect timeout gets no request, and its connection is closed;
 //! * frames: at most [`MAX_FRAME_SIZE`] each, a larger one is a connection error;
 //! * unread response bodies: [`STREAM_WINDOW`] per request, [`CONNECTION_WINDOW`] per
 //!   connection (flow control: the server may not send more until the guest reads);
@@ -32,8 +40,12 @@ use super::pool::{AbortOnDrop, H2Conn, Key};
 use crate::config::HttpLimits;
 use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::watch;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, WasiBody};
 
@@ -96,18 +108,281 @@ pub fn chosen<IO>(tls: &tokio_rustls::client::TlsStream<IO>) -> bool {
     tls.get_ref().1.alpn_protocol() == Some(ALPN[0])
 }
 
-/// The HTTP/2 handshake on `io` (TLS, ALPN `h2`), with the bounds above; the connection's
-/// task spawned.
+/// Frame types (RFC 9113, section 6) the scan tells apart.
+const HEADERS: u8 = 0x1;
+const SETTINGS: u8 = 0x4;
+const PUSH_PROMISE: u8 = 0x5;
+const CONTINUATION: u8 = 0x9;
+/// SETTINGS' ACK flag.
+const ACK: u8 = 0x1;
+/// A frame header: 24-bit length, type, flags, 31-bit stream id.
+const FRAME_HEADER: usize = 9;
+
+/// A frame carrying a header block, read before the server acknowledged our SETTINGS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EarlyHeaderBlock {
+    /// Its frame type: HEADERS, PUSH_PROMISE or CONTINUATION.
+    pub kind: u8,
+    pub stream: u32,
+}
+
+impl std::fmt::Display for EarlyHeaderBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self.kind {
+            HEADERS => "HEADERS",
+            PUSH_PROMISE => "PUSH_PROMISE",
+            _ => "CONTINUATION",
+        };
+        write!(
+            f,
+            "the server sent a {name} frame (stream {}) before acknowledging our SETTINGS, \
+             so before our header size limit applies; refused unread, connection closed",
+            self.stream
+        )
+    }
+}
+
+impl std::error::Error for EarlyHeaderBlock {}
+
+/// Where [`FrameScan`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scan {
+    /// Reading frames, waiting for the server's ACK of our SETTINGS.
+    Waiting,
+    /// The ACK was read: nothing more is looked at.
+    Acked,
+    /// A header block came first: every later read fails too.
+    Refused(EarlyHeaderBlock),
+}
+
+/// The server's byte stream read as HTTP/2 frames until the server acknowledges our
+/// SETTINGS: frame headers are collected (across reads), payloads skipped by count, never
+/// copied. A SETTINGS frame with the ACK flag, empty and on stream 0 (the only ACK h2
+/// applies our settings on), is the ACK; a header block before it is refused.
+#[derive(Debug)]
+pub struct FrameScan {
+    head: [u8; FRAME_HEADER],
+    /// Bytes of `head` read so far.
+    have: usize,
+    /// Payload bytes of the current frame still to skip.
+    skip: usize,
+    state: Scan,
+}
+
+impl Default for FrameScan {
+    fn default() -> Self {
+        FrameScan {
+            head: [0; FRAME_HEADER],
+            have: 0,
+            skip: 0,
+            state: Scan::Waiting,
+        }
+    }
+}
+
+impl FrameScan {
+    /// Reads the next bytes the server sent. `Err`: a header block came before the ACK
+    /// (and every call after that fails the same way).
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), EarlyHeaderBlock> {
+        loop {
+            match self.state {
+                Scan::Waiting => {}
+                Scan::Acked => return Ok(()),
+                Scan::Refused(early) => return Err(early),
+            }
+            let skipped = bytes.len().min(self.skip);
+            self.skip -= skipped;
+            bytes = &bytes[skipped..];
+            if bytes.is_empty() {
+                return Ok(());
+            }
+            let n = (FRAME_HEADER - self.have).min(bytes.len());
+            self.head[self.have..self.have + n].copy_from_slice(&bytes[..n]);
+            self.have += n;
+            bytes = &bytes[n..];
+            if self.have < FRAME_HEADER {
+                return Ok(());
+            }
+            self.have = 0;
+            let h = self.head;
+            let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+            let (kind, flags) = (h[3], h[4]);
+            let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+            match kind {
+                SETTINGS if flags & ACK != 0 && len == 0 && stream == 0 => {
+                    self.state = Scan::Acked;
+                }
+                HEADERS | PUSH_PROMISE | CONTINUATION => {
+                    self.state = Scan::Refused(EarlyHeaderBlock { kind, stream });
+                }
+                _ => self.skip = len,
+            }
+        }
+    }
+
+    /// Whether the server's ACK of our SETTINGS was read.
+    pub fn acked(&self) -> bool {
+        self.state == Scan::Acked
+    }
+}
+
+/// What [`AckGuard`] has seen, for [`handshake`] to wait on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ack {
+    Waiting,
+    Seen,
+    Refused(EarlyHeaderBlock),
+}
+
+/// An HTTP/2 connection's IO, its reads passed through [`FrameScan`] until the server's
+/// ACK of our SETTINGS (then passed on untouched). A header block before it fails the
+/// read, its bytes not handed on: h2 never decodes it, and hyper closes the connection.
+/// Writes pass through.
+struct AckGuard<IO> {
+    io: IO,
+    scan: FrameScan,
+    ack: watch::Sender<Ack>,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for AckGuard<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.scan.acked() {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        }
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        match this.scan.feed(&buf.filled()[before..]) {
+            Ok(()) => {
+                if this.scan.acked() {
+                    this.ack.send_replace(Ack::Seen);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Err(early) => {
+                buf.set_filled(before);
+                this.ack.send_replace(Ack::Refused(early));
+                Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    early,
+                )))
+            }
+        }
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for AckGuard<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// Why [`handshake`] made no connection.
+#[derive(Debug)]
+pub enum Failed {
+    /// Hyper's handshake failed.
+    Handshake(hyper::Error),
+    /// Hyper's handshake did not end before the deadline.
+    HandshakeTimeout,
+    /// The server did not acknowledge our SETTINGS before the deadline.
+    NoAck,
+    /// The server sent a header block before acknowledging our SETTINGS.
+    Refused(EarlyHeaderBlock),
+    /// The connection ended before the server acknowledged our SETTINGS.
+    Closed,
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Handshake(e) => write!(f, "the HTTP/2 handshake failed: {e}"),
+            Failed::HandshakeTimeout => {
+                write!(
+                    f,
+                    "the HTTP/2 handshake did not end within the connect timeout"
+                )
+            }
+            Failed::NoAck => write!(
+                f,
+                "the server did not acknowledge our HTTP/2 SETTINGS within the connect \
+                 timeout; no request is sent before it does, the connection is closed"
+            ),
+            Failed::Refused(early) => early.fmt(f),
+            Failed::Closed => write!(
+                f,
+                "the HTTP/2 connection ended before the server acknowledged our SETTINGS"
+            ),
+        }
+    }
+}
+
+impl Failed {
+    /// The error the plugin sees (a connect failure), and why, for the operator's log
+    /// (none for hyper's own error, which the error carries).
+    pub fn into_error(self) -> (Error, Option<String>) {
+        let why = match &self {
+            Failed::Handshake(_) => None,
+            other => Some(other.to_string()),
+        };
+        let error = match self {
+            Failed::Handshake(e) => Error::from(e),
+            Failed::HandshakeTimeout | Failed::NoAck => Error::ConnectionTimeout,
+            Failed::Refused(_) => Error::HttpProtocolError,
+            Failed::Closed => Error::ConnectionTerminated,
+        };
+        (error, why)
+    }
+}
+
+/// The HTTP/2 handshake on `io` (TLS, ALPN `h2`), with the bounds above, the connection's
+/// task spawned; returns once the server has acknowledged our SETTINGS (so that our
+/// header list size applies), before `deadline`. The connection is dropped (its socket
+/// closed) on any failure.
 pub async fn handshake<IO>(
     io: IO,
     limits: &HttpLimits,
     key: Key,
     addr: SocketAddr,
-) -> Result<H2Conn, hyper::Error>
+    deadline: tokio::time::Instant,
+) -> Result<H2Conn, Failed>
 where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+    let (ack, mut acked) = watch::channel(Ack::Waiting);
+    let io = AckGuard {
+        io,
+        scan: FrameScan::default(),
+        ack,
+    };
+    let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .adaptive_window(false)
@@ -118,8 +393,11 @@ where
         // No keep-alive pings: a connection unused for `idleTimeout` is closed by the
         // pool's reaper, and a dead one shows on the next request (first-byte timeout).
         .keep_alive_interval(None)
-        .handshake::<_, WasiBody>(TokioIo::new(io))
-        .await?;
+        .handshake::<_, WasiBody>(TokioIo::new(io));
+    let (sender, conn) = tokio::time::timeout_at(deadline, handshake)
+        .await
+        .map_err(|_| Failed::HandshakeTimeout)?
+        .map_err(Failed::Handshake)?;
     // The server's own stream limit (its SETTINGS), read each time the connection is
     // driven, so that the pool opens another connection rather than queue past it.
     let server_streams = Arc::new(AtomicUsize::new(MAX_STREAMS));
@@ -130,13 +408,23 @@ where
         seen.store(conn.current_max_send_streams(), Ordering::Relaxed);
         polled
     });
-    Ok(H2Conn {
+    let conn = H2Conn {
         sender,
         _task: AbortOnDrop(tokio::spawn(task)),
         key,
         addr,
         server_streams,
-    })
+    };
+    // h2 reads the server's frames from now on (its own task, spawned by hyper).
+    let ack = tokio::time::timeout_at(deadline, acked.wait_for(|a| *a != Ack::Waiting))
+        .await
+        .map_err(|_| Failed::NoAck)?
+        .map(|a| *a);
+    match ack {
+        Ok(Ack::Seen) => Ok(conn),
+        Ok(Ack::Refused(early)) => Err(Failed::Refused(early)),
+        Ok(Ack::Waiting) | Err(_) => Err(Failed::Closed),
+    }
 }
 
 /// The h2 error under a hyper error, if any.
@@ -324,16 +612,37 @@ pub(super) mod tests {
         /// A HEADERS frame, then CONTINUATION frames of 16 KB of header fields, without
         /// end.
         EndlessContinuation,
+        /// Sends its SETTINGS and never acknowledges the client's (nor answers).
+        NoAck,
+        /// Sends its SETTINGS, then at once (no request came) the HPACK bomb on stream 1;
+        /// never acknowledges the client's SETTINGS.
+        BombNoAck,
+        /// Sends its SETTINGS, the HPACK bomb on stream 1, then the ACK of the client's
+        /// SETTINGS: h2 alone would decode the bomb under its default 16 MiB.
+        BombThenAck,
     }
 
-    /// A raw HTTP/2 backend (TLS, ALPN `h2`): acknowledges the client's SETTINGS, waits for
-    /// its first request, answers with `kind`. `written` counts the bytes of that answer
-    /// it got out; `ended` is set when it can write no more (the client closed).
+    impl Hostile {
+        /// Whether it writes before any request (and so waits for none).
+        fn early(self) -> bool {
+            matches!(
+                self,
+                Hostile::NoAck | Hostile::BombNoAck | Hostile::BombThenAck
+            )
+        }
+    }
+
+    /// A raw HTTP/2 backend (TLS, ALPN `h2`) on one connection: acknowledges the client's
+    /// SETTINGS, waits for its first request, answers with `kind`. `written` counts the
+    /// bytes of that answer it got out; `ended` is set when it can write no more (the
+    /// client closed). The `early` kinds write before any request instead, then read
+    /// until the client closes (`ended`), counting the requests (HEADERS) it got.
     pub(crate) struct HostileServer {
         pub addr: SocketAddr,
         pub ca_file: std::path::PathBuf,
         pub written: Arc<std::sync::atomic::AtomicU64>,
         pub ended: Arc<std::sync::atomic::AtomicBool>,
+        pub requests: Arc<AtomicU32>,
         _dir: tempfile::TempDir,
         task: tokio::task::JoinHandle<()>,
     }
@@ -378,13 +687,42 @@ pub(super) mod tests {
         out.extend_from_slice(value);
     }
 
+    /// One header field put in HPACK's dynamic table, then referenced 10,000 times: a
+    /// HEADERS frame (END_HEADERS) on stream 1 of about 14 KB, 40 MB decoded.
+    fn hpack_bomb() -> Vec<u8> {
+        let mut block = vec![0x88]; // :status 200
+        literal(0x40, b"x", &[b'a'; 4000], &mut block);
+        block.extend(std::iter::repeat_n(0x80 | 62, 10_000));
+        frame(1, 0x4, 1, &block)
+    }
+
+    /// Reads the client's frames until it closes, counting its HEADERS in `requests`.
+    async fn read_to_end<R: tokio::io::AsyncRead + Unpin>(mut rd: R, requests: Arc<AtomicU32>) {
+        loop {
+            let mut head = [0u8; 9];
+            if rd.read_exact(&mut head).await.is_err() {
+                return;
+            }
+            let len =
+                (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+            if head[3] == 1 {
+                requests.fetch_add(1, Ordering::SeqCst);
+            }
+            let mut payload = vec![0u8; len];
+            if rd.read_exact(&mut payload).await.is_err() {
+                return;
+            }
+        }
+    }
+
     pub(crate) async fn hostile_server(kind: Hostile) -> HostileServer {
         let (dir, ca_file, config) = test_ca(&ALPN[..1]);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (w, e) = (written.clone(), ended.clone());
+        let requests = Arc::new(AtomicU32::new(0));
+        let (w, e, r) = (written.clone(), ended.clone(), requests.clone());
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         let task = tokio::spawn(async move {
             let Ok((s, _)) = listener.accept().await else {
@@ -397,6 +735,21 @@ pub(super) mod tests {
             // The preface, then frames until the first HEADERS (the request).
             let mut preface = [0u8; 24];
             rd.read_exact(&mut preface).await.unwrap();
+            if kind.early() {
+                let mut out = frame(4, 0, 0, &[]); // its SETTINGS (none)
+                if matches!(kind, Hostile::BombNoAck | Hostile::BombThenAck) {
+                    out.extend(hpack_bomb());
+                }
+                if matches!(kind, Hostile::BombThenAck) {
+                    out.extend(frame(4, 1, 0, &[]));
+                }
+                if wr.write_all(&out).await.is_ok() && wr.flush().await.is_ok() {
+                    w.fetch_add(out.len() as u64, Ordering::SeqCst);
+                }
+                read_to_end(rd, r).await;
+                e.store(true, Ordering::SeqCst);
+                return;
+            }
             let mut settings_acked = false;
             loop {
                 let mut head = [0u8; 9];
@@ -423,10 +776,7 @@ pub(super) mod tests {
             });
             match kind {
                 Hostile::HpackBomb => {
-                    let mut block = vec![0x88]; // :status 200
-                    literal(0x40, b"x", &[b'a'; 4000], &mut block);
-                    block.extend(std::iter::repeat_n(0x80 | 62, 10_000));
-                    let f = frame(1, 0x4, 1, &block); // END_HEADERS
+                    let f = hpack_bomb();
                     if wr.write_all(&f).await.is_ok() {
                         w.fetch_add(f.len() as u64, Ordering::SeqCst);
                     }
@@ -451,6 +801,9 @@ pub(super) mod tests {
                     }
                     e.store(true, Ordering::SeqCst);
                 }
+                Hostile::NoAck | Hostile::BombNoAck | Hostile::BombThenAck => {
+                    unreachable!("answered above")
+                }
             }
         });
         HostileServer {
@@ -458,6 +811,7 @@ pub(super) mod tests {
             ca_file,
             written,
             ended,
+            requests,
             _dir: dir,
             task,
         }
@@ -475,7 +829,8 @@ pub(super) mod tests {
         let name = rustls::pki_types::ServerName::IpAddress(s.addr.ip().into());
         let tls = connector.connect(name, tcp).await.unwrap();
         assert!(chosen(&tls), "the server chose h2");
-        handshake(tls, &HttpLimits::default(), key, s.addr)
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        handshake(tls, &HttpLimits::default(), key, s.addr, deadline)
             .await
             .unwrap()
     }
@@ -534,5 +889,255 @@ pub(super) mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         assert_eq!(pool.idle(), 0, "unused past the timeout: reaped");
         assert!(probe.is_closed(), "and its socket closed");
+    }
+
+    /// What [`FrameScan`] makes of `pieces`, fed in turn: whether the ACK was read, or
+    /// the header block it refused.
+    fn scan(pieces: &[&[u8]]) -> Result<bool, EarlyHeaderBlock> {
+        let mut scan = FrameScan::default();
+        for piece in pieces {
+            scan.feed(piece)?;
+        }
+        Ok(scan.acked())
+    }
+
+    /// The frame-header scan, table-driven: each stream is fed whole, one byte at a time,
+    /// and split in two at every byte boundary, always with the same outcome.
+    #[test]
+    fn the_frame_scan_finds_the_settings_ack_and_early_header_blocks() {
+        let settings = frame(4, 0, 0, &[0, 3, 0, 0, 0, 100]);
+        let ack = frame(4, 1, 0, &[]);
+        let headers = frame(1, 0x4, 1, &[0x88]);
+        let push = frame(5, 0x4, 1, &[0, 0, 0, 2, 0x82]);
+        let continuation = frame(9, 0x4, 1, &[0x88]);
+        // A DATA frame whose 16 KiB payload looks like frame headers: skipped unread.
+        let data = frame(
+            0,
+            0,
+            1,
+            &headers.repeat(16 * 1024 / headers.len() + 1)[..16 * 1024],
+        );
+        let window = frame(8, 0, 0, &[0, 0, 0x10, 0]);
+        let empty = frame(6, 0, 0, &[]); // zero-length (a PING h2 would refuse; not ours)
+        let bogus_ack = frame(4, 1, 0, &[0, 3, 0, 0, 0, 1]); // not empty: not an ACK
+        type Case<'a> = (&'a str, Vec<&'a [u8]>, Result<bool, EarlyHeaderBlock>);
+        let early = |kind, stream| Err(EarlyHeaderBlock { kind, stream });
+        let cases: Vec<Case> = vec![
+            ("settings, then the ACK", vec![&settings, &ack], Ok(true)),
+            ("the ACK alone", vec![&ack], Ok(true)),
+            ("no ACK yet", vec![&settings, &window], Ok(false)),
+            (
+                "HEADERS before the ACK",
+                vec![&settings, &headers, &ack],
+                early(1, 1),
+            ),
+            (
+                "PUSH_PROMISE before the ACK",
+                vec![&settings, &push],
+                early(5, 1),
+            ),
+            (
+                "CONTINUATION before the ACK",
+                vec![&continuation],
+                early(9, 1),
+            ),
+            (
+                "HEADERS after the ACK",
+                vec![&settings, &ack, &headers],
+                Ok(true),
+            ),
+            (
+                "a 16 KiB DATA payload skipped",
+                vec![&settings, &data, &ack],
+                Ok(true),
+            ),
+            (
+                "a zero-length frame",
+                vec![&settings, &empty, &ack, &headers],
+                Ok(true),
+            ),
+            ("a zero-length frame, no ACK", vec![&empty], Ok(false)),
+            (
+                "an ACK with a payload",
+                vec![&bogus_ack, &headers],
+                early(1, 1),
+            ),
+        ];
+        for (name, frames, want) in cases {
+            let bytes = frames.concat();
+            assert_eq!(scan(&[&bytes]), want, "{name}: whole");
+            let bytes_one: Vec<&[u8]> = bytes.chunks(1).collect();
+            assert_eq!(scan(&bytes_one), want, "{name}: a byte at a time");
+            for at in 0..=bytes.len() {
+                let (a, b) = bytes.split_at(at);
+                assert_eq!(scan(&[a, b]), want, "{name}: split at {at}");
+            }
+        }
+        // The ACK split across reads is seen once its last byte is read, not before.
+        let mut s = FrameScan::default();
+        s.feed(&ack[..8]).unwrap();
+        assert!(!s.acked());
+        s.feed(&ack[8..]).unwrap();
+        assert!(s.acked());
+        // A refusal sticks: later reads fail the same way.
+        let mut s = FrameScan::default();
+        assert_eq!(s.feed(&headers), early(1, 1).map(|_| ()));
+        assert_eq!(s.feed(&ack), early(1, 1).map(|_| ()));
+        assert!(!s.acked());
+    }
+
+    /// An HTTP/2 connection to `s`, as `open` makes it, with `deadline` for the server's
+    /// ACK.
+    async fn h2_conn_to(
+        s: &HostileServer,
+        deadline: std::time::Duration,
+    ) -> Result<H2Conn, Failed> {
+        let pool = super::super::pool::Pool::new(4, std::time::Duration::from_secs(30));
+        let base = super::super::http::tls_config(Some(&s.ca_file), false).unwrap();
+        let connector = tokio_rustls::TlsConnector::from(pool.alpn_tls(&base));
+        let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::IpAddress(s.addr.ip().into());
+        let tls = connector.connect(name, tcp).await.unwrap();
+        assert!(chosen(&tls), "the server chose h2");
+        let deadline = tokio::time::Instant::now() + deadline;
+        handshake(
+            tls,
+            &HttpLimits::default(),
+            key(s.addr.port()),
+            s.addr,
+            deadline,
+        )
+        .await
+    }
+
+    /// Waits up to 5 s for the hostile server to see its connection closed.
+    async fn closed_by_the_host(s: &HostileServer) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !s.ended.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        s.ended.load(Ordering::SeqCst)
+    }
+
+    /// A server that never acknowledges our SETTINGS (so our header list size never
+    /// applies) is sent no request: the request fails as a connect failure once its
+    /// connect timeout is past, and the connection is closed. One that sends an HPACK bomb
+    /// meanwhile has it refused unread at once (the refusal is the guard's, not h2's
+    /// reset of an over-size block).
+    #[tokio::test]
+    async fn a_server_that_never_acks_our_settings_is_sent_no_request() {
+        use super::super::http::tests::{call, get, tls_policy};
+        use std::time::{Duration, Instant};
+        let timeout = Duration::from_millis(300);
+        let limits = HttpLimits {
+            connect_timeout: timeout,
+            first_byte_timeout: Duration::from_secs(3),
+            ..HttpLimits::default()
+        };
+
+        let s = hostile_server(Hostile::NoAck).await;
+        match h2_conn_to(&s, timeout).await {
+            Err(e @ Failed::NoAck) => {
+                assert!(
+                    e.to_string()
+                        .contains("did not acknowledge our HTTP/2 SETTINGS"),
+                    "{e}"
+                );
+                assert!(matches!(e.into_error().0, Error::ConnectionTimeout));
+            }
+            other => panic!("want no ACK, got {:?}", other.map(|_| ())),
+        }
+        assert!(closed_by_the_host(&s).await, "the connection was closed");
+        assert_eq!(s.requests.load(Ordering::SeqCst), 0);
+
+        let s = hostile_server(Hostile::NoAck).await;
+        let p = tls_policy("a", &s.addr, &s.ca_file, limits.clone());
+        let start = Instant::now();
+        match get(
+            &p,
+            &format!("https://127.0.0.1:{}/", s.addr.port()),
+            &call(),
+        )
+        .await
+        {
+            Err(Error::ConnectionTimeout) => {}
+            other => panic!("want a connect timeout, got {other:?}"),
+        }
+        let took = start.elapsed();
+        assert!(
+            took >= timeout && took < timeout + Duration::from_secs(2),
+            "{took:?}"
+        );
+        assert!(closed_by_the_host(&s).await, "the connection was closed");
+        assert_eq!(s.requests.load(Ordering::SeqCst), 0, "no request was sent");
+        assert_eq!(p.pool.idle(), 0, "nor was it pooled");
+
+        let s = hostile_server(Hostile::BombNoAck).await;
+        let p = tls_policy("a", &s.addr, &s.ca_file, limits);
+        let start = Instant::now();
+        match get(
+            &p,
+            &format!("https://127.0.0.1:{}/", s.addr.port()),
+            &call(),
+        )
+        .await
+        {
+            Err(Error::HttpProtocolError) => {}
+            other => panic!("want the bomb refused by the guard, got {other:?}"),
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "refused at once: {:?}",
+            start.elapsed()
+        );
+        assert!(closed_by_the_host(&s).await, "the connection was closed");
+        assert_eq!(s.requests.load(Ordering::SeqCst), 0, "no request was sent");
+        assert_eq!(p.pool.idle(), 0);
+    }
+
+    /// A server that sends a header block (an HPACK bomb, 40 MB decoded) before it
+    /// acknowledges our SETTINGS, while h2 would still decode up to 16 MiB of it: the
+    /// guard refuses its HEADERS frame before h2 reads a byte of it, the connection is
+    /// closed, and the request fails with a protocol error (not h2's header-size reset,
+    /// which would come only after decoding).
+    #[tokio::test]
+    async fn a_header_block_before_the_settings_ack_is_refused_unread() {
+        use super::super::http::tests::{call, get, tls_policy};
+        let s = hostile_server(Hostile::BombThenAck).await;
+        match h2_conn_to(&s, std::time::Duration::from_secs(5)).await {
+            Err(Failed::Refused(early)) => {
+                assert_eq!(
+                    early,
+                    EarlyHeaderBlock {
+                        kind: HEADERS,
+                        stream: 1
+                    }
+                );
+                assert!(
+                    early
+                        .to_string()
+                        .contains("HEADERS frame (stream 1) before")
+                );
+            }
+            other => panic!("want the HEADERS refused, got {:?}", other.map(|_| ())),
+        }
+        assert!(closed_by_the_host(&s).await, "the connection was closed");
+        assert_eq!(s.requests.load(Ordering::SeqCst), 0);
+
+        let s = hostile_server(Hostile::BombThenAck).await;
+        let p = tls_policy("a", &s.addr, &s.ca_file, HttpLimits::default());
+        match get(
+            &p,
+            &format!("https://127.0.0.1:{}/", s.addr.port()),
+            &call(),
+        )
+        .await
+        {
+            Err(Error::HttpProtocolError) => {}
+            other => panic!("want the bomb refused by the guard, got {other:?}"),
+        }
+        assert!(closed_by_the_host(&s).await, "the connection was closed");
+        assert_eq!(s.requests.load(Ordering::SeqCst), 0, "no request was sent");
+        assert_eq!(p.pool.idle(), 0);
     }
 }

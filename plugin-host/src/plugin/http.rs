@@ -506,8 +506,8 @@ async fn send(
 /// A new connection for `key` to the first of `vetted` that answers, lent to one request:
 /// TCP, then for an `https` URL TLS with the provider's trust offering `h2` and
 /// `http/1.1` by ALPN; the HTTP/2 handshake if the server chose `h2` (the connection joins
-/// the provider's pool at once, see [`super::h2`]), else the HTTP/1.1 handshake; its task
-/// spawned.
+/// the provider's pool once the server has acknowledged our SETTINGS, see [`super::h2`]),
+/// else the HTTP/1.1 handshake; its task spawned. All of it before `connect_deadline`.
 async fn open(
     policy: &HttpPolicy,
     pool: &Arc<super::pool::Pool>,
@@ -540,12 +540,17 @@ async fn open(
                 Error::Tls(e)
             })?;
         if super::h2::chosen(&tls) {
-            let conn = tokio::time::timeout_at(
-                connect_deadline,
-                super::h2::handshake(tls, &policy.limits, key, addr),
-            )
-            .await
-            .map_err(|_| Error::ConnectionTimeout)??;
+            // Returned once the server acknowledged our SETTINGS (see `h2.rs`): only then
+            // does the connection join the pool, and this request go out on it.
+            let conn = super::h2::handshake(tls, &policy.limits, key, addr, connect_deadline)
+                .await
+                .map_err(|failed| {
+                    let (error, why) = failed.into_error();
+                    if let Some(why) = why {
+                        tracing::warn!(target: "plugin", provider = policy.provider.as_str(), host = %shown, "HTTP/2 connection to the backend not used: {why}");
+                    }
+                    error
+                })?;
             return Ok(pool.add_shared(conn));
         }
         Box::new(tls)
@@ -845,7 +850,7 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyCert {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::rate::{Budget, Priority, Spec};
     use std::sync::atomic::Ordering;
@@ -890,7 +895,7 @@ mod tests {
         })
     }
 
-    fn call() -> CallBudget {
+    pub(crate) fn call() -> CallBudget {
         let clock = super::super::clock::CallClock::new(
             std::time::Instant::now(),
             Duration::from_secs(60),
@@ -901,7 +906,11 @@ mod tests {
 
     /// One request through [`send`], as a plugin's `wasi:http` call makes it; the body
     /// read to the end.
-    async fn get(policy: &Arc<HttpPolicy>, url: &str, call: &CallBudget) -> Result<String, Error> {
+    pub(crate) async fn get(
+        policy: &Arc<HttpPolicy>,
+        url: &str,
+        call: &CallBudget,
+    ) -> Result<String, Error> {
         let pool = policy.pool.clone();
         let slot = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
         let stop = Tripwire::default();
@@ -1109,7 +1118,7 @@ mod tests {
     }
 
     /// A provider allowed to call `s` over HTTPS, trusting its CA.
-    fn tls_policy(
+    pub(crate) fn tls_policy(
         name: &str,
         s: &std::net::SocketAddr,
         ca: &std::path::Path,
