@@ -40,9 +40,9 @@ pub struct Listing {
     /// How long it stays fresh, when longer than the inventory's `max_age` (a provider
     /// listed less often than every drift poll).
     fresh_for: Duration,
-    /// When the list ended: lists confirming transitions are due a provisioning poll
-    /// after the last one ended, and a Proxy waits for lists only while one ended within
-    /// three polls ([`by_list_view`]).
+    /// When the list ended: lists confirming transitions are due their interval after
+    /// the last one ended, and a Proxy waits for lists only while one ended within that
+    /// interval and two polls ([`by_list_view`]).
     pub done: SystemTime,
 }
 
@@ -74,8 +74,9 @@ pub struct Inventory {
     /// yet tried will be listed shortly.
     loops: std::sync::atomic::AtomicUsize,
     /// Provider names whose Proxies in transition are confirmed by lists now
-    /// ([`confirm_by_list`]), as the list loop last decided.
-    by_list: RwLock<BTreeMap<String, bool>>,
+    /// ([`confirm_by_list`]), as the list loop last decided, and how far apart those
+    /// lists are ([`list_interval`] from the provisioning poll).
+    by_list: RwLock<BTreeMap<String, Option<Duration>>>,
 }
 
 impl Inventory {
@@ -109,20 +110,20 @@ impl Inventory {
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
             .copied()
-            .unwrap_or(false);
-        if !by_list {
+            .flatten();
+        let Some(every) = by_list else {
             return ByList::No;
-        }
+        };
         let listing = self.listing(name, provider, now);
         let under_way = self
             .in_flight
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .contains_key(name);
-        by_list_view(listing.as_deref(), under_way, id, since, now, fresh)
+        by_list_view(listing.as_deref(), under_way, id, since, now, fresh, every)
     }
 
-    fn set_by_list(&self, name: &str, on: bool) {
+    fn set_by_list(&self, name: &str, on: Option<Duration>) {
         self.by_list
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -265,11 +266,15 @@ impl Inventory {
 
 /// Lists confirm a provider's Proxies in transition once one list page replaces at least
 /// this many Gets: a list of `p` pages is made only for `CONFIRMS_PER_PAGE x p` Proxies or
-/// more, so confirming costs at most a quarter of a request per Proxy instead of one.
+/// more. One is enough: each of those Proxies would Get every provisioning poll until its
+/// instance runs, and the list comes at most that often (less often when the budget calls
+/// for it, [`list_interval`]), so from there on the list costs no more than the Gets.
 ///
 /// Issue 29: 10,000 Proxies on Hetzner's 3,600/h spent 10,018 Gets confirming their
-/// creates, as many requests as the creates themselves.
-pub const CONFIRMS_PER_PAGE: u64 = 4;
+/// creates, as many requests as the creates themselves. With four per page, 2,000 Proxies
+/// still spent 2,296 Gets: the threshold left every Proxy of a provider with more than a
+/// quarter as many Proxies in transition as list pages to Get.
+pub const CONFIRMS_PER_PAGE: u64 = 1;
 
 /// Whether a provider with `in_transition` Proxies waiting to be confirmed should list
 /// rather than Get each, its last list having sent `list_requests` (pages; one before the
@@ -293,8 +298,9 @@ pub enum ByList {
 }
 
 /// [`ByList`] for instance `id`, from the provider's last list (`listing`) and whether
-/// one is `under_way`. A Proxy waits for lists only while they keep coming: a list ended
-/// within three provisioning polls or one under way; else it Gets.
+/// one is `under_way`. A Proxy waits for lists only while they keep coming: one under way,
+/// or one ended within their interval `every` and two provisioning polls (`fresh`); else
+/// it Gets.
 pub fn by_list_view(
     listing: Option<&Listing>,
     under_way: bool,
@@ -302,6 +308,7 @@ pub fn by_list_view(
     since: Option<SystemTime>,
     now: SystemTime,
     fresh: Duration,
+    every: Duration,
 ) -> ByList {
     let age = |l: &Listing| now.duration_since(l.done).unwrap_or_default();
     if let Some(l) = listing
@@ -321,7 +328,7 @@ pub fn by_list_view(
         // Made before that list started, and not in it.
         return ByList::No;
     }
-    let coming = under_way || listing.is_some_and(|l| age(l) <= fresh * 3);
+    let coming = under_way || listing.is_some_and(|l| age(l) <= every + fresh * 2);
     if coming { ByList::Wait } else { ByList::No }
 }
 
@@ -573,8 +580,9 @@ pub fn run(
 pub struct Polls {
     /// Lists for drift detection, at least this far apart ([`list_interval`]).
     pub drift: Duration,
-    /// While lists confirm Proxies in transition ([`confirm_by_list`]): one at least this
-    /// often, as each of them would Get.
+    /// While lists confirm Proxies in transition ([`confirm_by_list`]): one this often,
+    /// as each of them would Get, or less often when the budget calls for it
+    /// ([`list_interval`]).
     pub provisioning: Duration,
 }
 
@@ -625,21 +633,25 @@ async fn run_lists(
         let mut any_by_list = false;
         for (name, provider) in providers.iter() {
             let key = provider_key(provider);
+            let pacing = provider.pacing();
             let by_list = confirm_by_list(
                 transition.get(name.as_str()).copied().unwrap_or(0),
-                provider.pacing().and_then(|p| p.last_list_requests),
+                pacing.and_then(|p| p.last_list_requests),
             );
-            inventory.set_by_list(name, by_list);
+            // Paced like drift lists, from the provisioning poll: while creates wait, at
+            // most the contended share of the budget, so confirming does not slow the
+            // rollout it confirms by more than that share.
+            let every = list_interval(polls.provisioning, pacing);
+            inventory.set_by_list(name, by_list.then_some(every));
             any_by_list |= by_list;
             let not_yet = due.get(name).is_some_and(|(k, at)| *k == key && *at > now);
-            // Confirming by list: one every provisioning poll, counted from the end of the
-            // last (a drift list included), at the priority of the Gets it replaces.
+            // Confirming by list: one every `every`, counted from the end of the last (a
+            // drift list included), at the priority of the Gets it replaces.
             let confirm_due = by_list
                 && inventory
                     .listing(name, provider, SystemTime::now())
                     .is_none_or(|l| {
-                        SystemTime::now().duration_since(l.done).unwrap_or_default()
-                            >= polls.provisioning
+                        SystemTime::now().duration_since(l.done).unwrap_or_default() >= every
                     });
             if listing.contains(name) || (not_yet && !confirm_due) {
                 continue;
@@ -1009,16 +1021,15 @@ mod tests {
     }
 
     #[test]
-    fn lists_confirm_transitions_only_when_a_page_replaces_four_gets() {
+    fn lists_confirm_transitions_once_a_page_replaces_a_get() {
         let cases = [
             (0, None, false),
-            (3, None, false),
-            (4, None, true),
-            (79, Some(20), false),
-            (80, Some(20), true),
-            (800, Some(200), true),
-            (799, Some(200), false),
-            (4, Some(0), true),
+            (1, None, true),
+            (19, Some(20), false),
+            (20, Some(20), true),
+            (200, Some(200), true),
+            (199, Some(200), false),
+            (1, Some(0), true),
         ];
         for (n, pages, want) in cases {
             assert_eq!(
@@ -1142,11 +1153,19 @@ mod tests {
             ),
         ];
         for (what, l, under_way, id, since, now, want) in cases {
+            let every = poll;
             assert_eq!(
-                by_list_view(l, under_way, id, since, now, poll),
+                by_list_view(l, under_way, id, since, now, poll, every),
                 want,
                 "{what}"
             );
         }
+        // Lists paced to a minute by the budget: a Proxy made after the last one waits
+        // for the next through that minute (and two polls), rather than Get after three
+        // polls as it would with lists every poll.
+        let paced = |now| by_list_view(Some(&recent), false, "b", after, now, poll, s(60));
+        assert_eq!(paced(t0 + s(50)), ByList::Wait);
+        assert_eq!(paced(t0 + s(85)), ByList::Wait);
+        assert_eq!(paced(t0 + s(86)), ByList::No, "lists stopped coming");
     }
 }

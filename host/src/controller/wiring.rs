@@ -42,12 +42,16 @@ pub async fn run(
         tokio::spawn(async move {
             engine
                 .run(stop, move |report| {
-                    // A first failure of a healthy proxy (and a turn to unhealthy): the
+                    // A first failure of a healthy proxy (and its turn to unhealthy): the
                     // instance may be gone (a spot instance reclaimed), which the last list
-                    // cannot tell; the next reconcile Gets it.
+                    // cannot tell; the next reconcile Gets it. Not a proxy that was never
+                    // healthy (still booting, or never serving): its failures say nothing
+                    // about the instance, and suspecting each new one cost a Get per
+                    // Proxy of a rollout (2,000 of 2,296 Gets at 2,000 Proxies). The drift
+                    // lists find such an instance gone.
                     let failing = report.verdict.failures() > 0;
                     let first = report.verdict.healthy && report.verdict.failures() == 1;
-                    if first || (report.changed && failing) {
+                    if first || (report.flipped && failing) {
                         suspects.suspect(&report.key);
                     }
                     // Only changes: a status write per probe would be one write per proxy
