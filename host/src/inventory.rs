@@ -77,7 +77,18 @@ pub struct Inventory {
     /// ([`confirm_by_list`]), as the list loop last decided, and how far apart those
     /// lists are ([`list_interval`] from the provisioning poll).
     by_list: RwLock<BTreeMap<String, Option<Duration>>>,
+    /// When this process's creates returned, per provider name and instance ID
+    /// ([`Inventory::created`]): a Proxy's `Provisioned` condition changes before its
+    /// Create is sent, so a list that started in between did not miss the instance. Kept
+    /// until a list shows the instance, or for [`MADE_KEPT`]; at most [`MADE_MAX`].
+    made: std::sync::Mutex<HashMap<(String, String), SystemTime>>,
 }
+
+/// How long [`Inventory::created`] remembers a create no list showed yet.
+pub const MADE_KEPT: Duration = Duration::from_secs(3600);
+/// The creates remembered at once (about 100 bytes each); past it the oldest go first,
+/// and their Proxies fall back to the condition's time (a Get at worst).
+pub const MADE_MAX: usize = 65_536;
 
 impl Inventory {
     /// An empty inventory whose lists are used for at most `max_age`.
@@ -89,7 +100,50 @@ impl Inventory {
             tried: Default::default(),
             loops: Default::default(),
             by_list: Default::default(),
+            made: Default::default(),
         }
+    }
+
+    /// A create of instance `id` of provider `name` returned at `at`: lists that started
+    /// earlier do not show it, and say nothing about it (see [`by_list_view`]).
+    pub fn created(&self, name: &str, id: &str, at: SystemTime) {
+        let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        if made.len() >= MADE_MAX {
+            let horizon = at.checked_sub(MADE_KEPT).unwrap_or(SystemTime::UNIX_EPOCH);
+            made.retain(|_, t| *t > horizon);
+            while made.len() >= MADE_MAX {
+                let Some(oldest) = made.iter().min_by_key(|(_, t)| **t).map(|(k, _)| k.clone())
+                else {
+                    break;
+                };
+                made.remove(&oldest);
+            }
+        }
+        made.insert((name.to_string(), id.to_string()), at);
+    }
+
+    /// When this process's create of `id` returned, if remembered.
+    fn made_at(&self, name: &str, id: &str) -> Option<SystemTime> {
+        self.made
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(name.to_string(), id.to_string()))
+            .copied()
+    }
+
+    /// Forgets the creates `listing` shows (their Proxies take its answer from now on)
+    /// and those older than [`MADE_KEPT`].
+    fn forget_made(&self, name: &str, listing: &Listing) {
+        let horizon = listing
+            .at
+            .checked_sub(MADE_KEPT)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        self.made
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(n, id), t| {
+                *t > horizon && !(n == name && listing.instances.contains_key(id.as_str()))
+            });
     }
 
     /// How the reconcile of a Proxy in transition with instance `id` learns how it is
@@ -115,6 +169,7 @@ impl Inventory {
             return ByList::No;
         };
         let listing = self.listing(name, provider, now);
+        let since = since.max(self.made_at(name, id));
         let under_way = self
             .in_flight
             .read()
@@ -162,6 +217,7 @@ impl Inventory {
             fresh_for,
             done: SystemTime::now().max(at),
         });
+        self.forget_made(name, &listing);
         let mut lists = self.lists.write().unwrap_or_else(|e| e.into_inner());
         // A slower, older list never replaces a newer one.
         match lists.get(name) {
@@ -630,7 +686,6 @@ async fn run_lists(
                 *transition.entry(name.as_str()).or_default() += 1;
             }
         }
-        let mut any_by_list = false;
         for (name, provider) in providers.iter() {
             let key = provider_key(provider);
             let pacing = provider.pacing();
@@ -643,7 +698,6 @@ async fn run_lists(
             // rollout it confirms by more than that share.
             let every = list_interval(polls.provisioning, pacing);
             inventory.set_by_list(name, by_list.then_some(every));
-            any_by_list |= by_list;
             let not_yet = due.get(name).is_some_and(|(k, at)| *k == key && *at > now);
             // Confirming by list: one every `every`, counted from the end of the last (a
             // drift list included), at the priority of the Gets it replaces.
@@ -683,19 +737,17 @@ async fn run_lists(
                 (name, provider_key(&provider), refs, next)
             });
         }
-        // Wake for the next due list, and at least every drift poll to pick up providers
-        // configured since.
+        // Wake for the next due list, and at least every provisioning poll: to count the
+        // Proxies in transition again (a rollout that starts must not wait for the drift
+        // poll to be confirmed by lists: its first Proxy ran 5 s late in 6 at x60) and to
+        // pick up providers configured since.
         let wake = due
             .values()
             .map(|(_, at)| *at)
             .min()
             .unwrap_or(now + drift_poll)
             .min(now + drift_poll)
-            .min(if any_by_list {
-                now + polls.provisioning
-            } else {
-                now + drift_poll
-            });
+            .min(now + polls.provisioning);
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep_until(wake) => {}
@@ -1038,6 +1090,45 @@ mod tests {
                 "{n} in transition, {pages:?} pages"
             );
         }
+    }
+
+    /// A Proxy's condition changes before its Create is sent: a list that started in
+    /// between does not show the instance, and must not send the Proxy to Get. Issue 29:
+    /// 172 Gets for 400 Proxies at x60.
+    #[test]
+    fn a_list_that_started_before_the_create_returned_says_nothing_of_it() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let s = Duration::from_secs;
+        let inv = Inventory::new(s(600));
+        let a = provider("a");
+        inv.set_by_list("a", Some(s(10)));
+        // Condition at t0; the list starts at t0 + 1 s; the create returns at t0 + 2 s.
+        inv.record_for("a", &a, t0 + s(1), vec![], s(600));
+        let ask = |now| inv.transition("a", &a, "i-1", Some(t0), now, s(10));
+        assert_eq!(ask(t0 + s(3)), ByList::No, "without the create's time");
+        inv.created("a", "i-1", t0 + s(2));
+        assert_eq!(ask(t0 + s(3)), ByList::Wait);
+        // The next list shows it, and the create is forgotten.
+        let booting = inst("i-1", State::Provisioning, "");
+        inv.record_for("a", &a, t0 + s(12), vec![booting.clone()], s(600));
+        assert_eq!(ask(t0 + s(13)), ByList::Listed(booting));
+        assert_eq!(inv.made_at("a", "i-1"), None);
+    }
+
+    #[test]
+    fn remembered_creates_stay_bounded() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let inv = Inventory::new(Duration::from_secs(600));
+        for i in 0..MADE_MAX + 10 {
+            inv.created("a", &format!("i-{i}"), t0 + Duration::from_millis(i as u64));
+        }
+        let made = inv.made.lock().unwrap();
+        assert!(made.len() <= MADE_MAX, "{}", made.len());
+        assert!(
+            !made.contains_key(&("a".to_string(), "i-0".to_string())),
+            "the oldest go first"
+        );
+        assert!(made.contains_key(&("a".to_string(), format!("i-{}", MADE_MAX + 9))));
     }
 
     #[test]

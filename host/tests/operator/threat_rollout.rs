@@ -80,7 +80,8 @@ async fn a_rollout_of_600_proxies_runs_within_the_deployments_memory_and_creates
 
     // Every Proxy runs; meanwhile the provider's checks (every 300 ms) never time out.
     let health: Api<ProviderHealth> = Api::all(client.clone());
-    let running = format!(r#"proxy_operator_proxies{{provider="ex",state="Running",ready="false"}} "#);
+    let running =
+        format!(r#"proxy_operator_proxies{{provider="ex",state="Running",ready="false"}} "#);
     let mut timed_out = Vec::new();
     let mut peak_rss = 0;
     let pid = op.child.id();
@@ -115,7 +116,10 @@ async fn a_rollout_of_600_proxies_runs_within_the_deployments_memory_and_creates
         super::harness::DEPLOYMENT_MEMORY_LIMIT >> 20,
     );
     assert_eq!(oom, 0, "OOM kills in the operator's cgroup");
-    assert!(timed_out.is_empty(), "provider checks timed out: {timed_out:?}");
+    assert!(
+        timed_out.is_empty(),
+        "provider checks timed out: {timed_out:?}"
+    );
     let sent = sample(
         &metrics,
         r#"proxy_operator_provider_requests_total{provider="ex",op="create",result="ok"} "#,

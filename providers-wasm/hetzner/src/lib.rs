@@ -236,8 +236,9 @@ fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
         // since, a retried reconcile, a second replica), or someone else's server. Adopt
         // it if it is ours.
         Err(e) if HZ.has_code(&e, "uniqueness_error") => match find_by_name(&api, &req.name)? {
-            Some(s) => adopt(&s, req, place.location)
-                .map(|id| (id, "adopted the existing server".into())),
+            Some(s) => {
+                adopt(&s, req, place.location).map(|id| (id, "adopted the existing server".into()))
+            }
             None => {
                 let msg = format!(
                     "name {:?} was taken, but no server has it now; retrying will tell",
