@@ -178,6 +178,17 @@ impl Inventory {
         by_list_view(listing.as_deref(), under_way, id, since, now, fresh, every)
     }
 
+    /// How far apart the lists that confirm `name`'s Proxies in transition are, while
+    /// they do.
+    pub fn confirm_every(&self, name: &str) -> Option<Duration> {
+        self.by_list
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .copied()
+            .flatten()
+    }
+
     fn set_by_list(&self, name: &str, on: Option<Duration>) {
         self.by_list
             .write()

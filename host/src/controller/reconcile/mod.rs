@@ -136,6 +136,10 @@ impl<'a> Shell<'a> {
                 listed.clone(),
                 list_pending,
             );
+            let from_lists = matches!(
+                by_list,
+                crate::inventory::ByList::Listed(_) | crate::inventory::ByList::Wait
+            );
             observed.by_list = by_list;
             let reported = match &answer {
                 Some(Answer::Got(_, Ok(i))) => i.hourly_price.clone(),
@@ -146,6 +150,16 @@ impl<'a> Shell<'a> {
                 events,
                 next,
             } = decide(&observed, answer.take().as_ref(), timings);
+            // A Proxy that lists answer for comes back when the next list has: each list
+            // sends on at once the Proxies it shows changed, so a requeue every poll only
+            // repeats the answer it has. At 10,000 Proxies, thousands of them polling
+            // every provisioning poll took every reconcile turn from those confirmations.
+            let next = match next {
+                Next::Requeue(after) if from_lists => {
+                    Next::Requeue(after.max(self.confirm_every()))
+                }
+                next => next,
+            };
             change.hourly_price = self.price_change(&status, &change, reported);
             debug!(next = ?next, status_change = ?change, "decided");
             // A Create, and the status written with it, only from the server's copy.
@@ -261,6 +275,16 @@ impl<'a> Shell<'a> {
             std::time::SystemTime::now(),
             self.ctx.settings.timings.provisioning_poll,
         )
+    }
+
+    /// How far apart the lists confirming this Proxy's provider are (the provisioning poll
+    /// when they do not).
+    fn confirm_every(&self) -> std::time::Duration {
+        self.ctx
+            .inventory
+            .as_ref()
+            .and_then(|i| i.confirm_every(&self.proxy.spec.provider))
+            .unwrap_or(self.ctx.settings.timings.provisioning_poll)
     }
 
     /// Whether the provider's list under way will answer for this Proxy (no fresh one yet).
