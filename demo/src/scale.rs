@@ -76,6 +76,10 @@ pub struct ScaleArgs {
     /// Reconciles at once (`--concurrency` of the operator).
     #[arg(long, default_value_t = 3)]
     pub concurrency: u16,
+    /// The operator's `--redaction-memory` (a Kubernetes quantity), when not its default:
+    /// every Proxy here has generated credentials, about 5 KiB of it each.
+    #[arg(long)]
+    pub redaction_memory: Option<String>,
     /// How long (real time) all Proxies may take to become Running.
     #[arg(long, default_value = "40m", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -414,6 +418,9 @@ pub async fn run(args: &Args, s: &ScaleArgs) -> Result<()> {
     ] {
         op_args.push(flag.into());
         op_args.push(s.scaled(operator_time));
+    }
+    if let Some(m) = &s.redaction_memory {
+        op_args.extend(["--redaction-memory".to_string(), m.clone()]);
     }
     // Nothing listens on the Proxies' port: every probe is refused at once.
     let port = stack::free_port(0)?;

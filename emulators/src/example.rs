@@ -365,6 +365,14 @@ impl Served<Backend> {
         set_auto_run(&mut self.lock(), enabled);
     }
 
+    /// Instances become `running` once `after` has passed since their create (checked on
+    /// every API call, lists included), whoever reads them: as a real cloud boots. The
+    /// default (`AfterReads(1)`) moves an instance only when it is read by itself, so an
+    /// operator that confirms creates by list would never see it run.
+    pub fn set_boot_time(&self, after: std::time::Duration) {
+        self.lock().fleet.schedule = Schedule::After(after);
+    }
+
     /// Put an instance in as is (e.g. an old orphan, or another installation's), keeping
     /// its ID; allocation skips IDs in use.
     pub fn insert(&self, instance: Instance) {

@@ -1506,10 +1506,44 @@ impl Store {
     /// settle left no object deleting, and this one neither is deleting nor names owners
     /// (whose absence GC would act on). Removals always settle.
     fn settle_after_write(&mut self, obj: &Value) {
-        if self.quiet && !is_deleting(obj) && owner_uids(obj).is_empty() {
+        // A write with nothing deleting (the last settle left nothing to do) can start
+        // garbage collection only if the object is deleting or one of its owners is gone.
+        // Checked here by the owners' keys, since a settle scans every object: at 10,000
+        // owned Secrets, the settle after each create took half the CPU of a scale run.
+        if self.quiet && !is_deleting(obj) && self.owners_present(obj) {
             return;
         }
         self.settle();
+    }
+
+    /// Whether every owner `obj` names exists under that UID (true when it names none).
+    fn owners_present(&self, obj: &Value) -> bool {
+        let Some(refs) = obj
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+        else {
+            return true;
+        };
+        let ns = meta_str(obj, "namespace").unwrap_or("");
+        refs.iter().all(|r| {
+            let field = |f: &str| r.get(f).and_then(Value::as_str).unwrap_or("");
+            let group = field("apiVersion").rsplit_once('/').map_or("", |(g, _)| g);
+            let Some(t) = self
+                .registry
+                .types()
+                .find(|t| t.group == group && t.kind == field("kind"))
+            else {
+                return false;
+            };
+            let key = (
+                if t.namespaced { ns } else { "" }.to_string(),
+                field("name").to_string(),
+            );
+            self.objects
+                .get(&t.key())
+                .and_then(|m| m.get(&key))
+                .is_some_and(|o| meta_str(o, "uid") == Some(field("uid")))
+        })
     }
 
     /// The background controllers of a cluster, run to a fixed point: namespace and CRD

@@ -1315,6 +1315,13 @@ async fn finalizers_hold_deletion() {
         },
     ]);
     cms.create(&PostParams::default(), &dep).await.unwrap();
+    // A dependent of an owner that is gone (another UID under the name) goes at once.
+    let mut stray = dep.clone();
+    stray.metadata.name = Some("stray".into());
+    stray.metadata.owner_references.as_mut().unwrap()[0].uid = "not-the-owner".into();
+    cms.create(&PostParams::default(), &stray).await.unwrap();
+    assert_eq!(api_err(cms.get("stray").await.unwrap_err()).code, 404);
+    assert!(cms.get("dep").await.is_ok(), "its owner is there");
     cms.delete("owner", &DeleteParams::default()).await.unwrap();
     assert_eq!(api_err(cms.get("dep").await.unwrap_err()).code, 404);
 

@@ -40,9 +40,9 @@ pub struct Listing {
     /// How long it stays fresh, when longer than the inventory's `max_age` (a provider
     /// listed less often than every drift poll).
     fresh_for: Duration,
-    /// When the list ended: lists confirming transitions are due a provisioning poll
-    /// after the last one ended, and a Proxy waits for lists only while one ended within
-    /// three polls ([`by_list_view`]).
+    /// When the list ended: lists confirming transitions are due their interval after
+    /// the last one ended, and a Proxy waits for lists only while one ended within that
+    /// interval and two polls ([`by_list_view`]).
     pub done: SystemTime,
 }
 
@@ -74,9 +74,21 @@ pub struct Inventory {
     /// yet tried will be listed shortly.
     loops: std::sync::atomic::AtomicUsize,
     /// Provider names whose Proxies in transition are confirmed by lists now
-    /// ([`confirm_by_list`]), as the list loop last decided.
-    by_list: RwLock<BTreeMap<String, bool>>,
+    /// ([`confirm_by_list`]), as the list loop last decided, and how far apart those
+    /// lists are ([`list_interval`] from the provisioning poll).
+    by_list: RwLock<BTreeMap<String, Option<Duration>>>,
+    /// When this process's creates returned, per provider name and instance ID
+    /// ([`Inventory::created`]): a Proxy's `Provisioned` condition changes before its
+    /// Create is sent, so a list that started in between did not miss the instance. Kept
+    /// until a list shows the instance, or for [`MADE_KEPT`]; at most [`MADE_MAX`].
+    made: std::sync::Mutex<HashMap<(String, String), SystemTime>>,
 }
+
+/// How long [`Inventory::created`] remembers a create no list showed yet.
+pub const MADE_KEPT: Duration = Duration::from_secs(3600);
+/// The creates remembered at once (about 100 bytes each); past it the oldest go first,
+/// and their Proxies fall back to the condition's time (a Get at worst).
+pub const MADE_MAX: usize = 65_536;
 
 impl Inventory {
     /// An empty inventory whose lists are used for at most `max_age`.
@@ -88,7 +100,50 @@ impl Inventory {
             tried: Default::default(),
             loops: Default::default(),
             by_list: Default::default(),
+            made: Default::default(),
         }
+    }
+
+    /// A create of instance `id` of provider `name` returned at `at`: lists that started
+    /// earlier do not show it, and say nothing about it (see [`by_list_view`]).
+    pub fn created(&self, name: &str, id: &str, at: SystemTime) {
+        let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        if made.len() >= MADE_MAX {
+            let horizon = at.checked_sub(MADE_KEPT).unwrap_or(SystemTime::UNIX_EPOCH);
+            made.retain(|_, t| *t > horizon);
+            while made.len() >= MADE_MAX {
+                let Some(oldest) = made.iter().min_by_key(|(_, t)| **t).map(|(k, _)| k.clone())
+                else {
+                    break;
+                };
+                made.remove(&oldest);
+            }
+        }
+        made.insert((name.to_string(), id.to_string()), at);
+    }
+
+    /// When this process's create of `id` returned, if remembered.
+    fn made_at(&self, name: &str, id: &str) -> Option<SystemTime> {
+        self.made
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(name.to_string(), id.to_string()))
+            .copied()
+    }
+
+    /// Forgets the creates `listing` shows (their Proxies take its answer from now on)
+    /// and those older than [`MADE_KEPT`].
+    fn forget_made(&self, name: &str, listing: &Listing) {
+        let horizon = listing
+            .at
+            .checked_sub(MADE_KEPT)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        self.made
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(n, id), t| {
+                *t > horizon && !(n == name && listing.instances.contains_key(id.as_str()))
+            });
     }
 
     /// How the reconcile of a Proxy in transition with instance `id` learns how it is
@@ -109,20 +164,32 @@ impl Inventory {
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
             .copied()
-            .unwrap_or(false);
-        if !by_list {
+            .flatten();
+        let Some(every) = by_list else {
             return ByList::No;
-        }
+        };
         let listing = self.listing(name, provider, now);
+        let since = since.max(self.made_at(name, id));
         let under_way = self
             .in_flight
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .contains_key(name);
-        by_list_view(listing.as_deref(), under_way, id, since, now, fresh)
+        by_list_view(listing.as_deref(), under_way, id, since, now, fresh, every)
     }
 
-    fn set_by_list(&self, name: &str, on: bool) {
+    /// How far apart the lists that confirm `name`'s Proxies in transition are, while
+    /// they do.
+    pub fn confirm_every(&self, name: &str) -> Option<Duration> {
+        self.by_list
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .copied()
+            .flatten()
+    }
+
+    fn set_by_list(&self, name: &str, on: Option<Duration>) {
         self.by_list
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -161,6 +228,7 @@ impl Inventory {
             fresh_for,
             done: SystemTime::now().max(at),
         });
+        self.forget_made(name, &listing);
         let mut lists = self.lists.write().unwrap_or_else(|e| e.into_inner());
         // A slower, older list never replaces a newer one.
         match lists.get(name) {
@@ -265,11 +333,15 @@ impl Inventory {
 
 /// Lists confirm a provider's Proxies in transition once one list page replaces at least
 /// this many Gets: a list of `p` pages is made only for `CONFIRMS_PER_PAGE x p` Proxies or
-/// more, so confirming costs at most a quarter of a request per Proxy instead of one.
+/// more. One is enough: each of those Proxies would Get every provisioning poll until its
+/// instance runs, and the list comes at most that often (less often when the budget calls
+/// for it, [`list_interval`]), so from there on the list costs no more than the Gets.
 ///
 /// Issue 29: 10,000 Proxies on Hetzner's 3,600/h spent 10,018 Gets confirming their
-/// creates, as many requests as the creates themselves.
-pub const CONFIRMS_PER_PAGE: u64 = 4;
+/// creates, as many requests as the creates themselves. With four per page, 2,000 Proxies
+/// still spent 2,296 Gets: the threshold left every Proxy of a provider with more than a
+/// quarter as many Proxies in transition as list pages to Get.
+pub const CONFIRMS_PER_PAGE: u64 = 1;
 
 /// Whether a provider with `in_transition` Proxies waiting to be confirmed should list
 /// rather than Get each, its last list having sent `list_requests` (pages; one before the
@@ -293,8 +365,9 @@ pub enum ByList {
 }
 
 /// [`ByList`] for instance `id`, from the provider's last list (`listing`) and whether
-/// one is `under_way`. A Proxy waits for lists only while they keep coming: a list ended
-/// within three provisioning polls or one under way; else it Gets.
+/// one is `under_way`. A Proxy waits for lists only while they keep coming: one under way,
+/// or one ended within their interval `every` and two provisioning polls (`fresh`); else
+/// it Gets.
 pub fn by_list_view(
     listing: Option<&Listing>,
     under_way: bool,
@@ -302,6 +375,7 @@ pub fn by_list_view(
     since: Option<SystemTime>,
     now: SystemTime,
     fresh: Duration,
+    every: Duration,
 ) -> ByList {
     let age = |l: &Listing| now.duration_since(l.done).unwrap_or_default();
     if let Some(l) = listing
@@ -321,7 +395,7 @@ pub fn by_list_view(
         // Made before that list started, and not in it.
         return ByList::No;
     }
-    let coming = under_way || listing.is_some_and(|l| age(l) <= fresh * 3);
+    let coming = under_way || listing.is_some_and(|l| age(l) <= every + fresh * 2);
     if coming { ByList::Wait } else { ByList::No }
 }
 
@@ -573,8 +647,9 @@ pub fn run(
 pub struct Polls {
     /// Lists for drift detection, at least this far apart ([`list_interval`]).
     pub drift: Duration,
-    /// While lists confirm Proxies in transition ([`confirm_by_list`]): one at least this
-    /// often, as each of them would Get.
+    /// While lists confirm Proxies in transition ([`confirm_by_list`]): one this often,
+    /// as each of them would Get, or less often when the budget calls for it
+    /// ([`list_interval`]).
     pub provisioning: Duration,
 }
 
@@ -622,24 +697,26 @@ async fn run_lists(
                 *transition.entry(name.as_str()).or_default() += 1;
             }
         }
-        let mut any_by_list = false;
         for (name, provider) in providers.iter() {
             let key = provider_key(provider);
+            let pacing = provider.pacing();
             let by_list = confirm_by_list(
                 transition.get(name.as_str()).copied().unwrap_or(0),
-                provider.pacing().and_then(|p| p.last_list_requests),
+                pacing.and_then(|p| p.last_list_requests),
             );
-            inventory.set_by_list(name, by_list);
-            any_by_list |= by_list;
+            // Paced like drift lists, from the provisioning poll: while creates wait, at
+            // most the contended share of the budget, so confirming does not slow the
+            // rollout it confirms by more than that share.
+            let every = list_interval(polls.provisioning, pacing);
+            inventory.set_by_list(name, by_list.then_some(every));
             let not_yet = due.get(name).is_some_and(|(k, at)| *k == key && *at > now);
-            // Confirming by list: one every provisioning poll, counted from the end of the
-            // last (a drift list included), at the priority of the Gets it replaces.
+            // Confirming by list: one every `every`, counted from the end of the last (a
+            // drift list included), at the priority of the Gets it replaces.
             let confirm_due = by_list
                 && inventory
                     .listing(name, provider, SystemTime::now())
                     .is_none_or(|l| {
-                        SystemTime::now().duration_since(l.done).unwrap_or_default()
-                            >= polls.provisioning
+                        SystemTime::now().duration_since(l.done).unwrap_or_default() >= every
                     });
             if listing.contains(name) || (not_yet && !confirm_due) {
                 continue;
@@ -671,19 +748,17 @@ async fn run_lists(
                 (name, provider_key(&provider), refs, next)
             });
         }
-        // Wake for the next due list, and at least every drift poll to pick up providers
-        // configured since.
+        // Wake for the next due list, and at least every provisioning poll: to count the
+        // Proxies in transition again (a rollout that starts must not wait for the drift
+        // poll to be confirmed by lists: its first Proxy ran 5 s late in 6 at x60) and to
+        // pick up providers configured since.
         let wake = due
             .values()
             .map(|(_, at)| *at)
             .min()
             .unwrap_or(now + drift_poll)
             .min(now + drift_poll)
-            .min(if any_by_list {
-                now + polls.provisioning
-            } else {
-                now + drift_poll
-            });
+            .min(now + polls.provisioning);
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep_until(wake) => {}
@@ -1009,16 +1084,15 @@ mod tests {
     }
 
     #[test]
-    fn lists_confirm_transitions_only_when_a_page_replaces_four_gets() {
+    fn lists_confirm_transitions_once_a_page_replaces_a_get() {
         let cases = [
             (0, None, false),
-            (3, None, false),
-            (4, None, true),
-            (79, Some(20), false),
-            (80, Some(20), true),
-            (800, Some(200), true),
-            (799, Some(200), false),
-            (4, Some(0), true),
+            (1, None, true),
+            (19, Some(20), false),
+            (20, Some(20), true),
+            (200, Some(200), true),
+            (199, Some(200), false),
+            (1, Some(0), true),
         ];
         for (n, pages, want) in cases {
             assert_eq!(
@@ -1027,6 +1101,45 @@ mod tests {
                 "{n} in transition, {pages:?} pages"
             );
         }
+    }
+
+    /// A Proxy's condition changes before its Create is sent: a list that started in
+    /// between does not show the instance, and must not send the Proxy to Get. Issue 29:
+    /// 172 Gets for 400 Proxies at x60.
+    #[test]
+    fn a_list_that_started_before_the_create_returned_says_nothing_of_it() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let s = Duration::from_secs;
+        let inv = Inventory::new(s(600));
+        let a = provider("a");
+        inv.set_by_list("a", Some(s(10)));
+        // Condition at t0; the list starts at t0 + 1 s; the create returns at t0 + 2 s.
+        inv.record_for("a", &a, t0 + s(1), vec![], s(600));
+        let ask = |now| inv.transition("a", &a, "i-1", Some(t0), now, s(10));
+        assert_eq!(ask(t0 + s(3)), ByList::No, "without the create's time");
+        inv.created("a", "i-1", t0 + s(2));
+        assert_eq!(ask(t0 + s(3)), ByList::Wait);
+        // The next list shows it, and the create is forgotten.
+        let booting = inst("i-1", State::Provisioning, "");
+        inv.record_for("a", &a, t0 + s(12), vec![booting.clone()], s(600));
+        assert_eq!(ask(t0 + s(13)), ByList::Listed(booting));
+        assert_eq!(inv.made_at("a", "i-1"), None);
+    }
+
+    #[test]
+    fn remembered_creates_stay_bounded() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let inv = Inventory::new(Duration::from_secs(600));
+        for i in 0..MADE_MAX + 10 {
+            inv.created("a", &format!("i-{i}"), t0 + Duration::from_millis(i as u64));
+        }
+        let made = inv.made.lock().unwrap();
+        assert!(made.len() <= MADE_MAX, "{}", made.len());
+        assert!(
+            !made.contains_key(&("a".to_string(), "i-0".to_string())),
+            "the oldest go first"
+        );
+        assert!(made.contains_key(&("a".to_string(), format!("i-{}", MADE_MAX + 9))));
     }
 
     #[test]
@@ -1142,11 +1255,19 @@ mod tests {
             ),
         ];
         for (what, l, under_way, id, since, now, want) in cases {
+            let every = poll;
             assert_eq!(
-                by_list_view(l, under_way, id, since, now, poll),
+                by_list_view(l, under_way, id, since, now, poll, every),
                 want,
                 "{what}"
             );
         }
+        // Lists paced to a minute by the budget: a Proxy made after the last one waits
+        // for the next through that minute (and two polls), rather than Get after three
+        // polls as it would with lists every poll.
+        let paced = |now| by_list_view(Some(&recent), false, "b", after, now, poll, s(60));
+        assert_eq!(paced(t0 + s(50)), ByList::Wait);
+        assert_eq!(paced(t0 + s(85)), ByList::Wait);
+        assert_eq!(paced(t0 + s(86)), ByList::No, "lists stopped coming");
     }
 }

@@ -42,12 +42,16 @@ pub async fn run(
         tokio::spawn(async move {
             engine
                 .run(stop, move |report| {
-                    // A first failure of a healthy proxy (and a turn to unhealthy): the
+                    // A first failure of a healthy proxy (and its turn to unhealthy): the
                     // instance may be gone (a spot instance reclaimed), which the last list
-                    // cannot tell; the next reconcile Gets it.
+                    // cannot tell; the next reconcile Gets it. Not a proxy that was never
+                    // healthy (still booting, or never serving): its failures say nothing
+                    // about the instance, and suspecting each new one cost a Get per
+                    // Proxy of a rollout (2,000 of 2,296 Gets at 2,000 Proxies). The drift
+                    // lists find such an instance gone.
                     let failing = report.verdict.failures() > 0;
                     let first = report.verdict.healthy && report.verdict.failures() == 1;
-                    if first || (report.changed && failing) {
+                    if first || (report.flipped && failing) {
                         suspects.suspect(&report.key);
                     }
                     // Only changes: a status write per probe would be one write per proxy
@@ -248,14 +252,10 @@ fn error_policy(proxy: Arc<Proxy>, err: &ReconcileError, ctx: Arc<Context>) -> A
     Action::requeue(delay)
 }
 
-/// Whether a reconcile of `proxy` is expected to create: it has its finalizer (added by a
-/// reconcile of its own, a quick API write) and no instance, and is not being deleted.
+/// Whether a reconcile of `proxy` is expected to create: it has no instance and is not
+/// being deleted (a new Proxy's reconcile adds the finalizer and goes on to create).
 fn expected_kind(proxy: &Proxy) -> Kind {
     let creating = proxy.metadata.deletion_timestamp.is_none()
-        && proxy
-            .finalizers()
-            .iter()
-            .any(|f| f == crate::controller::FINALIZER)
         && proxy
             .status
             .as_ref()
@@ -290,7 +290,7 @@ mod tests {
     use crate::api::ProxyStatus;
 
     #[test]
-    fn only_a_proxy_with_its_finalizer_and_no_instance_is_expected_to_create() {
+    fn only_a_proxy_with_no_instance_is_expected_to_create() {
         let with = |finalizer: bool, id: Option<&str>, deleting: bool| {
             let mut p: Proxy = serde_json::from_value(serde_json::json!({
                 "apiVersion": "egress.proxy-operator.dev/v1alpha1",
@@ -322,8 +322,8 @@ mod tests {
         let cases = [
             ((true, None, false), Kind::Create),
             ((true, Some(""), false), Kind::Create),
-            // The first reconcile only adds the finalizer: not held behind the creates.
-            ((false, None, false), Kind::Other),
+            // A new Proxy: its reconcile adds the finalizer and creates.
+            ((false, None, false), Kind::Create),
             ((true, Some("i-1"), false), Kind::Other),
             ((true, None, true), Kind::Other),
             ((true, Some("i-1"), true), Kind::Other),

@@ -51,6 +51,9 @@ pub struct Report {
     pub verdict: Verdict,
     /// The verdict (healthy, or the reason) changed with this probe.
     pub changed: bool,
+    /// Healthy turned unhealthy or back with this probe (not a first verdict's reason, nor
+    /// a failing proxy's reason moving from one failure to another).
+    pub flipped: bool,
     pub at: SystemTime,
 }
 
@@ -240,6 +243,7 @@ impl ProbeEngine {
                 key,
                 verdict: e.verdict.clone(),
                 changed,
+                flipped,
                 at,
             });
         }

@@ -35,4 +35,5 @@ mod threat_http;
 mod threat_network;
 mod threat_redaction;
 mod threat_reload;
+mod threat_rollout;
 mod threat_template;

@@ -177,12 +177,10 @@ fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
     let user_data = user_data(&req.cloud_init)?;
     let api = client(&cfg.endpoint)?;
 
-    // Idempotent by name: a crash after the create call, or a lost status write, lands
-    // here again with the same name.
-    if let Some(s) = find_by_name(&api, &req.name)? {
-        return adopt(&s, req, place.location).map(|id| (id, "adopted the existing server".into()));
-    }
-
+    // Idempotent by name, without a lookup first: Hetzner refuses a second server under a
+    // name (`uniqueness_error`), and only then is the existing one looked up and adopted
+    // below. A crash after the create call, or a lost status write, lands there; the
+    // common case costs one request of the budget rather than two (a rollout's floor).
     let mut body = json!({
         "name": req.name,
         "server_type": place.server_type,
@@ -234,11 +232,13 @@ fn create(req: &CreateRequest) -> Result<(String, String), ProviderError> {
             );
             Ok((id, what))
         }
-        // A concurrent create (a retried reconcile, a second replica) won the race for
-        // the name: adopt its server if it is ours.
+        // The name is taken: an earlier create of ours (a crash or a lost status write
+        // since, a retried reconcile, a second replica), or someone else's server. Adopt
+        // it if it is ours.
         Err(e) if HZ.has_code(&e, "uniqueness_error") => match find_by_name(&api, &req.name)? {
-            Some(s) => adopt(&s, req, place.location)
-                .map(|id| (id, "adopted the server of a concurrent create".into())),
+            Some(s) => {
+                adopt(&s, req, place.location).map(|id| (id, "adopted the existing server".into()))
+            }
             None => {
                 let msg = format!(
                     "name {:?} was taken, but no server has it now; retrying will tell",

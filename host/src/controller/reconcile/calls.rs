@@ -55,6 +55,9 @@ impl<'a> Shell<'a> {
                 };
                 let result = provider.create_at(&req, Priority::Urgent).await;
                 log_call("create", &req.name, result.as_ref().err());
+                if let (Ok(id), Some(inventory)) = (&result, &self.ctx.inventory) {
+                    inventory.created(&self.proxy.spec.provider, id, std::time::SystemTime::now());
+                }
                 Answer::Created(result)
             }
             Call::Get { id, purpose } => {

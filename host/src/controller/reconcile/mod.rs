@@ -70,6 +70,8 @@ struct Shell<'a> {
     /// The object's resourceVersion as of our last write, for the finalizer patch's
     /// optimistic lock (a status write in the same reconcile moves it).
     resource_version: Option<String>,
+    /// This reconcile wrote the object: `resource_version` is the server's as of then.
+    wrote: bool,
 }
 
 impl<'a> Shell<'a> {
@@ -89,6 +91,7 @@ impl<'a> Shell<'a> {
             api: Api::namespaced(ctx.client.clone(), &namespace),
             provider: ctx.registry.get(&proxy.spec.provider),
             resource_version: proxy.resource_version(),
+            wrote: false,
             namespace,
             name,
             uid,
@@ -110,7 +113,7 @@ impl<'a> Shell<'a> {
             self.resolve().await
         };
         let mut status = self.proxy.status.clone().unwrap_or_default();
-        let has_finalizer = self.proxy.finalizers().iter().any(|f| f == FINALIZER);
+        let mut has_finalizer = self.proxy.finalizers().iter().any(|f| f == FINALIZER);
         // A probe that just failed outweighs the last list: ask the provider.
         let suspect = self.ctx.take_suspect(&self.health_key());
         let listed = (!suspect).then(|| self.listed(&status)).flatten();
@@ -133,6 +136,10 @@ impl<'a> Shell<'a> {
                 listed.clone(),
                 list_pending,
             );
+            let from_lists = matches!(
+                by_list,
+                crate::inventory::ByList::Listed(_) | crate::inventory::ByList::Wait
+            );
             observed.by_list = by_list;
             let reported = match &answer {
                 Some(Answer::Got(_, Ok(i))) => i.hourly_price.clone(),
@@ -143,8 +150,25 @@ impl<'a> Shell<'a> {
                 events,
                 next,
             } = decide(&observed, answer.take().as_ref(), timings);
+            // A Proxy that lists answer for comes back when the next list has: each list
+            // sends on at once the Proxies it shows changed, so a requeue every poll only
+            // repeats the answer it has. At 10,000 Proxies, thousands of them polling
+            // every provisioning poll took every reconcile turn from those confirmations.
+            let next = match next {
+                Next::Requeue(after) if from_lists => {
+                    Next::Requeue(after.max(self.confirm_every()))
+                }
+                next => next,
+            };
             change.hourly_price = self.price_change(&status, &change, reported);
             debug!(next = ?next, status_change = ?change, "decided");
+            // A Create, and the status written with it, only from the server's copy.
+            if next == Next::Call(Call::Create) && !self.copy_is_current().await? {
+                // The watch has not brought the server's copy yet; the requeue comes back
+                // at the provisioning poll, by when it usually has.
+                debug!("cached copy is behind the server's; Create deferred");
+                return Ok(Action::requeue(timings.provisioning_poll));
+            }
             if !change.is_empty() || self.health_view(&status).is_some() {
                 status = self.write_status(&status, &change).await?;
             }
@@ -156,21 +180,20 @@ impl<'a> Shell<'a> {
                 self.publish(e).await;
             }
             match next {
-                Next::Call(Call::Create) if !self.copy_is_current().await? => {
-                    // The watch has not brought the server's copy yet: its event brings
-                    // the next reconcile; the requeue is only a backstop for a watch that
-                    // never does.
-                    debug!("cached copy is behind the server's; Create deferred");
-                    return Ok(Action::requeue(timings.provisioning_poll));
-                }
                 Next::Call(call) => answer = Some(self.call(call, resolved.as_ref()).await),
                 Next::AddFinalizer => {
-                    // End here: the patch triggers the next reconcile, which then sees the
-                    // object as the server has it (finalizer included). Carrying on with
-                    // this copy would let that next reconcile start from a status older
-                    // than the one this one is about to write.
-                    self.add_finalizer().await?;
-                    return Ok(Action::requeue(timings.requeue_now));
+                    // Carry on with the finalizer in place: the patch's answer is the
+                    // server's copy, so the Create that follows needs no read of its own.
+                    // The reconcile the patch triggers may start from a cached copy older
+                    // than the status this one writes next; it sends no Create from such
+                    // a copy (`copy_is_current`), and anything else it decides costs a
+                    // Get at most. Ending here instead cost every new Proxy a second
+                    // reconcile, and a rollout's confirmations queued behind them.
+                    if !self.add_finalizer().await? {
+                        // Gone meanwhile: nothing to create for.
+                        return Ok(Action::await_change());
+                    }
+                    has_finalizer = true;
                 }
                 Next::ReleaseFinalizer => {
                     // Not left to owner-reference garbage collection alone: the Secret
@@ -196,12 +219,17 @@ impl<'a> Shell<'a> {
 
     /// Whether the copy this reconcile acts on is the server's (as of our own writes in it).
     ///
-    /// Asked before a Create only: a copy from a watch that lags shows no instance for a
+    /// Asked before a Create (and the status written with it) only: a copy from a watch
+    /// that lags shows no instance for a
     /// Proxy whose instance the last reconcile recorded, and every other decision made on
     /// such a copy is undone by the next one at the price of a Get at most, while a Create
     /// costs a backend request or two (answered by name, so never a second instance) and
     /// budget the rollout needs. One API read per Create.
     async fn copy_is_current(&self) -> Result<bool, ReconcileError> {
+        if self.wrote {
+            // Our own write's answer is the server's copy, read a moment ago.
+            return Ok(true);
+        }
         match self.api.get_metadata_opt(&self.name).await? {
             Some(server) => Ok(server.metadata.resource_version == self.resource_version),
             // Gone: the deletion event ends this Proxy's reconciles.
@@ -247,6 +275,16 @@ impl<'a> Shell<'a> {
             std::time::SystemTime::now(),
             self.ctx.settings.timings.provisioning_poll,
         )
+    }
+
+    /// How far apart the lists confirming this Proxy's provider are (the provisioning poll
+    /// when they do not).
+    fn confirm_every(&self) -> std::time::Duration {
+        self.ctx
+            .inventory
+            .as_ref()
+            .and_then(|i| i.confirm_every(&self.proxy.spec.provider))
+            .unwrap_or(self.ctx.settings.timings.provisioning_poll)
     }
 
     /// Whether the provider's list under way will answer for this Proxy (no fresh one yet).
@@ -339,6 +377,7 @@ impl<'a> Shell<'a> {
             )
             .await?;
         self.resource_version = written.resource_version();
+        self.wrote = true;
         Ok(next)
     }
 
@@ -418,10 +457,20 @@ impl<'a> Shell<'a> {
 
     /// Merge patch of the whole finalizer list, guarded by the resourceVersion it was read
     /// at: a concurrent change fails with a conflict (and is retried) instead of being lost.
-    async fn add_finalizer(&self) -> Result<(), ReconcileError> {
+    /// Adds the finalizer; false when the Proxy is gone. The patch's answer is the
+    /// server's copy: its resourceVersion is the one later writes of this reconcile
+    /// compare with.
+    async fn add_finalizer(&mut self) -> Result<bool, ReconcileError> {
         let mut finalizers = self.proxy.finalizers().to_vec();
         finalizers.push(FINALIZER.to_string());
-        self.patch_finalizers(finalizers).await
+        match self.patch_finalizers(finalizers).await? {
+            Some(written) => {
+                self.resource_version = written.resource_version();
+                self.wrote = true;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     async fn remove_finalizer(&self) -> Result<(), ReconcileError> {
@@ -432,10 +481,14 @@ impl<'a> Shell<'a> {
             .filter(|f| *f != FINALIZER)
             .cloned()
             .collect();
-        self.patch_finalizers(finalizers).await
+        self.patch_finalizers(finalizers).await.map(drop)
     }
 
-    async fn patch_finalizers(&self, finalizers: Vec<String>) -> Result<(), ReconcileError> {
+    /// The patched object, or `None` when it is gone.
+    async fn patch_finalizers(
+        &self,
+        finalizers: Vec<String>,
+    ) -> Result<Option<Proxy>, ReconcileError> {
         let patch = serde_json::json!({
             "metadata": {
                 "finalizers": finalizers,
@@ -447,9 +500,9 @@ impl<'a> Shell<'a> {
             .patch(&self.name, &PatchParams::default(), &Patch::Merge(patch))
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(written) => Ok(Some(written)),
             // Released and already gone: nothing left to do.
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
