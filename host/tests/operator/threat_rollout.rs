@@ -82,8 +82,7 @@ async fn a_rollout_of_600_proxies_runs_within_the_deployments_memory_and_creates
 
     // Every Proxy runs; meanwhile the provider's checks (every 300 ms) never time out.
     let health: Api<ProviderHealth> = Api::all(client.clone());
-    let running =
-        format!(r#"proxy_operator_proxies{{provider="ex",state="Running",ready="false"}} "#);
+    let running = r#"proxy_operator_proxies{provider="ex",state="Running",ready="false"} "#;
     let mut timed_out = Vec::new();
     let mut peak_rss = 0;
     let pid = op.child.id();
@@ -97,13 +96,13 @@ async fn a_rollout_of_600_proxies_runs_within_the_deployments_memory_and_creates
             }
         }
         let (_, text) = op.get("/metrics").await;
-        if sample(&text, &running) as usize == PROXIES {
+        if sample(&text, running) as usize == PROXIES {
             break text;
         }
         assert!(
             started.elapsed() < Duration::from_secs(180),
             "{} of {PROXIES} Running after 180 s",
-            sample(&text, &running)
+            sample(&text, running)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
