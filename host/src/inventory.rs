@@ -333,15 +333,18 @@ impl Inventory {
 
 /// Lists confirm a provider's Proxies in transition once one list page replaces at least
 /// this many Gets: a list of `p` pages is made only for `CONFIRMS_PER_PAGE x p` Proxies or
-/// more. One is enough: each of those Proxies would Get every provisioning poll until its
-/// instance runs, and the list comes at most that often (less often when the budget calls
-/// for it, [`list_interval`]), so from there on the list costs no more than the Gets.
+/// more. Two: each of those Proxies would Get every provisioning poll until its instance
+/// runs, and the list comes at most that often (less often when the budget calls for it,
+/// [`list_interval`]), so from there on a list costs at most half the Gets it replaces. At
+/// one, a lone Proxy of a small fleet waited on a one-page list that saves nothing over its
+/// own Get, and on a backend whose lists show a boot later than its Gets (the Linode and
+/// Proxmox emulators move an instance on a Get only) it never ran.
 ///
 /// Issue 29: 10,000 Proxies on Hetzner's 3,600/h spent 10,018 Gets confirming their
 /// creates, as many requests as the creates themselves. With four per page, 2,000 Proxies
 /// still spent 2,296 Gets: the threshold left every Proxy of a provider with more than a
 /// quarter as many Proxies in transition as list pages to Get.
-pub const CONFIRMS_PER_PAGE: u64 = 1;
+pub const CONFIRMS_PER_PAGE: u64 = 2;
 
 /// Whether a provider with `in_transition` Proxies waiting to be confirmed should list
 /// rather than Get each, its last list having sent `list_requests` (pages; one before the
@@ -1084,15 +1087,16 @@ mod tests {
     }
 
     #[test]
-    fn lists_confirm_transitions_once_a_page_replaces_a_get() {
+    fn lists_confirm_transitions_once_a_page_replaces_two_gets() {
         let cases = [
             (0, None, false),
-            (1, None, true),
-            (19, Some(20), false),
-            (20, Some(20), true),
-            (200, Some(200), true),
-            (199, Some(200), false),
-            (1, Some(0), true),
+            (1, None, false),
+            (2, None, true),
+            (39, Some(20), false),
+            (40, Some(20), true),
+            (400, Some(200), true),
+            (399, Some(200), false),
+            (2, Some(0), true),
         ];
         for (n, pages, want) in cases {
             assert_eq!(
