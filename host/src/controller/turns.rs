@@ -24,28 +24,34 @@
 //! Proxies whose instances a list had already confirmed (a status write each, no call)
 //! waited behind all of them: at 2,000 Proxies on 3,600/h the first ran after 8,748 s of
 //! the 9,161 the rollout took. So a reconcile expected to create ([`Kind::Create`]) first
-//! takes one of `concurrency - 1` create permits, in arrival order, and only then a turn:
-//! at most `concurrency - 1` creates hold or wait for a turn, and every other reconcile
-//! waits behind at most those. The creates keep the budget busy all the same, since each
+//! takes one of its provider's `concurrency - 1` create permits, in arrival order, and only
+//! then a turn: at most `concurrency - 1` creates of a provider hold or wait for a turn,
+//! and every other reconcile waits behind at most those. Per provider, so that a provider
+//! whose creates hang holds up no other provider's creates beyond the turns it holds. The creates keep the budget busy all the same, since each
 //! one in flight already waits for the next token.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The queue of turns; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Turns {
     permits: Arc<Semaphore>,
-    /// Creates that may hold or wait for a turn at once (see the module's doc).
-    creates: Arc<Semaphore>,
+    /// Per configured provider, the creates that may hold or wait for a turn at once (see
+    /// the module's doc). Keyed by configured providers only ([`Kind::Create`]), so it
+    /// holds one small semaphore per provider ever configured in this term.
+    creates: Arc<Mutex<HashMap<String, Arc<Semaphore>>>>,
+    per_provider: usize,
 }
 
 /// What a reconcile is expected to do, from the copy it was asked with (a guess that only
 /// orders the queue: the reconcile decides from the copy of its turn).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
-    /// Its Proxy has its finalizer and no instance: it will create, and wait for the budget.
-    Create,
+    /// Its Proxy has no instance and its provider is configured: it will create, and wait
+    /// for that provider's budget.
+    Create(String),
     /// Anything else: a finalizer, a status write, a Get, a Delete.
     Other,
 }
@@ -64,7 +70,8 @@ impl Turns {
         let n = usize::from(concurrency.max(1));
         Turns {
             permits: Arc::new(Semaphore::new(n)),
-            creates: Arc::new(Semaphore::new((n - 1).max(1))),
+            creates: Default::default(),
+            per_provider: (n - 1).max(1),
         }
     }
 
@@ -73,7 +80,19 @@ impl Turns {
     /// [`Turns::close`] was called.
     pub async fn take(&self, kind: Kind) -> Option<Turn> {
         let create = match kind {
-            Kind::Create => Some(self.creates.clone().acquire_owned().await.ok()?),
+            Kind::Create(provider) => {
+                let permits = {
+                    let mut creates = self.creates.lock().unwrap_or_else(|e| e.into_inner());
+                    if self.permits.is_closed() {
+                        return None;
+                    }
+                    creates
+                        .entry(provider)
+                        .or_insert_with(|| Arc::new(Semaphore::new(self.per_provider)))
+                        .clone()
+                };
+                Some(permits.acquire_owned().await.ok()?)
+            }
             Kind::Other => None,
         };
         let turn = self.permits.clone().acquire_owned().await.ok()?;
@@ -85,7 +104,10 @@ impl Turns {
 
     /// Turns every waiter (and every later caller) away.
     pub fn close(&self) {
-        self.creates.close();
+        let creates = self.creates.lock().unwrap_or_else(|e| e.into_inner());
+        for permits in creates.values() {
+            permits.close();
+        }
         self.permits.close();
     }
 
@@ -153,7 +175,7 @@ mod tests {
     fn zero_concurrency_still_runs_one() {
         let turns = Turns::new(0);
         assert_eq!(turns.permits.available_permits(), 1);
-        assert_eq!(turns.creates.available_permits(), 1);
+        assert_eq!(turns.per_provider, 1);
     }
 
     /// A rollout's creates queued first, each holding its turn a while (waiting for the
@@ -167,7 +189,7 @@ mod tests {
         for i in 0..40 {
             let (turns, order) = (turns.clone(), order.clone());
             waiters.push(tokio::spawn(async move {
-                let _turn = turns.take(Kind::Create).await.unwrap();
+                let _turn = turns.take(Kind::Create("p".into())).await.unwrap();
                 order.lock().unwrap().push(format!("create {i}"));
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }));
@@ -212,10 +234,23 @@ mod tests {
         assert_eq!(turns.running(3), 0);
     }
 
+    /// A provider whose creates hang (holding its create permits and their turns) leaves
+    /// another provider's create the remaining turn.
+    #[tokio::test]
+    async fn a_providers_hung_creates_hold_up_no_other_providers_create() {
+        let turns = Turns::new(3);
+        let a1 = turns.take(Kind::Create("a".into())).await.unwrap();
+        let a2 = turns.take(Kind::Create("a".into())).await.unwrap();
+        let b = tokio::time::timeout(Duration::from_secs(5), turns.take(Kind::Create("b".into())))
+            .await;
+        assert!(matches!(b, Ok(Some(_))), "b's create waited for a's");
+        drop((a1, a2));
+    }
+
     #[tokio::test]
     async fn with_one_turn_creates_and_the_rest_share_it() {
         let turns = Turns::new(1);
-        let create = turns.take(Kind::Create).await.unwrap();
+        let create = turns.take(Kind::Create("p".into())).await.unwrap();
         let other = tokio::spawn({
             let turns = turns.clone();
             async move { turns.take(Kind::Other).await.is_some() }
@@ -229,10 +264,10 @@ mod tests {
     #[tokio::test]
     async fn closing_turns_away_a_create_waiting_for_its_permit() {
         let turns = Turns::new(2);
-        let first = turns.take(Kind::Create).await.unwrap();
+        let first = turns.take(Kind::Create("p".into())).await.unwrap();
         let second = tokio::spawn({
             let turns = turns.clone();
-            async move { turns.take(Kind::Create).await.is_some() }
+            async move { turns.take(Kind::Create("p".into())).await.is_some() }
         });
         tokio::time::sleep(Duration::from_millis(10)).await;
         turns.close();

@@ -252,16 +252,22 @@ fn error_policy(proxy: Arc<Proxy>, err: &ReconcileError, ctx: Arc<Context>) -> A
     Action::requeue(delay)
 }
 
-/// Whether a reconcile of `proxy` is expected to create: it has no instance and is not
-/// being deleted (a new Proxy's reconcile adds the finalizer and goes on to create).
-fn expected_kind(proxy: &Proxy) -> Kind {
+/// Whether a reconcile of `proxy` is expected to create: it has no instance, is not being
+/// deleted (a new Proxy's reconcile adds the finalizer and goes on to create), and its
+/// provider is `configured` (so the create permits are keyed by configured providers only,
+/// not by any name a user writes).
+fn expected_kind(proxy: &Proxy, configured: bool) -> Kind {
     let creating = proxy.metadata.deletion_timestamp.is_none()
         && proxy
             .status
             .as_ref()
             .and_then(|s| s.provider_id.as_deref())
             .is_none_or(str::is_empty);
-    if creating { Kind::Create } else { Kind::Other }
+    if creating && configured {
+        Kind::Create(proxy.spec.provider.clone())
+    } else {
+        Kind::Other
+    }
 }
 
 /// Waits for a turn, then reconciles the Proxy as the cache has it by then (a request can
@@ -273,7 +279,13 @@ async fn in_turn(
     proxy: Arc<Proxy>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
-    let Some(_turn) = turns.take(expected_kind(&proxy)).await else {
+    let Some(_turn) = turns
+        .take(expected_kind(
+            &proxy,
+            ctx.registry.get(&proxy.spec.provider).is_some(),
+        ))
+        .await
+    else {
         // Shutting down: the next leader (or this process's next term) reconciles it.
         return Ok(Action::await_change());
     };
@@ -317,13 +329,13 @@ mod tests {
                 provider_id: id.map(str::to_string),
                 ..Default::default()
             });
-            expected_kind(&p)
+            expected_kind(&p, true)
         };
         let cases = [
-            ((true, None, false), Kind::Create),
-            ((true, Some(""), false), Kind::Create),
+            ((true, None, false), Kind::Create("fake".into())),
+            ((true, Some(""), false), Kind::Create("fake".into())),
             // A new Proxy: its reconcile adds the finalizer and creates.
-            ((false, None, false), Kind::Create),
+            ((false, None, false), Kind::Create("fake".into())),
             ((true, Some("i-1"), false), Kind::Other),
             ((true, None, true), Kind::Other),
             ((true, Some("i-1"), true), Kind::Other),
