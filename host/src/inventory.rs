@@ -158,14 +158,7 @@ impl Inventory {
         now: SystemTime,
         fresh: Duration,
     ) -> ByList {
-        let by_list = self
-            .by_list
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .copied()
-            .flatten();
-        let Some(every) = by_list else {
+        let Some(every) = self.confirm_every(name) else {
             return ByList::No;
         };
         let listing = self.listing(name, provider, now);

@@ -220,11 +220,11 @@ impl<'a> Shell<'a> {
     /// Whether the copy this reconcile acts on is the server's (as of our own writes in it).
     ///
     /// Asked before a Create (and the status written with it) only: a copy from a watch
-    /// that lags shows no instance for a
-    /// Proxy whose instance the last reconcile recorded, and every other decision made on
-    /// such a copy is undone by the next one at the price of a Get at most, while a Create
-    /// costs a backend request or two (answered by name, so never a second instance) and
-    /// budget the rollout needs. One API read per Create.
+    /// that lags shows no instance for a Proxy whose instance the last reconcile recorded.
+    /// Every other decision made on such a copy is undone by the next one at the price of
+    /// a Get at most, while a Create costs a backend request (answered by name, so never a
+    /// second instance) of the budget the rollout needs. At most one API read per Create,
+    /// none after a write of this reconcile.
     async fn copy_is_current(&self) -> Result<bool, ReconcileError> {
         if self.wrote {
             // Our own write's answer is the server's copy, read a moment ago.
