@@ -66,8 +66,11 @@ pub struct Held {
     /// Whether it carries the label that lets a Proxy's `spec.cloudInit.secretKeyRef` use
     /// it ([`super::proxy_auth::labelled_for_cloud_init`]).
     pub labelled_for_cloud_init: bool,
-    /// Key -> value, `data` over `stringData` (see [`super::input::secret_value`]).
-    data: BTreeMap<String, Vec<u8>>,
+    /// Key -> value, `data` over `stringData` (see [`super::input::secret_value`]), sorted
+    /// by key. A slice, not a map: a Secret a Proxy references has a key or two, and one
+    /// is held per Proxy with generated credentials, where a map's node (544 bytes for
+    /// eleven entries) was most of the copy.
+    data: Box<[(Box<str>, Box<[u8]>)]>,
 }
 
 impl std::fmt::Debug for Held {
@@ -78,7 +81,7 @@ impl std::fmt::Debug for Held {
             .field("controller", &self.controller)
             .field("labelled_for_proxies", &self.labelled_for_proxies)
             .field("labelled_for_cloud_init", &self.labelled_for_cloud_init)
-            .field("keys", &self.data.keys().collect::<Vec<_>>())
+            .field("keys", &self.data.iter().map(|(k, _)| k).collect::<Vec<_>>())
             .finish()
     }
 }
@@ -91,7 +94,10 @@ impl Held {
             controller: None,
             labelled_for_proxies: false,
             labelled_for_cloud_init: false,
-            data,
+            data: data
+                .into_iter()
+                .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_slice()))
+                .collect(),
         }
     }
 
@@ -132,7 +138,10 @@ impl Held {
 
     /// The value of `key`.
     pub fn value(&self, key: &str) -> Option<&[u8]> {
-        self.data.get(key).map(Vec::as_slice)
+        self.data
+            .binary_search_by(|(k, _)| (**k).cmp(key))
+            .ok()
+            .map(|i| &*self.data[i].1)
     }
 }
 
