@@ -143,7 +143,10 @@ pub async fn run(
             close.close();
         })
         .run(
-            move |proxy, ctx| in_turn(turns.clone(), store.clone(), proxy, ctx),
+            // Boxed: kube's runner keeps each due reconcile's future inline in a hash map
+            // that never shrinks, and with every due Proxy in it at once (`concurrency(0)`),
+            // a rollout of 10,000 left a table of 16,384 buckets of 312-byte futures.
+            move |proxy, ctx| Box::pin(in_turn(turns.clone(), store.clone(), proxy, ctx)),
             error_policy,
             ctx,
         )
