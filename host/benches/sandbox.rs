@@ -15,6 +15,11 @@
 //! TLS handshakes included, pays 20 ms. The plugin (its provider's kept-alive connection
 //! pool) against a native keep-alive client (hyper's HTTP/1 over tokio-rustls, one
 //! connection reused): one `get` (p50), and 50 sequential `get`s in a row (total).
+//!
+//! Then the same over HTTP/2: a front that offers only `h2` by ALPN and passes each stream
+//! to the emulator, behind the same delay line. The plugin's host negotiates HTTP/2 and
+//! keeps the one connection in its pool; the native client is hyper's HTTP/2 over
+//! tokio-rustls, one connection reused.
 
 use egress_emulators::control::Emulator;
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
@@ -193,6 +198,159 @@ impl KeepAlive {
     }
 }
 
+/// A listener on 127.0.0.1 that terminates TLS offering only `h2`, and answers every
+/// stream by sending its request to `to` over HTTP/1.1 (a fresh loopback connection each:
+/// nothing next to the delay line's 20 ms).
+async fn h2_front(to: std::net::SocketAddr, ca: &TestCa) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut config = (*ca.server_config()).clone();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _ = client.set_nodelay(true);
+                let Ok(tls) = acceptor.accept(client).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(move |req| forward(to, req));
+                let _ = hyper::server::conn::http2::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+            });
+        }
+    });
+    addr
+}
+
+/// One HTTP/2 stream's request, sent to `to` over HTTP/1.1; its answer, whole.
+async fn forward(
+    to: std::net::SocketAddr,
+    req: http::Request<hyper::body::Incoming>,
+) -> Result<http::Response<http_body_util::Full<bytes::Bytes>>, hyper::Error> {
+    let stream = tokio::net::TcpStream::connect(to).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake(hyper_util::rt::TokioIo::new(stream))
+        .await?;
+    tokio::spawn(conn);
+    let (mut parts, body) = req.into_parts();
+    let body = body.collect().await?.to_bytes();
+    parts.uri = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .parse()
+        .unwrap();
+    parts.version = http::Version::HTTP_11;
+    parts
+        .headers
+        .insert("host", to.to_string().parse().unwrap());
+    let resp = sender
+        .send_request(http::Request::from_parts(
+            parts,
+            http_body_util::Full::new(body),
+        ))
+        .await?;
+    let (mut parts, body) = resp.into_parts();
+    let body = body.collect().await?.to_bytes();
+    parts.version = http::Version::HTTP_2;
+    // Connection-specific headers have no place in HTTP/2.
+    for h in ["connection", "keep-alive", "transfer-encoding"] {
+        parts.headers.remove(h);
+    }
+    Ok(http::Response::from_parts(
+        parts,
+        http_body_util::Full::new(body),
+    ))
+}
+
+/// A native keep-alive HTTP/2 client: one connection over tokio-rustls (ALPN `h2`),
+/// reused for every request.
+struct H2KeepAlive {
+    addr: std::net::SocketAddr,
+    tls: std::sync::Arc<rustls::ClientConfig>,
+    sender: Option<hyper::client::conn::http2::SendRequest<Empty<bytes::Bytes>>>,
+}
+
+impl H2KeepAlive {
+    fn new(addr: std::net::SocketAddr, ca_pem: &str) -> H2KeepAlive {
+        let mut tls = (*KeepAlive::new(addr, ca_pem).tls).clone();
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        H2KeepAlive {
+            addr,
+            tls: std::sync::Arc::new(tls),
+            sender: None,
+        }
+    }
+
+    async fn get(&mut self, path: &str) -> serde_json::Value {
+        if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
+            let tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+            let _ = tcp.set_nodelay(true);
+            let name = rustls::pki_types::ServerName::IpAddress(self.addr.ip().into());
+            let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+                .connect(name, tcp)
+                .await
+                .unwrap();
+            assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+            let (sender, conn) =
+                hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .handshake(hyper_util::rt::TokioIo::new(tls))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            self.sender = Some(sender);
+        }
+        let sender = self.sender.as_mut().unwrap();
+        sender.ready().await.unwrap();
+        let req = http::Request::get(format!("https://{}{path}", self.addr))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("user-agent", "sandbox-bench")
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&body).unwrap()
+    }
+}
+
+/// The native client of a remote case.
+enum Native {
+    Http1(KeepAlive),
+    Http2(H2KeepAlive),
+}
+
+impl Native {
+    async fn get(&mut self, path: &str) -> serde_json::Value {
+        match self {
+            Native::Http1(c) => c.get(path).await,
+            Native::Http2(c) => c.get(path).await,
+        }
+    }
+}
+
+/// A remote case's figures: one `get` p50 (plugin, native) and `SEQUENCE` in a row.
+struct Far {
+    plugin_p50: Duration,
+    native_p50: Duration,
+    plugin_sequence: Duration,
+    native_sequence: Duration,
+}
+
+impl Far {
+    fn get_ratio(&self) -> f64 {
+        self.plugin_p50.as_secs_f64() / self.native_p50.as_secs_f64()
+    }
+    fn sequence_ratio(&self) -> f64 {
+        self.plugin_sequence.as_secs_f64() / self.native_sequence.as_secs_f64()
+    }
+}
+
 /// Round trip of the delay line.
 const RTT: Duration = Duration::from_millis(20);
 const FAR_CALLS: usize = 40;
@@ -347,41 +505,62 @@ async fn main() {
         .provider(far_plugin, &far_entry)
         .await
         .expect("far provider");
-    let mut native = KeepAlive::new(far, ca.ca_pem());
-    // Warm both: connections made, sessions cached.
-    for _ in 0..3 {
-        assert_eq!(fp_.get(&id).await.unwrap().state, State::Running);
-        native.get(&path).await;
-    }
-    let (mut far_plugin_t, mut far_native_t) = (Vec::new(), Vec::new());
-    for _ in 0..FAR_CALLS {
-        let t = Instant::now();
-        fp_.get(&id).await.unwrap();
-        far_plugin_t.push(t.elapsed());
-        let t = Instant::now();
-        native.get(&path).await;
-        far_native_t.push(t.elapsed());
-    }
-    let (fpp, fnp) = (p50(far_plugin_t), p50(far_native_t));
-    let far_ratio = fpp.as_secs_f64() / fnp.as_secs_f64();
-    let t = Instant::now();
-    for _ in 0..SEQUENCE {
-        fp_.get(&id).await.unwrap();
-    }
-    let seq_plugin = t.elapsed();
-    let t = Instant::now();
-    for _ in 0..SEQUENCE {
-        native.get(&path).await;
-    }
-    let seq_native = t.elapsed();
-    let seq_ratio = seq_plugin.as_secs_f64() / seq_native.as_secs_f64();
+    let h1 = measure_far(
+        &fp_,
+        &id,
+        &path,
+        Native::Http1(KeepAlive::new(far, ca.ca_pem())),
+    )
+    .await;
     println!(
-        "over TLS with {} ms round trips: plugin get p50 {:.1} ms, native keep-alive GET p50 {:.1} ms, ratio {far_ratio:.2}x ({FAR_CALLS} interleaved calls each); {SEQUENCE} sequential gets: plugin {:.0} ms, native {:.0} ms, ratio {seq_ratio:.2}x",
+        "over TLS with {} ms round trips: plugin get p50 {:.1} ms, native keep-alive GET p50 {:.1} ms, ratio {:.2}x ({FAR_CALLS} interleaved calls each); {SEQUENCE} sequential gets: plugin {:.0} ms, native {:.0} ms, ratio {:.2}x",
         RTT.as_millis(),
-        ms(fpp),
-        ms(fnp),
-        ms(seq_plugin),
-        ms(seq_native)
+        ms(h1.plugin_p50),
+        ms(h1.native_p50),
+        h1.get_ratio(),
+        ms(h1.plugin_sequence),
+        ms(h1.native_sequence),
+        h1.sequence_ratio()
+    );
+
+    // The same over HTTP/2: a front offering only h2, behind its own delay line.
+    let front = h2_front(addr, &ca).await;
+    let far2 = delay_line(front, RTT / 2).await;
+    let far2_url = format!("https://{far2}");
+    let h2_entry = ProvidersFile::parse(&format!(
+        "providers: [{{name: hzh2, plugin: hetzner.wasm, additionalHosts: ['{far2_url}'], allowPrivateAddresses: true, \
+         tls: {{caFile: '{}'}}, secrets: {{token: '{}'}}, config: {{endpoint: '{far2_url}/v1', locations: [fsn1], serverTypes: [cpx11], \
+         images: {{ubuntu: ubuntu-24.04}}}}}}]",
+        ca_file.display(),
+        token.display()
+    ))
+    .unwrap()
+    .providers
+    .remove(0);
+    let h2_plugin = rt
+        .load_plugin(&plugin_dir().join("hetzner.wasm"))
+        .await
+        .expect("hetzner.wasm loads");
+    let hp = rt
+        .provider(h2_plugin, &h2_entry)
+        .await
+        .expect("h2 provider");
+    let h2 = measure_far(
+        &hp,
+        &id,
+        &path,
+        Native::Http2(H2KeepAlive::new(far2, ca.ca_pem())),
+    )
+    .await;
+    println!(
+        "over HTTP/2 with {} ms round trips: plugin get p50 {:.1} ms, native keep-alive GET p50 {:.1} ms, ratio {:.2}x; {SEQUENCE} sequential gets: plugin {:.0} ms, native {:.0} ms, ratio {:.2}x",
+        RTT.as_millis(),
+        ms(h2.plugin_p50),
+        ms(h2.native_p50),
+        h2.get_ratio(),
+        ms(h2.plugin_sequence),
+        ms(h2.native_sequence),
+        h2.sequence_ratio()
     );
     if let Some(path) = json_out {
         let json = serde_json::json!({
@@ -391,14 +570,54 @@ async fn main() {
             "plugin_no_request_p50_ms": ms(fp),
             "ratio": ratio,
             "tls_rtt_ms": RTT.as_millis() as u64,
-            "tls_plugin_get_p50_ms": ms(fpp),
-            "tls_native_keepalive_get_p50_ms": ms(fnp),
-            "tls_get_ratio": far_ratio,
+            "tls_plugin_get_p50_ms": ms(h1.plugin_p50),
+            "tls_native_keepalive_get_p50_ms": ms(h1.native_p50),
+            "tls_get_ratio": h1.get_ratio(),
             "tls_sequence": SEQUENCE,
-            "tls_plugin_sequence_ms": ms(seq_plugin),
-            "tls_native_sequence_ms": ms(seq_native),
-            "tls_sequence_ratio": seq_ratio,
+            "tls_plugin_sequence_ms": ms(h1.plugin_sequence),
+            "tls_native_sequence_ms": ms(h1.native_sequence),
+            "tls_sequence_ratio": h1.sequence_ratio(),
+            "h2_plugin_get_p50_ms": ms(h2.plugin_p50),
+            "h2_native_keepalive_get_p50_ms": ms(h2.native_p50),
+            "h2_get_ratio": h2.get_ratio(),
+            "h2_plugin_sequence_ms": ms(h2.plugin_sequence),
+            "h2_native_sequence_ms": ms(h2.native_sequence),
+            "h2_sequence_ratio": h2.sequence_ratio(),
         });
         std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    }
+}
+
+/// One remote case: both warmed (connections made, sessions cached), then `FAR_CALLS`
+/// interleaved `get`s (p50 each), then `SEQUENCE` in a row each.
+async fn measure_far(p: &dyn Provider, id: &str, path: &str, mut native: Native) -> Far {
+    for _ in 0..3 {
+        assert_eq!(p.get(id).await.unwrap().state, State::Running);
+        native.get(path).await;
+    }
+    let (mut plugin_t, mut native_t) = (Vec::new(), Vec::new());
+    for _ in 0..FAR_CALLS {
+        let t = Instant::now();
+        p.get(id).await.unwrap();
+        plugin_t.push(t.elapsed());
+        let t = Instant::now();
+        native.get(path).await;
+        native_t.push(t.elapsed());
+    }
+    let t = Instant::now();
+    for _ in 0..SEQUENCE {
+        p.get(id).await.unwrap();
+    }
+    let plugin_sequence = t.elapsed();
+    let t = Instant::now();
+    for _ in 0..SEQUENCE {
+        native.get(path).await;
+    }
+    let native_sequence = t.elapsed();
+    Far {
+        plugin_p50: p50(plugin_t),
+        native_p50: p50(native_t),
+        plugin_sequence,
+        native_sequence,
     }
 }
