@@ -216,11 +216,10 @@ async fn h2_front(to: std::net::SocketAddr, ca: &TestCa) -> std::net::SocketAddr
                     return;
                 };
                 let service = hyper::service::service_fn(move |req| forward(to, req));
-                let _ = hyper::server::conn::http2::Builder::new(
-                    hyper_util::rt::TokioExecutor::new(),
-                )
-                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-                .await;
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
             });
         }
     });

@@ -70,8 +70,11 @@ pub struct Held {
     /// by key. A slice, not a map: a Secret a Proxy references has a key or two, and one
     /// is held per Proxy with generated credentials, where a map's node (544 bytes for
     /// eleven entries) was most of the copy.
-    data: Box<[(Box<str>, Box<[u8]>)]>,
+    data: Box<[Entry]>,
 }
+
+/// One key of a held Secret and its value.
+type Entry = (Box<str>, Box<[u8]>);
 
 impl std::fmt::Debug for Held {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -81,7 +84,10 @@ impl std::fmt::Debug for Held {
             .field("controller", &self.controller)
             .field("labelled_for_proxies", &self.labelled_for_proxies)
             .field("labelled_for_cloud_init", &self.labelled_for_cloud_init)
-            .field("keys", &self.data.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field(
+                "keys",
+                &self.data.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
