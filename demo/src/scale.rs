@@ -77,7 +77,7 @@ pub struct ScaleArgs {
     #[arg(long, default_value_t = 3)]
     pub concurrency: u16,
     /// The operator's `--redaction-memory` (a Kubernetes quantity), when not its default:
-    /// every Proxy here has generated credentials, about 1.3 KiB of it each.
+    /// every Proxy here has generated credentials, about 1.6 KiB of it each.
     #[arg(long)]
     pub redaction_memory: Option<String>,
     /// How long (real time) all Proxies may take to become Running.

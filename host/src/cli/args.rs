@@ -104,7 +104,7 @@ pub struct RuntimeArgs {
     /// Memory the redactor may use for all Proxies' cloud-init and credentials together
     /// (part of --memory-reserve). A Proxy whose values do not fit waits, with
     /// CloudInitUnavailable naming this flag; one template shared by a fleet costs a few
-    /// KiB per Proxy, a Proxy with its own generated credentials about 1.3 KiB.
+    /// KiB per Proxy, a Proxy with its own generated credentials about 1.6 KiB.
     #[arg(long, default_value = quantity_text(egress_plugin_host::sensitive::DEFAULT_LIMIT_BYTES as u64), value_parser = parse_quantity)]
     pub redaction_memory: u64,
 }

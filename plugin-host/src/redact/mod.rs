@@ -523,6 +523,17 @@ impl Redactor {
         self.segments.iter().map(|s| s.memory_usage()).sum()
     }
 
+    /// The most token forms that share an anchor in any one table.
+    #[cfg(test)]
+    pub(crate) fn longest_token_chain(&self) -> usize {
+        self.segments
+            .iter()
+            .filter_map(|s| s.tokens.as_ref())
+            .map(Tokens::longest_chain)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// A redactor over these segments together.
     pub fn from_segments(segments: Vec<std::sync::Arc<Segment>>) -> Self {
         Redactor { segments }
