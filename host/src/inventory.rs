@@ -330,8 +330,8 @@ impl Inventory {
 /// runs, and the list comes at most that often (less often when the budget calls for it,
 /// [`list_interval`]), so from there on a list costs at most half the Gets it replaces. At
 /// one, a lone Proxy of a small fleet waited on a one-page list that saves nothing over its
-/// own Get, and on a backend whose lists show a boot later than its Gets (the Linode and
-/// Proxmox emulators move an instance on a Get only) it never ran.
+/// own Get (and, before their lists counted as reads, the Linode emulator moved an
+/// instance on a Get only: such a Proxy never ran).
 ///
 /// Issue 29: 10,000 Proxies on Hetzner's 3,600/h spent 10,018 Gets confirming their
 /// creates, as many requests as the creates themselves. With four per page, 2,000 Proxies
@@ -377,6 +377,12 @@ pub fn by_list_view(
     if let Some(l) = listing
         && let Some(inst) = l.instances.get(id)
     {
+        // Running with no address: some backends' lists never carry one (Proxmox's VM
+        // list: the address comes from the guest agent, which only a Get asks), so only a
+        // Get concludes. Waiting on lists would keep the Proxy Provisioning for good.
+        if inst.state == State::Running && inst.ip.is_empty() && inst.ipv6.is_empty() {
+            return ByList::No;
+        }
         // The newest list: a Proxy listed as still booting is told so until the next
         // list, as a Get would tell it at its next poll.
         return ByList::Listed(inst.clone());
@@ -1157,6 +1163,17 @@ mod tests {
         };
         let recent = listing(5);
         let listed_a = ByList::Listed(inst("a", State::Provisioning, ""));
+        // A list that shows "r" running without an address, and "v6" with only IPv6.
+        let mut addressless = listing(5);
+        for i in [
+            inst("r", State::Running, ""),
+            Instance {
+                ipv6: "2001:db8::6".into(),
+                ..inst("v6", State::Running, "")
+            },
+        ] {
+            addressless.instances.insert(i.id.clone(), i);
+        }
         let before = Some(t0 - s(30));
         let after = Some(t0 + s(2));
         type Case<'a> = (
@@ -1186,6 +1203,27 @@ mod tests {
                 before,
                 t0 + s(20),
                 listed_a.clone(),
+            ),
+            (
+                "listed Running without an address (Proxmox's VM list): Get",
+                Some(&addressless),
+                false,
+                "r",
+                before,
+                t0 + s(12),
+                ByList::No,
+            ),
+            (
+                "listed Running with IPv6 only: listed",
+                Some(&addressless),
+                false,
+                "v6",
+                before,
+                t0 + s(12),
+                ByList::Listed(Instance {
+                    ipv6: "2001:db8::6".into(),
+                    ..inst("v6", State::Running, "")
+                }),
             ),
             (
                 "made before the list started, not in it: Get",
