@@ -169,13 +169,7 @@ impl KeepAlive {
 
     async fn get(&mut self, path: &str) -> serde_json::Value {
         if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
-            let tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
-            let _ = tcp.set_nodelay(true);
-            let name = rustls::pki_types::ServerName::IpAddress(self.addr.ip().into());
-            let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
-                .connect(name, tcp)
-                .await
-                .unwrap();
+            let tls = tls_connect(self.addr, &self.tls).await;
             let (sender, conn) = hyper::client::conn::http1::Builder::new()
                 .handshake(hyper_util::rt::TokioIo::new(tls))
                 .await
@@ -191,10 +185,7 @@ impl KeepAlive {
             .header("user-agent", "sandbox-bench")
             .body(Empty::<bytes::Bytes>::new())
             .unwrap();
-        let resp = sender.send_request(req).await.unwrap();
-        assert_eq!(resp.status(), 200);
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        serde_json::from_slice(&body).unwrap()
+        json_of(sender.send_request(req).await.unwrap()).await
     }
 }
 
@@ -288,13 +279,7 @@ impl H2KeepAlive {
 
     async fn get(&mut self, path: &str) -> serde_json::Value {
         if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
-            let tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
-            let _ = tcp.set_nodelay(true);
-            let name = rustls::pki_types::ServerName::IpAddress(self.addr.ip().into());
-            let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
-                .connect(name, tcp)
-                .await
-                .unwrap();
+            let tls = tls_connect(self.addr, &self.tls).await;
             assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
             let (sender, conn) =
                 hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
@@ -311,10 +296,7 @@ impl H2KeepAlive {
             .header("user-agent", "sandbox-bench")
             .body(Empty::<bytes::Bytes>::new())
             .unwrap();
-        let resp = sender.send_request(req).await.unwrap();
-        assert_eq!(resp.status(), 200);
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        serde_json::from_slice(&body).unwrap()
+        json_of(sender.send_request(req).await.unwrap()).await
     }
 }
 
@@ -347,6 +329,18 @@ impl Far {
     }
     fn sequence_ratio(&self) -> f64 {
         self.plugin_sequence.as_secs_f64() / self.native_sequence.as_secs_f64()
+    }
+    fn print(&self, how: &str) {
+        println!(
+            "{how} with {} ms round trips: plugin get p50 {:.1} ms, native keep-alive GET p50 {:.1} ms, ratio {:.2}x ({FAR_CALLS} interleaved calls each); {SEQUENCE} sequential gets: plugin {:.0} ms, native {:.0} ms, ratio {:.2}x",
+            RTT.as_millis(),
+            ms(self.plugin_p50),
+            ms(self.native_p50),
+            self.get_ratio(),
+            ms(self.plugin_sequence),
+            ms(self.native_sequence),
+            self.sequence_ratio()
+        );
     }
 }
 
@@ -486,24 +480,7 @@ async fn main() {
     let far = delay_line(terminator, RTT / 2).await;
     let far_url = format!("https://{far}");
     let ca_file = ca.write_ca_file(secrets.path()).unwrap();
-    let far_entry = ProvidersFile::parse(&format!(
-        "providers: [{{name: hzfar, plugin: hetzner.wasm, additionalHosts: ['{far_url}'], allowPrivateAddresses: true, \
-         tls: {{caFile: '{}'}}, secrets: {{token: '{}'}}, config: {{endpoint: '{far_url}/v1', locations: [fsn1], serverTypes: [cpx11], \
-         images: {{ubuntu: ubuntu-24.04}}}}}}]",
-        ca_file.display(),
-        token.display()
-    ))
-    .unwrap()
-    .providers
-    .remove(0);
-    let far_plugin = rt
-        .load_plugin(&plugin_dir().join("hetzner.wasm"))
-        .await
-        .expect("hetzner.wasm loads");
-    let fp_ = rt
-        .provider(far_plugin, &far_entry)
-        .await
-        .expect("far provider");
+    let fp_ = remote_provider(&rt, "hzfar", &far_url, &ca_file, &token).await;
     let h1 = measure_far(
         &fp_,
         &id,
@@ -511,39 +488,13 @@ async fn main() {
         Native::Http1(KeepAlive::new(far, ca.ca_pem())),
     )
     .await;
-    println!(
-        "over TLS with {} ms round trips: plugin get p50 {:.1} ms, native keep-alive GET p50 {:.1} ms, ratio {:.2}x ({FAR_CALLS} interleaved calls each); {SEQUENCE} sequential gets: plugin {:.0} ms, native {:.0} ms, ratio {:.2}x",
-        RTT.as_millis(),
-        ms(h1.plugin_p50),
-        ms(h1.native_p50),
-        h1.get_ratio(),
-        ms(h1.plugin_sequence),
-        ms(h1.native_sequence),
-        h1.sequence_ratio()
-    );
+    h1.print("over TLS");
 
     // The same over HTTP/2: a front offering only h2, behind its own delay line.
     let front = h2_front(addr, &ca).await;
     let far2 = delay_line(front, RTT / 2).await;
     let far2_url = format!("https://{far2}");
-    let h2_entry = ProvidersFile::parse(&format!(
-        "providers: [{{name: hzh2, plugin: hetzner.wasm, additionalHosts: ['{far2_url}'], allowPrivateAddresses: true, \
-         tls: {{caFile: '{}'}}, secrets: {{token: '{}'}}, config: {{endpoint: '{far2_url}/v1', locations: [fsn1], serverTypes: [cpx11], \
-         images: {{ubuntu: ubuntu-24.04}}}}}}]",
-        ca_file.display(),
-        token.display()
-    ))
-    .unwrap()
-    .providers
-    .remove(0);
-    let h2_plugin = rt
-        .load_plugin(&plugin_dir().join("hetzner.wasm"))
-        .await
-        .expect("hetzner.wasm loads");
-    let hp = rt
-        .provider(h2_plugin, &h2_entry)
-        .await
-        .expect("h2 provider");
+    let hp = remote_provider(&rt, "hzh2", &far2_url, &ca_file, &token).await;
     let h2 = measure_far(
         &hp,
         &id,
@@ -551,16 +502,7 @@ async fn main() {
         Native::Http2(H2KeepAlive::new(far2, ca.ca_pem())),
     )
     .await;
-    println!(
-        "over HTTP/2 with {} ms round trips: plugin get p50 {:.1} ms, native keep-alive GET p50 {:.1} ms, ratio {:.2}x; {SEQUENCE} sequential gets: plugin {:.0} ms, native {:.0} ms, ratio {:.2}x",
-        RTT.as_millis(),
-        ms(h2.plugin_p50),
-        ms(h2.native_p50),
-        h2.get_ratio(),
-        ms(h2.plugin_sequence),
-        ms(h2.native_sequence),
-        h2.sequence_ratio()
-    );
+    h2.print("over HTTP/2");
     if let Some(path) = json_out {
         let json = serde_json::json!({
             "calls": CALLS,
@@ -619,4 +561,50 @@ async fn measure_far(p: &dyn Provider, id: &str, path: &str, mut native: Native)
         plugin_sequence,
         native_sequence,
     }
+}
+
+/// A Hetzner provider named `name` on the backend at `url`, over TLS trusting `ca_file`.
+async fn remote_provider(
+    rt: &std::sync::Arc<Runtime>,
+    name: &str,
+    url: &str,
+    ca_file: &std::path::Path,
+    token: &std::path::Path,
+) -> egress_plugin_host::plugin::WasmProvider {
+    let entry = ProvidersFile::parse(&format!(
+        "providers: [{{name: {name}, plugin: hetzner.wasm, additionalHosts: ['{url}'], allowPrivateAddresses: true, \
+         tls: {{caFile: '{}'}}, secrets: {{token: '{}'}}, config: {{endpoint: '{url}/v1', locations: [fsn1], serverTypes: [cpx11], \
+         images: {{ubuntu: ubuntu-24.04}}}}}}]",
+        ca_file.display(),
+        token.display()
+    ))
+    .unwrap()
+    .providers
+    .remove(0);
+    let plugin = rt
+        .load_plugin(&plugin_dir().join("hetzner.wasm"))
+        .await
+        .expect("hetzner.wasm loads");
+    rt.provider(plugin, &entry).await.expect("remote provider")
+}
+
+/// A TLS connection to `addr` (its certificate names the IP address).
+async fn tls_connect(
+    addr: std::net::SocketAddr,
+    tls: &std::sync::Arc<rustls::ClientConfig>,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = tcp.set_nodelay(true);
+    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    tokio_rustls::TlsConnector::from(tls.clone())
+        .connect(name, tcp)
+        .await
+        .unwrap()
+}
+
+/// A 200 answer's body as JSON.
+async fn json_of(resp: http::Response<hyper::body::Incoming>) -> serde_json::Value {
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&body).unwrap()
 }

@@ -107,7 +107,6 @@ impl<A: Adapter> Cloud<A> {
         })
     }
 
-    /// A read returned instance `id`: advance a read-counted schedule.
     /// The next `count` calls named `call` (as [`Adapter::classify`] names them) answer the
     /// backend's server error, changing nothing.
     pub fn fail_calls(&mut self, call: &str, count: u32) {
@@ -115,6 +114,8 @@ impl<A: Adapter> Cloud<A> {
         self.traffic.call_faults.push((call.to_string(), count, effect));
     }
 
+    /// A read (a Get, or a list page) returned instance `id`: advance a read-counted
+    /// schedule.
     pub fn saw(&mut self, id: &str) {
         let (backend, n) = (&self.backend, &mut self.addresses);
         self.fleet.saw(id, || {
