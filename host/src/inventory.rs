@@ -330,8 +330,8 @@ impl Inventory {
 /// runs, and the list comes at most that often (less often when the budget calls for it,
 /// [`list_interval`]), so from there on a list costs at most half the Gets it replaces. At
 /// one, a lone Proxy of a small fleet waited on a one-page list that saves nothing over its
-/// own Get (and, before their lists counted as reads, the Linode emulator moved an
-/// instance on a Get only: such a Proxy never ran).
+/// own Get, and on a backend whose lists show a boot later than its Gets (the Linode
+/// and Proxmox emulators move an instance on a Get only) it never ran.
 ///
 /// Issue 29: 10,000 Proxies on Hetzner's 3,600/h spent 10,018 Gets confirming their
 /// creates, as many requests as the creates themselves. With four per page, 2,000 Proxies

@@ -29,10 +29,9 @@
 //!
 //! A new Droplet is `new` with only a private (VPC) IPv4 in `networks.v4`; it becomes
 //! `active` with a `public` IPv4 from 203.0.113.0/24 (TEST-NET-3) on the [`Schedule`]
-//! (default: after the first read that shows it, a GET or a list page). `DELETE` removes it
-//! at once; a slow delete of the control surface shows it as `archive` until
-//! `finish-deletes`. A plugin that takes the private address, or reports `active` without a
-//! public one as running, is caught.
+//! (default: after the first GET that shows it). `DELETE` removes it at once; a slow delete
+//! of the control surface shows it as `archive` until `finish-deletes`. A plugin that takes
+//! the private address, or reports `active` without a public one as running, is caught.
 //!
 //! # Rate limit
 //!
@@ -653,15 +652,13 @@ async fn list_droplets(
     State(state): State<Shared<Backend>>,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    match list(&mut state.lock(), q) {
+    match list(&state.lock(), q) {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-/// A page of the Droplet list. Listing a Droplet reads it, as a GET does: each Droplet on
-/// the page advances the read-counted schedule, after the answer is rendered.
-fn list(b: &mut Backend, q: ListQuery) -> Result<Value, DoError> {
+fn list(b: &Backend, q: ListQuery) -> Result<Value, DoError> {
     let page = positive(q.page.as_deref(), 1, "page")?;
     let per_page = positive(q.per_page.as_deref(), 20, "per_page")?.min(200);
     if q.tag_name.is_some() && (q.name.is_some() || q.kind.is_some()) {
@@ -692,14 +689,7 @@ fn list(b: &mut Backend, q: ListQuery) -> Result<Value, DoError> {
     }
     let droplets: Vec<Value> = matched.iter().map(|r| render(&b.backend, r)).collect();
     let base = format!("{}/v2/droplets", b.backend.url);
-    let answer = page_of("droplets", droplets, page, per_page, &base, &filters);
-    let start = ((page - 1) * per_page) as usize;
-    let shown: Vec<String> =
-        matched.iter().skip(start).take(per_page as usize).map(|r| r.id.clone()).collect();
-    for id in shown {
-        b.saw(&id);
-    }
-    Ok(answer)
+    Ok(page_of("droplets", droplets, page, per_page, &base, &filters))
 }
 
 /// Page `page` of `items` under `key`, with `links.pages` (`first`/`prev` after the first

@@ -114,8 +114,7 @@ impl<A: Adapter> Cloud<A> {
         self.traffic.call_faults.push((call.to_string(), count, effect));
     }
 
-    /// A read (a Get, or a list page) returned instance `id`: advance a read-counted
-    /// schedule.
+    /// A read returned instance `id`: advance a read-counted schedule.
     pub fn saw(&mut self, id: &str) {
         let (backend, n) = (&self.backend, &mut self.addresses);
         self.fleet.saw(id, || {

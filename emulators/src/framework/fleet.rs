@@ -13,9 +13,7 @@ use crate::real_proxy::RealProxies;
 /// When a new instance leaves its provisioning state by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Schedule {
-    /// After this many reads have returned it provisioning. A read is a GET of the
-    /// instance or a list page that returns it (as a real cloud boots an instance by time,
-    /// whoever looks, an instance only ever listed runs too). `AfterReads(1)` makes the
+    /// After this many reads have returned it provisioning. `AfterReads(1)` makes the
     /// first poll see it provisioning and the second running: the provisioning window
     /// exists but costs no wall time.
     AfterReads(u32),
@@ -189,10 +187,8 @@ impl<X: Clone> Fleet<X> {
         record
     }
 
-    /// A read has just returned this instance: advance a read-counted schedule. A GET of
-    /// it is a read, and so is a list page that returns it (each instance on the page, only
-    /// those). Called after the answer is rendered, so the read that sees the change is the
-    /// next one.
+    /// A read has just returned this instance: advance a read-counted schedule. Called
+    /// after the answer is rendered, so the read that sees the change is the next one.
     pub fn saw(&mut self, id: &str, address: impl FnOnce() -> String) {
         let Schedule::AfterReads(n) = self.schedule else {
             return;

@@ -992,14 +992,11 @@ async fn aggregated(
     Path(p): Path<String>,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    let mut b = state.lock();
-    answer(known(&b, &p, None).and_then(|()| list(&mut b, q)))
+    let b = state.lock();
+    answer(known(&b, &p, None).and_then(|()| list(&b, q)))
 }
 
-/// A page of `instances.aggregatedList`. Listing an instance reads it, as a GET does: each
-/// instance the page returns (not those of an unreachable zone) advances the read-counted
-/// schedule, after the answer is rendered.
-fn list(b: &mut Backend, q: ListQuery) -> Result<Value, GceError> {
+fn list(b: &Backend, q: ListQuery) -> Result<Value, GceError> {
     let terms = label_terms(&q.filter).ok_or_else(|| GceError::invalid("filter", &q.filter))?;
     let per_page = q.max_results.unwrap_or(500);
     let start = match q.page_token.strip_prefix("emu-") {
@@ -1025,7 +1022,6 @@ fn list(b: &mut Backend, q: ListQuery) -> Result<Value, GceError> {
         items.insert(format!("zones/{z}"), warning);
     }
     let page = matched.iter().skip(start).take(per_page);
-    let mut shown = Vec::new();
     for r in page.filter(|r| !is_down(&r.scope)) {
         let scoped = &mut items[&format!("zones/{}", r.scope)];
         if scoped.get("warning").is_some() {
@@ -1033,15 +1029,11 @@ fn list(b: &mut Backend, q: ListQuery) -> Result<Value, GceError> {
         }
         let list = scoped["instances"].as_array_mut().expect("an array");
         list.push(b.backend.render(r));
-        shown.push(r.id.clone());
     }
     let kind = "compute#instanceAggregatedList";
     let mut out = json!({"kind": kind, "items": items, "unreachables": down});
     if start + per_page < matched.len() {
         out["nextPageToken"] = format!("emu-{:x}", start + per_page).into();
-    }
-    for id in shown {
-        b.saw(&id);
     }
     Ok(out)
 }

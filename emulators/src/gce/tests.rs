@@ -309,39 +309,6 @@ fn aggregated_list_filters_pages_and_reports_unreachable_zones() {
 }
 
 #[test]
-fn an_aggregated_list_reads_the_instances_of_its_page() {
-    let e = GceEmulator::start(GceConfig::default());
-    let t = token(&e);
-    for n in 0..3 {
-        assert_eq!(insert(&e, &t, &format!("proxy-l{n}"), DEBIAN, json!({})).status, 200);
-    }
-    let page = |q: &str| {
-        let page = api(&e, &t, "GET", &format!("/aggregated/instances?maxResults=2{q}"), None);
-        page.json
-    };
-    let listed = |p: &Value| -> Vec<(String, Option<String>)> {
-        let each = p["items"][format!("zones/{ZONE}")]["instances"].as_array().unwrap().iter();
-        let nat = |i: &Value| i.pointer("/networkInterfaces/0/accessConfigs/0/natIP").cloned();
-        each.map(|i| {
-            (i["status"].as_str().unwrap().into(), nat(i).and_then(|v| v.as_str().map(Into::into)))
-        })
-        .collect()
-    };
-    let first = page("");
-    assert_eq!(listed(&first), [("PROVISIONING".into(), None), ("PROVISIONING".into(), None)]);
-    // Listed once, never read by a GET: the next list finds them running, with a natIP.
-    let again = listed(&page(""));
-    assert!(
-        again.iter().all(|(s, ip)| s == "RUNNING"
-            && ip.as_deref().is_some_and(|ip| ip.starts_with("203.0.113."))),
-        "{again:?}"
-    );
-    // The instance of the next page was not on the first: still provisioning.
-    let next = first["nextPageToken"].as_str().unwrap().to_string();
-    assert_eq!(listed(&page(&format!("&pageToken={next}")))[0].0, "PROVISIONING");
-}
-
-#[test]
 fn labels_round_trip_as_the_plugin_writes_them() {
     let (k, v) = labels::encode(crate::MARK_UID, "UID/Up:x_1").unwrap();
     assert_eq!((k.as_str(), v.as_str()), ("egress-uid", "_55_49_44_2f_55p_3ax_5f1"));

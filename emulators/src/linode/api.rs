@@ -216,26 +216,16 @@ async fn create(State(state): St, body: Result<Json<CreateBody>, JsonRejection>)
 
 async fn read(State(state): St, Path(id): Path<String>) -> Response {
     let mut b = state.lock();
-    let Some(r) = b.fleet.get(&id) else {
+    let Some(r) = b.fleet.get_mut(&id) else {
         return LinodeError::not_found().into_response();
     };
     let answer = render(r);
-    let id = r.id.clone();
-    saw(&mut b, &id);
-    Json(answer).into_response()
-}
-
-/// A read (a GET, or a list page) has just returned Linode `id`, rendered already: one
-/// seen `provisioning` reads `booting` next, and the read-counted schedule advances.
-fn saw(b: &mut Backend, id: &str) {
-    if let Some(r) = b.fleet.get_mut(id)
-        && r.state == "provisioning"
-        && !r.held
-        && !r.deleting
-    {
+    if r.state == "provisioning" && !r.held && !r.deleting {
         r.extra.booting = true;
     }
-    b.saw(id);
+    let id = r.id.clone();
+    b.saw(&id);
+    Json(answer).into_response()
 }
 
 async fn delete(State(state): St, Path(id): Path<String>) -> Response {
@@ -315,7 +305,7 @@ async fn list(
             Some(Ok(f)) => f,
             Some(Err(_)) => return bad("X-Filter", "X-Filter is not valid JSON"),
         };
-    let mut b = state.lock();
+    let b = state.lock();
     let mut matched = Vec::new();
     for r in b.fleet.iter() {
         match matches(&filter, r) {
@@ -330,12 +320,6 @@ async fn list(
     let results = matched.len() as u64;
     let pages = results.div_ceil(size).max(1);
     let skip = ((page - 1) * size) as usize;
-    let shown: Vec<&Record<Extra>> = matched.into_iter().skip(skip).take(size as usize).collect();
-    let data: Vec<Value> = shown.iter().map(|r| render(r)).collect();
-    let ids: Vec<String> = shown.iter().map(|r| r.id.clone()).collect();
-    // Listing a Linode reads it, as a GET does.
-    for id in ids {
-        saw(&mut b, &id);
-    }
+    let data: Vec<Value> = matched.into_iter().skip(skip).take(size as usize).map(render).collect();
     Json(json!({"data": data, "page": page, "pages": pages, "results": results})).into_response()
 }

@@ -19,8 +19,7 @@
 //!   any other field is a 400 on `X-Filter`. A match in a failing scope answers 500.
 //! - `GET /v4/linode/instances/{id}` -> the Linode; 404 `Not found` when gone. A new
 //!   Linode reads `provisioning`, then `booting`, then `running` with its IPv4 (with
-//!   [`Schedule::AfterReads`]`(2)`, the default), as the API documents. A list page that
-//!   returns it counts as a read too.
+//!   [`Schedule::AfterReads`]`(2)`, the default), as the API documents.
 //! - `DELETE /v4/linode/instances/{id}` -> 200 `{}`; 400 `Linode busy.` while locked (a
 //!   job holds it); 404 `Not found`. A delete already in progress answers 200 again.
 //!

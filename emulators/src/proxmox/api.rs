@@ -173,12 +173,6 @@ pub(super) fn attached_iso<'a>(p: &'a super::Pve, r: &Record<Vm>) -> Option<(Str
     Some((volid, &iso.image))
 }
 
-/// `GET /cluster/resources`: the templates and VMs. Listing a VM is not a read of its
-/// booting guest: the [`Schedule`](crate::framework::Schedule) here is the guest's boot,
-/// counted on the guest agent's answers, and the list shows neither that boot (a VM whose
-/// guest boots is `running` here already, as QEMU runs) nor the address the agent reports.
-/// Counting it would end the agent's `not running` window unseen and show nothing more, so
-/// a plugin confirming a VM by list still has to ask the agent for its address.
 async fn resources(State(s): St) -> Response {
     let mut b = s.lock();
     settle(&mut b);
