@@ -42,7 +42,7 @@
 //! newer), so a unit is recompiled O(log n) times and a redactor has O(log n) segments. A
 //! segment whose dropped units cost more than the half of it is recompiled without them.
 
-use crate::redact::tokens::{self, ANCHOR};
+use crate::redact::tokens::{self, ANCHOR, anchor_of};
 use crate::redact::{
     MIN_ENCODED, Patterns, Redactor, Segment, Unit, cloud_init_units, credential_units,
     secret_units,
@@ -291,13 +291,6 @@ fn unit_key(u: &Unit) -> Key {
         Unit::EncodedFragment(v) => key(b'e', &[v]),
         Unit::Token(v) => key(b't', &[v]),
     }
-}
-
-/// The anchor a table indexes a form by.
-fn anchor_of(form: &[u8]) -> [u8; ANCHOR] {
-    form[..ANCHOR]
-        .try_into()
-        .expect("a token's forms are at least an anchor long")
 }
 
 /// What a unit counts against the limit: its automaton (or table) and its bookkeeping.
@@ -613,7 +606,7 @@ impl Inner {
             .into_iter()
             .map(|u| match u {
                 Unit::Token(v)
-                    if !self.units.contains_key(&unit_key(&Unit::Token(v.clone())))
+                    if !self.units.contains_key(&key(b't', &[&v]))
                         && tokens::forms_of(&v).iter().any(|f| {
                             self.anchors.get(&anchor_of(f)).copied().unwrap_or(0)
                                 >= MAX_FORMS_PER_ANCHOR

@@ -76,7 +76,7 @@ impl Tokens {
             bytes: Vec::with_capacity(forms.iter().map(Vec::len).sum()),
         };
         for f in forms {
-            let anchor: [u8; ANCHOR] = f[..ANCHOR].try_into().expect("forms are long enough");
+            let anchor = anchor_of(&f);
             let id = u32::try_from(t.forms.len()).expect("fewer than 4 G forms");
             let next = t.index.insert(anchor, id).unwrap_or(NONE);
             t.forms.push(Form {
@@ -160,6 +160,13 @@ impl Tokens {
             }
         }
     }
+}
+
+/// The anchor a table indexes a form by: its first [`ANCHOR`] bytes.
+pub fn anchor_of(form: &[u8]) -> [u8; ANCHOR] {
+    form[..ANCHOR]
+        .try_into()
+        .expect("a token's forms are at least an anchor long")
 }
 
 /// A token as it may appear in text: itself (also its JSON-escaped and percent-encoded
