@@ -3,7 +3,8 @@
 //! only provider, and each Proxy's create runs one attack (`machineType: get:<attack>`).
 //! What a plugin marks sensitive never reaches a Proxy's status, an Event, `/metrics` or the
 //! log; a flood of marked values stays within the operator's memory; a value too long to
-//! hold fails that Proxy's create and says why on it; a rate limit the plugin reports is a
+//! hold fails that Proxy's create and says why on it; a text that matches marked values at
+//! every byte is withheld whole within the memory limit; a rate limit the plugin reports is a
 //! quota wait; and the operator stays ready throughout. (The reply fields 0.2.0 adds come
 //! back from `get`, which `create` does not return: `hostile.rs` attacks them.)
 
@@ -192,6 +193,27 @@ async fn contract_0_2_0_inputs_are_bounded_in_a_running_operator() {
         },
     )
     .await;
+
+    // Eight marked values of one byte, then 3 MB of that byte in a log line and in the
+    // error, again on every retry: each place of the text matches every value. Holding
+    // every match took the host to 389 MiB for one line (release build), past the
+    // Deployment's limit. The text is withheld whole, and the operator stays up.
+    proxies
+        .create(&PostParams::default(), &proxy("run", "mark-run:3000000"))
+        .await
+        .unwrap();
+    wait_for(
+        "the run withheld on the Proxy",
+        Duration::from_secs(90),
+        async || {
+            let p = proxies.get("run").await.ok()?;
+            let c = p.condition(condition::PROVISIONED)?.clone();
+            (c.reason == reason::PROVIDER_ERROR && c.message.contains("[REDACTED: the whole text"))
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(op.get("/readyz").await.0, 200, "ready after the run");
 
     // What a plugin says a placement costs: a quote that never answers holds no reconcile
     // (the others are priced while it hangs), the largest amount there is fits the

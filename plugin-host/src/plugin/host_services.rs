@@ -34,11 +34,11 @@ impl CallState {
             return;
         }
         self.log_lines += 1;
-        // Scrub before escaping (a secret may hold a newline), escape before cutting.
-        let text = truncate(
-            &escape_controls(&self.redactor.scrub(message)),
-            limits.log_line_bytes as usize,
-        );
+        // Scrub before escaping (a secret may hold a newline), escape before cutting; only
+        // what the line can keep is looked at (a message can be 3 MiB).
+        let text = self
+            .redactor
+            .scrub_line(message, limits.log_line_bytes as usize);
         let provider = self.shared.name.as_str();
         match level {
             LogLevel::Trace => tracing::trace!(target: "plugin", provider, "{text}"),

@@ -318,8 +318,7 @@ fn error(e: GuestError, r: &Redactor) -> GuestError {
 
 /// Free text: scrubbed, one line, cut to `max` bytes.
 pub(crate) fn text(v: &str, max: usize, r: &Redactor) -> String {
-    let clean = escape_controls(&r.scrub(v));
-    cut(&clean, max)
+    r.scrub_line(v, max)
 }
 
 /// A value for an error message: escaped and short.

@@ -57,11 +57,18 @@ use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use std::collections::BTreeSet;
 use std::ops::Range;
 
+mod spans;
 pub mod tokens;
+use spans::Spans;
 use tokens::Tokens;
 
 /// Replacement text for a scrubbed value.
 pub const REDACTED: &str = "[REDACTED]";
+
+/// Replacement for a whole text that matches sensitive values at more places than one
+/// scrub looks at (see [`Spans`]): a run of one byte against several values made of it.
+pub const WITHHELD: &str =
+    "[REDACTED: the whole text, which matches sensitive values at too many places]";
 
 /// Shortest cloud-init line (trimmed) that is scrubbed on its own.
 pub const MIN_LINE: usize = 4;
@@ -129,6 +136,9 @@ pub struct Segment {
     /// value; fragments would reject honest IDs (`eu-west-1/i-...` when a cloud-init
     /// mentions `eu-west-1`).
     whole: usize,
+    /// The longest pattern or form: how far past a cut a value that starts before it can
+    /// reach (see [`Redactor::scrub_line`]).
+    longest: usize,
 }
 
 impl std::fmt::Debug for Redactor {
@@ -371,6 +381,8 @@ impl Patterns {
             .difference(&self.set)
             .cloned()
             .collect::<Vec<_>>();
+        let longest = self.set.iter().chain(&fragments).map(Vec::len).max();
+        let longest = longest.unwrap_or(0);
         let matcher = (whole + fragments.len() > 0).then(|| {
             AhoCorasick::builder()
                 // Every occurrence, overlapping ones included (see the module docs).
@@ -382,27 +394,34 @@ impl Patterns {
                 .expect("literal patterns always build")
         });
         let tokens = Tokens::build(self.tokens.iter().map(Vec::as_slice));
+        let longest = longest.max(tokens.as_ref().map_or(0, Tokens::longest_form));
         (matcher.is_some() || tokens.is_some()).then_some(Segment {
             matcher,
             tokens,
             whole,
+            longest,
         })
     }
 }
 
 impl Segment {
-    /// Spans of every occurrence of a pattern (`whole_only`: of a whole value), into `out`.
-    fn spans(&self, text: &[u8], whole_only: bool, out: &mut Vec<Range<usize>>) {
+    /// Spans of every occurrence of a pattern (`whole_only`: of a whole value), into `out`;
+    /// `false` once `out` has taken all the matches it takes (see [`Spans`]).
+    fn spans(&self, text: &[u8], whole_only: bool, out: &mut Spans) -> bool {
         if let Some(m) = &self.matcher {
-            out.extend(
-                m.find_overlapping_iter(text)
-                    .filter(|m| !whole_only || m.pattern().as_usize() < self.whole)
-                    .map(|m| m.range()),
-            );
+            for m in m.find_overlapping_iter(text) {
+                // A fragment counts against the budget too: it costs the same to find.
+                let r = if !whole_only || m.pattern().as_usize() < self.whole {
+                    Some(m.range())
+                } else {
+                    None
+                };
+                if !out.visit(r) {
+                    return false;
+                }
+            }
         }
-        if let Some(t) = &self.tokens {
-            t.spans(text, out);
-        }
+        self.tokens.as_ref().is_none_or(|t| t.spans(text, out))
     }
 
     /// Whether `text` holds any pattern or token.
@@ -540,31 +559,64 @@ impl Redactor {
     }
 
     /// The text with every sensitive value replaced by [`REDACTED`]: the union of the
-    /// spans of all occurrences, each run of it replaced once.
+    /// spans of all occurrences, each run of it replaced once. A text that matches at more
+    /// places than [`Spans`] looks at is [`WITHHELD`] whole.
     pub fn scrub(&self, text: &str) -> String {
         let bytes = text.as_bytes();
-        let mut spans: Vec<Range<usize>> = vec![];
-        for s in &self.segments {
-            s.spans(bytes, false, &mut spans);
-        }
+        let Some(spans) = self.union(bytes, false) else {
+            return WITHHELD.to_string();
+        };
         if spans.is_empty() {
             return text.to_string();
         }
-        spans.sort_unstable_by_key(|r| r.start);
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut at = 0;
-        let mut spans = spans.into_iter().peekable();
-        while let Some(first) = spans.next() {
-            let mut end = first.end;
-            while let Some(next) = spans.next_if(|n| n.start <= end) {
-                end = end.max(next.end);
-            }
-            out.extend_from_slice(&bytes[at..first.start.max(at)]);
-            out.extend_from_slice(REDACTED.as_bytes());
-            at = end;
+        replace(bytes, &spans, bytes.len())
+    }
+
+    /// What a caller that keeps at most `max` bytes of `text` may show of it: scrubbed,
+    /// control characters escaped ([`escape_controls`]) and [`cut`] to `max`, saying how
+    /// much was cut.
+    ///
+    /// Only the first `max` bytes plus the longest sensitive value are looked at: a plugin
+    /// hands the host texts of up to `MAX_LIFT_BYTES` (3 MiB) in one log call or error
+    /// message, and scrubbing all of it, 200 log lines a call, only to keep 4 KiB of each,
+    /// was the host's CPU spent at the plugin's choice. A value that starts inside what is
+    /// kept ends inside what is looked at, so it is still found whole.
+    pub fn scrub_line(&self, text: &str, max: usize) -> String {
+        let longest = self.longest();
+        let look = max.saturating_add(longest);
+        if text.len() <= look {
+            return cut(&escape_controls(&self.scrub(text)), max);
         }
-        out.extend_from_slice(&bytes[at..]);
-        String::from_utf8_lossy(&out).into_owned()
+        let end = floor_char_boundary(text, look);
+        let window = &text.as_bytes()[..end];
+        // Every occurrence that starts before `keep` ends inside the window.
+        let keep = floor_char_boundary(text, end.saturating_sub(longest));
+        let start = match self.union(window, false) {
+            None => WITHHELD.to_string(),
+            Some(spans) => replace(window, &spans, keep),
+        };
+        let clean = escape_controls(&start);
+        let shown = floor_char_boundary(&clean, max.min(clean.len()));
+        format!(
+            "{}… ({} bytes cut)",
+            &clean[..shown],
+            clean.len() - shown + text.len() - keep
+        )
+    }
+
+    /// The longest pattern or form held: how far a value reaches past where it starts.
+    fn longest(&self) -> usize {
+        self.segments.iter().map(|s| s.longest).max().unwrap_or(0)
+    }
+
+    /// The merged spans of every occurrence (`whole_only`: of a whole value) in `bytes`;
+    /// `None` when it matches at more places than [`Spans`] looks at.
+    fn union(&self, bytes: &[u8], whole_only: bool) -> Option<Vec<Range<usize>>> {
+        let mut spans = Spans::for_text(bytes.len());
+        self.segments
+            .iter()
+            .all(|s| s.spans(bytes, whole_only, &mut spans))
+            .then(|| spans.merged())
     }
 
     /// Whether `text` holds any sensitive value, fragments included.
@@ -575,18 +627,41 @@ impl Redactor {
     /// Whether `text` holds a whole sensitive value: a secret, a line of one, a cloud-init
     /// document or one of its long lines, a Proxy's username or password, in any encoding.
     /// For identifiers, which a fragment of ordinary words could match by chance.
+    /// A text that matches at more places than [`Spans`] looks at counts as holding one.
     pub fn finds_whole(&self, text: &str) -> bool {
-        let mut spans = vec![];
-        self.segments.iter().any(|s| {
-            s.spans(text.as_bytes(), true, &mut spans);
-            !spans.is_empty()
-        })
+        self.union(text.as_bytes(), true)
+            .is_none_or(|spans| !spans.is_empty())
     }
 
     /// Like [`Redactor::scrub`] for raw bytes (guest stdout), returned as lossy UTF-8.
     pub fn scrub_bytes(&self, bytes: &[u8]) -> String {
         self.scrub(&String::from_utf8_lossy(bytes))
     }
+}
+
+/// `bytes[..upto]` with the merged `spans` that start before `upto` replaced by
+/// [`REDACTED`] (a span that starts before `upto` is replaced whole), as lossy UTF-8.
+fn replace(bytes: &[u8], spans: &[Range<usize>], upto: usize) -> String {
+    let mut out = Vec::with_capacity(upto);
+    let mut at = 0;
+    for span in spans.iter().take_while(|s| s.start < upto) {
+        out.extend_from_slice(&bytes[at..span.start.max(at)]);
+        out.extend_from_slice(REDACTED.as_bytes());
+        at = span.end;
+    }
+    if at < upto {
+        out.extend_from_slice(&bytes[at..upto]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The largest character boundary of `s` at or below `i`.
+fn floor_char_boundary(s: &str, i: usize) -> usize {
+    let mut end = i.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    end
 }
 
 /// `s` cut to at most `max` bytes on a character boundary, saying how much was cut.
@@ -904,12 +979,11 @@ mod tests {
         texts.push(noise.clone());
         texts.push(format!("{noise}{}", b64(values[1].as_bytes())));
         let spans = |r: &Redactor, text: &str, whole: bool| {
-            let mut out = vec![];
+            let mut out = Spans::for_text(text.len());
             for s in &r.segments {
-                s.spans(text.as_bytes(), whole, &mut out);
+                assert!(s.spans(text.as_bytes(), whole, &mut out));
             }
-            out.sort_by_key(|r| (r.start, r.end));
-            out
+            out.unmerged()
         };
         for text in &texts {
             assert_eq!(spans(&a, text, false), spans(&t, text, false), "{text}");
@@ -985,6 +1059,86 @@ mod tests {
         for (input, want) in cases {
             assert_eq!(escape_controls(input), want, "{input:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod hostile_texts {
+    use super::*;
+
+    /// Values made of one byte at eight lengths, as a plugin marks them
+    /// (`host.mark-sensitive` takes 8 bytes and up, and keeps the 8 latest), below and
+    /// above the table's 16 bytes.
+    fn run_values(from: usize) -> Redactor {
+        let vals: Vec<Vec<u8>> = (from..from + 8).map(|n| vec![b'a'; n]).collect();
+        Redactor::new(vals.iter().map(Vec::as_slice), b"")
+    }
+
+    /// A run of that byte matches every value at every place: 8 spans a byte. 3 MiB of it
+    /// (what one log call can hand over) took the host to 389 MiB for one line. Now it is
+    /// withheld whole, after at most `MATCHES_PER_BYTE` matches a byte.
+    #[test]
+    fn a_run_matching_everywhere_is_withheld_whole() {
+        for from in [8, 16] {
+            let r = run_values(from);
+            let text = format!("head {} tail", "a".repeat(3 << 20));
+            let started = std::time::Instant::now();
+            assert_eq!(r.scrub(&text), WITHHELD, "values from {from}");
+            eprintln!("values from {from}: scrub {:?}", started.elapsed());
+            assert!(r.finds_whole(&text), "values from {from}");
+            let line = r.scrub_line(&text, 4096);
+            assert!(
+                line.starts_with(WITHHELD) || !line.contains("aaaa"),
+                "{line}"
+            );
+            // The three searches stop at the budget (debug build: about a second each).
+            let took = started.elapsed();
+            assert!(
+                took < std::time::Duration::from_secs(20),
+                "{from}: {took:?}"
+            );
+            // Ordinary text with the values in it is scrubbed as before.
+            let v = "a".repeat(from + 3);
+            assert_eq!(
+                r.scrub(&format!("x {v} y {v}")),
+                "x [REDACTED] y [REDACTED]"
+            );
+        }
+    }
+
+    /// A log line or error keeps `max` bytes: only those, plus the longest value, are
+    /// looked at, and a value that starts inside them is still found whole.
+    #[test]
+    fn a_line_is_scrubbed_as_far_as_it_is_kept() {
+        let secret = "tok-SECRET-5678-abcdefghij";
+        let r = Redactor::new([secret.as_bytes()], b"");
+        let max = 100;
+        // A value across the cut, a value past it, and megabytes after.
+        for at in [0, 50, 90, 99, 100, 120] {
+            let text = format!("{}{secret}{}", "x".repeat(at), "z".repeat(1 << 20));
+            let line = r.scrub_line(&text, max);
+            for cut in 4..secret.len() {
+                assert!(!line.contains(&secret[..cut]), "at {at}: {line}");
+            }
+            assert!(line.len() < max + 40, "at {at}: {} bytes", line.len());
+            assert!(line.ends_with("bytes cut)"), "at {at}: {line}");
+            if at + 5 <= max {
+                assert!(line.contains("[REDA"), "at {at}: {line}");
+            }
+        }
+        // Values that shrink to the marker bring later text into the line: still scrubbed.
+        let text = format!("{} {}", secret.repeat(40), "z".repeat(1 << 20));
+        let line = r.scrub_line(&text, max);
+        assert!(!line.contains("tok-"), "{line}");
+        // A short text is cut exactly as `cut` would.
+        assert_eq!(
+            r.scrub_line(&format!("a {secret}\n"), max),
+            "a [REDACTED]\\n"
+        );
+        assert_eq!(
+            r.scrub_line(&"y".repeat(150), max),
+            cut(&"y".repeat(150), max)
+        );
     }
 }
 

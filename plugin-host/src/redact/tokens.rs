@@ -20,8 +20,8 @@
 //! found: every occurrence, overlapping ones included
 //! (`redact::tests::tokens_match_what_the_automaton_matched`).
 
+use super::spans::Spans;
 use std::collections::HashMap;
-use std::ops::Range;
 
 /// Bytes of a form that index it; every form is at least this long.
 pub const ANCHOR: usize = 16;
@@ -115,8 +115,14 @@ impl Tokens {
             .unwrap_or(0)
     }
 
-    /// Spans of every occurrence of every form in `text`.
-    pub fn spans(&self, text: &[u8], out: &mut Vec<Range<usize>>) {
+    /// The longest form held.
+    pub fn longest_form(&self) -> usize {
+        self.forms.iter().map(|f| f.len as usize).max().unwrap_or(0)
+    }
+
+    /// Spans of every occurrence of every form in `text`, into `out`; `false` once `out`
+    /// has taken all the matches it takes.
+    pub fn spans(&self, text: &[u8], out: &mut Spans) -> bool {
         let mut i = 0;
         while i < text.len() {
             if !in_class(text[i]) {
@@ -127,21 +133,24 @@ impl Tokens {
             while i < text.len() && in_class(text[i]) {
                 i += 1;
             }
-            self.spans_in_run(text, start, i, out);
+            if !self.spans_in_run(text, start, i, out) {
+                return false;
+            }
         }
+        true
     }
 
-    /// Whether `text` holds any form.
+    /// Whether `text` holds any form: the search ends at the first.
     pub fn finds(&self, text: &[u8]) -> bool {
-        let mut out = vec![];
+        let mut out = Spans::with_budget(1);
         self.spans(text, &mut out);
         !out.is_empty()
     }
 
     /// Occurrences inside the run `text[start..end]` of [`in_class`] bytes.
-    fn spans_in_run(&self, text: &[u8], start: usize, end: usize, out: &mut Vec<Range<usize>>) {
+    fn spans_in_run(&self, text: &[u8], start: usize, end: usize, out: &mut Spans) -> bool {
         if end - start < ANCHOR {
-            return;
+            return true;
         }
         for at in start..=end - ANCHOR {
             let anchor: &[u8; ANCHOR] = text[at..at + ANCHOR].try_into().expect("in range");
@@ -153,12 +162,14 @@ impl Tokens {
                 let f = self.forms[id as usize];
                 let len = f.len as usize;
                 let form = &self.bytes[f.start as usize..f.start as usize + len];
-                if at + len <= end && &text[at..at + len] == form {
-                    out.push(at..at + len);
+                if at + len <= end && &text[at..at + len] == form && !out.visit(Some(at..at + len))
+                {
+                    return false;
                 }
                 id = f.next;
             }
         }
+        true
     }
 }
 
@@ -232,13 +243,12 @@ mod tests {
         let b = b"0123456789abcdefBBBBBBBB";
         let t = Tokens::build([&a[..], &b[..]]).unwrap();
         let text = b"x 0123456789abcdefBBBBBBBB 0123456789abcdefAAAA y";
-        let mut out = vec![];
-        t.spans(text, &mut out);
-        out.sort_by_key(|r| r.start);
-        assert_eq!(out, vec![2..26, 27..47]);
+        let mut out = Spans::for_text(text.len());
+        assert!(t.spans(text, &mut out));
+        assert_eq!(out.merged(), vec![2..26, 27..47]);
         // A run that ends inside a form does not match it.
-        let mut out = vec![];
+        let mut out = Spans::for_text(19);
         t.spans(b"0123456789abcdefBBB", &mut out);
-        assert!(out.is_empty(), "{out:?}");
+        assert!(out.is_empty());
     }
 }

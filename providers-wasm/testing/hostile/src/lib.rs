@@ -12,6 +12,8 @@
 //! - Replies the host must refuse (`get`): `ip:<text>` (Running at that "address"),
 //!   `id-secret` / `uid-secret` (the `token` secret as the ID or UID), `created-at:<secs>`,
 //!   `huge-id:<bytes>`, `id-stash` (the cloud-init stashed by `create` as the ID).
+//! - Texts that cost the redactor (`get`): `mark-run:<bytes>` (eight values of one byte
+//!   marked sensitive, then a run of that byte logged and returned as the error).
 //! - Leaks the host must scrub (`get`): `stash-leak` (logs, prints and returns in its
 //!   error the cloud-init stashed by an earlier `create`, whole and in pieces: each line,
 //!   values after `:`/`=`, JSON-escaped, base64 inside a JSON body), `secret-print` (the
@@ -600,6 +602,17 @@ impl Provider for Hostile {
                     egress_guest_sdk::mark_sensitive(last.as_bytes());
                 }
                 Err(ProviderError::transient(format!("flooded, last {last}")))
+            }
+            // Eight values made of one byte, then `arg` bytes of it (default 3,000,000, under
+            // the 3 MiB a host call lifts) in a log line and in the error: every place of
+            // the text matches every value, 8 spans a byte for a redactor to hold.
+            "mark-run" => {
+                for n in 8..16 {
+                    egress_guest_sdk::mark_sensitive(&vec![b'a'; n]);
+                }
+                let run = "a".repeat(arg.parse().unwrap_or(3_000_000));
+                info!("{run}");
+                Err(ProviderError::transient(run))
             }
             "mark-huge" => {
                 egress_guest_sdk::mark_sensitive(&vec![b'a'; arg.parse().unwrap_or(1 << 20)]);
