@@ -22,3 +22,51 @@ pub mod rate;
 pub mod redact;
 /// What is sensitive for each provider, bounded, and the redactor compiled from it.
 pub mod sensitive;
+
+/// Heap bytes allocated and not yet freed by the current thread, in test builds: what a
+/// test on a current-thread runtime measures of the work it drives (its futures, and the
+/// tasks it spawns there), whatever other tests do on other threads at the same time.
+#[cfg(test)]
+pub(crate) mod thread_heap {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static LIVE: Cell<isize> = const { Cell::new(0) };
+    }
+
+    /// Live bytes of this thread (allocated here minus freed here).
+    pub fn live() -> isize {
+        LIVE.with(Cell::get)
+    }
+
+    struct Counting;
+
+    fn add(n: isize) {
+        // `try_with`: a thread being torn down has no counter left; nothing to count.
+        let _ = LIVE.try_with(|l| l.set(l.get() + n));
+    }
+
+    // SAFETY: every call is passed to `System` unchanged; the counter allocates nothing.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            add(layout.size() as isize);
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            add(layout.size() as isize);
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            add(-(layout.size() as isize));
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            add(new_size as isize - layout.size() as isize);
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: Counting = Counting;
+}

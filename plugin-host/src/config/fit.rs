@@ -32,6 +32,9 @@ pub const RESPONSE_BUFFER_BYTES: u64 = 512 * KIB;
 /// hold: hyper's HTTP/1 read and write buffers and rustls' record buffers, which keep the
 /// capacity the largest response on that connection made them grow to. Bounded by the
 /// same figure as a request's response buffers in flight ([`RESPONSE_BUFFER_BYTES`]).
+/// Measured (`plugin::http::tests::an_idle_connection_holds_less_than_the_fit_counts`, each
+/// connection idle after a 4 MiB response, its TLS state, buffers and driver task): 434 KiB
+/// for an HTTP/1.1 connection over TLS, 67 KiB for an HTTP/2 one.
 pub const IDLE_CONNECTION_BYTES: u64 = RESPONSE_BUFFER_BYTES;
 
 /// A provider's TLS session cache (resumption tickets, rustls' in-memory store: a few

@@ -1140,6 +1140,66 @@ pub(super) mod tests {
         })
     }
 
+    /// What a connection idle in the pool holds, measured against what the fit counts
+    /// for it ([`crate::config::fit::IDLE_CONNECTION_BYTES`]): the heap this thread holds
+    /// with `maxIdle` connections idle, each after a response of 4 MiB (which grows the
+    /// read buffers as far as they go), against the same after the pool is dropped. The
+    /// backend runs on a thread of its own, so only the client side is counted: the
+    /// connections, their TLS state, buffers and driver tasks.
+    #[tokio::test]
+    async fn an_idle_connection_holds_less_than_the_fit_counts() {
+        use crate::config::fit::IDLE_CONNECTION_BYTES;
+        use crate::thread_heap::live;
+        for h2 in [false, true] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let backend = std::thread::spawn(move || {
+                let rt = tokio::runtime::Runtime::new().unwrap();
+                rt.block_on(async {
+                    let s = super::super::h2::tests::tls_server(h2).await;
+                    tx.send((s.addr, s.ca_file.clone())).unwrap();
+                    let _ = stop_rx.await;
+                });
+            });
+            let (addr, ca_file) = rx.recv().unwrap();
+            let limits = crate::config::HttpLimits::default();
+            let idle = limits.max_idle as usize;
+            let p = tls_policy("a", &addr, &ca_file, limits);
+            let tls = p.tls.clone();
+            let url = format!("https://127.0.0.1:{}/big/{}", addr.port(), 4 << 20);
+            // Warm up what stays with the provider, not its connections: the TLS
+            // config's session cache, the lookup, the budget's first entries.
+            get(&p, &url, &call()).await.unwrap();
+            let calls: Vec<CallBudget> = (0..idle).map(|_| call()).collect();
+            let answers = futures::future::join_all(calls.iter().map(|c| get(&p, &url, c))).await;
+            for a in answers {
+                assert_eq!(a.unwrap().len(), 4 << 20);
+            }
+            settle().await;
+            let opened = if h2 { 1 } else { idle };
+            assert_eq!(p.pool.idle(), opened, "h2 {h2}: connections idle");
+            let with = live();
+            drop(p);
+            settle().await;
+            let without = live();
+            drop(tls);
+            let per = (with - without) / opened as isize;
+            eprintln!(
+                "h2 {h2}: {opened} idle connection(s) held {} KiB, {} KiB each (the fit counts {} KiB)",
+                (with - without) >> 10,
+                per >> 10,
+                IDLE_CONNECTION_BYTES >> 10
+            );
+            assert!(per > 0, "h2 {h2}: nothing measured");
+            assert!(
+                per <= IDLE_CONNECTION_BYTES as isize,
+                "h2 {h2}: {per} bytes per idle connection"
+            );
+            stop_tx.send(()).unwrap();
+            backend.join().unwrap();
+        }
+    }
+
     /// Requests of one provider to a backend that offers `h2` share one connection, one
     /// after another and at once.
     #[tokio::test]
