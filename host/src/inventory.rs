@@ -550,7 +550,7 @@ async fn list_one(
     provider: &Arc<dyn Provider>,
     installation: &str,
     store: &Store<Proxy>,
-    drift_poll: Duration,
+    (drift_poll, probe_refresh): (Duration, Option<Duration>),
     priority: Priority,
 ) -> (Vec<ObjectRef<Proxy>>, Duration) {
     let at = SystemTime::now();
@@ -595,11 +595,24 @@ async fn list_one(
                     })
                     .map(|p| ObjectRef::from_obj(p.as_ref())),
             );
+            // Running Proxies the list confirms keep no timer of their own
+            // (`decide::Decision::at_rest`): those whose `lastProbe` is due a refresh come
+            // back now, to have it written.
+            if let Some(refresh) = probe_refresh {
+                let now = k8s_openapi::jiff::Timestamp::now();
+                recheck.extend(
+                    store
+                        .state()
+                        .iter()
+                        .filter(|p| running_view(p, name).is_some() && probe_due(p, now, refresh))
+                        .map(|p| ObjectRef::from_obj(p.as_ref())),
+                );
+            }
             if !recheck.is_empty() {
                 debug!(
                     provider.name = name,
                     proxies = recheck.len(),
-                    "not confirmed by the list, or in transition and listed: reconciling"
+                    "not confirmed by the list, in transition and listed, or lastProbe due: reconciling"
                 );
             }
             (recheck, interval)
@@ -607,9 +620,45 @@ async fn list_one(
         Err(e) => {
             warn!(provider.name = name, error = %e, "listing for the inventory failed; Running Proxies of this provider fall back to Get once the last list is stale");
             // A failed list is retried at the drift poll, paced like a successful one.
-            (Vec::new(), interval)
+            // Running Proxies the lists answered for keep no timer of their own
+            // (`decide::Decision::at_rest`): once the last list will be stale before the
+            // next try, they are all sent back, to Get and go back on the drift poll.
+            let next_try = SystemTime::now() + interval;
+            let back = if inventory.listing(name, provider, next_try).is_none() {
+                running_of(store, name)
+            } else {
+                Vec::new()
+            };
+            if !back.is_empty() {
+                debug!(
+                    provider.name = name,
+                    proxies = back.len(),
+                    "the last list is stale by the next try: Running Proxies back to Get"
+                );
+            }
+            (back, interval)
         }
     }
+}
+
+/// Whether `proxy`'s `lastProbe` is `refresh` old or older at `now` (none: not due; the
+/// probe engine's first verdict sends it back itself).
+pub fn probe_due(proxy: &Proxy, now: k8s_openapi::jiff::Timestamp, refresh: Duration) -> bool {
+    let Some(last) = proxy.status.as_ref().and_then(|s| s.last_probe.as_ref()) else {
+        return false;
+    };
+    let age = now.duration_since(last.time.0);
+    !age.is_negative() && age.unsigned_abs() >= refresh
+}
+
+/// The Running Proxies of provider `name` in `store`.
+fn running_of(store: &Store<Proxy>, name: &str) -> Vec<ObjectRef<Proxy>> {
+    store
+        .state()
+        .iter()
+        .filter(|p| running_view(p, name).is_some())
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
 }
 
 /// Lists each configured provider when its list is due (the first at once, once `proxies`
@@ -653,6 +702,9 @@ pub struct Polls {
     /// as each of them would Get, or less often when the budget calls for it
     /// ([`list_interval`]).
     pub provisioning: Duration,
+    /// How old a Running Proxy's `lastProbe` may get before a list sends it back to be
+    /// refreshed ([`probe_due`]); `None` without health probes.
+    pub probe_refresh: Option<Duration>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -667,6 +719,7 @@ async fn run_lists(
     _running: LoopRunning,
 ) {
     let drift_poll = polls.drift;
+    let probe_refresh = polls.probe_refresh;
     use futures::StreamExt;
     use tokio::time::Instant;
     // Subscribed before the first snapshot, so no swap goes unseen.
@@ -743,7 +796,7 @@ async fn run_lists(
                     &provider,
                     &installation,
                     &store,
-                    drift_poll,
+                    (drift_poll, probe_refresh),
                     priority,
                 )
                 .await;
@@ -1040,6 +1093,48 @@ mod tests {
             to_recheck(&listing, running.iter().map(|(k, v)| (k, v))),
             vec![2]
         );
+    }
+
+    /// A list sends back a Proxy whose `lastProbe` is `refresh` old or older; none, or a
+    /// newer one (also one from a clock ahead), is not due.
+    #[test]
+    fn probe_due_table() {
+        use crate::api::{LastProbe, ProxyStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        use k8s_openapi::jiff::{SignedDuration, Timestamp};
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let refresh = Duration::from_secs(1800);
+        let spec = || crate::api::ProxySpec {
+            provider: "a".into(),
+            placement: Default::default(),
+            cloud_init: Default::default(),
+            port: 3128,
+            auth: Default::default(),
+            ip_family: Default::default(),
+        };
+        let with = |age: Option<i64>| {
+            let mut p = Proxy::new("p", spec());
+            p.status = Some(ProxyStatus {
+                last_probe: age.map(|secs| LastProbe {
+                    time: Time(now - SignedDuration::from_secs(secs)),
+                    latency_ms: None,
+                    error: None,
+                }),
+                ..Default::default()
+            });
+            p
+        };
+        for (age, due) in [
+            (None, false),
+            (Some(0), false),
+            (Some(1799), false),
+            (Some(1800), true),
+            (Some(86_400), true),
+            (Some(-60), false),
+        ] {
+            assert_eq!(probe_due(&with(age), now, refresh), due, "age {age:?}");
+        }
+        assert!(!probe_due(&Proxy::new("p", spec()), now, refresh));
     }
 
     #[test]

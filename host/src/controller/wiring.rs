@@ -90,6 +90,7 @@ pub async fn run(
             crate::inventory::Polls {
                 drift: ctx.settings.timings.drift_poll,
                 provisioning: ctx.settings.timings.provisioning_poll,
+                probe_refresh: ctx.health.as_ref().map(|h| h.probe_refresh),
             },
             move |r| {
                 let _ = tx.send(r);
