@@ -1077,7 +1077,10 @@ fn figures(s: &ScaleArgs, m: Measured) -> Figures {
                 m.cpu
             ),
             Some(_) => "above the largest bucket".into(),
-            None => "no reconcile in the window".into(),
+            None => format!(
+                "no reconcile in the window (Running Proxies the lists confirm keep no timer); operator CPU {:.2} cores",
+                m.cpu
+            ),
         },
         "",
         None,

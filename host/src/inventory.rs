@@ -581,32 +581,21 @@ async fn list_one(
             // Proxies in transition whose instance the list shows in another state than
             // their status (booted, stopped) take its answer now; those still booting are
             // told so at their next poll.
-            recheck.extend(
-                store
-                    .state()
-                    .iter()
-                    .filter(|p| {
-                        in_transition_id(p, name).is_some_and(|id| {
-                            listing.instances.get(id).is_some_and(|i| {
-                                p.status.as_ref().and_then(|s| s.state.as_deref())
-                                    != Some(i.state.as_str())
-                            })
-                        })
+            recheck.extend(refs_where(store, |p| {
+                in_transition_id(p, name).is_some_and(|id| {
+                    listing.instances.get(id).is_some_and(|i| {
+                        p.status.as_ref().and_then(|s| s.state.as_deref()) != Some(i.state.as_str())
                     })
-                    .map(|p| ObjectRef::from_obj(p.as_ref())),
-            );
+                })
+            }));
             // Running Proxies the list confirms keep no timer of their own
             // (`decide::Decision::at_rest`): those whose `lastProbe` is due a refresh come
             // back now, to have it written.
             if let Some(refresh) = probe_refresh {
                 let now = k8s_openapi::jiff::Timestamp::now();
-                recheck.extend(
-                    store
-                        .state()
-                        .iter()
-                        .filter(|p| running_view(p, name).is_some() && probe_due(p, now, refresh))
-                        .map(|p| ObjectRef::from_obj(p.as_ref())),
-                );
+                recheck.extend(refs_where(store, |p| {
+                    running_view(p, name).is_some() && probe_due(p, now, refresh)
+                }));
             }
             if !recheck.is_empty() {
                 debug!(
@@ -625,7 +614,7 @@ async fn list_one(
             // next try, they are all sent back, to Get and go back on the drift poll.
             let next_try = SystemTime::now() + interval;
             let back = if inventory.listing(name, provider, next_try).is_none() {
-                running_of(store, name)
+                refs_where(store, |p| running_view(p, name).is_some())
             } else {
                 Vec::new()
             };
@@ -651,12 +640,12 @@ pub fn probe_due(proxy: &Proxy, now: k8s_openapi::jiff::Timestamp, refresh: Dura
     !age.is_negative() && age.unsigned_abs() >= refresh
 }
 
-/// The Running Proxies of provider `name` in `store`.
-fn running_of(store: &Store<Proxy>, name: &str) -> Vec<ObjectRef<Proxy>> {
+/// The Proxies of `store` that `keep` keeps.
+fn refs_where(store: &Store<Proxy>, keep: impl Fn(&Proxy) -> bool) -> Vec<ObjectRef<Proxy>> {
     store
         .state()
         .iter()
-        .filter(|p| running_view(p, name).is_some())
+        .filter(|p| keep(p))
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
 }

@@ -31,6 +31,25 @@ fn proxy(name: &str, attack: &str) -> Proxy {
     .unwrap()
 }
 
+/// The Proxy's Provisioned condition, once it has `reason` and its message says `says`.
+async fn said_on(
+    proxies: &Api<Proxy>,
+    name: &str,
+    reason: &str,
+    says: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    wait_for(
+        &format!("{name}: {reason} saying {says:?} on the Proxy"),
+        Duration::from_secs(90),
+        async || {
+            let p = proxies.get(name).await.ok()?;
+            let c = p.condition(condition::PROVISIONED)?.clone();
+            (c.reason == reason && c.message.contains(says)).then_some(c)
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_0_2_0_inputs_are_bounded_in_a_running_operator() {
     let plugin_dir = plugins_or_skip!();
@@ -94,17 +113,8 @@ async fn contract_0_2_0_inputs_are_bounded_in_a_running_operator() {
             .unwrap();
     }
     for (name, attack, want_reason, says) in &cases {
-        let c = wait_for(
-            &format!("{name} ({attack}) said on the Proxy"),
-            Duration::from_secs(90),
-            async || {
-                let p = proxies.get(name).await.ok()?;
-                let c = p.condition(condition::PROVISIONED)?.clone();
-                (c.reason == *want_reason && c.message.contains(says)).then_some(c)
-            },
-        )
-        .await;
-        assert!(!c.message.contains(TOKEN), "{name}: {c:?}");
+        let c = said_on(&proxies, name, want_reason, says).await;
+        assert!(!c.message.contains(TOKEN), "{name} ({attack}): {c:?}");
     }
     // Once marked, the value is refused as an instance ID (value withheld).
     proxies
@@ -182,15 +192,11 @@ async fn contract_0_2_0_inputs_are_bounded_in_a_running_operator() {
         .create(&PostParams::default(), &proxy("flood", "mark-flood:400"))
         .await
         .unwrap();
-    wait_for(
-        "the flood said on the Proxy",
-        Duration::from_secs(90),
-        async || {
-            let p = proxies.get("flood").await.ok()?;
-            let c = p.condition(condition::PROVISIONED)?.clone();
-            (c.reason == reason::PROVIDER_ERROR && c.message.contains("flooded, last [REDACTED]"))
-                .then_some(())
-        },
+    said_on(
+        &proxies,
+        "flood",
+        reason::PROVIDER_ERROR,
+        "flooded, last [REDACTED]",
     )
     .await;
 
@@ -202,15 +208,11 @@ async fn contract_0_2_0_inputs_are_bounded_in_a_running_operator() {
         .create(&PostParams::default(), &proxy("run", "mark-run:3000000"))
         .await
         .unwrap();
-    wait_for(
-        "the run withheld on the Proxy",
-        Duration::from_secs(90),
-        async || {
-            let p = proxies.get("run").await.ok()?;
-            let c = p.condition(condition::PROVISIONED)?.clone();
-            (c.reason == reason::PROVIDER_ERROR && c.message.contains("[REDACTED: the whole text"))
-                .then_some(())
-        },
+    said_on(
+        &proxies,
+        "run",
+        reason::PROVIDER_ERROR,
+        "[REDACTED: the whole text",
     )
     .await;
     assert_eq!(op.get("/readyz").await.0, 200, "ready after the run");
