@@ -669,10 +669,7 @@ pub fn cut(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = floor_char_boundary(s, max);
     format!("{}… ({} bytes cut)", &s[..end], s.len() - end)
 }
 
