@@ -29,7 +29,7 @@ use crate::{Args, parse_duration};
 use anyhow::{Context, Result, ensure};
 use egress_emulators::control::{Emulator, RateLimit, RequestStats};
 use egress_emulators::ec2::{Ec2Config, Ec2Emulator};
-use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
+use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator, RunSchedule};
 use fake_kube::{FakeApi, RequestRecord};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -70,6 +70,12 @@ pub struct ScaleArgs {
     /// The emulator's bucket depth. Default: the backend's (hetzner 3,600, ec2 100).
     #[arg(long)]
     pub backend_burst: Option<u32>,
+    /// How long a Hetzner server takes from its create to `running`, in the backend's own
+    /// time (compressed by the factor like everything else): Hetzner's servers boot in
+    /// seconds, whoever looks. `0s`: the emulator's test default instead, running after
+    /// the first read that sees it (which takes a confirmation two reads).
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    pub boot: Duration,
     /// The operator's drift poll, in its own time (`--drift-poll` before compression).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub drift_poll: Duration,
@@ -371,11 +377,15 @@ pub async fn run(args: &Args, s: &ScaleArgs) -> Result<()> {
     // Both emulators run (the operator loads both plugins); each enforces its backend's
     // limit, compressed.
     let limit = s.backend_limit();
-    let hetzner = HetznerEmulator::start(HetznerConfig {
+    let mut hetzner_config = HetznerConfig {
         first_ipv4: Ipv4Addr::new(127, 1, 0, 1),
         rate_limit: s.emulator_limit("hetzner"),
         ..HetznerConfig::new(stack::HETZNER_TOKEN)
-    });
+    };
+    if !s.boot.is_zero() {
+        hetzner_config.run_schedule = RunSchedule::After(s.boot / f);
+    }
+    let hetzner = HetznerEmulator::start(hetzner_config);
     let ec2 = Ec2Emulator::start(Ec2Config {
         rate_limit: s.emulator_limit("ec2"),
         ..Ec2Config::default()
@@ -848,6 +858,7 @@ fn figures(s: &ScaleArgs, m: Measured) -> Figures {
         Some(egress_plugin_host::provider::Pacing {
             requests_per_hour: budget,
             last_list_requests: Some(pages.ceil() as u32),
+            last_recent_requests: None,
             contended: false,
         }),
     );
@@ -1104,6 +1115,7 @@ fn figures(s: &ScaleArgs, m: Measured) -> Figures {
         "burst": s.burst,
         "backend_limit": s.backend_limit(),
         "drift_poll_s": s.drift_poll.as_secs_f64(),
+        "boot_s": s.boot.as_secs_f64(),
         "concurrency": s.concurrency,
         "curve": m.curve.iter().map(|(t, up)| json!([t, up])).collect::<Vec<_>>(),
         "convergence": {

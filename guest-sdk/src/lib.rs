@@ -24,12 +24,19 @@
 // inside this crate's own tests.
 extern crate self as egress_guest_sdk;
 
-/// Raw bindings of `egress:provider@0.2.0` (of 0.1.0 with the `contract-v0-1` feature).
-/// Plugins should not need them; they are public because the export macro expands in the
-/// plugin crate and must reach them.
+/// Raw bindings of `egress:provider@0.3.0` (of 0.2.0 with the `contract-v0-2` feature, of
+/// 0.1.0 with `contract-v0-1`). Plugins should not need them; they are public because the
+/// export macro expands in the plugin crate and must reach them.
 #[doc(hidden)]
 pub mod bindings {
-    #[cfg(not(feature = "contract-v0-1"))]
+    #[cfg(not(any(feature = "contract-v0-1", feature = "contract-v0-2")))]
+    wit_bindgen::generate!({
+        path: "../wit/v0.3.0",
+        world: "provider-plugin",
+        pub_export_macro: true,
+        default_bindings_module: "egress_guest_sdk::bindings",
+    });
+    #[cfg(all(feature = "contract-v0-2", not(feature = "contract-v0-1")))]
     wit_bindgen::generate!({
         path: "../wit/v0.2.0",
         world: "provider-plugin",
@@ -45,8 +52,16 @@ pub mod bindings {
     });
 }
 
+#[cfg(all(feature = "contract-v0-1", feature = "contract-v0-2"))]
+compile_error!(
+    "the features `contract-v0-1` and `contract-v0-2` choose one contract each: enable one"
+);
+
 /// The contract version this build of the SDK implements.
-#[cfg(not(feature = "contract-v0-1"))]
+#[cfg(not(any(feature = "contract-v0-1", feature = "contract-v0-2")))]
+pub const CONTRACT_VERSION: &str = "0.3.0";
+/// The contract version this build of the SDK implements.
+#[cfg(all(feature = "contract-v0-2", not(feature = "contract-v0-1")))]
 pub const CONTRACT_VERSION: &str = "0.2.0";
 /// The contract version this build of the SDK implements.
 #[cfg(feature = "contract-v0-1")]
@@ -138,6 +153,21 @@ pub trait Provider {
     fn delete(id: &str) -> Result<(), ProviderError>;
     /// Every instance with the managed mark of `installation`.
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError>;
+    /// [`list_recent`](Self::list_recent) lists the instances created since a time at a
+    /// cost that follows how many there are (the backend sorts by creation time, or
+    /// filters by it). Declared in `plugin-info.lists-recent` by [`export_provider!`]; the
+    /// operator asks for such lists only then.
+    #[cfg(not(any(feature = "contract-v0-1", feature = "contract-v0-2")))]
+    const LISTS_RECENT: bool = false;
+    /// Every instance with the managed mark of `installation` created at or after `since`
+    /// by the backend's clock; older ones may be in it too. Never leave out one created at
+    /// or after `since`. Called only when [`LISTS_RECENT`](Self::LISTS_RECENT) is true;
+    /// the default lists everything.
+    #[cfg(not(any(feature = "contract-v0-1", feature = "contract-v0-2")))]
+    fn list_recent(installation: &str, since: Datetime) -> Result<Vec<Instance>, ProviderError> {
+        let _ = since;
+        Self::list_by_tag(installation)
+    }
     /// One entry per target; only called when `info().has_check` is true.
     fn check() -> Vec<TargetStatus> {
         Vec::new()
@@ -161,7 +191,7 @@ macro_rules! export_provider {
 
             impl $crate::bindings::exports::egress::provider::plugin::Guest for __EgressExport {
                 fn info() -> $crate::PluginInfo {
-                    <$ty as $crate::Provider>::info()
+                    $crate::__info::<$ty>()
                 }
                 fn validate_config(
                     config: ::std::string::String,
@@ -199,24 +229,68 @@ macro_rules! export_provider {
                         <$ty as $crate::Provider>::delete(&id),
                     )
                 }
-                fn list_by_tag(
-                    installation: ::std::string::String,
-                ) -> ::core::result::Result<::std::vec::Vec<$crate::Instance>, $crate::ProviderError>
-                {
-                    <$ty as $crate::Provider>::OUTCOMES.log(
-                        "list",
-                        &installation,
-                        <$ty as $crate::Provider>::list_by_tag(&installation),
-                    )
-                }
+                $crate::__export_list!($ty);
                 fn check() -> ::std::vec::Vec<$crate::TargetStatus> {
                     <$ty as $crate::Provider>::check()
                 }
                 $crate::__export_quote!($ty);
             }
 
-            $crate::bindings::export!(__EgressExport with_types_in $crate::bindings);
+    $crate::bindings::export!(__EgressExport with_types_in $crate::bindings);
         };
+    };
+}
+
+/// What the plugin says about itself, with what the SDK declares for it: `lists-recent`
+/// from [`Provider::LISTS_RECENT`], so the declaration and the code cannot disagree.
+#[doc(hidden)]
+pub fn __info<P: Provider>() -> PluginInfo {
+    #[allow(unused_mut)]
+    let mut info = P::info();
+    #[cfg(not(any(feature = "contract-v0-1", feature = "contract-v0-2")))]
+    {
+        info.lists_recent = P::LISTS_RECENT;
+    }
+    info
+}
+
+/// The `list-by-tag` export of [`export_provider!`]: 0.3.0 passes `created-since`, which
+/// goes to [`Provider::list_recent`] when the plugin declared it honours it.
+#[doc(hidden)]
+#[cfg(not(any(feature = "contract-v0-1", feature = "contract-v0-2")))]
+#[macro_export]
+macro_rules! __export_list {
+    ($ty:ty) => {
+        fn list_by_tag(
+            installation: ::std::string::String,
+            created_since: ::core::option::Option<$crate::Datetime>,
+        ) -> ::core::result::Result<::std::vec::Vec<$crate::Instance>, $crate::ProviderError> {
+            let result = match created_since {
+                Some(since) if <$ty as $crate::Provider>::LISTS_RECENT => {
+                    <$ty as $crate::Provider>::list_recent(&installation, since)
+                }
+                _ => <$ty as $crate::Provider>::list_by_tag(&installation),
+            };
+            <$ty as $crate::Provider>::OUTCOMES.log("list", &installation, result)
+        }
+    };
+}
+
+/// See the 0.3.0 definition: before 0.3.0, `list-by-tag` has no `created-since`.
+#[doc(hidden)]
+#[cfg(any(feature = "contract-v0-1", feature = "contract-v0-2"))]
+#[macro_export]
+macro_rules! __export_list {
+    ($ty:ty) => {
+        fn list_by_tag(
+            installation: ::std::string::String,
+        ) -> ::core::result::Result<::std::vec::Vec<$crate::Instance>, $crate::ProviderError> {
+            <$ty as $crate::Provider>::OUTCOMES.log(
+                "list",
+                &installation,
+                <$ty as $crate::Provider>::list_by_tag(&installation),
+            )
+        }
     };
 }
 
@@ -260,6 +334,8 @@ impl PluginInfo {
             profile: Vec::new(),
             #[cfg(not(feature = "contract-v0-1"))]
             default_budget: None,
+            #[cfg(not(any(feature = "contract-v0-1", feature = "contract-v0-2")))]
+            lists_recent: false,
         }
     }
 

@@ -12,6 +12,11 @@
 //! does not: [`list_interval`] spaces a provider's lists so that they use at most
 //! [`LIST_SHARE`] of its request budget, measured on what its last list actually sent.
 //!
+//! A plugin that lists recent instances (contract 0.3.0 `lists-recent`) confirms a
+//! rollout with short lists of the instances created since the oldest Proxy in transition
+//! was made ([`Inventory::recent_listing`], [`recent_interval`]): their cost follows the
+//! Proxies they confirm, not the fleet, so whole lists are left to drift detection.
+//!
 //! An ID missing from a list proves nothing (the contract lets only Get conclude
 //! not-found): [`to_recheck`] names the Running Proxies a new list does not confirm, and
 //! the loop ([`run`]) has them reconciled at once, which makes them Get. An instance
@@ -44,9 +49,18 @@ pub struct Listing {
     /// the last one ended, and a Proxy waits for lists only while one ended within that
     /// interval and two polls ([`by_list_view`]).
     pub done: SystemTime,
+    /// A list of recent instances: it shows every instance created at or after this time
+    /// (the operator's clock, less a margin), and says nothing of older ones. `None`: the
+    /// whole fleet.
+    pub covers_from: Option<SystemTime>,
 }
 
 impl Listing {
+    /// Whether an instance made at `made` would be in this list if it existed.
+    pub fn covers(&self, made: SystemTime) -> bool {
+        self.covers_from.is_none_or(|from| made >= from)
+    }
+
     pub fn age(&self, now: SystemTime) -> Duration {
         // A clock that went back makes a list look new, never old enough to be dropped
         // early; it still ages out from then on.
@@ -65,8 +79,13 @@ pub fn provider_key(p: &Arc<dyn Provider>) -> usize {
 pub struct Inventory {
     max_age: Duration,
     lists: RwLock<BTreeMap<String, Arc<Listing>>>,
-    /// Provider names with a list under way (how many marks each).
-    in_flight: RwLock<BTreeMap<String, usize>>,
+    /// Per provider name, the last successful list of recent instances
+    /// ([`Listing::covers_from`]): what confirms its Proxies in transition when its plugin
+    /// lists recent instances.
+    recent: RwLock<BTreeMap<String, Arc<Listing>>>,
+    /// Provider names with a list under way (how many marks each), whole lists (`false`)
+    /// apart from lists of recent instances (`true`).
+    in_flight: RwLock<BTreeMap<(String, bool), usize>>,
     /// Per provider name, the provider ([`provider_key`]) whose list last finished,
     /// successfully or not.
     tried: RwLock<BTreeMap<String, usize>>,
@@ -77,11 +96,13 @@ pub struct Inventory {
     /// ([`confirm_by_list`]), as the list loop last decided, and how far apart those
     /// lists are ([`list_interval`] from the provisioning poll).
     by_list: RwLock<BTreeMap<String, Option<Duration>>>,
-    /// When this process's creates returned, per provider name and instance ID
-    /// ([`Inventory::created`]): a Proxy's `Provisioned` condition changes before its
-    /// Create is sent, so a list that started in between did not miss the instance. Kept
-    /// until a list shows the instance, or for [`MADE_KEPT`]; at most [`MADE_MAX`].
-    made: std::sync::Mutex<HashMap<(String, String), SystemTime>>,
+    /// When this process's creates were asked for and when they returned, per provider
+    /// name and instance ID ([`Inventory::created`]): a Proxy's `Provisioned` condition
+    /// changes before its Create is sent, so a list that started in between did not miss
+    /// the instance; and a list of recent instances must reach back to before the backend
+    /// made it. Kept until a list shows the instance, or for [`MADE_KEPT`]; at most
+    /// [`MADE_MAX`].
+    made: std::sync::Mutex<HashMap<(String, String), (SystemTime, SystemTime)>>,
 }
 
 /// How long [`Inventory::created`] remembers a create no list showed yet.
@@ -96,6 +117,7 @@ impl Inventory {
         Inventory {
             max_age,
             lists: RwLock::new(BTreeMap::new()),
+            recent: Default::default(),
             in_flight: Default::default(),
             tried: Default::default(),
             loops: Default::default(),
@@ -107,28 +129,44 @@ impl Inventory {
     /// A create of instance `id` of provider `name` returned at `at`: lists that started
     /// earlier do not show it, and say nothing about it (see [`by_list_view`]).
     pub fn created(&self, name: &str, id: &str, at: SystemTime) {
+        self.created_between(name, id, at, at);
+    }
+
+    /// [`Inventory::created`] for a create asked for at `asked`: the backend made the
+    /// instance in between, so a list of recent instances that reaches back to `asked`
+    /// shows it. The return alone was not enough: at x60, a create that returned a poll
+    /// after the backend made it was left out of such lists, and its Proxy sent to Get.
+    pub fn created_between(&self, name: &str, id: &str, asked: SystemTime, at: SystemTime) {
         let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
         if made.len() >= MADE_MAX {
             let horizon = at.checked_sub(MADE_KEPT).unwrap_or(SystemTime::UNIX_EPOCH);
-            made.retain(|_, t| *t > horizon);
+            made.retain(|_, (_, t)| *t > horizon);
             while made.len() >= MADE_MAX {
-                let Some(oldest) = made.iter().min_by_key(|(_, t)| **t).map(|(k, _)| k.clone())
+                let Some(oldest) = made
+                    .iter()
+                    .min_by_key(|(_, (_, t))| *t)
+                    .map(|(k, _)| k.clone())
                 else {
                     break;
                 };
                 made.remove(&oldest);
             }
         }
-        made.insert((name.to_string(), id.to_string()), at);
+        made.insert((name.to_string(), id.to_string()), (asked.min(at), at));
     }
 
-    /// When this process's create of `id` returned, if remembered.
-    fn made_at(&self, name: &str, id: &str) -> Option<SystemTime> {
+    /// When this process's create of `id` was asked for and returned, if remembered.
+    fn made_between(&self, name: &str, id: &str) -> Option<(SystemTime, SystemTime)> {
         self.made
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&(name.to_string(), id.to_string()))
             .copied()
+    }
+
+    /// When this process's create of `id` returned, if remembered.
+    fn made_at(&self, name: &str, id: &str) -> Option<SystemTime> {
+        self.made_between(name, id).map(|(_, at)| at)
     }
 
     /// Forgets the creates `listing` shows (their Proxies take its answer from now on)
@@ -141,7 +179,7 @@ impl Inventory {
         self.made
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|(n, id), t| {
+            .retain(|(n, id), (_, t)| {
                 *t > horizon && !(n == name && listing.instances.contains_key(id.as_str()))
             });
     }
@@ -162,13 +200,31 @@ impl Inventory {
             return ByList::No;
         };
         let listing = self.listing(name, provider, now);
+        let recent = self.recent_listing(name, provider, now);
+        let lists: Vec<&Listing> = [listing.as_deref(), recent.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect();
         let since = since.max(self.made_at(name, id));
-        let under_way = self
-            .in_flight
+        let under_way = self.under_way(name, false) || self.under_way(name, true);
+        by_list_view(&lists, under_way, id, since, now, fresh, every)
+    }
+
+    /// Whether a list of `name` is under way: of recent instances, or a whole one.
+    fn under_way(&self, name: &str, recent: bool) -> bool {
+        self.in_flight
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .contains_key(name);
-        by_list_view(listing.as_deref(), under_way, id, since, now, fresh, every)
+            .contains_key(&(name.to_string(), recent))
+    }
+
+    /// No later than the backend made instance `id` of `name`: when its create was asked
+    /// for, as far as remembered, else the time its Proxy's `Provisioned` condition last
+    /// changed (`since`, before the create).
+    pub fn made(&self, name: &str, id: &str, since: Option<SystemTime>) -> Option<SystemTime> {
+        self.made_between(name, id)
+            .map(|(asked, _)| asked)
+            .or(since)
     }
 
     /// How far apart the lists that confirm `name`'s Proxies in transition are, while
@@ -220,6 +276,7 @@ impl Inventory {
             instances: instances.into_iter().map(|i| (i.id.clone(), i)).collect(),
             fresh_for,
             done: SystemTime::now().max(at),
+            covers_from: None,
         });
         self.forget_made(name, &listing);
         let mut lists = self.lists.write().unwrap_or_else(|e| e.into_inner());
@@ -231,6 +288,49 @@ impl Inventory {
                 listing
             }
         }
+    }
+
+    /// Records a successful list of the recent instances of `provider` (those made at or
+    /// after `from`), started at `at`, used for at most `fresh_for` after it ended.
+    pub fn record_recent(
+        &self,
+        name: &str,
+        provider: &Arc<dyn Provider>,
+        (at, from): (SystemTime, SystemTime),
+        instances: Vec<Instance>,
+        fresh_for: Duration,
+    ) -> Arc<Listing> {
+        let listing = Arc::new(Listing {
+            at,
+            provider: provider_key(provider),
+            instances: instances.into_iter().map(|i| (i.id.clone(), i)).collect(),
+            fresh_for,
+            done: SystemTime::now().max(at),
+            covers_from: Some(from),
+        });
+        self.forget_made(name, &listing);
+        let mut recent = self.recent.write().unwrap_or_else(|e| e.into_inner());
+        match recent.get(name) {
+            Some(old) if old.at > at && old.provider == listing.provider => old.clone(),
+            _ => {
+                recent.insert(name.to_string(), listing.clone());
+                listing
+            }
+        }
+    }
+
+    /// The last list of recent instances of `provider`, while it is fresh: ended at most
+    /// its `fresh_for` ago.
+    pub fn recent_listing(
+        &self,
+        name: &str,
+        provider: &Arc<dyn Provider>,
+        now: SystemTime,
+    ) -> Option<Arc<Listing>> {
+        let recent = self.recent.read().unwrap_or_else(|e| e.into_inner());
+        let l = recent.get(name)?;
+        let age = now.duration_since(l.done).unwrap_or_default();
+        (l.provider == provider_key(provider) && age <= l.fresh_for).then(|| l.clone())
     }
 
     /// The fresh list of `provider` (configured under `name`), if there is one.
@@ -246,8 +346,24 @@ impl Inventory {
         (l.provider == provider_key(provider) && fresh).then(|| l.clone())
     }
 
-    /// What a fresh list says about instance `id`: `None` when there is no fresh list or
-    /// it lacks the ID (only Get can tell then).
+    /// Whether the fresh whole list of `provider` started before `since`, so that it says
+    /// nothing of an instance that was not running then.
+    pub fn listed_before(
+        &self,
+        name: &str,
+        provider: &Arc<dyn Provider>,
+        since: SystemTime,
+        now: SystemTime,
+    ) -> bool {
+        self.listing(name, provider, now)
+            .is_some_and(|l| l.at < since)
+    }
+
+    /// What the newest fresh list that shows instance `id` says of it, a whole list or a
+    /// list of recent instances: `None` when none shows it (only Get can tell then). A
+    /// Proxy a list of recent instances confirmed is in no whole list until the next one,
+    /// and its own status write brings it back at once: without the recent list, it made a
+    /// Get (796 for 2,000 Proxies).
     pub fn lookup(
         &self,
         name: &str,
@@ -255,10 +371,15 @@ impl Inventory {
         id: &str,
         now: SystemTime,
     ) -> Option<Instance> {
-        self.listing(name, provider, now)?
-            .instances
-            .get(id)
-            .cloned()
+        [
+            self.listing(name, provider, now),
+            self.recent_listing(name, provider, now),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|l| l.instances.contains_key(id))
+        .max_by_key(|l| l.at)
+        .and_then(|l| l.instances.get(id).cloned())
     }
 
     /// Whether a list of `provider` will come while it has no fresh one: one is under way,
@@ -266,11 +387,7 @@ impl Inventory {
     /// rebuilt by a reload). The reconciler waits for it rather than Get every Running
     /// Proxy (all of them, after a start or a reload).
     pub fn pending(&self, name: &str, provider: &Arc<dyn Provider>, now: SystemTime) -> bool {
-        let under_way = self
-            .in_flight
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(name);
+        let under_way = self.under_way(name, false);
         let untried = self.loops.load(std::sync::atomic::Ordering::SeqCst) > 0
             && self
                 .tried
@@ -296,20 +413,31 @@ impl Inventory {
         LoopRunning(self.clone())
     }
 
-    /// Marks a list of `name` as under way until the guard is dropped.
+    /// Marks a whole list of `name` as under way until the guard is dropped.
     pub fn listing_under_way(self: &Arc<Self>, name: &str) -> InFlight {
+        self.under_way_as(name, false)
+    }
+
+    /// Marks a list of `name`, of `recent` instances or whole, as under way until the
+    /// guard is dropped.
+    fn under_way_as(self: &Arc<Self>, name: &str, recent: bool) -> InFlight {
+        let key = (name.to_string(), recent);
         *self
             .in_flight
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .entry(name.to_string())
+            .entry(key.clone())
             .or_default() += 1;
-        InFlight(self.clone(), name.to_string())
+        InFlight(self.clone(), key)
     }
 
     /// Forgets providers no longer configured.
     pub fn retain(&self, names: &[&str]) {
         self.lists
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| names.contains(&k.as_str()));
+        self.recent
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|k, _| names.contains(&k.as_str()));
@@ -360,12 +488,16 @@ pub enum ByList {
     No,
 }
 
-/// [`ByList`] for instance `id`, from the provider's last list (`listing`) and whether
-/// one is `under_way`. A Proxy waits for lists only while they keep coming: one under way,
-/// or one ended within their interval `every` and two provisioning polls (`fresh`); else
-/// it Gets.
+/// [`ByList`] for instance `id`, made at `since`, from the provider's fresh `lists` (a
+/// whole one, a list of recent instances, or both) and whether one is `under_way`.
+///
+/// The newest list that speaks of the instance answers: one that shows it, or one that
+/// started after it was made and covers that time ([`Listing::covers`]) without showing it
+/// (then only Get concludes). When none does, a Proxy waits for lists only while they keep
+/// coming: one under way, or one ended within their interval `every` and two provisioning
+/// polls (`fresh`); else it Gets.
 pub fn by_list_view(
-    listing: Option<&Listing>,
+    lists: &[&Listing],
     under_way: bool,
     id: &str,
     since: Option<SystemTime>,
@@ -374,31 +506,41 @@ pub fn by_list_view(
     every: Duration,
 ) -> ByList {
     let age = |l: &Listing| now.duration_since(l.done).unwrap_or_default();
-    if let Some(l) = listing
-        && let Some(inst) = l.instances.get(id)
-    {
-        // Running with no address: some backends' lists never carry one (Proxmox's VM
-        // list: the address comes from the guest agent, which only a Get asks), so only a
-        // Get concludes. Waiting on lists would keep the Proxy Provisioning for good.
-        if inst.state == State::Running && inst.ip.is_empty() && inst.ipv6.is_empty() {
-            return ByList::No;
-        }
-        // The newest list: a Proxy listed as still booting is told so until the next
-        // list, as a Get would tell it at its next poll.
-        return ByList::Listed(inst.clone());
-    }
-    let Some(since) = since else {
-        return ByList::No;
+    let speaks = |l: &&&Listing| {
+        l.instances.contains_key(id) || since.is_some_and(|s| l.at > s && l.covers(s))
     };
-    if let Some(l) = listing
-        && l.at > since
-        && !l.instances.contains_key(id)
-    {
-        // Made before that list started, and not in it.
+    if let Some(l) = lists.iter().filter(speaks).max_by_key(|l| l.at) {
+        return match l.instances.get(id) {
+            // Running with no address: some backends' lists never carry one (Proxmox's
+            // VM list: the address comes from the guest agent, which only a Get asks), so
+            // only a Get concludes. Waiting on lists would keep the Proxy Provisioning.
+            Some(inst)
+                if inst.state == State::Running && inst.ip.is_empty() && inst.ipv6.is_empty() =>
+            {
+                ByList::No
+            }
+            // The newest list: a Proxy listed as still booting is told so until the next
+            // list, as a Get would tell it at its next poll.
+            Some(inst) => ByList::Listed(inst.clone()),
+            // Made before that list started, in what it covers, and not in it.
+            None => ByList::No,
+        };
+    }
+    if since.is_none() {
         return ByList::No;
     }
-    let coming = under_way || listing.is_some_and(|l| age(l) <= every + fresh * 2);
+    let coming = under_way || lists.iter().any(|l| age(l) <= every + fresh * 2);
     if coming { ByList::Wait } else { ByList::No }
+}
+
+/// When a Proxy's `Provisioned` condition last changed: for a new instance, just before
+/// its Create was sent.
+pub fn provisioned_since(status: &crate::api::ProxyStatus) -> Option<SystemTime> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::api::condition::PROVISIONED)
+        .map(|c| SystemTime::from(c.last_transition_time.0))
 }
 
 /// A list loop that runs (see [`Inventory::loop_running`]).
@@ -413,7 +555,7 @@ impl Drop for LoopRunning {
 }
 
 /// A list under way (see [`Inventory::listing_under_way`]).
-pub struct InFlight(Arc<Inventory>, String);
+pub struct InFlight(Arc<Inventory>, (String, bool));
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -434,6 +576,9 @@ pub struct RunningView {
     pub ip: String,
     /// The family `ip` was chosen in (`spec.ipFamily`).
     pub family: IpFamily,
+    /// When its `Provisioned` condition last changed ([`provisioned_since`]): a whole
+    /// list that started before says nothing of an instance made since.
+    pub since: Option<SystemTime>,
 }
 
 /// The Running view of a Proxy of provider `name`: not being deleted, `Running` with an
@@ -450,6 +595,7 @@ pub fn running_view(p: &Proxy, name: &str) -> Option<RunningView> {
         id: s.provider_id.clone().filter(|i| !i.is_empty())?,
         ip: s.ip.clone().filter(|i| !i.is_empty())?,
         family: p.spec.ip_family.to_provider(),
+        since: provisioned_since(s),
     })
 }
 
@@ -485,14 +631,20 @@ pub fn listed_running_at(listed: Option<&Instance>, ip: &str, family: IpFamily) 
     })
 }
 
-/// The Proxies (keys) among `running` a new list does not confirm.
+/// The Proxies (keys) among `running` a new list does not confirm, leaving out those
+/// made after it started and missing from it: the list says nothing of them (a list of
+/// recent instances confirmed them since), and the next list will.
 pub fn to_recheck<'a, K: Clone + 'a>(
     listing: &Listing,
     running: impl IntoIterator<Item = (&'a K, &'a RunningView)>,
 ) -> Vec<K> {
     running
         .into_iter()
-        .filter(|(_, v)| !confirms(listing, v))
+        .filter(|(_, v)| {
+            let unseen =
+                !listing.instances.contains_key(&v.id) && v.since.is_some_and(|s| s > listing.at);
+            !unseen && !confirms(listing, v)
+        })
         .map(|(k, _)| k.clone())
         .collect()
 }
@@ -510,36 +662,148 @@ pub fn contended_list_share() -> f64 {
     0.75 * egress_plugin_host::provider::priority::guaranteed_share(Priority::Background)
 }
 
+/// The share lists of recent instances ([`Provider::list_recent_at`]) may use while
+/// creates, deletes or transitions wait, taken from what whole lists get then: a rollout
+/// confirmed by them runs at the budget's floor plus [`contended_list_share`] in all.
+///
+/// Issue 29: confirmed by whole lists, 10,000 Proxies at Hetzner's 3,600/h took 1.53x the
+/// floor; each list of 200 pages, paced at 15%, took so long that a Proxy waited several of
+/// them. A list of the last minute's instances is a page or two.
+pub const RECENT_LIST_SHARE: f64 = 0.05;
+
+/// The share lists of recent instances may use when nothing else waits (a few Proxies in
+/// transition, or the tail of a rollout): enough for a page every provisioning poll at
+/// Hetzner's 3,600/h, and no more, since whether creates wait flips from one moment to the
+/// next during a rollout.
+pub const RECENT_LIST_SHARE_AT_REST: f64 = 0.15;
+
 /// How long after one list of a provider the next is due: the drift poll, or longer when
 /// lists costing what the last one sent would, that often, use more than [`LIST_SHARE`] of
 /// the provider's request budget. Without a budget, or before the first list, the drift
-/// poll.
+/// poll. While creates wait, whole lists get [`contended_list_share`], less
+/// [`RECENT_LIST_SHARE`] when lists of recent instances confirm the provider's Proxies.
 pub fn list_interval(drift_poll: Duration, pacing: Option<Pacing>) -> Duration {
-    let Some(Pacing {
-        requests_per_hour,
-        last_list_requests: Some(cost),
-        contended,
-    }) = pacing
-    else {
+    let Some(p) = pacing else {
         return drift_poll;
+    };
+    let share = match (p.contended, p.last_recent_requests) {
+        (false, _) => LIST_SHARE,
+        (true, None) => contended_list_share(),
+        (true, Some(_)) => contended_list_share() - RECENT_LIST_SHARE,
+    };
+    paced(drift_poll, p.requests_per_hour, p.last_list_requests, share)
+}
+
+/// How long after one list of recent instances the next is due: the provisioning poll
+/// (`poll`), or longer when lists costing what the last one sent (a request before the
+/// first) would use more than [`RECENT_LIST_SHARE_AT_REST`] of the budget, or
+/// [`RECENT_LIST_SHARE`] while creates wait.
+pub fn recent_interval(poll: Duration, pacing: Option<Pacing>) -> Duration {
+    let Some(p) = pacing else {
+        return poll;
+    };
+    let share = if p.contended {
+        RECENT_LIST_SHARE
+    } else {
+        RECENT_LIST_SHARE_AT_REST
+    };
+    let cost = Some(p.last_recent_requests.unwrap_or(1));
+    paced(poll, p.requests_per_hour, cost, share)
+}
+
+/// `pacing` with `busy` (a rollout under way: Proxies of the provider in transition or
+/// still to create) counted as contended. Whether a create waits for a token at the very
+/// moment a list is paced flips from one moment to the next during a rollout, and a whole
+/// list paced at a moment nobody waited took half the budget: 4,192 pages in a rollout of
+/// 10,000 Proxies that needed a tenth of them.
+pub fn while_busy(pacing: Option<Pacing>, busy: bool) -> Option<Pacing> {
+    pacing.map(|p| Pacing {
+        contended: p.contended || busy,
+        ..p
+    })
+}
+
+/// `floor`, or the time `cost` requests take at `share` of `requests_per_hour` if longer
+/// (at most a day). No cost known, or no rate: `floor`.
+fn paced(floor: Duration, requests_per_hour: f64, cost: Option<u32>, share: f64) -> Duration {
+    let Some(cost) = cost else {
+        return floor;
     };
     if requests_per_hour <= 0.0 {
-        return drift_poll;
+        return floor;
     }
-    let share = if contended {
-        contended_list_share()
-    } else {
-        LIST_SHARE
-    };
     let secs = f64::from(cost) * 3600.0 / (share * requests_per_hour);
     // At most a day: a budget configured absurdly low still gets a list now and then.
-    drift_poll.max(Duration::from_secs_f64(secs.min(86_400.0)))
+    floor.max(Duration::from_secs_f64(secs.min(86_400.0)))
 }
 
 /// How long a list taken every `interval`, and taking `took`, stays fresh: two rounds, so
 /// that one failed list does not send every Running Proxy to Get.
 pub fn fresh_for(interval: Duration, took: Duration) -> Duration {
     (interval + took) * 2
+}
+
+/// Lists the recent instances of one provider (those made at or after `from`), records
+/// the list, and returns the Proxies in transition it shows in another state than their
+/// status. It says nothing of Running Proxies: their instances may be older than `from`.
+async fn list_recent(
+    inventory: &Arc<Inventory>,
+    (name, provider): (&str, &Arc<dyn Provider>),
+    installation: &str,
+    store: &Store<Proxy>,
+    from: SystemTime,
+    (poll, busy): (Duration, bool),
+) -> Vec<ObjectRef<Proxy>> {
+    let at = SystemTime::now();
+    let started = std::time::Instant::now();
+    let _under_way = inventory.under_way_as(name, true);
+    let result = provider
+        .list_recent_at(installation, from, Priority::Transition)
+        .await;
+    let took = started.elapsed();
+    let every = recent_interval(poll, while_busy(provider.pacing(), busy));
+    match result {
+        Ok(instances) => {
+            debug!(
+                provider.name = name,
+                instances = instances.len(),
+                took_ms = took.as_millis() as u64,
+                next_in_s = every.as_secs(),
+                "listed the recent instances"
+            );
+            let listing = inventory.record_recent(
+                name,
+                provider,
+                (at, from),
+                instances,
+                fresh_for(every, took),
+            );
+            changed_in_transition(store, name, &listing)
+        }
+        Err(e) => {
+            // Its Proxies in transition wait for the next one, or Get once the last is
+            // no longer fresh (`by_list_view`).
+            warn!(provider.name = name, error = %e, "listing the recent instances failed");
+            Vec::new()
+        }
+    }
+}
+
+/// The Proxies of provider `name` in transition whose instance `listing` shows in another
+/// state than their status (booted, stopped): they take its answer now. Those still
+/// booting are told so at their next poll.
+fn changed_in_transition(
+    store: &Store<Proxy>,
+    name: &str,
+    listing: &Listing,
+) -> Vec<ObjectRef<Proxy>> {
+    refs_where(store, |p| {
+        in_transition_id(p, name).is_some_and(|id| {
+            listing.instances.get(id).is_some_and(|i| {
+                p.status.as_ref().and_then(|s| s.state.as_deref()) != Some(i.state.as_str())
+            })
+        })
+    })
 }
 
 /// Lists one provider, records the list, and returns the Proxies of `store` it does not
@@ -550,7 +814,7 @@ async fn list_one(
     provider: &Arc<dyn Provider>,
     installation: &str,
     store: &Store<Proxy>,
-    (drift_poll, probe_refresh): (Duration, Option<Duration>),
+    (drift_poll, probe_refresh, busy): (Duration, Option<Duration>, bool),
     priority: Priority,
 ) -> (Vec<ObjectRef<Proxy>>, Duration) {
     let at = SystemTime::now();
@@ -560,7 +824,7 @@ async fn list_one(
     let result = provider.list_by_tag_at(installation, priority).await;
     let took = started.elapsed();
     inventory.tried(name, provider);
-    let interval = list_interval(drift_poll, provider.pacing());
+    let interval = list_interval(drift_poll, while_busy(provider.pacing(), busy));
     match result {
         Ok(instances) => {
             debug!(
@@ -578,16 +842,7 @@ async fn list_one(
                 .filter_map(|p| Some((ObjectRef::from_obj(p.as_ref()), running_view(p, name)?)))
                 .collect();
             let mut recheck = to_recheck(&listing, running.iter().map(|(k, v)| (k, v)));
-            // Proxies in transition whose instance the list shows in another state than
-            // their status (booted, stopped) take its answer now; those still booting are
-            // told so at their next poll.
-            recheck.extend(refs_where(store, |p| {
-                in_transition_id(p, name).is_some_and(|id| {
-                    listing.instances.get(id).is_some_and(|i| {
-                        p.status.as_ref().and_then(|s| s.state.as_deref()) != Some(i.state.as_str())
-                    })
-                })
-            }));
+            recheck.extend(changed_in_transition(store, name, &listing));
             // Running Proxies the list confirms keep no timer of their own
             // (`decide::Decision::at_rest`): those whose `lastProbe` is due a refresh come
             // back now, to have it written.
@@ -722,75 +977,114 @@ async fn run_lists(
         return;
     }
     // Per provider name: the provider listed last and when its next list is due; absent
-    // while one is running. A rebuilt provider (another key) is due at once.
+    // while one is running.
     let mut due: HashMap<String, (usize, Instant)> = HashMap::new();
     let mut running = futures::stream::FuturesUnordered::new();
-    let mut listing: std::collections::HashSet<String> = Default::default();
+    // Provider names with a whole list (`false`) or a list of recent instances (`true`)
+    // under way: one of each at most, so a long whole list never holds back the short
+    // ones that confirm a rollout.
+    let mut listing: std::collections::HashSet<(String, bool)> = Default::default();
     loop {
         let now = Instant::now();
+        let wall = SystemTime::now();
         let providers = registry.snapshot();
         let names: Vec<&str> = providers.keys().map(String::as_str).collect();
         inventory.retain(&names);
         due.retain(|n, _| providers.contains_key(n));
-        // Proxies in transition per provider, counted only when some provider may need it.
-        let mut transition: HashMap<&str, usize> = HashMap::new();
-        for p in proxies.store.state() {
-            if let Some((name, _)) = providers.get_key_value(&p.spec.provider)
-                && in_transition_id(&p, name).is_some()
-            {
-                *transition.entry(name.as_str()).or_default() += 1;
-            }
-        }
+        let transition = in_transition(&proxies.store, &providers, &inventory, wall, polls);
         for (name, provider) in providers.iter() {
             let key = provider_key(provider);
-            let pacing = provider.pacing();
-            let by_list = confirm_by_list(
-                transition.get(name.as_str()).copied().unwrap_or(0),
-                pacing.and_then(|p| p.last_list_requests),
-            );
-            // Paced like drift lists, from the provisioning poll: while creates wait, at
-            // most the contended share of the budget, so confirming does not slow the
-            // rollout it confirms by more than that share.
-            let every = list_interval(polls.provisioning, pacing);
+            let waiting = transition.get(name.as_str()).copied().unwrap_or_default();
+            let busy = waiting.count > 0 || waiting.pending > 0;
+            let pacing = while_busy(provider.pacing(), busy);
+            // A plugin that lists recent instances confirms with lists of those made since
+            // the oldest Proxy in transition (less a poll, for the backend's clock); one
+            // that does not, with whole lists.
+            let from = waiting
+                .oldest
+                .filter(|_| provider.lists_recent())
+                .map(|t| t.checked_sub(polls.provisioning).unwrap_or(t));
+            let (cost, every) = match from {
+                Some(_) => (
+                    Some(pacing.and_then(|p| p.last_recent_requests).unwrap_or(1)),
+                    recent_interval(polls.provisioning, pacing),
+                ),
+                // Paced like drift lists, from the provisioning poll: while creates wait,
+                // at most the contended share of the budget, so confirming does not slow
+                // the rollout it confirms by more than that share.
+                None => (
+                    pacing.and_then(|p| p.last_list_requests),
+                    list_interval(polls.provisioning, pacing),
+                ),
+            };
+            let by_list = confirm_by_list(waiting.count, cost);
             inventory.set_by_list(name, by_list.then_some(every));
-            let not_yet = due.get(name).is_some_and(|(k, at)| *k == key && *at > now);
             // Confirming by list: one every `every`, counted from the end of the last (a
-            // drift list included), at the priority of the Gets it replaces.
+            // drift list included, for whole lists), at the priority of the Gets it
+            // replaces.
+            let last = match from {
+                Some(_) => inventory.recent_listing(name, provider, wall),
+                None => inventory.listing(name, provider, wall),
+            };
             let confirm_due = by_list
-                && inventory
-                    .listing(name, provider, SystemTime::now())
-                    .is_none_or(|l| {
-                        SystemTime::now().duration_since(l.done).unwrap_or_default() >= every
-                    });
-            if listing.contains(name) || (not_yet && !confirm_due) {
+                && (from.is_none() || waiting.unanswered > 0)
+                && last.is_none_or(|l| wall.duration_since(l.done).unwrap_or_default() >= every);
+            if let Some(from) = from
+                && confirm_due
+                && listing.insert((name.clone(), true))
+            {
+                let (inventory, store, installation) = (
+                    inventory.clone(),
+                    proxies.store.clone(),
+                    installation.clone(),
+                );
+                let (name, provider) = (name.clone(), provider.clone());
+                let poll = polls.provisioning;
+                running.push(Box::pin(async move {
+                    let refs = list_recent(
+                        &inventory,
+                        (&name, &provider),
+                        &installation,
+                        &store,
+                        from,
+                        (poll, busy),
+                    )
+                    .await;
+                    (name, provider_key(&provider), refs, None)
+                })
+                    as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>);
+            }
+            let confirm_whole = confirm_due && from.is_none();
+            let not_yet = due.get(name).is_some_and(|(k, at)| *k == key && *at > now);
+            if listing.contains(&(name.clone(), false)) || (not_yet && !confirm_whole) {
                 continue;
             }
-            let priority = if confirm_due {
+            let priority = if confirm_whole {
                 Priority::Transition
             } else {
                 Priority::Background
             };
             due.remove(name);
-            listing.insert(name.clone());
+            listing.insert((name.clone(), false));
             let (inventory, store, installation) = (
                 inventory.clone(),
                 proxies.store.clone(),
                 installation.clone(),
             );
             let (name, provider) = (name.clone(), provider.clone());
-            running.push(async move {
+            running.push(Box::pin(async move {
                 let (refs, next) = list_one(
                     &inventory,
                     &name,
                     &provider,
                     &installation,
                     &store,
-                    (drift_poll, probe_refresh),
+                    (drift_poll, probe_refresh, busy),
                     priority,
                 )
                 .await;
-                (name, provider_key(&provider), refs, next)
-            });
+                (name, provider_key(&provider), refs, Some(next))
+            }));
         }
         // Wake for the next due list, and at least every provisioning poll: to count the
         // Proxies in transition again (a rollout that starts must not wait for the drift
@@ -808,14 +1102,114 @@ async fn run_lists(
             _ = tokio::time::sleep_until(wake) => {}
             Some(()) = changes.next() => {}
             Some((name, key, refs, next)) = running.next(), if !running.is_empty() => {
-                listing.remove(&name);
-                due.insert(name, (key, Instant::now() + next));
+                // A whole list says when the next is due; a list of recent instances is
+                // due again by the time of its own (see `confirm_due`).
+                match next {
+                    Some(next) => {
+                        listing.remove(&(name.clone(), false));
+                        due.insert(name, (key, Instant::now() + next));
+                    }
+                    None => {
+                        listing.remove(&(name, true));
+                    }
+                }
                 for r in refs {
                     recheck(r);
                 }
             }
         }
     }
+}
+
+/// A provider's Proxies in transition, as the list loop counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Waiting {
+    /// How many.
+    pub count: usize,
+    /// The oldest time one of them was made ([`Inventory::made`]), among those made within
+    /// [`RECENT_HORIZON_POLLS`] provisioning polls: what a list of recent instances must
+    /// cover. Older ones are left to whole lists and Gets.
+    pub oldest: Option<SystemTime>,
+    /// Proxies of the provider with no instance yet (not being deleted): creates to come.
+    pub pending: usize,
+    /// How many of them the last fresh list of recent instances does not show running:
+    /// made since, or still booting. With none, another list would only repeat it (the
+    /// others wait for their reconcile), so none is made.
+    pub unanswered: usize,
+}
+
+/// How far back, in provisioning polls, lists of recent instances reach for a Proxy in
+/// transition: one that has waited longer (an instance that boots for ten minutes at the
+/// default poll) would make each of them as long as a whole list.
+pub const RECENT_HORIZON_POLLS: u32 = 60;
+
+/// Per provider name, its Proxies in transition ([`Waiting`]), at `now`.
+fn in_transition<'a>(
+    store: &Store<Proxy>,
+    providers: &'a std::collections::BTreeMap<String, Arc<dyn Provider>>,
+    inventory: &Inventory,
+    now: SystemTime,
+    polls: Polls,
+) -> HashMap<&'a str, Waiting> {
+    let horizon = now
+        .checked_sub(polls.provisioning * RECENT_HORIZON_POLLS)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    // Per provider, its fresh lists: the newest first.
+    let lists: HashMap<&str, [Option<Arc<Listing>>; 2]> = providers
+        .iter()
+        .map(|(n, p)| {
+            let (recent, whole) = (
+                inventory.recent_listing(n, p, now),
+                inventory.listing(n, p, now),
+            );
+            let newest_first = if whole.as_ref().map(|l| l.at) > recent.as_ref().map(|l| l.at) {
+                [whole, recent]
+            } else {
+                [recent, whole]
+            };
+            (n.as_str(), newest_first)
+        })
+        .collect();
+    let mut out: HashMap<&str, Waiting> = HashMap::new();
+    for p in store.state() {
+        let Some((name, _)) = providers.get_key_value(&p.spec.provider) else {
+            continue;
+        };
+        let Some(id) = in_transition_id(&p, name) else {
+            let no_instance = p.metadata.deletion_timestamp.is_none()
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.provider_id.as_deref())
+                    .is_none_or(str::is_empty);
+            if no_instance {
+                out.entry(name.as_str()).or_default().pending += 1;
+            }
+            continue;
+        };
+        let w = out.entry(name.as_str()).or_default();
+        w.count += 1;
+        let listed = lists
+            .get(name.as_str())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find_map(|l| l.instances.get(id));
+        if !listed.is_some_and(|i| i.state != State::Provisioning) {
+            w.unanswered += 1;
+        }
+        // When the backend made it, as a list showed it; else when the create returned, or
+        // the condition changed. Not the condition alone: it changes when the Proxy is
+        // admitted, not when its create is sent, and the whole rollout would look as old
+        // as its first Proxy.
+        let since = p.status.as_ref().and_then(provisioned_since);
+        let made = listed
+            .and_then(|i| i.created_at)
+            .or_else(|| inventory.made(name, id, since));
+        if let Some(made) = made.filter(|t| *t >= horizon) {
+            w.oldest = Some(w.oldest.map_or(made, |o| o.min(made)));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -865,11 +1259,35 @@ mod tests {
         inv.record("a", &a, at(100), vec![]);
         inv.record("a", &a, at(50), vec![inst("i-1", State::Running, "x")]);
         assert_eq!(inv.lookup("a", &a, "i-1", at(110)), None);
+        // A list of recent instances answers for what it shows, the newer list winning.
+        inv.record_recent(
+            "a",
+            &a,
+            (at(105), at(90)),
+            vec![inst("i-9", State::Running, "192.0.2.9")],
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            inv.lookup("a", &a, "i-9", at(110)).map(|i| i.ip),
+            Some("192.0.2.9".into())
+        );
+        inv.record(
+            "a",
+            &a,
+            at(120),
+            vec![inst("i-9", State::Stopped, "192.0.2.9")],
+        );
+        assert_eq!(
+            inv.lookup("a", &a, "i-9", at(121)).map(|i| i.state),
+            Some(State::Stopped),
+            "the newer whole list"
+        );
         inv.retain(&["b"]);
         assert!(
             inv.listing("a", &a, at(110)).is_none(),
             "unconfigured: forgotten"
         );
+        assert!(inv.recent_listing("a", &a, at(110)).is_none());
     }
 
     /// Issue 12: lists use at most half the budget, whatever the fleet; the drift poll is
@@ -884,6 +1302,7 @@ mod tests {
                 Some(Pacing {
                     requests_per_hour: rph,
                     last_list_requests: cost,
+                    last_recent_requests: None,
                     contended: false,
                 }),
             )
@@ -893,6 +1312,7 @@ mod tests {
             Some(Pacing {
                 requests_per_hour: 3600.0,
                 last_list_requests: Some(200),
+                last_recent_requests: None,
                 contended: true,
             }),
         );
@@ -1017,11 +1437,13 @@ mod tests {
             .collect(),
             fresh_for: Duration::ZERO,
             done: SystemTime::UNIX_EPOCH,
+            covers_from: None,
         };
         let view = |id: &str, ip: &str| RunningView {
             id: id.into(),
             ip: ip.into(),
             family: IpFamily::V4,
+            since: Some(SystemTime::UNIX_EPOCH - Duration::from_secs(1)),
         };
         let view6 = |id: &str, ip: &str| RunningView {
             family: IpFamily::V6,
@@ -1077,10 +1499,28 @@ mod tests {
         ] {
             assert_eq!(confirms(&listing, &v), confirmed, "{name}");
         }
-        let running = [(1, view("running", "192.0.2.1")), (2, view("gone", "x"))];
+        // Made after the list started and missing from it: the list says nothing (a list
+        // of recent instances confirmed it since); made after and listed elsewhere: checked.
+        let after = |v: RunningView| RunningView {
+            since: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1)),
+            ..v
+        };
+        let running = [
+            (1, view("running", "192.0.2.1")),
+            (2, view("gone", "x")),
+            (3, after(view("new", "192.0.2.7"))),
+            (4, after(view("moved", "192.0.2.2"))),
+            (
+                5,
+                RunningView {
+                    since: None,
+                    ..view("gone", "x")
+                },
+            ),
+        ];
         assert_eq!(
             to_recheck(&listing, running.iter().map(|(k, v)| (k, v))),
-            vec![2]
+            vec![2, 4, 5]
         );
     }
 
@@ -1153,6 +1593,7 @@ mod tests {
                 id: "i-1".into(),
                 ip: "192.0.2.1".into(),
                 family: IpFamily::V4,
+                since: None,
             })
         );
         assert_eq!(running_view(&p, "b"), None, "another provider's");
@@ -1229,6 +1670,211 @@ mod tests {
         assert!(made.contains_key(&("a".to_string(), format!("i-{}", MADE_MAX + 9))));
     }
 
+    /// Contract 0.3.0: a list of recent instances answers for what it covers, the newest
+    /// list that speaks of an instance wins, and what it does not cover is left to the
+    /// whole list (or Get).
+    #[test]
+    fn lists_of_recent_instances_answer_for_what_they_cover() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let s = Duration::from_secs;
+        let poll = s(10);
+        let list = |at: SystemTime, from: Option<SystemTime>, shown: Vec<Instance>| Listing {
+            at,
+            provider: 0,
+            instances: shown.into_iter().map(|i| (i.id.clone(), i)).collect(),
+            fresh_for: s(600),
+            done: at + s(1),
+            covers_from: from,
+        };
+        let booting = inst("a", State::Provisioning, "");
+        let running = inst("a", State::Running, "192.0.2.1");
+        // A whole list at t0 shows "a" booting; a recent one at t0 + 20 s, covering what
+        // was made from t0 - 5 s, shows it running.
+        let whole = list(t0, None, vec![booting.clone()]);
+        let recent = list(t0 + s(20), Some(t0 - s(5)), vec![running.clone()]);
+        let now = t0 + s(22);
+        let view = |lists: &[&Listing], id: &str, made: u64| {
+            by_list_view(lists, false, id, Some(t0 - s(made)), now, poll, poll)
+        };
+        assert_eq!(
+            view(&[&whole, &recent], "a", 1),
+            ByList::Listed(running.clone()),
+            "the newer list answers"
+        );
+        assert_eq!(
+            view(&[&recent, &whole], "a", 1),
+            ByList::Listed(running),
+            "whatever the order"
+        );
+        assert_eq!(
+            view(&[&whole, &recent], "b", 1),
+            ByList::No,
+            "made in what the recent list covers, before it started, not in it: Get"
+        );
+        assert_eq!(
+            view(&[&recent], "b", 60),
+            ByList::Wait,
+            "made before what it covers: it says nothing, and lists keep coming"
+        );
+        assert_eq!(
+            view(&[&whole, &recent], "b", 60),
+            ByList::No,
+            "then the whole list, which started after it was made, answers"
+        );
+        assert!(recent.covers(t0 - s(5)) && !recent.covers(t0 - s(6)));
+        assert!(whole.covers(SystemTime::UNIX_EPOCH));
+    }
+
+    /// Lists of recent instances come every provisioning poll unless the budget calls
+    /// for fewer: [`RECENT_LIST_SHARE`] while creates wait, [`RECENT_LIST_SHARE_AT_REST`]
+    /// otherwise; and
+    /// whole lists give up that share while they run.
+    #[test]
+    fn recent_interval_table() {
+        let poll = Duration::from_secs(10);
+        let pacing = |recent: Option<u32>, contended: bool| {
+            Some(Pacing {
+                requests_per_hour: 3600.0,
+                last_list_requests: Some(200),
+                last_recent_requests: recent,
+                contended,
+            })
+        };
+        let cases = [
+            ("no budget", recent_interval(poll, None), 10),
+            (
+                "before the first: a page, while creates wait",
+                recent_interval(poll, pacing(None, true)),
+                20,
+            ),
+            (
+                "two pages while creates wait: 5% of 3,600/h",
+                recent_interval(poll, pacing(Some(2), true)),
+                40,
+            ),
+            (
+                "a page, nothing waiting: the poll",
+                recent_interval(poll, pacing(Some(1), false)),
+                10,
+            ),
+            (
+                "two pages, nothing waiting: 15%",
+                recent_interval(poll, pacing(Some(2), false)),
+                13,
+            ),
+            (
+                "forty pages, nothing waiting: 15% of the budget",
+                recent_interval(poll, pacing(Some(40), false)),
+                266,
+            ),
+            (
+                "whole lists while creates wait, none recent: 15%",
+                list_interval(poll, pacing(None, true)),
+                1333,
+            ),
+            (
+                "whole lists while recent ones confirm: 10%",
+                list_interval(poll, pacing(Some(2), true)),
+                2000,
+            ),
+            (
+                "whole lists, nothing waiting: half",
+                list_interval(poll, pacing(Some(2), false)),
+                400,
+            ),
+        ];
+        for (what, got, want) in cases {
+            assert_eq!(got.as_secs(), want, "{what}");
+        }
+    }
+
+    /// What the list loop counts of a provider's Proxies in transition: their age from the
+    /// instance's `created-at` once a list showed it (not the condition, which changes at
+    /// admission), none past the horizon, and those the newest list does not show running.
+    #[test]
+    fn in_transition_ages_proxies_by_their_instances() {
+        use crate::api::ProxyStatus;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let s = Duration::from_secs;
+        let now = SystemTime::now();
+        let polls = Polls {
+            drift: s(300),
+            provisioning: s(10),
+            probe_refresh: None,
+        };
+        let admitted = now - s(3600);
+        let proxy = |name: &str, id: &str| {
+            let mut p = Proxy::new(
+                name,
+                crate::api::ProxySpec {
+                    provider: "a".into(),
+                    placement: Default::default(),
+                    cloud_init: Default::default(),
+                    port: 3128,
+                    auth: Default::default(),
+                    ip_family: Default::default(),
+                },
+            );
+            p.metadata.namespace = Some("ns".into());
+            p.status = Some(ProxyStatus {
+                provider_id: Some(id.into()),
+                state: Some("Provisioning".into()),
+                conditions: vec![Condition {
+                    type_: crate::api::condition::PROVISIONED.into(),
+                    status: "False".into(),
+                    reason: "Creating".into(),
+                    message: String::new(),
+                    observed_generation: None,
+                    last_transition_time: Time(
+                        k8s_openapi::jiff::Timestamp::try_from(admitted).unwrap(),
+                    ),
+                }],
+                ..Default::default()
+            });
+            p
+        };
+        let (store, mut writer) = kube::runtime::reflector::store::<Proxy>();
+        for (name, id) in [
+            ("booted", "i-1"),
+            ("booting", "i-2"),
+            ("unlisted", "i-3"),
+            ("stuck", "i-4"),
+            ("pending", ""),
+        ] {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(proxy(name, id)));
+        }
+        let inv = Inventory::new(s(600));
+        let a = provider("a");
+        let made = |age: u64| Some(now - s(age));
+        inv.record_recent(
+            "a",
+            &a,
+            (now - s(5), now - s(100)),
+            vec![
+                Instance::new("i-1", "192.0.2.1", State::Running, "u1", made(40)),
+                Instance::new("i-2", "", State::Provisioning, "u2", made(30)),
+            ],
+            s(600),
+        );
+        // "unlisted" was created 20 s ago by this process; "stuck" only has its condition,
+        // an hour old: past the horizon (60 polls, 600 s).
+        inv.created("a", "i-3", now - s(20));
+        let providers: BTreeMap<String, Arc<dyn Provider>> = [("a".to_string(), a)].into();
+        let got = in_transition(&store, &providers, &inv, now, polls);
+        let w = got.get("a").copied().unwrap_or_default();
+        assert_eq!(w.count, 4);
+        assert_eq!(
+            w.oldest,
+            made(40),
+            "the oldest instance the lists showed, not the condition"
+        );
+        assert_eq!(w.unanswered, 3, "all but the one listed running");
+        assert_eq!(
+            w.pending, 1,
+            "the one with no instance yet: a create to come"
+        );
+    }
+
     #[test]
     fn by_list_view_table() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
@@ -1244,6 +1890,7 @@ mod tests {
                 .collect(),
             fresh_for: Duration::ZERO,
             done: t0 + s(done_after),
+            covers_from: None,
         };
         let recent = listing(5);
         let listed_a = ByList::Listed(inst("a", State::Provisioning, ""));
@@ -1376,7 +2023,7 @@ mod tests {
         for (what, l, under_way, id, since, now, want) in cases {
             let every = poll;
             assert_eq!(
-                by_list_view(l, under_way, id, since, now, poll, every),
+                by_list_view(l.as_slice(), under_way, id, since, now, poll, every),
                 want,
                 "{what}"
             );
@@ -1384,7 +2031,7 @@ mod tests {
         // Lists paced to a minute by the budget: a Proxy made after the last one waits
         // for the next through that minute (and two polls), rather than Get after three
         // polls as it would with lists every poll.
-        let paced = |now| by_list_view(Some(&recent), false, "b", after, now, poll, s(60));
+        let paced = |now| by_list_view(&[&recent], false, "b", after, now, poll, s(60));
         assert_eq!(paced(t0 + s(50)), ByList::Wait);
         assert_eq!(paced(t0 + s(85)), ByList::Wait);
         assert_eq!(paced(t0 + s(86)), ByList::No, "lists stopped coming");

@@ -911,6 +911,24 @@ async fn a_reply_cannot_make_the_host_copy_more_than_the_lift_bound() {
     );
     // The provider keeps answering.
     p.get("ok").await.unwrap();
+    // Contract 0.3.0: a list of recent instances is lifted and checked like a whole one.
+    assert!(p.lists_recent(), "the hostile plugin declares lists-recent");
+    let (result, grew) = peak_while(
+        p.list_recent_at(
+            "alias-list:2000:65536",
+            std::time::SystemTime::now(),
+            egress_plugin_host::provider::Priority::Transition,
+        ),
+        || support::process::resident_bytes(std::process::id()),
+    )
+    .await;
+    let e = result.expect_err("the aliased list of recent instances is refused");
+    assert!(e.message.contains("MAX_LIFT_BYTES = 3 MiB"), "{e}");
+    assert!(
+        grew < fit,
+        "a list of recent instances grew the process by {grew} bytes"
+    );
+    p.get("ok").await.unwrap();
 }
 
 /// What contract 0.2.0 lets a plugin hand the host, each bounded (threat model: plugin ->

@@ -16,11 +16,18 @@ const TARGET: &str = "wasm32-wasip2";
 
 /// Plugins built a second time against an older contract: (package, feature, output name
 /// under `testing/`).
-const OLD_CONTRACT_BUILDS: &[(&str, &str, &str)] = &[(
-    "example",
-    "egress-guest-sdk/contract-v0-1",
-    "example-v0.1.0",
-)];
+const OLD_CONTRACT_BUILDS: &[(&str, &str, &str)] = &[
+    (
+        "example",
+        "egress-guest-sdk/contract-v0-1",
+        "example-v0.1.0",
+    ),
+    (
+        "example",
+        "egress-guest-sdk/contract-v0-2",
+        "example-v0.2.0",
+    ),
+];
 const PROFILE: &str = "plugin";
 /// A real provider at or above this size fails the build when `wasm-opt` ran (as in
 /// `cargo xtask test` and CI, which install binaryen): the performance issue's goal (29),
@@ -176,12 +183,13 @@ pub fn run(args: &Args) -> Result<()> {
         built.push((p.clone(), dst));
     }
 
-    // The SDK built for the older contract: the example plugin again, with the SDK's
-    // `contract-v0-1` feature, as `testing/example-v0.1.0.wasm` (a plugin author's view of
-    // the feature; the committed fixture under host/tests/fixtures is the other view, a
-    // plugin compiled before 0.2.0). Built last, on its own: the feature would otherwise be
-    // unified into every plugin of a shared build. The next build uplifts the 0.2.0
-    // artifact again (cargo keeps one per feature set).
+    // The SDK built for the older contracts: the example plugin again, with the SDK's
+    // `contract-v0-1` or `contract-v0-2` feature, as `testing/example-v0.1.0.wasm` and
+    // `example-v0.2.0.wasm` (a plugin author's view of the features; the committed
+    // fixtures under host/tests/fixtures are the other view, plugins compiled before the
+    // next version). Built last, each on its own: a feature would otherwise be unified into
+    // every plugin of a shared build. The next build uplifts the 0.3.0 artifact again
+    // (cargo keeps one per feature set).
     for (package, feature, name) in OLD_CONTRACT_BUILDS {
         run_checked(crate::cargo().current_dir(&ws.root).args([
             "rustc",

@@ -178,7 +178,7 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let block = format!(
         "### {} Proxies on {}\n\n`cargo xtask scale --proxies {} --provider {} --factor {} --minutes {}{extra}`: \
-time x{}, budget {}/h (burst {}), backend limit {}/h (depth {}), drift poll {} s, {} reconciles at once. \
+time x{}, budget {}/h (burst {}), backend limit {}/h (depth {}), servers boot in {} s, drift poll {} s, {} reconciles at once. \
 The run took {:.1} min {}.\n\n{table}\nRaw figures: `target/scale-{key}.json`{}.\n",
         args.proxies,
         args.provider,
@@ -191,6 +191,7 @@ The run took {:.1} min {}.\n\n{table}\nRaw figures: `target/scale-{key}.json`{}.
         run["burst"],
         run["backend_limit"]["per_hour"],
         run["backend_limit"]["burst"],
+        run["boot_s"],
         run["drift_poll_s"],
         run["concurrency"],
         took.as_secs_f64() / 60.0,

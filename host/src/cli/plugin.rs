@@ -313,6 +313,8 @@ async fn inspect(
                 "declared": {"requestsPerHour": b.per_hour, "burst": b.burst},
             })
         }),
+        // Whether its lists of recent instances confirm rollouts (0.3.0; false before).
+        "listsRecent": p.info.lists_recent,
         "defaultHosts": hosts,
         "imports": imports,
         "profile": p.info.profile.iter().cloned().collect::<BTreeMap<_, _>>(),

@@ -74,6 +74,7 @@ pub const CASES: &[Case] = &[
         "list-with-a-scope-down-follows-the-profile",
         list_scope_down
     ),
+    case!("list-recent-shows-every-instance-made-since", list_recent),
     case!("get-after-delete-is-not-found", get_after_delete),
     case!("delete-is-idempotent", delete_twice),
     case!("get-during-delete-returns-the-instance", get_during_delete),
@@ -653,6 +654,70 @@ async fn list_marks(ctx: &Ctx<'_>) -> Result<(), Fail> {
             "Get of listed id {:?} answers {}",
             i.id,
             show(&r)
+        );
+    }
+    Ok(())
+}
+
+/// Contract 0.3.0, for a plugin that declares `lists-recent`: a list with `created-since`
+/// shows every managed instance of the installation made since (the host takes a missing
+/// one for a reason to Get), and, like a whole list, nothing unmanaged or another
+/// installation's. Instances made before may be in it or not.
+async fn list_recent(ctx: &Ctx<'_>) -> Result<(), Fail> {
+    if !ctx.p.lists_recent() {
+        return Ok(());
+    }
+    let since = SystemTime::now() - Duration::from_secs(60);
+    let (req, id) = ctx.create("a").await?;
+    let scope = ctx.backend(&req.name).await?.scope;
+    let inst = ctx.opts.installation.clone();
+    let an_hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    let plant =
+        |tag: &str, managed: bool, installation: &str, created_at: Option<SystemTime>| Plant {
+            name: name_from_uid(&ctx.uid(tag)),
+            scope: scope.clone(),
+            managed,
+            uid: Some(ctx.uid(tag)),
+            installation: Some(installation.to_string()),
+            created_at: created_at.map(|t| unix(t) as u64),
+        };
+    let mut want = vec![(req.uid.clone(), id)];
+    for (tag, managed, installation, at) in [
+        ("recent", true, inst.as_str(), None),
+        ("old", true, inst.as_str(), Some(an_hour_ago)),
+        ("unmanaged", false, inst.as_str(), None),
+        ("foreign", true, "another-installation", None),
+    ] {
+        let planted = ctx
+            .control
+            .plant(&plant(tag, managed, installation, at))
+            .await?;
+        if tag == "recent" {
+            want.push((ctx.uid(tag), planted));
+        }
+    }
+    let listed = ctx
+        .p
+        .list_recent_at(
+            &inst,
+            since,
+            egress_plugin_host::provider::Priority::Transition,
+        )
+        .await?;
+    let shown = |uid: &str| listed.iter().any(|i| i.uid == uid);
+    for (uid, planted) in &want {
+        ensure!(
+            shown(uid),
+            "a list of the instances made since a minute ago lacks {uid:?} ({planted}), made \
+             just now; it answers uids {:?}",
+            listed.iter().map(|i| i.uid.as_str()).collect::<Vec<_>>()
+        );
+    }
+    for tag in ["unmanaged", "foreign"] {
+        ensure!(
+            !shown(&ctx.uid(tag)),
+            "a list of recent instances shows the {tag} instance {:?}, which a whole list leaves out",
+            ctx.uid(tag)
         );
     }
     Ok(())

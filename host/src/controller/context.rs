@@ -226,6 +226,9 @@ pub struct Context {
     /// The process's Proxy cache and its feed (see [`crate::proxy_cache`]); without it, the
     /// controller watches Proxies into a cache of its own.
     pub(super) proxies: Option<(ProxyCache, Arc<ProxyFeed>)>,
+    /// Proxies whose create returned lately, for ordering the queue of turns (see
+    /// [`super::turns::Returned`]).
+    pub(super) returned: super::turns::Returned,
 }
 
 impl Context {
@@ -250,6 +253,7 @@ impl Context {
             inventory: None,
             secrets: Arc::new(SecretCache::new()),
             proxies: None,
+            returned: Default::default(),
         }
     }
 

@@ -24,9 +24,13 @@
 //! Proxies whose instances a list had already confirmed (a status write each, no call)
 //! waited behind all of them: at 2,000 Proxies on 3,600/h the first ran after 8,748 s of
 //! the 9,161 the rollout took. So a reconcile expected to create ([`Kind::Create`]) first
-//! takes one of its provider's `concurrency - 1` create permits, in arrival order, and only
-//! then a turn: at most `concurrency - 1` creates of a provider hold or wait for a turn,
-//! and every other reconcile waits behind at most those. Per provider, so that a provider
+//! takes one of its provider's create permits, half the turns rounded up, in arrival
+//! order, and only then a turn: at most that many creates of a provider hold or wait for a
+//! turn, and every other reconcile waits behind at most those. Half, not all but one: with
+//! one turn left, confirmations (a status write each, milliseconds on a busy machine) kept
+//! up with creates at 60 a second no better than those did, and a rollout of 2,000
+//! Proxies at x60 had hundreds listed running and still waiting for a turn; a provider
+//! sends at most its call slots (two by default) at once anyway. Per provider, so that a provider
 //! whose creates hang holds up no other provider's creates beyond the turns it holds. The creates keep the budget busy all the same, since each
 //! one in flight already waits for the next token.
 
@@ -63,6 +67,53 @@ pub struct Turn {
     _create: Option<OwnedSemaphorePermit>,
 }
 
+/// Proxies (UIDs) whose create returned in this process lately. A copy of such a Proxy
+/// without an instance is the cache lagging the status write that recorded one, not a
+/// create to come: taken for one, its reconcile waited behind the rollout's whole queue of
+/// creates (at 2,000 Proxies and x60, Proxies listed running waited 37 s for their turn,
+/// while lists every few seconds kept reading them). The record only orders the queue: a
+/// Proxy it misclassifies still gets its turn and decides from the copy of that moment.
+#[derive(Debug, Default)]
+pub struct Returned(Mutex<HashMap<String, std::time::Instant>>);
+
+/// How long a returned create is remembered, at most; the cache catches up in seconds.
+pub const RETURNED_KEPT: std::time::Duration = std::time::Duration::from_secs(600);
+/// How many are remembered at once (about 100 bytes each); past it the oldest go.
+pub const RETURNED_MAX: usize = 16_384;
+
+impl Returned {
+    /// The create of Proxy `uid` returned an instance.
+    pub fn note(&self, uid: &str) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= RETURNED_MAX {
+            m.retain(|_, at| at.elapsed() < RETURNED_KEPT);
+            if m.len() >= RETURNED_MAX
+                && let Some(oldest) = m.iter().min_by_key(|(_, at)| **at).map(|(k, _)| k.clone())
+            {
+                m.remove(&oldest);
+            }
+        }
+        m.insert(uid.to_string(), std::time::Instant::now());
+    }
+
+    /// Whether Proxy `uid`'s create returned lately.
+    pub fn lately(&self, uid: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(uid)
+            .is_some_and(|at| at.elapsed() < RETURNED_KEPT)
+    }
+
+    /// The cache shows Proxy `uid`'s instance: nothing left to remember.
+    pub fn forget(&self, uid: &str) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !m.is_empty() {
+            m.remove(uid);
+        }
+    }
+}
+
 impl Turns {
     /// `concurrency` reconciles at a time (0 is taken as 1: a controller that never runs
     /// anything is not a setting anyone means). With one, creates take it too.
@@ -71,12 +122,12 @@ impl Turns {
         Turns {
             permits: Arc::new(Semaphore::new(n)),
             creates: Default::default(),
-            per_provider: (n - 1).max(1),
+            per_provider: n.div_ceil(2),
         }
     }
 
     /// Waits for this caller's turn, after everyone of its kind who asked before it (and,
-    /// for a create, behind at most `concurrency - 1` creates). `None` once
+    /// for a create, behind at most half the turns' worth of creates). `None` once
     /// [`Turns::close`] was called.
     pub async fn take(&self, kind: Kind) -> Option<Turn> {
         let create = match kind {
@@ -120,6 +171,24 @@ impl Turns {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn returned_creates_are_remembered_until_the_cache_shows_them_and_stay_bounded() {
+        let r = Returned::default();
+        assert!(!r.lately("a"));
+        r.note("a");
+        assert!(r.lately("a"));
+        r.forget("a");
+        assert!(!r.lately("a"), "the cache caught up");
+        for i in 0..RETURNED_MAX + 10 {
+            r.note(&format!("u{i}"));
+        }
+        assert!(r.0.lock().unwrap().len() <= RETURNED_MAX);
+        assert!(
+            r.lately(&format!("u{}", RETURNED_MAX + 9)),
+            "the newest stay"
+        );
+    }
     use std::sync::Mutex;
     use std::time::Duration;
 
@@ -179,7 +248,7 @@ mod tests {
     }
 
     /// A rollout's creates queued first, each holding its turn a while (waiting for the
-    /// budget), then one status write: it runs after at most `concurrency - 1` creates,
+    /// budget), then one status write: it runs after at most half the turns' creates,
     /// not after all of them. Under one FIFO queue it ran after all of them.
     #[tokio::test]
     async fn a_reconcile_behind_a_rollout_waits_for_a_free_turn_not_the_rollout() {

@@ -283,18 +283,23 @@ async fn in_turn(
     proxy: Arc<Proxy>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
-    let Some(_turn) = turns
-        .take(expected_kind(
-            &proxy,
-            ctx.registry.get(&proxy.spec.provider).is_some(),
-        ))
-        .await
-    else {
+    // The newest copy the cache has: the one kube handed over may be older.
+    let current = store.get(&ObjectRef::from_obj(&*proxy)).unwrap_or(proxy);
+    let uid = current.metadata.uid.as_deref().unwrap_or_default();
+    let kind = match expected_kind(&current, ctx.registry.get(&current.spec.provider).is_some()) {
+        Kind::Create(_) if ctx.returned.lately(uid) => Kind::Other,
+        Kind::Create(p) => Kind::Create(p),
+        Kind::Other => {
+            ctx.returned.forget(uid);
+            Kind::Other
+        }
+    };
+    let Some(_turn) = turns.take(kind).await else {
         // Shutting down: the next leader (or this process's next term) reconciles it.
         return Ok(Action::await_change());
     };
     // Gone from the cache: deleted and released meanwhile; nothing left to do.
-    let Some(fresh) = store.get(&ObjectRef::from_obj(&*proxy)) else {
+    let Some(fresh) = store.get(&ObjectRef::from_obj(&*current)) else {
         return Ok(Action::await_change());
     };
     Box::pin(reconcile(fresh, ctx)).await

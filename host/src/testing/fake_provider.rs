@@ -26,7 +26,14 @@ pub struct Behaviour {
     pub deleting_gets: u32,
     /// Added to every call, to hold reconcile workers like a slow backend does.
     pub latency: Duration,
+    /// Lists recent instances (contract 0.3.0 `lists-recent`): a list with a time
+    /// returns only the instances created at or after it, and its call is logged as
+    /// `Op::List` with the installation followed by [`RECENT_LIST_MARK`].
+    pub lists_recent: bool,
 }
+
+/// What follows the installation in the call log of a list of recent instances.
+pub const RECENT_LIST_MARK: &str = " (recent)";
 
 impl Default for Behaviour {
     fn default() -> Self {
@@ -34,6 +41,7 @@ impl Default for Behaviour {
             provisioning_gets: 1,
             deleting_gets: 1,
             latency: Duration::ZERO,
+            lists_recent: false,
         }
     }
 }
@@ -76,6 +84,8 @@ struct Inner {
     faults: Vec<Fault>,
     random: Option<RandomFaults>,
     calls: Vec<(Op, String)>,
+    /// How many instances each list of recent instances returned, in order.
+    recent_sizes: Vec<usize>,
     injected: usize,
     created: usize,
     next_ip: u32,
@@ -269,6 +279,50 @@ impl FakeProvider {
     /// Calls failed by injected faults so far.
     pub fn injected(&self) -> usize {
         lock(&self.inner).injected
+    }
+
+    /// The instances of `installation` (created at or after `since`, when given), after
+    /// letting the deletions and boots of those it shows progress, as a Get of each would.
+    fn list(&self, installation: &str, since: Option<SystemTime>) -> Vec<Instance> {
+        let mut inner = lock(&self.inner);
+        let shown = |i: &FakeInstance| {
+            i.installation == installation
+                && since.is_none_or(|s| i.created_at.is_none_or(|c| c >= s))
+        };
+        inner.instances.retain(|_, i| {
+            if !shown(i) {
+                return true;
+            }
+            match &mut i.deleting_left {
+                Some(0) => false,
+                Some(n) => {
+                    *n -= 1;
+                    true
+                }
+                None => true,
+            }
+        });
+        for i in inner.instances.values_mut() {
+            if i.state == State::Provisioning && shown(i) {
+                if i.provisioning_left == 0 {
+                    i.state = State::Running;
+                } else {
+                    i.provisioning_left -= 1;
+                }
+            }
+        }
+        inner
+            .instances
+            .values()
+            .filter(|i| shown(i))
+            .map(view)
+            .collect()
+    }
+
+    /// How many instances each list of recent instances so far returned
+    /// ([`Behaviour::lists_recent`]).
+    pub fn recent_list_sizes(&self) -> Vec<usize> {
+        lock(&self.inner).recent_sizes.clone()
     }
 
     pub fn count_calls(&self, op: Op) -> usize {
@@ -492,30 +546,27 @@ impl Provider for FakeProvider {
         _priority: Priority,
     ) -> Result<Vec<Instance>, ProviderError> {
         self.enter(Op::List, installation).await?;
-        let mut inner = lock(&self.inner);
-        inner.instances.retain(|_, i| match &mut i.deleting_left {
-            Some(0) => false,
-            Some(n) => {
-                *n -= 1;
-                true
-            }
-            None => true,
-        });
-        for i in inner.instances.values_mut() {
-            if i.state == State::Provisioning && i.installation == installation {
-                if i.provisioning_left == 0 {
-                    i.state = State::Running;
-                } else {
-                    i.provisioning_left -= 1;
-                }
-            }
+        Ok(self.list(installation, None))
+    }
+
+    fn lists_recent(&self) -> bool {
+        lock(&self.behaviour).lists_recent
+    }
+
+    async fn list_recent_at(
+        &self,
+        installation: &str,
+        since: SystemTime,
+        priority: Priority,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        if !self.lists_recent() {
+            return self.list_by_tag_at(installation, priority).await;
         }
-        Ok(inner
-            .instances
-            .values()
-            .filter(|i| i.installation == installation)
-            .map(view)
-            .collect())
+        self.enter(Op::List, &format!("{installation}{RECENT_LIST_MARK}"))
+            .await?;
+        let listed = self.list(installation, Some(since));
+        lock(&self.inner).recent_sizes.push(listed.len());
+        Ok(listed)
     }
 
     async fn check(&self) -> Option<Vec<TargetStatus>> {

@@ -1068,6 +1068,7 @@ async fn fault_injection_run() {
         provisioning_gets: 2,
         deleting_gets: 2,
         latency: Duration::from_millis(3),
+        ..Behaviour::default()
     });
     env.fake.set_random_faults(
         0.2,
@@ -1381,6 +1382,56 @@ async fn proxies_the_lists_confirm_still_refresh_last_probe() {
         "lastProbe is refreshed about once per interval: {writes:.2} ({r:?})"
     );
     assert_eq!(r.gets, 0, "the lists answer for them: {r:?}");
+}
+
+/// Issue 29, contract 0.3.0: a provider whose plugin lists recent instances confirms a
+/// rollout with lists of the instances made since its oldest Proxy in transition, never of
+/// the fleet already Running, and without a Get per Proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_is_confirmed_by_lists_of_the_recent_instances() {
+    let env = Env::start().await;
+    env.fake.set_behaviour(Behaviour {
+        lists_recent: true,
+        ..Behaviour::default()
+    });
+    let batch = 30;
+    for i in 0..batch {
+        env.create(&format!("old{i}"), spec("z1")).await;
+    }
+    for i in 0..batch {
+        env.wait_running(&format!("old{i}")).await;
+    }
+    // The next batch is made well after the first (a second here; its slowest Proxy is
+    // in transition for half of that on a loaded machine): a list covering it cannot
+    // reach back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (lists_before, gets_before) = (
+        env.fake.recent_list_sizes().len(),
+        env.fake.count_calls(Op::Get),
+    );
+    for i in 0..batch {
+        env.create(&format!("new{i}"), spec("z1")).await;
+    }
+    for i in 0..batch {
+        env.wait_running(&format!("new{i}")).await;
+    }
+    let sizes = env.fake.recent_list_sizes()[lists_before..].to_vec();
+    let gets = env.fake.count_calls(Op::Get) - gets_before;
+    eprintln!("lists of recent instances: {sizes:?}; Gets: {gets}");
+    assert!(
+        !sizes.is_empty(),
+        "the rollout was confirmed by lists of recent instances"
+    );
+    assert!(
+        sizes.iter().all(|n| *n <= batch),
+        "a list of recent instances never shows the {batch} Running before: {sizes:?}"
+    );
+    // The first Proxies of a batch Get before there are enough in transition for a list
+    // to pay (`confirm_by_list`), and so does the last: 6 to 9 of 30 here.
+    assert!(
+        gets <= batch / 2,
+        "lists, not a Get per Proxy, confirmed the rollout: {gets} Gets for {batch}"
+    );
 }
 
 /// Issue 12, items 2 and 3, as in production: with `lastProbe` refreshed at most every 30
@@ -1898,6 +1949,7 @@ async fn a_saturated_controller_starves_no_proxy() {
         provisioning_gets: u32::MAX,
         deleting_gets: 1,
         latency: Duration::from_millis(5),
+        ..Behaviour::default()
     });
     env.start_controller();
     let hot = 30;

@@ -10,7 +10,7 @@ use egress_emulators::ec2::{EXAMPLE_ACCESS_KEY, EXAMPLE_SECRET_KEY, Ec2Config, E
 use egress_emulators::example::ExampleBackend;
 use egress_emulators::hetzner::{HetznerConfig, HetznerEmulator};
 use egress_plugin_host::plugin::WasmProvider;
-use egress_plugin_host::provider::Placement;
+use egress_plugin_host::provider::{Placement, Provider};
 use proxy_operator::conformance::{self, Control, Options, Outcome, Report, Subject};
 use std::path::Path;
 use std::process::Command;
@@ -166,8 +166,21 @@ async fn the_example_built_by_the_sdk_for_0_1_0_passes_the_suite() {
     assert!(s.emu.dump().instances.is_empty(), "the suite cleans up");
 }
 
-/// `broken.wasm` is the Hetzner plugin with two bugs: Create makes a new server on every
-/// call, and Get answers NotFound for a server that is not running. Exactly the cases that
+/// The same with the SDK's `contract-v0-2` feature: a 0.2.0 plugin, never asked for lists
+/// of recent instances (0.2.0 has no place for `created-since`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_built_by_the_sdk_for_0_2_0_passes_the_suite() {
+    let _dir = plugins_or_skip!();
+    let s = example_from("example-v0.2.0.wasm").await;
+    assert_eq!(s.p.plugin().version().as_str(), "0.2.0");
+    assert!(!s.p.lists_recent());
+    assert_all_pass(&run_suite(&s).await);
+    assert!(s.emu.dump().instances.is_empty(), "the suite cleans up");
+}
+
+/// `broken.wasm` is the Hetzner plugin with three bugs: Create makes a new server on every
+/// call, Get answers NotFound for a server that is not running, and its list of recent
+/// servers shows the older ones instead. Exactly the cases that
 /// observe those behaviours must fail, each saying what it saw; the rest must still pass,
 /// or the suite would be failing for reasons of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,6 +208,10 @@ async fn the_suite_fails_a_broken_plugin_where_it_is_broken() {
         (
             "get-during-delete-returns-the-instance",
             "want the instance, Get answers NotFound",
+        ),
+        (
+            "list-recent-shows-every-instance-made-since",
+            "made just now",
         ),
     ] {
         let why = failed(case).unwrap_or_else(|| panic!("{case} passed a broken plugin"));

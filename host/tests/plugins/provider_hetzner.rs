@@ -13,7 +13,7 @@ use egress_emulators::hetzner::{
 };
 use egress_emulators::{MARK_INSTALLATION, MARK_MANAGED, MARK_UID};
 use egress_plugin_host::plugin::WasmProvider;
-use egress_plugin_host::provider::{Class, CreateRequest, Placement, Provider, State};
+use egress_plugin_host::provider::{Class, CreateRequest, Placement, Priority, Provider, State};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -478,6 +478,76 @@ async fn list_covers_exactly_this_installation_across_pages() {
     assert_eq!(err.class, Class::Transient, "{err}");
     emu.fail_scope("fsn1", false);
     assert_eq!(p.list_by_tag(INST).await.unwrap().len(), 3);
+}
+
+/// Contract 0.3.0: the plugin declares `lists-recent`, and a list with `created-since`
+/// reads the newest servers first and stops at the first page that reaches older ones: 120
+/// servers made an hour ago and 7 made now cost one page instead of three, and each of the
+/// 7 is in it. Without a time, the same list is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_of_recent_servers_reads_only_the_newest_pages() {
+    let _dir = plugins_or_skip!();
+    let hz = setup().await;
+    let (p, emu) = (&hz.p, &hz.emu);
+    assert!(p.lists_recent(), "hetzner declares lists-recent");
+    let now = std::time::SystemTime::now();
+    let secs = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    for n in 0..120 {
+        emu.plant(Plant {
+            name: format!("old-{n}"),
+            scope: "fsn1".into(),
+            managed: true,
+            uid: Some(format!("old-{n}")),
+            installation: Some("inst-recent".into()),
+            created_at: Some(secs - 3600),
+        });
+    }
+    let mut new = Vec::new();
+    for n in 0..7 {
+        new.push(plant(
+            emu,
+            &format!("new-{n}"),
+            Some(&format!("new-{n}")),
+            Some("inst-recent"),
+        ));
+    }
+    let pages = |emu: &HetznerEmulator| {
+        emu.requests()
+            .iter()
+            .filter(|r| r.contains("/servers?label_selector"))
+            .count()
+    };
+    let before = pages(emu);
+    let since = now - std::time::Duration::from_secs(60);
+    let recent = p
+        .list_recent_at("inst-recent", since, Priority::Transition)
+        .await
+        .unwrap();
+    assert_eq!(pages(emu) - before, 1, "one page: {:?}", emu.requests());
+    let ids: std::collections::BTreeSet<&str> = recent.iter().map(|i| i.id.as_str()).collect();
+    for id in &new {
+        assert!(ids.contains(id.as_str()), "{id} made since is listed");
+    }
+    assert!(
+        emu.requests()
+            .iter()
+            .any(|r| r.contains("sort=created:desc")),
+        "newest first"
+    );
+    // Without a time: every page, every server.
+    let before = pages(emu);
+    assert_eq!(p.list_by_tag("inst-recent").await.unwrap().len(), 127);
+    assert_eq!(pages(emu) - before, 3);
+    // A time before every server: the whole list, in three pages too.
+    let all = p
+        .list_recent_at(
+            "inst-recent",
+            now - std::time::Duration::from_secs(7200),
+            Priority::Transition,
+        )
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 127);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,10 @@
-//! Contract versions side by side: a plugin built for `egress:provider@0.1.0` before 0.2.0
-//! existed (`tests/fixtures/v0.1.0/`, never rebuilt) loads, runs and passes the conformance
-//! suite in the same run as the plugins built for 0.2.0 today; it is refused what 0.1.0
-//! cannot carry, by name, before anything reaches its backend; and the default request
-//! budget now comes from what a 0.2.0 plugin declares, not from a table of names in the host.
+//! Contract versions side by side: plugins built for `egress:provider@0.1.0` and `@0.2.0`
+//! before the next version existed (`tests/fixtures/v0.1.0/`, `v0.2.0/`, never rebuilt)
+//! load, run and pass the conformance suite in the same run as the plugins built for 0.3.0
+//! today; a 0.1.0 plugin is refused what 0.1.0 cannot carry, by name, before anything
+//! reaches its backend; the default request budget comes from what a 0.2.0 or later plugin
+//! declares, not from a table of names in the host; and only a 0.3.0 plugin that declares
+//! `lists-recent` is asked for lists of recent instances.
 
 use crate::support;
 
@@ -20,6 +22,11 @@ const TOKEN: &str = "hz-versions-token";
 /// The Hetzner plugin as shipped for contract 0.1.0 (see the README next to it).
 fn v0_1_0_hetzner() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.1.0/hetzner.wasm")
+}
+
+/// The Hetzner plugin as shipped for contract 0.2.0 (see the README next to it).
+fn v0_2_0_hetzner() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.2.0/hetzner.wasm")
 }
 
 async fn load_path(rt: &Arc<Runtime>, path: &std::path::Path) -> Arc<LoadedPlugin> {
@@ -69,19 +76,22 @@ fn request(uid: &str) -> CreateRequest {
     }
 }
 
-/// The acceptance of contract 0.2.0: the plugin compiled for 0.1.0 and the one built from
-/// today's sources, for 0.2.0, each pass every case of the suite against the emulator.
+/// The acceptance of contracts 0.2.0 and 0.3.0: the plugins compiled for 0.1.0 and 0.2.0
+/// and the one built from today's sources, for 0.3.0, each pass every case of the suite
+/// against the emulator (the 0.3.0 one with its lists of recent instances).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_0_1_0_plugin_and_a_0_2_0_plugin_pass_the_suite_in_one_run() {
+async fn a_plugin_of_each_contract_passes_the_suite_in_one_run() {
     let dir = plugins_or_skip!();
     let rt = support::runtime();
-    for (path, version) in [
-        (v0_1_0_hetzner(), "0.1.0"),
-        (dir.join("hetzner.wasm"), "0.2.0"),
+    for (path, version, lists_recent) in [
+        (v0_1_0_hetzner(), "0.1.0", false),
+        (v0_2_0_hetzner(), "0.2.0", false),
+        (dir.join("hetzner.wasm"), "0.3.0", true),
     ] {
         let plugin = load_path(&rt, &path).await;
         assert_eq!(plugin.version().as_str(), version, "{}", path.display());
         assert_eq!(plugin.info.type_name, "hetzner");
+        assert_eq!(plugin.info.lists_recent, lists_recent, "{version}");
         let hz = hetzner(&rt, plugin, "").await;
         let control = Control::new(&hz.emu.url()).unwrap();
         let opts = Options::new(Placement::new("fsn1", "", "cpx11", "ubuntu"));
@@ -177,19 +187,27 @@ async fn the_default_budget_is_what_the_plugin_declares() {
         burst: 100,
     };
     let today = load_path(&rt, &dir.join("hetzner.wasm")).await;
+    let v0_2 = load_path(&rt, &v0_2_0_hetzner()).await;
+    assert_eq!(v0_2.info.default_budget, Some(hetzner_spec));
     assert_eq!(today.info.default_budget, Some(hetzner_spec));
     let old = load_path(&rt, &v0_1_0_hetzner()).await;
     assert_eq!(old.info.default_budget, None);
     let cases = [
         (
-            "0.2.0, no budget in the entry",
+            "0.3.0, no budget in the entry",
             today.clone(),
+            "",
+            Some(hetzner_spec),
+        ),
+        (
+            "0.2.0, no budget in the entry",
+            v0_2,
             "",
             Some(hetzner_spec),
         ),
         ("0.1.0, no budget in the entry", old.clone(), "", None),
         (
-            "0.2.0, the entry's budget",
+            "0.3.0, the entry's budget",
             today,
             "\nbudget: {requestsPerHour: 60, burst: 2}",
             Some(Spec {
@@ -218,20 +236,29 @@ async fn the_default_budget_is_what_the_plugin_declares() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_inspect_shows_the_contract_version_and_the_default_budget() {
     let dir = plugins_or_skip!();
-    for (path, world, budget) in [
+    let hetzner_budget = serde_json::json!({
+        "requestsPerHour": 3600,
+        "burst": 100,
+        "declared": {"requestsPerHour": 3600, "burst": 100},
+    });
+    for (path, world, budget, lists_recent) in [
         (
             v0_1_0_hetzner(),
             "egress:provider@0.1.0",
             serde_json::Value::Null,
+            false,
+        ),
+        (
+            v0_2_0_hetzner(),
+            "egress:provider@0.2.0",
+            hetzner_budget.clone(),
+            false,
         ),
         (
             dir.join("hetzner.wasm"),
-            "egress:provider@0.2.0",
-            serde_json::json!({
-                "requestsPerHour": 3600,
-                "burst": 100,
-                "declared": {"requestsPerHour": 3600, "burst": 100},
-            }),
+            "egress:provider@0.3.0",
+            hetzner_budget,
+            true,
         ),
     ] {
         let tmp = tempfile::tempdir().unwrap();
@@ -253,5 +280,6 @@ async fn plugin_inspect_shows_the_contract_version_and_the_default_budget() {
         assert_eq!(v["world"], world, "{v}");
         assert_eq!(v["type"], "hetzner");
         assert_eq!(v["defaultBudget"], budget, "{world}");
+        assert_eq!(v["listsRecent"], lists_recent, "{world}");
     }
 }

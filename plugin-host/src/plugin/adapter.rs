@@ -63,6 +63,34 @@ impl WasmProvider {
             .map(|(reply, _)| reply)
     }
 
+    /// A list of every instance (`since`: none) or of those created since a time; its
+    /// cost is remembered per kind, for [`Pacing`](crate::provider::Pacing).
+    async fn list(
+        &self,
+        installation: &str,
+        since: Option<std::time::SystemTime>,
+        priority: Priority,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        let (reply, stats) = self
+            .invoke(
+                Op::List,
+                "",
+                None,
+                false,
+                GuestCall::List(installation, since),
+                priority,
+            )
+            .await?;
+        match reply {
+            GuestReply::List(Ok(list)) => {
+                self.record_list_cost(&stats, since.is_some());
+                Ok(list.into_iter().map(instance_of).collect())
+            }
+            GuestReply::List(Err(e)) => Err(self.wrap(Op::List, "", e)),
+            _ => unreachable!("list-by-tag returns GuestReply::List"),
+        }
+    }
+
     /// A call that does nothing in the guest but `check` (with an empty config): what the
     /// overhead benchmark measures. Returns the host-side statistics.
     pub async fn bench_call(&self) -> Result<super::CallStats, ProviderError> {
@@ -143,24 +171,23 @@ impl Provider for WasmProvider {
         installation: &str,
         priority: Priority,
     ) -> Result<Vec<Instance>, ProviderError> {
-        let (reply, stats) = self
-            .invoke(
-                Op::List,
-                "",
-                None,
-                false,
-                GuestCall::List(installation),
-                priority,
-            )
-            .await?;
-        match reply {
-            GuestReply::List(Ok(list)) => {
-                self.record_list_cost(&stats);
-                Ok(list.into_iter().map(instance_of).collect())
-            }
-            GuestReply::List(Err(e)) => Err(self.wrap(Op::List, "", e)),
-            _ => unreachable!("list-by-tag returns GuestReply::List"),
-        }
+        self.list(installation, None, priority).await
+    }
+
+    fn lists_recent(&self) -> bool {
+        self.plugin.info.lists_recent
+    }
+
+    async fn list_recent_at(
+        &self,
+        installation: &str,
+        since: std::time::SystemTime,
+        priority: Priority,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        // A plugin that did not declare `lists-recent` is never asked (0.1.0 and 0.2.0
+        // have no place for it): it lists everything, as the trait's default does.
+        let since = self.plugin.info.lists_recent.then_some(since);
+        self.list(installation, since, priority).await
     }
 
     fn remember_cloud_init(&self, owner: &str, doc: &[u8]) -> Result<(), Full> {

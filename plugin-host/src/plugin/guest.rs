@@ -11,7 +11,9 @@ pub(crate) enum GuestCall<'a> {
     Create(&'a CreateRequest),
     Get(&'a str),
     Delete(&'a str),
-    List(&'a str),
+    /// The installation, and for a plugin that lists recent instances (0.3.0
+    /// `lists-recent`), the creation time from which it must list them all.
+    List(&'a str, Option<std::time::SystemTime>),
     Check,
     Quote(&'a Placement),
 }
@@ -79,4 +81,7 @@ pub struct PluginInfo {
     /// The budget a provider of this plugin gets when its entry sets none (contract 0.2.0;
     /// capped, see `budget::cap_default`).
     pub default_budget: Option<crate::rate::Spec>,
+    /// `list-by-tag` honours `created-since` (contract 0.3.0; false before): the inventory
+    /// may confirm a rollout's instances with lists of the recent ones.
+    pub lists_recent: bool,
 }

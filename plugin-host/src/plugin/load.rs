@@ -404,6 +404,7 @@ impl Runtime {
             http,
             permits,
             last_list_requests: Default::default(),
+            last_recent_requests: Default::default(),
         }
     }
 

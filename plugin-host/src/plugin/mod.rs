@@ -351,6 +351,8 @@ pub struct WasmProvider {
     scratch: Arc<scratch::ScratchPool>,
     /// Requests the last successful list-by-tag sent (0: none yet), for [`Pacing`].
     last_list_requests: Arc<std::sync::atomic::AtomicU32>,
+    /// The same for the last list of recent instances (`created-since` set).
+    last_recent_requests: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// A Proxy's cloud-init a call hands the plugin, and whose it is (the Proxy's UID).
@@ -645,21 +647,28 @@ impl WasmProvider {
         self.http.budget.as_ref().map(|b| b.spec())
     }
 
-    /// Remembers what a successful list cost, for [`WasmProvider::pacing`].
-    pub(crate) fn record_list_cost(&self, stats: &CallStats) {
-        self.last_list_requests
-            .store(stats.requests, std::sync::atomic::Ordering::Relaxed);
+    /// Remembers what a successful list (of the `recent` instances, or of all) cost, for
+    /// [`WasmProvider::pacing`].
+    pub(crate) fn record_list_cost(&self, stats: &CallStats, recent: bool) {
+        let last = if recent {
+            &self.last_recent_requests
+        } else {
+            &self.last_list_requests
+        };
+        last.store(stats.requests, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The request rate in force and the last list's cost; `None` without a budget.
     pub fn pacing(&self) -> Option<crate::provider::Pacing> {
         let budget = self.http.budget.as_ref()?;
-        let last = self
-            .last_list_requests
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let known = |a: &std::sync::atomic::AtomicU32| {
+            let n = a.load(std::sync::atomic::Ordering::Relaxed);
+            (n > 0).then_some(n)
+        };
         Some(crate::provider::Pacing {
             requests_per_hour: budget.rate_per_hour(),
-            last_list_requests: (last > 0).then_some(last),
+            last_list_requests: known(&self.last_list_requests),
+            last_recent_requests: known(&self.last_recent_requests),
             contended: budget.above_background_waiting() || self.permits.above_background_waiting(),
         })
     }

@@ -29,7 +29,7 @@ pub const MAX_ID: usize = 256;
 pub const MAX_UID: usize = 128;
 /// Most instances in one `list-by-tag` answer. Below what [`MAX_LIFT_BYTES`] lets through
 /// (each instance costs the host 104 bytes before its strings in contract 0.1.0, 160 in
-/// 0.2.0), so the count is the rule a list that is merely long breaks.
+/// 0.2.0 and 0.3.0), so the count is the rule a list that is merely long breaks.
 pub const MAX_LIST: usize = 18_000;
 /// Defined with the fit, which counts it per call.
 pub use crate::config::fit::MAX_LIFT_BYTES;
@@ -758,6 +758,7 @@ mod tests {
                 per_hour: 3600,
                 burst: 100,
             }),
+            lists_recent: true,
         };
         assert!(info(base.clone()).is_ok());
         let bad = [
@@ -794,8 +795,16 @@ mod tests {
                 "0.2.0",
                 std::mem::size_of::<super::super::abi::v0_2::egress::provider::types::Instance>(),
             ),
+            (
+                "0.3.0",
+                std::mem::size_of::<super::super::abi::v0_3::egress::provider::types::Instance>(),
+            ),
         ];
-        assert_eq!(sizes.map(|(_, n)| n), [104, 160], "update MAX_LIST's doc");
+        assert_eq!(
+            sizes.map(|(_, n)| n),
+            [104, 160, 160],
+            "update MAX_LIST's doc"
+        );
         for (version, per_instance) in sizes {
             // The 10,000-Proxy scale run: IDs up to 64 bytes, an IPv4 and the longest IPv6
             // text, a UID.

@@ -166,6 +166,25 @@ impl<P: Provider> Provider for Instrumented<P> {
         .await
     }
 
+    fn lists_recent(&self) -> bool {
+        self.inner.lists_recent()
+    }
+
+    async fn list_recent_at(
+        &self,
+        installation: &str,
+        since: std::time::SystemTime,
+        priority: Priority,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        self.run(
+            "list",
+            "provider.list",
+            "",
+            self.inner.list_recent_at(installation, since, priority),
+        )
+        .await
+    }
+
     /// Health checks run under the monitor's own span and feed their own gauges.
     async fn check(&self) -> Option<Vec<TargetStatus>> {
         self.inner.check().await

@@ -265,6 +265,23 @@ pub trait Provider: Send + Sync {
     async fn delete(&self, id: &str) -> Result<(), ProviderError> {
         self.delete_at(id, Priority::of_op(Op::Delete)).await
     }
+    /// Whether [`Provider::list_recent_at`] lists fewer than all: the plugin declared that
+    /// its `list-by-tag` honours `created-since` (contract 0.3.0 `lists-recent`).
+    fn lists_recent(&self) -> bool {
+        false
+    }
+    /// Every instance of `installation` created at or after `since` (by the backend's
+    /// clock), and maybe older ones: an instance missing from it says nothing about one
+    /// created before `since`. Without [`Provider::lists_recent`], the whole list.
+    async fn list_recent_at(
+        &self,
+        installation: &str,
+        since: std::time::SystemTime,
+        priority: Priority,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        let _ = since;
+        self.list_by_tag_at(installation, priority).await
+    }
     /// [`Provider::list_by_tag_at`] at the operation's default priority.
     async fn list_by_tag(&self, installation: &str) -> Result<Vec<Instance>, ProviderError> {
         self.list_by_tag_at(installation, Priority::of_op(Op::List))
@@ -324,6 +341,9 @@ pub struct Pacing {
     pub requests_per_hour: f64,
     /// Backend requests its last successful list sent (pages, mostly), once known.
     pub last_list_requests: Option<u32>,
+    /// The same for its last successful list of recent instances
+    /// ([`Provider::list_recent_at`]), once known.
+    pub last_recent_requests: Option<u32>,
     /// Creates, deletes or Proxies in transition wait for its call slots or tokens now: a
     /// list gets only the Background class's guaranteed share
     /// ([`crate::provider::priority::guaranteed_share`]).
@@ -356,6 +376,17 @@ impl<P: Provider + ?Sized> Provider for std::sync::Arc<P> {
         priority: Priority,
     ) -> Result<Vec<Instance>, ProviderError> {
         (**self).list_by_tag_at(installation, priority).await
+    }
+    fn lists_recent(&self) -> bool {
+        (**self).lists_recent()
+    }
+    async fn list_recent_at(
+        &self,
+        installation: &str,
+        since: std::time::SystemTime,
+        priority: Priority,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        (**self).list_recent_at(installation, since, priority).await
     }
     async fn check(&self) -> Option<Vec<TargetStatus>> {
         (**self).check().await

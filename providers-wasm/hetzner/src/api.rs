@@ -340,25 +340,45 @@ pub fn find_by_name(api: &Client, name: &str) -> Result<Option<Server>, Provider
 /// the end took several MiB of the plugin's memory. Fails whole: a list with a page
 /// missing would vouch for nothing, and Hetzner lists are global anyway (one API, every
 /// location).
+///
+/// With `since` (seconds since the epoch), the newest first (`sort=created:desc`), ending
+/// with the first page whose last server was created before that second: every server
+/// created since is on a page read before it, and the older ones after it are left out.
 pub fn list_servers<T>(
     api: &Client,
     selector: &str,
+    since: Option<u64>,
     keep: impl FnMut(Server) -> Option<T>,
 ) -> Result<Vec<T>, ProviderError> {
     let sel = encode_component(selector);
+    let sort = if since.is_some() {
+        "&sort=created:desc"
+    } else {
+        ""
+    };
     let fetch = |page: &u64| {
-        let path = format!("/servers?label_selector={sel}&per_page={PER_PAGE}&page={page}");
+        let path = format!("/servers?label_selector={sel}{sort}&per_page={PER_PAGE}&page={page}");
         let list: ServerList = api.get_json(&path).map_err(collection_error)?;
         let next = list
             .meta
             .and_then(|m| m.pagination)
-            .and_then(|p| p.next_page);
+            .and_then(|p| p.next_page)
+            .filter(|_| !ends_before(&list.servers, since));
         Ok(Page {
             items: list.servers,
             next,
         })
     };
     PAGES.collect(1, fetch, keep)
+}
+
+/// Whether a page sorted newest first ends with a server created before second `since`:
+/// the pages after it hold only older ones. A time that does not parse proves nothing.
+fn ends_before(page: &[Server], since: Option<u64>) -> bool {
+    let (Some(since), Some(last)) = (since, page.last()) else {
+        return false;
+    };
+    egress_guest_sdk::time::parse_rfc3339(&last.created).is_some_and(|t| t.seconds < since)
 }
 
 #[cfg(test)]

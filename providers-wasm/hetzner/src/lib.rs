@@ -386,9 +386,14 @@ fn release_primary_ips(api: &Client, ips: &[u64]) -> Result<(), ProviderError> {
     Ok(())
 }
 
-fn list_by_tag(installation: &str) -> Result<(Vec<Instance>, String), ProviderError> {
+/// Every managed server of `installation`; with `since` (seconds since the epoch), those
+/// created in or after that second and few others (see [`api::list_servers`]).
+fn list_by_tag(
+    installation: &str,
+    since: Option<u64>,
+) -> Result<(Vec<Instance>, String), ProviderError> {
     let api = client(&cfg()?.endpoint)?;
-    let out = api::list_servers(&api, &marks::gc_selector(installation), |s| {
+    let out = api::list_servers(&api, &marks::gc_selector(installation), since, |s| {
         if !marks::is_gc_match(&s.labels, installation) {
             return None;
         }
@@ -520,7 +525,18 @@ impl Provider for Hetzner {
     }
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
-        outcome::keep(list_by_tag(installation))
+        outcome::keep(list_by_tag(installation, None))
+    }
+
+    /// Hetzner sorts servers by `created` (to the second), so a list of the newest stops
+    /// at the first page that reaches older ones.
+    const LISTS_RECENT: bool = true;
+
+    fn list_recent(
+        installation: &str,
+        since: egress_guest_sdk::Datetime,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        outcome::keep(list_by_tag(installation, Some(since.seconds)))
     }
 
     fn check() -> Vec<TargetStatus> {

@@ -53,10 +53,15 @@ impl<'a> Shell<'a> {
                     port: r.port,
                     ip_family: self.proxy.spec.ip_family.to_provider(),
                 };
+                let asked = std::time::SystemTime::now();
                 let result = provider.create_at(&req, Priority::Urgent).await;
                 log_call("create", &req.name, result.as_ref().err());
                 if let (Ok(id), Some(inventory)) = (&result, &self.ctx.inventory) {
-                    inventory.created(&self.proxy.spec.provider, id, std::time::SystemTime::now());
+                    let at = std::time::SystemTime::now();
+                    inventory.created_between(&self.proxy.spec.provider, id, asked, at);
+                }
+                if result.is_ok() {
+                    self.ctx.returned.note(&self.uid);
                 }
                 Answer::Created(result)
             }

@@ -117,7 +117,7 @@ impl<'a> Shell<'a> {
         // A probe that just failed outweighs the last list: ask the provider.
         let suspect = self.ctx.take_suspect(&self.health_key());
         let listed = (!suspect).then(|| self.listed(&status)).flatten();
-        let list_pending = !suspect && listed.is_none() && self.list_pending();
+        let list_pending = !suspect && listed.is_none() && self.list_pending(&status);
         let mut answer: Option<Answer> = None;
         for _ in 0..MAX_STEPS {
             // Asked again at each step: right after a Create the new instance waits for the
@@ -262,11 +262,7 @@ impl<'a> Shell<'a> {
         let Some(id) = crate::inventory::transition_id(deleting, status) else {
             return ByList::No;
         };
-        let since = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == condition::PROVISIONED)
-            .map(|c| std::time::SystemTime::from(c.last_transition_time.0));
+        let since = crate::inventory::provisioned_since(status);
         inventory.transition(
             &self.proxy.spec.provider,
             provider,
@@ -288,15 +284,17 @@ impl<'a> Shell<'a> {
     }
 
     /// Whether the provider's list under way will answer for this Proxy (no fresh one yet).
-    fn list_pending(&self) -> bool {
+    fn list_pending(&self, status: &ProxyStatus) -> bool {
         let (Some(inventory), Some(provider)) = (&self.ctx.inventory, &self.provider) else {
             return false;
         };
-        inventory.pending(
-            &self.proxy.spec.provider,
-            provider,
-            std::time::SystemTime::now(),
-        )
+        let (name, now) = (&self.proxy.spec.provider, std::time::SystemTime::now());
+        // Running since the last whole list started (a list of recent instances confirmed
+        // it, and no longer shows it): the next whole list answers for it. A Get each was
+        // most of a rollout's Gets, the health verdict's status write bringing each back.
+        let newer = crate::inventory::provisioned_since(status)
+            .is_some_and(|since| inventory.listed_before(name, provider, since, now));
+        newer || inventory.pending(name, provider, now)
     }
 
     /// Applies the whole status (current + change) under our field manager. Skipped when

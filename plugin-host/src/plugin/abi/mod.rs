@@ -9,6 +9,7 @@
 
 pub mod v0_1;
 pub mod v0_2;
+pub mod v0_3;
 
 use super::guest::{GuestCall, GuestReply};
 use super::sandbox::CallState;
@@ -20,19 +21,21 @@ use wasmtime::component::Linker;
 pub enum WorldVersion {
     V0_1,
     V0_2,
+    V0_3,
 }
 
 impl WorldVersion {
     /// Every version served, oldest first.
-    pub const ALL: [WorldVersion; 2] = [WorldVersion::V0_1, WorldVersion::V0_2];
+    pub const ALL: [WorldVersion; 3] = [WorldVersion::V0_1, WorldVersion::V0_2, WorldVersion::V0_3];
 
     /// The newest version: what the SDK builds and the docs describe.
-    pub const LATEST: WorldVersion = WorldVersion::V0_2;
+    pub const LATEST: WorldVersion = WorldVersion::V0_3;
 
     pub fn as_str(self) -> &'static str {
         match self {
             WorldVersion::V0_1 => v0_1::WORLD_VERSION,
             WorldVersion::V0_2 => v0_2::WORLD_VERSION,
+            WorldVersion::V0_3 => v0_3::WORLD_VERSION,
         }
     }
 
@@ -56,6 +59,7 @@ impl std::fmt::Display for WorldVersion {
 pub(crate) enum Pre {
     V0_1(v0_1::ProviderPluginPre<CallState>),
     V0_2(v0_2::ProviderPluginPre<CallState>),
+    V0_3(v0_3::ProviderPluginPre<CallState>),
 }
 
 impl Pre {
@@ -67,6 +71,7 @@ impl Pre {
         Ok(match version {
             WorldVersion::V0_1 => Pre::V0_1(v0_1::ProviderPluginPre::new(pre)?),
             WorldVersion::V0_2 => Pre::V0_2(v0_2::ProviderPluginPre::new(pre)?),
+            WorldVersion::V0_3 => Pre::V0_3(v0_3::ProviderPluginPre::new(pre)?),
         })
     }
 
@@ -74,6 +79,7 @@ impl Pre {
         match self {
             Pre::V0_1(p) => p.instance_pre(),
             Pre::V0_2(p) => p.instance_pre(),
+            Pre::V0_3(p) => p.instance_pre(),
         }
     }
 
@@ -81,6 +87,7 @@ impl Pre {
         match self {
             Pre::V0_1(_) => WorldVersion::V0_1,
             Pre::V0_2(_) => WorldVersion::V0_2,
+            Pre::V0_3(_) => WorldVersion::V0_3,
         }
     }
 }
@@ -88,7 +95,8 @@ impl Pre {
 /// Adds every served version's `host` interface.
 pub(crate) fn add_to_linker(l: &mut Linker<CallState>) -> wasmtime::Result<()> {
     v0_1::add_to_linker(l)?;
-    v0_2::add_to_linker(l)
+    v0_2::add_to_linker(l)?;
+    v0_3::add_to_linker(l)
 }
 
 /// Runs `call` on a fresh instance of the plugin.
@@ -100,6 +108,7 @@ pub(crate) async fn dispatch(
     match pre {
         Pre::V0_1(p) => v0_1::dispatch(p, store, call).await,
         Pre::V0_2(p) => v0_2::dispatch(p, store, call).await,
+        Pre::V0_3(p) => v0_3::dispatch(p, store, call).await,
     }
 }
 
@@ -109,6 +118,6 @@ pub(crate) async fn dispatch(
 pub(crate) fn unsupported(version: WorldVersion, call: &GuestCall<'_>) -> Option<&'static str> {
     match version {
         WorldVersion::V0_1 => v0_1::unsupported(call),
-        WorldVersion::V0_2 => None,
+        WorldVersion::V0_2 | WorldVersion::V0_3 => None,
     }
 }

@@ -82,7 +82,8 @@ pub(super) async fn dispatch(
         GuestCall::Delete(id) => {
             GuestReply::Unit(v.call_delete(&mut *store, id).await?.map_err(error))
         }
-        GuestCall::List(inst) => GuestReply::List(
+        // No `created-since` before 0.3.0: the host never asks these for a partial list.
+        GuestCall::List(inst, _) => GuestReply::List(
             v.call_list_by_tag(&mut *store, inst)
                 .await?
                 .map(|l| l.into_iter().map(instance).collect())
@@ -157,6 +158,7 @@ fn info(i: wit::PluginInfo) -> PluginInfo {
         default_hosts: i.default_hosts,
         profile: i.profile,
         default_budget: None,
+        lists_recent: false,
     }
 }
 

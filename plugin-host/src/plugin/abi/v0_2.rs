@@ -69,7 +69,8 @@ pub(super) async fn dispatch(
         GuestCall::Delete(id) => {
             GuestReply::Unit(v.call_delete(&mut *store, id).await?.map_err(error))
         }
-        GuestCall::List(inst) => GuestReply::List(
+        // No `created-since` before 0.3.0: the host never asks these for a partial list.
+        GuestCall::List(inst, _) => GuestReply::List(
             v.call_list_by_tag(&mut *store, inst)
                 .await?
                 .map(|l| l.into_iter().map(instance).collect())
@@ -172,6 +173,7 @@ fn info(i: wit::PluginInfo) -> PluginInfo {
             per_hour: b.requests_per_hour,
             burst: b.burst,
         }),
+        lists_recent: false,
     }
 }
 

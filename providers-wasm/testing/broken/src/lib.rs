@@ -8,11 +8,13 @@
 //!    the instance by name.)
 //! 2. Get answers NotFound for a server that is not running (being deleted, stopped, in an
 //!    unknown state), as a plugin that took "not running" for "gone" would.
+//! 3. It declares `lists-recent`, and its list of the servers made since a time shows
+//!    those made before it instead, as a plugin that sorted the wrong way round would.
 
 use egress_guest_sdk::time::now;
 use egress_guest_sdk::{
-    CreateRequest, Instance, PluginInfo, Provider, ProviderError, State, TargetStatus, cache_get,
-    cache_set, export_provider,
+    CreateRequest, Datetime, Instance, PluginInfo, Provider, ProviderError, State, TargetStatus,
+    cache_get, cache_set, export_provider,
 };
 use hetzner::Hetzner;
 
@@ -60,6 +62,15 @@ impl Provider for Broken {
 
     fn list_by_tag(installation: &str) -> Result<Vec<Instance>, ProviderError> {
         Hetzner::list_by_tag(installation)
+    }
+
+    const LISTS_RECENT: bool = true;
+
+    fn list_recent(installation: &str, since: Datetime) -> Result<Vec<Instance>, ProviderError> {
+        // Bug 3: the older servers, not the newer ones.
+        let mut all = Hetzner::list_by_tag(installation)?;
+        all.retain(|i| i.created_at.is_some_and(|c| c.seconds < since.seconds));
+        Ok(all)
     }
 
     fn check() -> Vec<TargetStatus> {

@@ -777,6 +777,18 @@ impl Provider for Hostile {
         }
     }
 
+    /// Contract 0.3.0: it claims to list recent instances, and its lists of them carry
+    /// the same attacks as its whole lists (`alias-list:<n>:<bytes>`, the config's `list`).
+    const LISTS_RECENT: bool = true;
+
+    fn list_recent(
+        installation: &str,
+        since: egress_guest_sdk::Datetime,
+    ) -> Result<Vec<Instance>, ProviderError> {
+        let _ = since;
+        Self::list_by_tag(installation)
+    }
+
     /// The region names the currency: a hostile price is one with a malformed code.
     fn quote(placement: Placement) -> Result<Option<egress_guest_sdk::Price>, ProviderError> {
         let price = |currency: &str, micros_per_hour| {
