@@ -946,7 +946,7 @@ async fn contract_0_2_0_inputs_are_checked_and_bounded() {
     rt.set_metrics(metrics.clone());
     let (_guard, captured) = proxy_operator::testing::capture();
     let p = support::provider(&rt, "hostile.wasm", &support::hostile_yaml(server.port, "")).await;
-    assert_eq!(p.plugin().version().as_str(), "0.2.0");
+    assert_eq!(p.plugin().version().as_str(), "0.3.0");
 
     // mark-sensitive: scrubbed in the very call that marks it, and in every later one.
     const TOKEN: &str = "derived-access-token-77ab";

@@ -14,7 +14,7 @@ async fn loads_components_and_reads_info() {
         let rt = support::runtime_with(pooling);
         assert_eq!(rt.pooling(), pooling);
         let example = rt.load_plugin(&dir.join("example.wasm")).await.unwrap();
-        assert_eq!(example.version().as_str(), "0.2.0");
+        assert_eq!(example.version().as_str(), "0.3.0");
         assert_eq!(example.info.type_name, "example");
         assert!(example.info.has_check);
         let hostile = rt
@@ -59,7 +59,7 @@ async fn refuses_what_is_not_a_current_provider_component() {
             &[
                 "future-version.wasm",
                 "egress:provider@9.0.0",
-                "supports egress:provider versions 0.1.0, 0.2.0",
+                "supports egress:provider versions 0.1.0, 0.2.0, 0.3.0",
             ],
         ),
         (elf, &["native.wasm", "refusing precompiled native code"]),

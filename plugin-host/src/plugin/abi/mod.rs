@@ -43,7 +43,7 @@ impl WorldVersion {
         Self::ALL.into_iter().find(|w| w.as_str() == v)
     }
 
-    /// The versions served, for messages: `0.1.0, 0.2.0`.
+    /// The versions served, for messages: `0.1.0, 0.2.0, 0.3.0`.
     pub fn supported() -> String {
         Self::ALL.map(Self::as_str).join(", ")
     }
