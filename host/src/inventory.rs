@@ -270,24 +270,7 @@ impl Inventory {
         instances: Vec<Instance>,
         fresh_for: Duration,
     ) -> Arc<Listing> {
-        let listing = Arc::new(Listing {
-            at,
-            provider: provider_key(provider),
-            instances: instances.into_iter().map(|i| (i.id.clone(), i)).collect(),
-            fresh_for,
-            done: SystemTime::now().max(at),
-            covers_from: None,
-        });
-        self.forget_made(name, &listing);
-        let mut lists = self.lists.write().unwrap_or_else(|e| e.into_inner());
-        // A slower, older list never replaces a newer one.
-        match lists.get(name) {
-            Some(old) if old.at > at && old.provider == listing.provider => old.clone(),
-            _ => {
-                lists.insert(name.to_string(), listing.clone());
-                listing
-            }
-        }
+        self.keep(name, provider, (at, None), instances, fresh_for)
     }
 
     /// Records a successful list of the recent instances of `provider` (those made at or
@@ -300,20 +283,39 @@ impl Inventory {
         instances: Vec<Instance>,
         fresh_for: Duration,
     ) -> Arc<Listing> {
+        self.keep(name, provider, (at, Some(from)), instances, fresh_for)
+    }
+
+    /// Keeps a successful list started at `at` (of the instances made from `from`, or of
+    /// all): as the provider's list of recent instances or its whole list, unless a newer
+    /// one of the same kind is kept already (a slower, older list never replaces it).
+    fn keep(
+        &self,
+        name: &str,
+        provider: &Arc<dyn Provider>,
+        (at, from): (SystemTime, Option<SystemTime>),
+        instances: Vec<Instance>,
+        fresh_for: Duration,
+    ) -> Arc<Listing> {
         let listing = Arc::new(Listing {
             at,
             provider: provider_key(provider),
             instances: instances.into_iter().map(|i| (i.id.clone(), i)).collect(),
             fresh_for,
             done: SystemTime::now().max(at),
-            covers_from: Some(from),
+            covers_from: from,
         });
         self.forget_made(name, &listing);
-        let mut recent = self.recent.write().unwrap_or_else(|e| e.into_inner());
-        match recent.get(name) {
+        let kept = if from.is_some() {
+            &self.recent
+        } else {
+            &self.lists
+        };
+        let mut kept = kept.write().unwrap_or_else(|e| e.into_inner());
+        match kept.get(name) {
             Some(old) if old.at > at && old.provider == listing.provider => old.clone(),
             _ => {
-                recent.insert(name.to_string(), listing.clone());
+                kept.insert(name.to_string(), listing.clone());
                 listing
             }
         }
