@@ -147,9 +147,11 @@ pub struct Observed {
     /// The instance `provider_id` as the provider's last fresh list shows it; `None` when
     /// no fresh list shows it (only Get can tell then).
     pub listed: Option<Instance>,
-    /// A list of this provider is under way and no fresh one exists yet (just after start,
-    /// or a reload): it will answer for every Running Proxy at once.
-    pub list_pending: bool,
+    /// A list of this provider to come will answer for this Running Proxy, and how long
+    /// until it should have: one under way with no fresh one yet (just after start, or a
+    /// reload; zero), or the next whole list for a Proxy Running since the fresh one
+    /// started.
+    pub list_pending: Option<Duration>,
     /// For a Proxy in transition: whether the provider's lists answer for it instead of a
     /// Get (see [`crate::inventory::by_list_view`]).
     pub by_list: crate::inventory::ByList,
@@ -580,12 +582,16 @@ fn plan(o: &Observed, t: &Timings) -> Decision {
             // a reconcile per Proxy per drift poll: 2,000 a second (real) at 10,000.
             return observe(o, inst, t).at_rest(t);
         }
-        if o.list_pending && o.running_as_recorded() {
-            // The list under way answers for this Proxy and all the others; a Get each
+        if let Some(wait) = o.list_pending
+            && o.running_as_recorded()
+        {
+            // The list to come answers for this Proxy and all the others; a Get each
             // (every Proxy at start) would spend the budget the list needs. A Proxy the
             // list does not confirm is sent back at once; if the list fails, this one Gets
-            // at its next drift poll.
-            return Decision::next(Next::Requeue(t.drift_poll));
+            // at its next drift poll. No sooner than when the list should have ended: a
+            // whole list paced during a rollout is due long after the drift poll, and a
+            // reconcile each drift poll until then was work for nothing.
+            return Decision::next(Next::Requeue(wait.max(t.drift_poll)));
         }
         if !o.running_as_recorded() {
             // In transition while lists confirm this provider's many Proxies in transition:
@@ -1038,7 +1044,7 @@ mod tests {
             provisioned: Some(cond("True", reason::RUNNING, 1)),
             ip: Some("192.0.2.1".into()),
             listed: None,
-            list_pending: false,
+            list_pending: None,
             by_list: crate::inventory::ByList::No,
             open: false,
             ip_family: IpFamily::V4,
@@ -1386,14 +1392,20 @@ mod tests {
             ),
             (
                 "Running, not yet listed, the first list under way: no call, DriftPoll",
-                with(|o| o.list_pending = true),
+                with(|o| o.list_pending = Some(Duration::ZERO)),
                 None,
                 want(Next::Requeue(t.drift_poll)),
             ),
             (
+                "Running since the fresh whole list began: wait until the next should end",
+                with(|o| o.list_pending = Some(t.drift_poll * 3)),
+                None,
+                want(Next::Requeue(t.drift_poll * 3)),
+            ),
+            (
                 "Provisioning, the first list under way: Get (transitions never wait for it)",
                 with(|o| {
-                    o.list_pending = true;
+                    o.list_pending = Some(Duration::ZERO);
                     o.provisioned = Some(cond("False", reason::PROVISIONING, 1));
                 }),
                 None,
@@ -1402,7 +1414,7 @@ mod tests {
             (
                 "Running, the first list under way, spec changed: replace at once",
                 with(|o| {
-                    o.list_pending = true;
+                    o.list_pending = Some(Duration::ZERO);
                     o.input = Input::Resolved { hash: "h2".into() };
                 }),
                 None,

@@ -117,7 +117,9 @@ impl<'a> Shell<'a> {
         // A probe that just failed outweighs the last list: ask the provider.
         let suspect = self.ctx.take_suspect(&self.health_key());
         let listed = (!suspect).then(|| self.listed(&status)).flatten();
-        let list_pending = !suspect && listed.is_none() && self.list_pending(&status);
+        let list_pending = (!suspect && listed.is_none())
+            .then(|| self.list_pending(&status))
+            .flatten();
         let mut answer: Option<Answer> = None;
         for _ in 0..MAX_STEPS {
             // Asked again at each step: right after a Create the new instance waits for the
@@ -283,18 +285,23 @@ impl<'a> Shell<'a> {
             .unwrap_or(self.ctx.settings.timings.provisioning_poll)
     }
 
-    /// Whether the provider's list under way will answer for this Proxy (no fresh one yet).
-    fn list_pending(&self, status: &ProxyStatus) -> bool {
+    /// Whether a list of the provider to come will answer for this Proxy, and how long
+    /// until it should have (zero: a list under way with no fresh one yet).
+    fn list_pending(&self, status: &ProxyStatus) -> Option<std::time::Duration> {
         let (Some(inventory), Some(provider)) = (&self.ctx.inventory, &self.provider) else {
-            return false;
+            return None;
         };
         let (name, now) = (&self.proxy.spec.provider, std::time::SystemTime::now());
         // Running since the last whole list started (a list of recent instances confirmed
         // it, and no longer shows it): the next whole list answers for it. A Get each was
         // most of a rollout's Gets, the health verdict's status write bringing each back.
-        let newer = crate::inventory::provisioned_since(status)
-            .is_some_and(|since| inventory.listed_before(name, provider, since, now));
-        newer || inventory.pending(name, provider, now)
+        crate::inventory::provisioned_since(status)
+            .and_then(|since| inventory.listed_before(name, provider, since, now))
+            .or_else(|| {
+                inventory
+                    .pending(name, provider, now)
+                    .then_some(std::time::Duration::ZERO)
+            })
     }
 
     /// Applies the whole status (current + change) under our field manager. Skipped when
@@ -544,7 +551,7 @@ pub fn observe(
     provider_configured: bool,
     input: Input,
     listed: Option<egress_plugin_host::provider::Instance>,
-    list_pending: bool,
+    list_pending: Option<std::time::Duration>,
 ) -> Observed {
     Observed {
         generation: proxy.metadata.generation.unwrap_or_default(),
