@@ -995,8 +995,10 @@ async fn run_lists(
     if !ready {
         return;
     }
-    // Per provider name: the provider listed last and when its next list is due; absent
-    // while one is running.
+    // Per provider name: the provider listed last and when its last whole list ended;
+    // absent while one is running. The next is due its interval after that, the interval
+    // taken at each turn of the loop: a list that ended during a rollout (paced at a
+    // twentieth of the budget) is not waited for at that pace once the rollout is over.
     let mut due: HashMap<String, (usize, Instant)> = HashMap::new();
     let mut running = futures::stream::FuturesUnordered::new();
     // Provider names with a whole list (`false`) or a list of recent instances (`true`)
@@ -1011,6 +1013,7 @@ async fn run_lists(
         inventory.retain(&names);
         due.retain(|n, _| providers.contains_key(n));
         let transition = in_transition(&proxies.store, &providers, &inventory, wall, polls);
+        let mut next_due: Option<Instant> = None;
         for (name, provider) in providers.iter() {
             let key = provider_key(provider);
             let waiting = transition.get(name.as_str()).copied().unwrap_or_default();
@@ -1074,7 +1077,14 @@ async fn run_lists(
                     as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>);
             }
             let confirm_whole = confirm_due && from.is_none();
-            let not_yet = due.get(name).is_some_and(|(k, at)| *k == key && *at > now);
+            let whole_due = due
+                .get(name)
+                .filter(|(k, _)| *k == key)
+                .map(|(_, ended)| *ended + list_interval(drift_poll, pacing));
+            let not_yet = whole_due.is_some_and(|at| at > now);
+            if not_yet {
+                next_due = next_due.min(whole_due).or(whole_due);
+            }
             if listing.contains(&(name.clone(), false)) || (not_yet && !confirm_whole) {
                 continue;
             }
@@ -1109,10 +1119,7 @@ async fn run_lists(
         // Proxies in transition again (a rollout that starts must not wait for the drift
         // poll to be confirmed by lists: its first Proxy ran 5 s late in 6 at x60) and to
         // pick up providers configured since.
-        let wake = due
-            .values()
-            .map(|(_, at)| *at)
-            .min()
+        let wake = next_due
             .unwrap_or(now + drift_poll)
             .min(now + drift_poll)
             .min(now + polls.provisioning);
@@ -1121,12 +1128,12 @@ async fn run_lists(
             _ = tokio::time::sleep_until(wake) => {}
             Some(()) = changes.next() => {}
             Some((name, key, refs, next)) = running.next(), if !running.is_empty() => {
-                // A whole list says when the next is due; a list of recent instances is
-                // due again by the time of its own (see `confirm_due`).
+                // A whole list is due again its interval after it ended; a list of recent
+                // instances, by the time of its own (see `confirm_due`).
                 match next {
-                    Some(next) => {
+                    Some(_) => {
                         listing.remove(&(name.clone(), false));
-                        due.insert(name, (key, Instant::now() + next));
+                        due.insert(name, (key, Instant::now()));
                     }
                     None => {
                         listing.remove(&(name, true));
