@@ -654,7 +654,7 @@ mod tests {
             false,
             Input::Resolved { hash: "h".into() },
             None,
-            false,
+            None,
         );
         assert_eq!(o.generation, 3);
         assert!(o.skip_cleanup && o.has_finalizer && !o.deleting && !o.provider_configured);
