@@ -826,7 +826,7 @@ fn changed_in_transition(
 }
 
 /// Lists one provider, records the list, and returns the Proxies of `store` it does not
-/// confirm and when the next list of this provider is due.
+/// confirm (the list loop times the next from when this one ended).
 async fn list_one(
     inventory: &Arc<Inventory>,
     name: &str,
@@ -835,7 +835,7 @@ async fn list_one(
     store: &Store<Proxy>,
     (drift_poll, probe_refresh, busy): (Duration, Option<Duration>, bool),
     priority: Priority,
-) -> (Vec<ObjectRef<Proxy>>, Duration) {
+) -> Vec<ObjectRef<Proxy>> {
     let at = SystemTime::now();
     let started = std::time::Instant::now();
     // Until the list is recorded (or has failed).
@@ -878,7 +878,7 @@ async fn list_one(
                     "not confirmed by the list, in transition and listed, or lastProbe due: reconciling"
                 );
             }
-            (recheck, interval)
+            recheck
         }
         Err(e) => {
             warn!(provider.name = name, error = %e, "listing for the inventory failed; Running Proxies of this provider fall back to Get once the last list is stale");
@@ -899,7 +899,7 @@ async fn list_one(
                     "the last list is stale by the next try: Running Proxies back to Get"
                 );
             }
-            (back, interval)
+            back
         }
     }
 }
@@ -1072,7 +1072,7 @@ async fn run_lists(
                         (poll, busy),
                     )
                     .await;
-                    (name, provider_key(&provider), refs, None)
+                    (name, provider_key(&provider), refs, false)
                 })
                     as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>);
             }
@@ -1083,7 +1083,7 @@ async fn run_lists(
                 .map(|(_, ended)| *ended + list_interval(drift_poll, pacing));
             let not_yet = whole_due.is_some_and(|at| at > now);
             if not_yet {
-                next_due = next_due.min(whole_due).or(whole_due);
+                next_due = next_due.into_iter().chain(whole_due).min();
             }
             if listing.contains(&(name.clone(), false)) || (not_yet && !confirm_whole) {
                 continue;
@@ -1102,7 +1102,7 @@ async fn run_lists(
             );
             let (name, provider) = (name.clone(), provider.clone());
             running.push(Box::pin(async move {
-                let (refs, next) = list_one(
+                let refs = list_one(
                     &inventory,
                     &name,
                     &provider,
@@ -1112,7 +1112,7 @@ async fn run_lists(
                     priority,
                 )
                 .await;
-                (name, provider_key(&provider), refs, Some(next))
+                (name, provider_key(&provider), refs, true)
             }));
         }
         // Wake for the next due list, and at least every provisioning poll: to count the
@@ -1127,17 +1127,14 @@ async fn run_lists(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep_until(wake) => {}
             Some(()) = changes.next() => {}
-            Some((name, key, refs, next)) = running.next(), if !running.is_empty() => {
+            Some((name, key, refs, whole)) = running.next(), if !running.is_empty() => {
                 // A whole list is due again its interval after it ended; a list of recent
                 // instances, by the time of its own (see `confirm_due`).
-                match next {
-                    Some(_) => {
-                        listing.remove(&(name.clone(), false));
-                        due.insert(name, (key, Instant::now()));
-                    }
-                    None => {
-                        listing.remove(&(name, true));
-                    }
+                if whole {
+                    listing.remove(&(name.clone(), false));
+                    due.insert(name, (key, Instant::now()));
+                } else {
+                    listing.remove(&(name, true));
                 }
                 for r in refs {
                     recheck(r);
