@@ -103,6 +103,10 @@ pub struct Inventory {
     /// made it. Kept until a list shows the instance, or for [`MADE_KEPT`]; at most
     /// [`MADE_MAX`].
     made: std::sync::Mutex<HashMap<(String, String), (SystemTime, SystemTime)>>,
+    /// The wall clock that says when a recorded list ended ([`Listing::done`], never before
+    /// it started). Unit tests record lists at fixed dates: there it reads the epoch, so a
+    /// list ends when it started and no test depends on today's date.
+    clock: fn() -> SystemTime,
 }
 
 /// How long [`Inventory::created`] remembers a create no list showed yet.
@@ -123,6 +127,11 @@ impl Inventory {
             loops: Default::default(),
             by_list: Default::default(),
             made: Default::default(),
+            clock: if cfg!(test) {
+                || SystemTime::UNIX_EPOCH
+            } else {
+                SystemTime::now
+            },
         }
     }
 
@@ -302,7 +311,7 @@ impl Inventory {
             provider: provider_key(provider),
             instances: instances.into_iter().map(|i| (i.id.clone(), i)).collect(),
             fresh_for,
-            done: SystemTime::now().max(at),
+            done: (self.clock)().max(at),
             covers_from: from,
         });
         self.forget_made(name, &listing);
@@ -1000,6 +1009,11 @@ async fn run_lists(
     // taken at each turn of the loop: a list that ended during a rollout (paced at a
     // twentieth of the budget) is not waited for at that pace once the rollout is over.
     let mut due: HashMap<String, (usize, Instant)> = HashMap::new();
+    // Per provider name, when its last list of recent instances ended, failed or not: a
+    // list that fails is not due again before its interval either. Paced only by the last
+    // success, a plugin whose lists failed at once was asked again at every turn of the
+    // loop, as fast as it could fail, for as long as a Proxy of it was in transition.
+    let mut recent_ended: HashMap<String, Instant> = HashMap::new();
     let mut running = futures::stream::FuturesUnordered::new();
     // Provider names with a whole list (`false`) or a list of recent instances (`true`)
     // under way: one of each at most, so a long whole list never holds back the short
@@ -1012,6 +1026,7 @@ async fn run_lists(
         let names: Vec<&str> = providers.keys().map(String::as_str).collect();
         inventory.retain(&names);
         due.retain(|n, _| providers.contains_key(n));
+        recent_ended.retain(|n, _| providers.contains_key(n));
         let transition = in_transition(&proxies.store, &providers, &inventory, wall, polls);
         let mut next_due: Option<Instant> = None;
         for (name, provider) in providers.iter() {
@@ -1041,16 +1056,21 @@ async fn run_lists(
             };
             let by_list = confirm_by_list(waiting.count, cost);
             inventory.set_by_list(name, by_list.then_some(every));
-            // Confirming by list: one every `every`, counted from the end of the last (a
-            // drift list included, for whole lists), at the priority of the Gets it
-            // replaces.
+            // Confirming by list: one every `every`, counted from the end of the last
+            // success (a drift list included, for whole lists) and from the end of the
+            // last attempt, failed or not, at the priority of the Gets it replaces.
             let last = match from {
                 Some(_) => inventory.recent_listing(name, provider, wall),
                 None => inventory.listing(name, provider, wall),
             };
+            let tried = match from {
+                Some(_) => recent_ended.get(name.as_str()),
+                None => due.get(name.as_str()).map(|(_, ended)| ended),
+            };
             let confirm_due = by_list
                 && (from.is_none() || waiting.unanswered > 0)
-                && last.is_none_or(|l| wall.duration_since(l.done).unwrap_or_default() >= every);
+                && last.is_none_or(|l| wall.duration_since(l.done).unwrap_or_default() >= every)
+                && tried.is_none_or(|ended| now.duration_since(*ended) >= every);
             if let Some(from) = from
                 && confirm_due
                 && listing.insert((name.clone(), true))
@@ -1134,7 +1154,8 @@ async fn run_lists(
                     listing.remove(&(name.clone(), false));
                     due.insert(name, (key, Instant::now()));
                 } else {
-                    listing.remove(&(name, true));
+                    listing.remove(&(name.clone(), true));
+                    recent_ended.insert(name, Instant::now());
                 }
                 for r in refs {
                     recheck(r);
@@ -1255,7 +1276,11 @@ mod tests {
     fn a_proxy_newer_than_the_whole_list_waits_until_the_next_should_end() {
         let s = Duration::from_secs;
         let t0 = SystemTime::now();
-        let inv = Inventory::new(s(240));
+        // The list below ends now (t0 is now), as the list loop's lists do.
+        let inv = Inventory {
+            clock: SystemTime::now,
+            ..Inventory::new(s(240))
+        };
         let a = provider("a");
         assert_eq!(inv.listed_before("a", &a, t0, t0), None, "no list yet");
         // A list of 100 s, due every 4,000 s during a rollout.

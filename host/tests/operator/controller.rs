@@ -1434,6 +1434,54 @@ async fn a_rollout_is_confirmed_by_lists_of_the_recent_instances() {
     );
 }
 
+/// A plugin whose lists fail at once is asked again at the pace of its lists, not at every
+/// turn of the list loop. Paced only by the last success, a failing list of recent
+/// instances (or a failing whole list confirming a rollout) was retried as fast as it
+/// failed for as long as a Proxy of the provider was in transition: a plugin, or a
+/// backend answering 500, could keep a core busy and flood the log. Both ways of
+/// confirming, one Proxy batch each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_confirmation_lists_are_retried_at_their_pace_not_at_once() {
+    for lists_recent in [true, false] {
+        let env = Env::start().await;
+        env.fake.set_behaviour(Behaviour {
+            lists_recent,
+            // Booting for as long as the test runs: every Proxy stays in transition.
+            provisioning_gets: 1_000_000,
+            ..Behaviour::default()
+        });
+        env.fake.fail_next(Op::List, Class::Transient, usize::MAX);
+        let batch = 30;
+        for i in 0..batch {
+            env.create(&format!("p{i}"), spec("z1")).await;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while env.fake.count_calls(Op::Create) < batch {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} of {batch} created",
+                env.fake.count_calls(Op::Create)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let before = env.fake.count_calls(Op::List);
+        let window = Duration::from_secs(2);
+        tokio::time::sleep(window).await;
+        let lists = env.fake.count_calls(Op::List) - before;
+        // At most one confirming list per provisioning poll (their interval when the
+        // budget does not call for more), plus the drift lists, twice over for timers.
+        let timings = settings().timings;
+        let paced = window.as_millis() / timings.provisioning_poll.as_millis()
+            + window.as_millis() / timings.drift_poll.as_millis();
+        eprintln!("lists_recent {lists_recent}: {lists} failed lists in {window:?}");
+        assert!(
+            lists as u128 <= 2 * paced + 5,
+            "lists_recent {lists_recent}: {lists} lists in {window:?}, paced at most {paced}"
+        );
+        assert!(lists > 0, "the lists are still tried");
+    }
+}
+
 /// Issue 12, items 2 and 3, as in production: with `lastProbe` refreshed at most every 30
 /// minutes (the default), a Proxy whose facts do not change costs no API write, and drift
 /// detection costs one ListByTag per provider per drift interval and no Get at all.
