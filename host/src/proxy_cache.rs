@@ -17,7 +17,6 @@
 
 use crate::api::Proxy;
 use futures::{Stream, StreamExt};
-use kube::ResourceExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use std::sync::{Arc, Mutex};
@@ -150,9 +149,11 @@ where
 
 /// Drops what no reader of the cache uses from the cached copy of a Proxy:
 /// `managedFields` (status is applied with `force`) and kubectl's last-applied copy of the
-/// spec (as large as the spec, cloud-init included).
+/// spec (as large as the spec, cloud-init included). The field goes, not only its entries:
+/// a cleared vector keeps its capacity, two or three entries of about 200 bytes each, and
+/// at 10,000 Proxies that was several MiB of the operator's memory.
 pub fn trim_for_cache(proxy: &mut Proxy) {
-    proxy.managed_fields_mut().clear();
+    proxy.metadata.managed_fields = None;
     if let Some(a) = proxy.metadata.annotations.as_mut() {
         a.remove(LAST_APPLIED);
     }
@@ -192,6 +193,7 @@ impl Synced {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::ResourceExt;
     use std::time::Duration;
 
     type Event = Result<watcher::Event<String>, watcher::Error>;
@@ -278,5 +280,24 @@ mod tests {
         let (mark, synced) = channel();
         drop(mark);
         assert!(!synced.wait().await);
+    }
+
+    /// What the cache keeps of a Proxy: no managedFields at all (not an empty vector that
+    /// keeps its capacity), no last-applied copy, every other annotation.
+    #[test]
+    fn the_cached_copy_drops_managed_fields_and_the_last_applied_copy() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        let mut p = proxy("a", "1");
+        p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default(); 3]);
+        p.metadata.annotations = Some(
+            [(LAST_APPLIED, "{\"spec\":{}}"), ("team", "edge")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        trim_for_cache(&mut p);
+        assert_eq!(p.metadata.managed_fields, None);
+        let kept: Vec<_> = p.annotations().keys().cloned().collect();
+        assert_eq!(kept, ["team"]);
     }
 }
