@@ -503,7 +503,7 @@ async fn resource_request(
             let fields = FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str))
                 .map_err(ApiError::bad_request)?;
             let mut store = api.store();
-            let (items, _) = store.list(&rt, ns, &labels, &fields, None);
+            let (items, _, _) = store.list(&rt, ns, (&labels, &fields), None, None);
             let mut deleted = Vec::new();
             for ((item_ns, name), _) in items {
                 let item_ns = (!item_ns.is_empty()).then_some(item_ns);
@@ -697,20 +697,18 @@ fn list(
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0);
     let store = api.store();
-    let (mut items, rv) = store.list(
+    let (items, remaining, rv) = store.list(
         rt,
         rp.namespace.as_deref(),
-        &labels,
-        &fields,
+        (&labels, &fields),
         after.as_ref(),
+        limit,
     );
     let mut meta = json!({"resourceVersion": rv.to_string()});
-    if let Some(limit) = limit
-        && items.len() > limit
+    if remaining > 0
+        && let Some(last) = items.last()
     {
-        let remaining = items.len() - limit;
-        items.truncate(limit);
-        let last = &items[limit - 1].0;
+        let last = &last.0;
         meta["continue"] = json!(hex_encode(&format!("{}\0{}", last.0, last.1)));
         meta["remainingItemCount"] = json!(remaining);
     }

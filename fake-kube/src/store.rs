@@ -394,6 +394,11 @@ impl Store {
         self.objects.get(res)
     }
 
+    /// Every object of a resource, as stored, by reference.
+    pub fn stored(&self, res: &ResKey) -> impl Iterator<Item = &Value> {
+        self.objects_of(res).into_iter().flat_map(|m| m.values())
+    }
+
     /// A snapshot of every object of a resource, as stored.
     pub fn snapshot(&self, res: &ResKey) -> Vec<Value> {
         self.objects_of(res)
@@ -429,29 +434,36 @@ impl Store {
     }
 
     /// Objects in `ns` (all namespaces when None) matching the selectors, in name order,
-    /// starting after `after` (a continue position), and the current resourceVersion.
+    /// starting after `after` (a continue position): at most `limit` of them, how many more
+    /// match, and the current resourceVersion. Only the page is copied: copying every
+    /// match and cutting the page after made each page of a paged list cost the whole
+    /// store, and a paged list of 10,000 Proxies cost 20 copies of it.
     pub fn list(
         &self,
         rt: &ResourceType,
         ns: Option<&str>,
-        labels: &LabelSelector,
-        fields: &FieldSelector,
+        (labels, fields): (&LabelSelector, &FieldSelector),
         after: Option<&(String, String)>,
-    ) -> (Vec<(ObjKey, Value)>, u64) {
-        let items = self
-            .objects_of(&rt.key())
-            .map(|m| {
-                m.iter()
-                    .filter(|(k, _)| ns.is_none_or(|ns| k.0 == ns))
-                    .filter(|(k, _)| after.is_none_or(|a| *k > a))
-                    .filter(|(_, v)| {
-                        crate::selector::selects(labels, v) && fields.matches_object(v)
-                    })
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        (items, self.rv)
+        limit: Option<usize>,
+    ) -> (Vec<(ObjKey, Value)>, usize, u64) {
+        use std::ops::Bound;
+        let Some(m) = self.objects_of(&rt.key()) else {
+            return (Vec::new(), 0, self.rv);
+        };
+        let from = match after {
+            Some(a) => Bound::Excluded(a.clone()),
+            None => Bound::Unbounded,
+        };
+        let mut matching = m
+            .range((from, Bound::Unbounded))
+            .filter(|(k, _)| ns.is_none_or(|ns| k.0 == ns))
+            .filter(|(_, v)| crate::selector::selects(labels, v) && fields.matches_object(v));
+        let items: Vec<(ObjKey, Value)> = matching
+            .by_ref()
+            .take(limit.unwrap_or(usize::MAX))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        (items, matching.count(), self.rv)
     }
 
     fn namespace_state(&self, ns: &str) -> Option<bool> {

@@ -2,7 +2,7 @@
 //! surface only lock, call one method here and render the result, so the HTTP API and the Rust
 //! control surface can never disagree about what an operation does.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -128,6 +128,14 @@ pub struct Backend {
     /// `http://127.0.0.1:PORT`, for absolute `Link` URLs.
     pub base_url: String,
     pub(super) servers: BTreeMap<u64, Server>,
+    /// Server IDs by name: names are unique and never change. Scanning every server for
+    /// the name at each create made a create cost the size of the fleet.
+    names: HashMap<String, u64>,
+    /// IDs of servers that may still be initializing, in creation order (and so in `born`
+    /// order), or being deleted: what [`Backend::tick`] looks at instead of every server.
+    /// Entries that no longer apply are dropped when `tick` meets them.
+    booting: BTreeSet<u64>,
+    deleting: BTreeSet<u64>,
     pub(super) ips: BTreeMap<u64, PrimaryIp>,
     pub(super) actions: BTreeMap<u64, Action>,
     next_server: u64,
@@ -163,6 +171,9 @@ impl Backend {
             cfg,
             base_url,
             servers: BTreeMap::new(),
+            names: HashMap::new(),
+            booting: BTreeSet::new(),
+            deleting: BTreeSet::new(),
             ips: BTreeMap::new(),
             actions: BTreeMap::new(),
             next_server: FIRST_SERVER_ID,
@@ -179,6 +190,9 @@ impl Backend {
     fn forget(&mut self) {
         self.stop_all_proxies();
         self.servers.clear();
+        self.names.clear();
+        self.booting.clear();
+        self.deleting.clear();
         self.ips.clear();
         self.actions.clear();
         self.failing_scopes.clear();
@@ -217,25 +231,41 @@ impl Backend {
     pub(crate) fn tick(&mut self) {
         let now = Instant::now();
         if let RunSchedule::After(d) = self.cfg.run_schedule {
-            let due: Vec<u64> = self
-                .servers
-                .values()
-                .filter(|s| s.status == "initializing" && !s.held && s.deleting.is_none())
-                .filter(|s| now.duration_since(s.born) >= d)
-                .map(|s| s.id)
-                .collect();
+            let (mut due, mut gone) = (Vec::new(), Vec::new());
+            for &id in &self.booting {
+                match self.servers.get(&id) {
+                    Some(s) if s.status == "initializing" => {
+                        if s.held || s.deleting.is_some() {
+                            continue;
+                        }
+                        if now.duration_since(s.born) < d {
+                            // Born no earlier than this one: not due either.
+                            break;
+                        }
+                        due.push(id);
+                    }
+                    _ => gone.push(id),
+                }
+            }
+            for id in gone {
+                self.booting.remove(&id);
+            }
             for id in due {
                 self.become_ready(id);
             }
         }
         if let DeleteSchedule::After(d) = self.cfg.delete_schedule {
-            let due: Vec<u64> = self
-                .servers
-                .values()
-                .filter_map(|s| s.deleting.as_ref().map(|del| (s.id, del)))
-                .filter(|(_, del)| !del.held && now.duration_since(del.since) >= d)
-                .map(|(id, _)| id)
-                .collect();
+            let (mut due, mut gone) = (Vec::new(), Vec::new());
+            for &id in &self.deleting {
+                match self.servers.get(&id).and_then(|s| s.deleting.as_ref()) {
+                    Some(del) if !del.held && now.duration_since(del.since) >= d => due.push(id),
+                    Some(_) => {}
+                    None => gone.push(id),
+                }
+            }
+            for id in gone {
+                self.deleting.remove(&id);
+            }
             for id in due {
                 self.finish_delete(id);
             }
@@ -396,6 +426,7 @@ impl Backend {
         let s = self.servers.get_mut(&id)?;
         s.status = "deleting".into();
         s.deleting = Some(Deleting { action, held, reads: 0, since: Instant::now() });
+        self.deleting.insert(id);
         Some(action)
     }
 
@@ -406,6 +437,7 @@ impl Backend {
         let Some(s) = self.servers.remove(&id) else {
             return;
         };
+        self.names.remove(&s.name);
         if let Some(del) = &s.deleting {
             self.finish_action(del.action, None);
         }
@@ -479,6 +511,7 @@ impl Backend {
         s.reads = 0;
         if hold {
             s.status = "initializing".into();
+            self.booting.insert(id);
             self.stop_proxy(id);
         }
         true
@@ -492,6 +525,9 @@ impl Backend {
         s.status = state.to_string();
         s.held = false;
         s.reads = 0;
+        if state == "initializing" {
+            self.booting.insert(id);
+        }
         if state != "initializing" {
             // Creation is over one way or the other: the server exists, so create_server
             // succeeded; the power-on only did if the server now runs.
@@ -548,6 +584,7 @@ impl Backend {
         let Some(s) = self.servers.remove(&id) else {
             return false;
         };
+        self.names.remove(&s.name);
         for a in s.pending {
             self.finish_action(a, Some(("action_failed", "Action failed")));
         }
@@ -571,7 +608,7 @@ impl Backend {
         if !errs.is_empty() {
             return Err(HetznerError::invalid_fields(&errs));
         }
-        if self.servers.values().any(|s| s.name == p.name) {
+        if self.names.contains_key(&p.name) {
             return Err(HetznerError::name_taken());
         }
         let server_type = self
@@ -592,6 +629,7 @@ impl Backend {
         let created = p.created_at.unwrap_or_else(now_secs);
         let ipv4 = Some(self.new_ip(IpKind::V4, &location, Some(id), true));
         let ipv6 = Some(self.new_ip(IpKind::V6, &location, Some(id), true));
+        self.names.insert(p.name.clone(), id);
         self.servers.insert(
             id,
             Server {
@@ -699,7 +737,7 @@ impl Backend {
             // Message captured from the real API.
             return Err(HetznerError::invalid_input("unsupported location for server type"));
         }
-        if self.servers.values().any(|s| s.name == req.name) {
+        if self.names.contains_key(&req.name) {
             return Err(HetznerError::name_taken());
         }
         if self.cfg.server_limit.is_some_and(|max| self.servers.len() >= max) {
@@ -778,6 +816,8 @@ impl Backend {
             deleting: None,
         };
         let server_json = self.server_json(&server);
+        self.names.insert(server.name.clone(), id);
+        self.booting.insert(id);
         self.servers.insert(id, server);
         let root_password = (!req.has_ssh_keys).then(|| root_password(id));
         let body = json!({

@@ -1068,3 +1068,33 @@ async fn servers_and_primary_ips_name_their_location_not_a_datacenter() {
         }
     }
 }
+
+/// What `tick` and the create's name check look at instead of every server (the boot,
+/// delete and name indexes): a server held before the others does not hold up their
+/// boot, one held and released boots, and a deleted server's name is free again while a
+/// live one's is not.
+#[tokio::test]
+async fn servers_boot_past_a_held_one_and_names_free_when_deleted() {
+    let mut cfg = HetznerConfig::new(TOKEN);
+    cfg.run_schedule = RunSchedule::After(Duration::from_millis(50));
+    let emu = HetznerEmulator::start(cfg);
+    let held = create_id(&emu, "proxy-held", json!({})).await;
+    assert!(emu.hold_provisioning(&held, true));
+    let later = create_id(&emu, "proxy-later", json!({})).await;
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let status = |id: String| {
+        let emu = &emu;
+        async move { get(emu, &format!("/v1/servers/{id}")).await.body["server"]["status"].clone() }
+    };
+    assert_eq!(status(later.clone()).await, "running");
+    assert_eq!(status(held.clone()).await, "initializing", "held");
+    assert!(emu.hold_provisioning(&held, false));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(status(held.clone()).await, "running", "released after its boot time");
+
+    assert_eq!(create(&emu, "proxy-later", json!({})).await.code(), "uniqueness_error");
+    let r = api(&emu, "DELETE", &format!("/v1/servers/{later}"), None).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let again = create_id(&emu, "proxy-later", json!({})).await;
+    assert_ne!(again, later);
+}
