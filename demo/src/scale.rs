@@ -336,7 +336,6 @@ async fn apply(
     Ok(t0.elapsed())
 }
 
-/// The Proxies that run (state Running with an instance), by name -> provider ID.
 /// When (real seconds after `t0`) the watch first shows a Proxy of the run Running. The
 /// counting poll is coarse for large runs: a scan of 10,000 Proxies every 20 ms would hold
 /// the API's lock a good share of the time, and its 0.5 s steps are 30 s of the operator's
@@ -367,6 +366,7 @@ fn first_running(client: kube::Client, t0: Instant) -> tokio::task::JoinHandle<O
     })
 }
 
+/// The Proxies that run (state Running with an instance), by name -> provider ID.
 /// Read in place (`FakeApi::scan`): a copy of every Proxy at each poll held the API's
 /// lock long enough to slow the operator's own requests.
 fn running(api: &FakeApi) -> BTreeMap<String, String> {
