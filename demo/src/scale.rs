@@ -1074,27 +1074,30 @@ fn figures(s: &ScaleArgs, m: Measured) -> Figures {
     );
     // Where a rollout's time goes when the backend sees less than the budget: calls that
     // hold a slot long (a whole list waits for every page's token) against slots waited for.
-    let mean = |name: &str, key: &str, value: &str| {
-        let keep = |l: &BTreeMap<String, String>| l.get(key).map(String::as_str) == Some(value);
-        let count = m.mc.sum(&format!("{name}_count"), keep);
-        (count > 0.0).then(|| (m.mc.sum(&format!("{name}_sum"), keep) / count, count))
+    // Per label value of a histogram: its mean in ms and how many it counted.
+    let means = |name: &str, key: &str, values: &[&str]| {
+        values
+            .iter()
+            .filter_map(|value| {
+                let keep =
+                    |l: &BTreeMap<String, String>| l.get(key).map(String::as_str) == Some(*value);
+                let count = m.mc.sum(&format!("{name}_count"), keep);
+                let t = m.mc.sum(&format!("{name}_sum"), keep) / count;
+                (count > 0.0).then(|| format!("{value} {:.1} ms x {count:.0}", t * 1e3))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     };
-    let calls = ["create", "get", "list", "check"]
-        .iter()
-        .filter_map(|op| {
-            let (t, n) = mean("proxy_operator_plugin_call_duration_seconds", "op", op)?;
-            Some(format!("{op} {:.1} ms x {n:.0}", t * 1e3))
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    let waits = ["urgent", "transition", "background"]
-        .iter()
-        .filter_map(|p| {
-            let (t, n) = mean("proxy_operator_plugin_slot_wait_seconds", "priority", p)?;
-            Some(format!("{p} {:.1} ms x {n:.0}", t * 1e3))
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
+    let calls = means(
+        "proxy_operator_plugin_call_duration_seconds",
+        "op",
+        &["create", "get", "list", "check"],
+    );
+    let waits = means(
+        "proxy_operator_plugin_slot_wait_seconds",
+        "priority",
+        &["urgent", "transition", "background"],
+    );
     fig.row(
         "mean plugin call time by op / mean wait for a call slot by priority (real time, whole run)",
         format!("{calls} / {waits} ({} slots)", s.slots.map_or("default".into(), |n| n.to_string())),
