@@ -33,6 +33,7 @@ mod threat_contract;
 mod threat_credentials;
 mod threat_http;
 mod threat_network;
+mod threat_recent;
 mod threat_redaction;
 mod threat_reload;
 mod threat_rollout;
