@@ -232,6 +232,52 @@ pub fn start_operator_limited(
     })
 }
 
+/// An operator under the Deployment's limits whose one provider, `hostile`, is the hostile
+/// test plugin, answering `/readyz` 200; with the in-memory API it runs against.
+pub struct HostileOperator {
+    pub fake: FakeApi,
+    pub client: kube::Client,
+    pub op: Operator,
+}
+
+/// Starts a [`HostileOperator`] in `dir`: the plugin copied into `dir/plugins`, the provider
+/// entry `providers.yaml` ends with `entry` (further lines of the entry, such as its config
+/// or secrets), `extra` flags appended to the run. `None` when the Deployment's limits cannot
+/// be set up here (the caller returns: the test was skipped, and said so).
+pub async fn hostile_operator(
+    plugin_dir: &Path,
+    dir: &Path,
+    entry: &str,
+    extra: &[&str],
+) -> Option<HostileOperator> {
+    let plugins = dir.join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    let hostile = plugin_dir.join("testing").join("hostile.wasm");
+    std::fs::copy(&hostile, plugins.join("hostile.wasm"))
+        .unwrap_or_else(|e| panic!("{}: {e}", hostile.display()));
+    let (fake, client, kubeconfig) = fake_cluster(dir).await;
+    let providers = dir.join("providers.yaml");
+    std::fs::write(
+        &providers,
+        format!("providers:\n- name: hostile\n  plugin: hostile.wasm\n{entry}"),
+    )
+    .unwrap();
+    let op = start_operator_limited(
+        &plugins,
+        &providers,
+        &kubeconfig,
+        dir,
+        extra,
+        &[],
+        Limits::Deployment,
+    )?;
+    wait_for("/readyz", Duration::from_secs(60), async || {
+        (op.get("/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    Some(HostileOperator { fake, client, op })
+}
+
 /// A memory cgroup of its own (v1 `memory` hierarchy, or v2), removed on drop with every
 /// process still in it killed first (the operator's compile children included).
 pub struct MemoryCgroup {

@@ -8,7 +8,7 @@
 //! quota wait; and the operator stays ready throughout. (The reply fields 0.2.0 adds come
 //! back from `get`, which `create` does not return: `hostile.rs` attacks them.)
 
-use crate::harness::{Limits, fake_cluster, start_operator_limited, wait_for};
+use crate::harness::{HostileOperator, hostile_operator, wait_for};
 use crate::support;
 
 use kube::api::{Api, PostParams};
@@ -54,35 +54,11 @@ async fn said_on(
 async fn contract_0_2_0_inputs_are_bounded_in_a_running_operator() {
     let plugin_dir = plugins_or_skip!();
     let dir = tempfile::tempdir().unwrap();
-    let plugins = dir.path().join("plugins");
-    std::fs::create_dir(&plugins).unwrap();
-    std::fs::copy(
-        plugin_dir.join("testing").join("hostile.wasm"),
-        plugins.join("hostile.wasm"),
-    )
-    .unwrap();
-    let (fake, client, kubeconfig) = fake_cluster(dir.path()).await;
-    let providers = dir.path().join("providers.yaml");
-    std::fs::write(
-        &providers,
-        "providers:\n- name: hostile\n  plugin: hostile.wasm\n",
-    )
-    .unwrap();
-    let Some(op) = start_operator_limited(
-        &plugins,
-        &providers,
-        &kubeconfig,
-        dir.path(),
-        &[],
-        &[],
-        Limits::Deployment,
-    ) else {
+    let Some(HostileOperator { fake, client, op }) =
+        hostile_operator(&plugin_dir, dir.path(), "", &[]).await
+    else {
         return;
     };
-    wait_for("/readyz", Duration::from_secs(60), async || {
-        (op.get("/readyz").await.0 == 200).then_some(())
-    })
-    .await;
 
     // (name, attack, reason on the Proxy, what its message says)
     let cases = [

@@ -3,11 +3,11 @@
 //! not meant for it.
 //!
 //! The leak test runs the real `proxy-operator run` binary under the Deployment's limits
-//! ([`Limits::Deployment`]): what it checks is everything a replica writes or serves (the
-//! Proxies' status, Events, `ProviderHealth`, `/metrics`, its own log), and only the real
-//! process has all of them wired as in production (the provider check monitor publishing
-//! `ProviderHealth`, the metrics registry, the log format). The hostile plugin is its only
-//! provider, so every reconcile of every Proxy is an attack.
+//! ([`crate::harness::hostile_operator`]): what it checks is everything a replica writes or
+//! serves (the Proxies' status, Events, `ProviderHealth`, `/metrics`, its own log), and
+//! only the real process has all of them wired as in production (the provider check
+//! monitor publishing `ProviderHealth`, the metrics registry, the log format). The hostile
+//! plugin is its only provider, so every reconcile of every Proxy is an attack.
 //!
 //! The Secret-label test runs the controller in process against fake-kube, with the
 //! discovery API served with authentication on: the real binary in these tests serves
@@ -15,7 +15,7 @@
 //! could not show that an unlabelled Secret's are withheld from a caller who would
 //! otherwise get them.
 
-use crate::harness::{Limits, fake_cluster, start_operator_limited, wait_for};
+use crate::harness::{HostileOperator, hostile_operator, wait_for};
 use crate::support;
 
 use egress_plugin_host::provider::{Op, Provider};
@@ -134,40 +134,14 @@ fn proxy(name: &str, machine: &str, auth: serde_json::Value) -> Proxy {
 async fn a_hostile_plugin_cannot_leak_proxy_credentials_in_any_form() {
     let plugin_dir = plugins_or_skip!();
     let dir = tempfile::tempdir().unwrap();
-    let plugins = dir.path().join("plugins");
-    std::fs::create_dir(&plugins).unwrap();
-    std::fs::copy(
-        plugin_dir.join("testing").join("hostile.wasm"),
-        plugins.join("hostile.wasm"),
-    )
-    .unwrap();
-    let (fake, client, kubeconfig) = fake_cluster(dir.path()).await;
     let token = dir.path().join("token");
     std::fs::write(&token, "tok-SENTINEL-hostile").unwrap();
-    let providers = dir.path().join("providers.yaml");
-    std::fs::write(
-        &providers,
-        format!(
-            "providers:\n- name: hostile\n  plugin: hostile.wasm\n  secrets: {{token: {}}}\n",
-            token.display()
-        ),
-    )
-    .unwrap();
-    let Some(op) = start_operator_limited(
-        &plugins,
-        &providers,
-        &kubeconfig,
-        dir.path(),
-        &[],
-        &[],
-        Limits::Deployment,
-    ) else {
+    let entry = format!("  secrets: {{token: {}}}\n", token.display());
+    let Some(HostileOperator { fake, client, op }) =
+        hostile_operator(&plugin_dir, dir.path(), &entry, &[]).await
+    else {
         return;
     };
-    wait_for("/readyz", Duration::from_secs(60), async || {
-        (op.get("/readyz").await.0 == 200).then_some(())
-    })
-    .await;
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
     let given: Secret = serde_json::from_value(json!({

@@ -6,40 +6,23 @@
 
 use crate::support;
 
-use super::harness::{Limits, fake_cluster, start_operator_limited, wait_for};
+use super::harness::{HostileOperator, hostile_operator, wait_for};
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aliased_list_reply_is_refused_within_the_fit_by_a_running_operator() {
     let plugin_dir = plugins_or_skip!();
     let dir = tempfile::tempdir().unwrap();
-    let plugins = dir.path().join("plugins");
-    std::fs::create_dir(&plugins).unwrap();
-    let hostile = plugin_dir.join("testing").join("hostile.wasm");
-    std::fs::copy(&hostile, plugins.join("hostile.wasm"))
-        .unwrap_or_else(|e| panic!("{}: {e}", hostile.display()));
-    let (_fake, _client, kubeconfig) = fake_cluster(dir.path()).await;
-    let providers = dir.path().join("providers.yaml");
-    std::fs::write(
-        &providers,
-        "providers:\n- name: hostile\n  plugin: hostile.wasm\n  config: {list: 'alias-list:2000:65536'}\n",
-    )
-    .unwrap();
-    let Some(mut op) = start_operator_limited(
-        &plugins,
-        &providers,
-        &kubeconfig,
+    let Some(HostileOperator { mut op, .. }) = hostile_operator(
+        &plugin_dir,
         dir.path(),
+        "  config: {list: 'alias-list:2000:65536'}\n",
         &["--drift-poll", "100ms"],
-        &[],
-        Limits::Deployment,
-    ) else {
+    )
+    .await
+    else {
         return;
     };
-    wait_for("/readyz", Duration::from_secs(60), async || {
-        (op.get("/readyz").await.0 == 200).then_some(())
-    })
-    .await;
     let pid = op.child.id();
     // The first list has failed once its line is in the log; from then on every list is
     // the same attack, so the memory it leaves behind shows in the steady state.

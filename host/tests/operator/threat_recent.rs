@@ -7,7 +7,7 @@
 //! asked 46,854 times in 2 s before lists that fail were paced), stay within its memory, and
 //! keep the Proxies waiting rather than judge them by a list it never got.
 
-use crate::harness::{Limits, fake_cluster, start_operator_limited, wait_for};
+use crate::harness::{HostileOperator, hostile_operator, wait_for};
 use crate::support;
 use kube::api::{Api, PostParams};
 use proxy_operator::api::Proxy;
@@ -22,35 +22,16 @@ const PROVISIONING_POLL_MS: u64 = 100;
 async fn hostile_lists_of_recent_instances_are_paced_and_bounded_in_a_running_operator() {
     let plugin_dir = plugins_or_skip!();
     let dir = tempfile::tempdir().unwrap();
-    let plugins = dir.path().join("plugins");
-    std::fs::create_dir(&plugins).unwrap();
-    std::fs::copy(
-        plugin_dir.join("testing").join("hostile.wasm"),
-        plugins.join("hostile.wasm"),
-    )
-    .unwrap();
-    let (_fake, client, kubeconfig) = fake_cluster(dir.path()).await;
-    let providers = dir.path().join("providers.yaml");
-    std::fs::write(
-        &providers,
-        "providers:\n- name: hostile\n  plugin: hostile.wasm\n  config: {list: 'alias-list:2000:65536'}\n",
-    )
-    .unwrap();
-    let Some(mut op) = start_operator_limited(
-        &plugins,
-        &providers,
-        &kubeconfig,
+    let Some(HostileOperator { client, mut op, .. }) = hostile_operator(
+        &plugin_dir,
         dir.path(),
+        "  config: {list: 'alias-list:2000:65536'}\n",
         &["--drift-poll", "2s"],
-        &[],
-        Limits::Deployment,
-    ) else {
+    )
+    .await
+    else {
         return;
     };
-    wait_for("/readyz", Duration::from_secs(60), async || {
-        (op.get("/readyz").await.0 == 200).then_some(())
-    })
-    .await;
 
     // Every create returns instance `ok`, which reports Provisioning: all stay in transition.
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
