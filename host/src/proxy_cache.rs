@@ -150,8 +150,8 @@ where
 /// Drops what no reader of the cache uses from the cached copy of a Proxy:
 /// `managedFields` (status is applied with `force`) and kubectl's last-applied copy of the
 /// spec (as large as the spec, cloud-init included). The field goes, not only its entries:
-/// a cleared vector keeps its capacity, two or three entries of about 200 bytes each, and
-/// at 10,000 Proxies that was several MiB of the operator's memory.
+/// a cleared vector keeps its capacity, two or three entries of about 200 bytes each (by
+/// their size, about 0.5 KB a Proxy; a 10,000-Proxy run cannot resolve it in its RSS).
 pub fn trim_for_cache(proxy: &mut Proxy) {
     proxy.metadata.managed_fields = None;
     if let Some(a) = proxy.metadata.annotations.as_mut() {
