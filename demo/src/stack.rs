@@ -543,16 +543,26 @@ fn kind_of(args: &Args) -> ProxyKind {
 
 /// Waits until `/healthz` answers on the operator's discovery port.
 pub async fn wait_serving(addr: SocketAddr, timeout: Duration) -> Result<()> {
+    wait_200(addr, "/healthz", timeout).await
+}
+
+/// Waits until `/readyz` answers 200: the Proxy cache has synced and the first plugin load
+/// (compiles included, on a cold plugin cache) is done.
+pub async fn wait_ready(addr: SocketAddr, timeout: Duration) -> Result<()> {
+    wait_200(addr, "/readyz", timeout).await
+}
+
+async fn wait_200(addr: SocketAddr, path: &str, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Ok(r) = crate::http::get(addr, "/healthz", None).await
+        if let Ok(r) = crate::http::get(addr, path, None).await
             && r.status == 200
         {
             return Ok(());
         }
         ensure!(
             Instant::now() < deadline,
-            "the operator did not serve /healthz on {addr} within {timeout:?}"
+            "the operator did not answer 200 on {path} at {addr} within {timeout:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
