@@ -78,7 +78,7 @@ pub fn watch_proxies(
     let (mark, synced) = channel();
     let feed = Arc::new(ProxyFeed::default());
     let api = kube::Api::<Proxy>::all(client);
-    let events = watcher(api, watcher::Config::default())
+    let events = watcher(api, crate::watched::watcher_config())
         .default_backoff()
         .modify(trim_for_cache)
         .reflect(writer)
@@ -147,18 +147,43 @@ where
         .flatten()
 }
 
-/// Drops what no reader of the cache uses from the cached copy of a Proxy:
-/// `managedFields` (status is applied with `force`) and kubectl's last-applied copy of the
-/// spec (as large as the spec, cloud-init included). The field goes, not only its entries:
-/// a cleared vector keeps its capacity, two or three entries of about 200 bytes each (by
-/// their size, about 0.5 KB a Proxy; a 10,000-Proxy run cannot resolve it in its RSS).
+/// Keeps of a Proxy's metadata what the operator reads, each part bounded
+/// ([`crate::watched::trim_metadata`]): no `managedFields` (status is applied with `force`;
+/// the field goes, not only its entries, since a cleared vector keeps its capacity), no
+/// annotation but the skip-cleanup and placement ones (kubectl's last-applied copy alone is
+/// as large as the spec), at most 32 labels. A tenant's Proxy with 256 KiB of annotations
+/// costs the cache what an ordinary one does.
 pub fn trim_for_cache(proxy: &mut Proxy) {
-    proxy.metadata.managed_fields = None;
-    if let Some(a) = proxy.metadata.annotations.as_mut() {
-        a.remove(LAST_APPLIED);
+    use crate::watched::{Keep, trim_metadata};
+    let cut = trim_metadata(
+        &mut proxy.metadata,
+        Keep {
+            annotations: &[
+                crate::api::ANNOTATION_SKIP_CLEANUP,
+                crate::pool::ANNOTATION_PLACEMENT,
+            ],
+            labels_first: &[crate::api::LABEL_POOL],
+            finalizer: Some(crate::controller::FINALIZER),
+        },
+    );
+    if cut.any() {
+        tracing::warn!(
+            namespace = proxy.metadata.namespace.as_deref().unwrap_or_default(),
+            name = proxy.metadata.name.as_deref().unwrap_or_default(),
+            labels_cut = cut.labels,
+            annotations_cut = cut.annotations,
+            finalizers_cut = cut.finalizers,
+            owner_references_cut = cut.owners,
+            "Proxy metadata is over the operator's bounds (labels {}, owner references {}, finalizers {} kept whole, values of its annotations {} bytes); the cached copy keeps what fits",
+            crate::watched::MAX_LABELS,
+            crate::watched::MAX_OWNERS,
+            crate::watched::MAX_FINALIZERS,
+            crate::watched::MAX_ANNOTATION_VALUE,
+        );
     }
 }
 
+#[cfg(test)]
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// A new, not yet synced pair.
@@ -283,21 +308,25 @@ mod tests {
     }
 
     /// What the cache keeps of a Proxy: no managedFields at all (not an empty vector that
-    /// keeps its capacity), no last-applied copy, every other annotation.
+    /// keeps its capacity), no last-applied copy, no annotation the operator does not read.
     #[test]
     fn the_cached_copy_drops_managed_fields_and_the_last_applied_copy() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
         let mut p = proxy("a", "1");
         p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default(); 3]);
         p.metadata.annotations = Some(
-            [(LAST_APPLIED, "{\"spec\":{}}"), ("team", "edge")]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            [
+                (LAST_APPLIED, "{\"spec\":{}}"),
+                ("team", "edge"),
+                (crate::api::ANNOTATION_SKIP_CLEANUP, "true"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         );
         trim_for_cache(&mut p);
         assert_eq!(p.metadata.managed_fields, None);
         let kept: Vec<_> = p.annotations().keys().cloned().collect();
-        assert_eq!(kept, ["team"]);
+        assert_eq!(kept, [crate::api::ANNOTATION_SKIP_CLEANUP]);
     }
 }

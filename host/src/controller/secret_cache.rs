@@ -523,7 +523,7 @@ pub fn watch(
 ) {
     let attached = cache.attach();
     let api: Api<SecretMeta> = Api::all(client);
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, crate::watched::watcher_config())
         .default_backoff()
         .filter_map(move |ev| {
         let out = match ev {

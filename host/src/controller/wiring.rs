@@ -181,7 +181,7 @@ fn proxy_source(
     let (mark_synced, synced) = crate::proxy_cache::channel();
     let events = reflector(
         writer,
-        watcher(proxies, watcher::Config::default()).modify(trim_for_cache),
+        watcher(proxies, crate::watched::watcher_config()).modify(trim_for_cache),
     )
     .inspect(move |ev| mark_synced.observe(ev));
     let applied = crate::proxy_cache::applied_once_cached(events, store.clone()).boxed();

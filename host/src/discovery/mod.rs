@@ -146,7 +146,7 @@ pub fn provider_health_reflector(
 ) {
     let (store, writer) = reflector::store::<ProviderHealth>();
     let api = kube::Api::<ProviderHealth>::all(client);
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, crate::watched::watcher_config())
         .default_backoff()
         .modify(|p: &mut ProviderHealth| p.managed_fields_mut().clear())
         .reflect(writer);

@@ -25,8 +25,8 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, P
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -129,7 +129,19 @@ pub async fn run(
         },
     );
     let concurrency = settings.concurrency;
-    let controller = Controller::new_with(pools, watcher::Config::default(), resource.clone());
+    // The pools' own watch, paged and trimmed like every watch of the operator: a pool's
+    // metadata is its writer's to fill, and the controller reads none of its labels,
+    // annotations or finalizers.
+    let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+    let reader = writer.as_reader();
+    let trigger = reflector::reflector(
+        writer,
+        watcher(pools, crate::watched::watcher_config()).modify(|o: &mut DynamicObject| {
+            crate::watched::trim_metadata(&mut o.metadata, crate::watched::Keep::default());
+        }),
+    )
+    .applied_objects();
+    let controller = Controller::for_stream_with(trigger, reader, resource.clone());
     let ctx = Arc::new(Ctx {
         client,
         proxies,

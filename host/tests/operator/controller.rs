@@ -453,6 +453,49 @@ async fn deletion_releases_the_finalizer_only_after_not_found() {
     assert!(env.events("p1").contains(&event::DELETED.to_string()));
 }
 
+/// A Proxy with more finalizers than the cache keeps (`watched::MAX_FINALIZERS`): the
+/// operator adds and releases its own from the server's list, so it drops none of the
+/// others' (its merge patch writes the whole list).
+#[tokio::test]
+async fn finalizers_beyond_the_caches_bound_are_all_kept() {
+    let env = Env::start().await;
+    let others: Vec<String> = (0..proxy_operator::watched::MAX_FINALIZERS + 4)
+        .map(|i| format!("other.example/f{i}"))
+        .collect();
+    let mut p = Proxy::new("p1", spec("z1"));
+    p.metadata.namespace = Some("default".into());
+    p.metadata.finalizers = Some(others.clone());
+    env.proxies
+        .create(&PostParams::default(), &p)
+        .await
+        .unwrap();
+    env.wait_running("p1").await;
+    let server = env.proxies.get("p1").await.unwrap();
+    let mut want = others.clone();
+    want.push(controller::FINALIZER.to_string());
+    assert_eq!(
+        server.finalizers(),
+        want,
+        "the operator's added to all the others"
+    );
+
+    env.proxies
+        .delete("p1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let released = env
+        .wait("p1", "our finalizer released", |p| {
+            p.is_some_and(|p| !p.finalizers().iter().any(|f| f == controller::FINALIZER))
+        })
+        .await
+        .unwrap();
+    assert_eq!(released.finalizers(), others, "only the operator's went");
+    assert!(
+        env.fake.instances().is_empty(),
+        "the instance was deleted first"
+    );
+}
+
 #[tokio::test]
 async fn quota_is_a_condition_and_a_slow_retry() {
     let env = Env::start().await;
@@ -1741,18 +1784,20 @@ async fn secret_cloud_init_costs_no_get_at_rest_and_one_get_per_change() {
     let drift = settings().timings.drift_poll;
     tokio::time::sleep(drift * 2).await;
 
-    // At rest: the lists answer for every Proxy, and a reconcile (here: each Proxy
-    // touched, twice) reads no Secret.
+    // At rest: the lists answer for every Proxy, and a reconcile (here: each Proxy's
+    // skip-cleanup annotation changed, twice, to values that do not skip) reads no Secret.
+    // An annotation the operator does not read would not do: the cache drops it, so its
+    // change triggers nothing.
     env.api.clear_requests();
     let ok_before = env.reconciles("ok");
-    for round in 0..2 {
+    for value in ["false", "no"] {
         for i in 0..8 {
             env.proxies
                 .patch(
                     &format!("p{i}"),
                     &PatchParams::default(),
                     &Patch::Merge(
-                        json!({"metadata": {"annotations": {"touched": round.to_string()}}}),
+                        json!({"metadata": {"annotations": {api::ANNOTATION_SKIP_CLEANUP: value}}}),
                     ),
                 )
                 .await

@@ -38,3 +38,4 @@ mod threat_redaction;
 mod threat_reload;
 mod threat_rollout;
 mod threat_template;
+mod threat_watch;

@@ -466,7 +466,9 @@ impl<'a> Shell<'a> {
     /// server's copy: its resourceVersion is the one later writes of this reconcile
     /// compare with.
     async fn add_finalizer(&mut self) -> Result<bool, ReconcileError> {
-        let mut finalizers = self.proxy.finalizers().to_vec();
+        let Some(mut finalizers) = self.finalizers().await? else {
+            return Ok(false);
+        };
         finalizers.push(FINALIZER.to_string());
         match self.patch_finalizers(finalizers).await? {
             Some(written) => {
@@ -479,14 +481,22 @@ impl<'a> Shell<'a> {
     }
 
     async fn remove_finalizer(&self) -> Result<(), ReconcileError> {
-        let finalizers = self
-            .proxy
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
+        let Some(mut finalizers) = self.finalizers().await? else {
+            return Ok(());
+        };
+        finalizers.retain(|f| f != FINALIZER);
         self.patch_finalizers(finalizers).await.map(drop)
+    }
+
+    /// The Proxy's finalizers, whole: its copy's, or the server's when the cache cut them
+    /// ([`crate::watched::MAX_FINALIZERS`]); `None` when it is gone. The patch stays guarded
+    /// by the copy's resourceVersion, so a server copy that moved on makes it conflict.
+    async fn finalizers(&self) -> Result<Option<Vec<String>>, ReconcileError> {
+        if !crate::watched::finalizers_trimmed(&self.proxy.metadata) {
+            return Ok(Some(self.proxy.finalizers().to_vec()));
+        }
+        let server = self.api.get_opt(&self.name).await?;
+        Ok(server.map(|p| p.finalizers().to_vec()))
     }
 
     /// The patched object, or `None` when it is gone.

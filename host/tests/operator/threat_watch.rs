@@ -1,0 +1,155 @@
+//! The "what a user writes into the metadata of watched objects" row of
+//! docs/threat-model.md, against the real binary under the Deployment's memory limit.
+//!
+//! A tenant who may create Proxies and Secrets puts 250 KiB of annotations on each (the API
+//! server allows 256 KiB an object) before the operator starts: 300 Proxies and 800
+//! Secrets, 269 MiB in all. kube's default list page (500 objects) read the Secrets in two
+//! pages of up to 122 MiB, each held twice while read, and the Proxy cache kept every
+//! annotation: the operator was OOM-killed under the Deployment's 328 MiB. The operator
+//! stays up (no OOM kill), lists everything in small pages, keeps its memory far below what
+//! the tenant wrote, and runs the tenant's Proxies.
+
+use crate::support;
+
+use super::harness::{Limits, fake_cluster, providers_yaml, start_operator_limited};
+use egress_emulators::example::ExampleBackend;
+use fake_kube::FakeApi;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+const PROXIES: usize = 300;
+const SECRETS: usize = 800;
+const ANNOTATION: usize = 250 * 1024;
+
+fn seed(fake: &FakeApi) {
+    let note = "n".repeat(ANNOTATION);
+    fake.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tenant"}}))
+        .unwrap();
+    for i in 0..SECRETS {
+        fake.create(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": format!("s{i}"), "namespace": "tenant",
+                         "annotations": {"tenant.example/note": note}},
+            "data": {"k": "dg=="},
+        }))
+        .unwrap();
+    }
+    for i in 0..PROXIES {
+        fake.create(json!({
+            "apiVersion": "egress.proxy-operator.dev/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": format!("p{i}"), "namespace": "default",
+                         "annotations": {"tenant.example/note": note}},
+            "spec": {"provider": "ex", "placement": {"region": "r1"},
+                     "cloudInit": {"inline": "#cloud-config\n"}, "port": 3128},
+        }))
+        .unwrap();
+    }
+}
+
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_annotations_on_a_tenants_proxies_and_secrets_do_not_take_the_operator_down() {
+    let plugin_dir = plugins_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let (fake, _client, kubeconfig) = fake_cluster(dir.path()).await;
+    seed(&fake);
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok").unwrap();
+    let backend = ExampleBackend::start("tok");
+    // Instances boot in half a second, seen by lists and Gets alike.
+    backend.set_boot_time(Duration::from_millis(500));
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(
+        &providers,
+        providers_yaml(
+            &backend,
+            &token,
+            "  budget: {requestsPerHour: 3600000, burst: 1000}\n",
+        ),
+    )
+    .unwrap();
+    let Some(mut op) = start_operator_limited(
+        &plugin_dir,
+        &providers,
+        &kubeconfig,
+        dir.path(),
+        &["--probe-target", "127.0.0.1:9", "--drift-poll", "2s"],
+        &[],
+        Limits::Deployment,
+    ) else {
+        return;
+    };
+    let started = Instant::now();
+    let pid = op.child.id();
+    let mut peak_rss = 0;
+    while op.get("/readyz").await.0 != 200 {
+        op.assert_alive("while listing the tenant's objects");
+        peak_rss = peak_rss.max(support::process::resident_bytes(pid));
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "not ready 120 s after the start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let running = r#"proxy_operator_proxies{provider="ex",state="Running",ready="false"} "#;
+    loop {
+        op.assert_alive("while running the tenant's Proxies");
+        peak_rss = peak_rss.max(support::process::resident_bytes(pid));
+        let (_, text) = op.get("/metrics").await;
+        if sample(&text, running) as usize == PROXIES {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(240),
+            "{} of {PROXIES} Running after 240 s",
+            sample(&text, running)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let rss = support::process::resident_bytes(pid);
+    let oom = op.cgroup.as_ref().map_or(0, |c| c.oom_kills());
+    let cgroup_peak = op.cgroup.as_ref().map_or(0, |c| c.peak());
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let written = ((PROXIES + SECRETS) * ANNOTATION) as u64;
+    eprintln!(
+        "{PROXIES} Proxies Running in {:.1} s beside {} MiB of annotations; operator RSS {:.1} MiB now, {:.1} MiB at most; cgroup peak {:.1} MiB of {} MiB",
+        started.elapsed().as_secs_f64(),
+        written >> 20,
+        mib(rss),
+        mib(peak_rss),
+        mib(cgroup_peak),
+        super::harness::DEPLOYMENT_MEMORY_LIMIT >> 20,
+    );
+    assert_eq!(oom, 0, "OOM kills in the operator's cgroup");
+    // The cache keeps none of the annotations: the Proxies' alone are 73 MiB.
+    assert!(
+        rss < (PROXIES * ANNOTATION) as u64,
+        "operator RSS {:.1} MiB with the tenant's Proxies cached",
+        mib(rss)
+    );
+    // The Secrets' metadata was listed too, in pages: every Secret list asked for a page.
+    let secret_lists: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.verb == "list" && r.resource.as_deref() == Some("secrets"))
+        .collect();
+    assert!(
+        secret_lists.len() >= SECRETS / 16,
+        "the Secret watch listed {SECRETS} Secrets in {} requests",
+        secret_lists.len()
+    );
+    for r in &secret_lists {
+        assert!(
+            r.query.contains("limit=16"),
+            "a Secret list without a small page: {}",
+            r.query
+        );
+    }
+    op.assert_alive("after the rollout");
+}
