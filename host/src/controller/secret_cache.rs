@@ -309,7 +309,7 @@ impl SecretCache {
         };
         let key = SecretKey::new(namespace, name);
         let mut st = self.state();
-        if st.watch.is_some() && st.referenced(&key) {
+        if st.watch.is_some() && st.referenced(&key) && held.may_be_held() {
             st.held.insert(key, Arc::new(held));
         }
     }
@@ -333,7 +333,8 @@ impl SecretCache {
 
     /// The whole of `secret` (every key, its UID and owner): from the held copy when the
     /// watch confirms it, otherwise from one GET (whose answer is then held, if a watch is
-    /// attached). An answer without a resourceVersion is used once and not held.
+    /// attached and it is within [`secrets::MAX_HELD_BYTES`]). An answer without a
+    /// resourceVersion is used once and not held.
     pub async fn read_all(
         &self,
         client: &kube::Client,
@@ -373,7 +374,7 @@ impl SecretCache {
                         match held {
                             Some(h) => {
                                 let h = Arc::new(h);
-                                if st.watch.is_some() && st.referenced(secret) {
+                                if st.watch.is_some() && st.referenced(secret) && h.may_be_held() {
                                     st.held.insert(secret.clone(), h.clone());
                                 } else {
                                     st.held.remove(secret);
@@ -706,6 +707,68 @@ mod tests {
         cache.reference("a", "p1", &[]);
         cache.reference("a", "p3", &[]);
         assert!(cache.state().refs.is_empty() && cache.state().by_proxy.is_empty());
+    }
+
+    /// A referenced Secret larger than the bound is read at each use and never held; one
+    /// within it is held from its first read.
+    #[tokio::test]
+    async fn a_secret_over_the_bound_is_read_each_time_and_not_held() {
+        let fake = fake_kube::FakeApi::new();
+        let client = fake.client();
+        let secret = |name: &str, bytes: usize| {
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": name, "namespace": "a"},
+                "data": {"user-data": data_encoding::BASE64.encode(&vec![b'x'; bytes])},
+            })
+        };
+        let within = secrets::MAX_HELD_BYTES - "user-data".len();
+        fake.create(
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}}),
+        )
+        .unwrap();
+        fake.create(secret("small", within)).unwrap();
+        fake.create(secret("large", within + 1)).unwrap();
+        let cache = Arc::new(SecretCache::new());
+        let (stream, _attached) = watch(client.clone(), cache.clone());
+        let watching = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while stream.next().await.is_some() {}
+        });
+        cache.reference("a", "p", &["small", "large"]);
+        let gets = || {
+            fake.requests()
+                .iter()
+                .filter(|r| r.verb == "get" && r.resource.as_deref() == Some("secrets"))
+                .count()
+        };
+        // Until the watch has listed, every read is a GET; wait for the list.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while cache
+            .state()
+            .watch
+            .as_ref()
+            .is_none_or(|w| !w.listed.synced)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the watch never listed"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        for round in 1..=3 {
+            for (name, bytes) in [("small", within), ("large", within + 1)] {
+                let value = cache
+                    .read(&client, &SecretKey::new("a", name), "user-data")
+                    .await
+                    .unwrap();
+                assert_eq!(value, vec![b'x'; bytes], "{name}");
+            }
+            // The small one once, the large one at every read.
+            assert_eq!(gets(), 1 + round, "after round {round}");
+        }
+        assert_eq!(cache.held(), 1);
+        watching.abort();
     }
 
     #[tokio::test]

@@ -92,7 +92,25 @@ impl std::fmt::Debug for Held {
     }
 }
 
+/// The most data (keys and values) of one referenced Secret the cache holds between reads:
+/// the cloud-init render limit ([`super::template::MAX_RENDERED_BYTES`]), so a referenced
+/// Secret costs the leader no more than an inline cloud-init does. A larger Secret (the API
+/// server allows 1 MiB) is read by a GET at each use and held only for that use: a tenant
+/// who points each of their Proxies at a Secret of a megabyte costs API reads, not a
+/// megabyte of the operator's memory per Proxy.
+pub const MAX_HELD_BYTES: usize = super::template::MAX_RENDERED_BYTES;
+
 impl Held {
+    /// The bytes of its keys and values.
+    pub fn bytes(&self) -> usize {
+        self.data.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+
+    /// Whether the cache may keep it between reads ([`MAX_HELD_BYTES`]).
+    pub fn may_be_held(&self) -> bool {
+        self.bytes() <= MAX_HELD_BYTES
+    }
+
     pub fn new(resource_version: impl Into<String>, data: BTreeMap<String, Vec<u8>>) -> Self {
         Held {
             resource_version: resource_version.into(),
