@@ -335,6 +335,14 @@ pub enum CredentialsError {
 /// The credentials in a Secret's `username` and `password` values: non-empty UTF-8 without
 /// control characters or blanks (they go into config lines and the `Proxy-Authorization`
 /// header), and a username without `:` (Basic authentication splits on the first one).
+/// The longest username or password a Proxy takes. Each is redacted from everything a
+/// plugin prints in four forms and written into the instance's cloud-init: a password of
+/// a megabyte (a Secret allows it) would cost that many times over, for one Proxy.
+/// Generated ones are 24 and 32 characters.
+pub const MAX_CREDENTIAL_BYTES: usize = 256;
+// The error says "256 bytes".
+const _: () = assert!(MAX_CREDENTIAL_BYTES == 256);
+
 pub fn from_values(
     secret: &str,
     field: &'static str,
@@ -353,6 +361,9 @@ pub fn from_values(
             field,
             key,
         })?;
+        if v.len() > MAX_CREDENTIAL_BYTES {
+            return Err(bad("is longer than 256 bytes"));
+        }
         let s = std::str::from_utf8(v).map_err(|_| bad("is not UTF-8"))?;
         if s.is_empty() {
             return Err(bad("is empty"));
@@ -607,6 +618,16 @@ mod tests {
                 Some(&b"a"[..]),
                 Some(&b"SENTINEL\xff"[..]),
                 "key \"password\" is not UTF-8",
+            ),
+            (
+                Some(&[b'u'; MAX_CREDENTIAL_BYTES + 1][..]),
+                Some(&b"SENTINEL"[..]),
+                "key \"username\" is longer than 256 bytes",
+            ),
+            (
+                Some(&b"a"[..]),
+                Some(&[b'S'; 1 << 20][..]),
+                "key \"password\" is longer than 256 bytes",
             ),
         ] {
             let err = from_values("ns/s", f, u, p).unwrap_err().to_string();
