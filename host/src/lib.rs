@@ -19,6 +19,8 @@ pub mod http_server;
 pub mod installation;
 /// The inventory: each provider's last list, so drift costs one list instead of a Get per Proxy.
 pub mod inventory;
+/// The Kubernetes client, as kube builds it but with its connection pool bounded.
+pub mod kube_client;
 /// Leader election over a `coordination.k8s.io/v1` Lease (kube-lease-manager).
 pub mod leader;
 /// Every metric the operator serves on `/metrics`, registered in one place.

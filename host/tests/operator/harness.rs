@@ -97,6 +97,45 @@ pub fn providers_yaml(backend: &ExampleBackend, token: &Path, extra: &str) -> St
     )
 }
 
+/// The example backend (token `tok`) and the real binary under the Deployment's limits
+/// with it as its one provider, `ex` (`entry` more lines of the entry, such as a budget),
+/// `args` appended to the run; with the Proxies not probed (`--probe-target 127.0.0.1:9`).
+/// `None` when the Deployment's limits cannot be set up here (the caller returns: the
+/// test was skipped, and said so). Not waited for: the caller watches it start.
+pub fn example_operator(
+    plugin_dir: &Path,
+    dir: &Path,
+    kubeconfig: &Path,
+    entry: &str,
+    args: &[&str],
+) -> Option<(ExampleBackend, Operator)> {
+    let token = dir.join("token");
+    std::fs::write(&token, "tok").unwrap();
+    let backend = ExampleBackend::start("tok");
+    let providers = dir.join("providers.yaml");
+    std::fs::write(&providers, providers_yaml(&backend, &token, entry)).unwrap();
+    let mut all = vec!["--probe-target", "127.0.0.1:9"];
+    all.extend_from_slice(args);
+    let op = start_operator_limited(
+        plugin_dir,
+        &providers,
+        kubeconfig,
+        dir,
+        &all,
+        &[],
+        Limits::Deployment,
+    )?;
+    Some((backend, op))
+}
+
+/// The value of the one sample of `series` (`name{labels} `) in a Prometheus text page (0
+/// if absent).
+pub fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -5,9 +5,8 @@
 //! a pod that is only under attack), and connections that send nothing are closed after the
 //! header timeout (threat model: caller -> HTTP port).
 
-use super::harness::{Limits, fake_cluster, providers_yaml, start_operator_limited, wait_for};
+use super::harness::{example_operator, fake_cluster, wait_for};
 use crate::support;
-use egress_emulators::example::ExampleBackend;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -54,24 +53,12 @@ async fn a_flood_of_unfinished_requests_neither_kills_the_operator_nor_stops_its
     let plugin_dir = plugins_or_skip!();
     let dir = tempfile::tempdir().unwrap();
     let (_fake, _client, kubeconfig) = fake_cluster(dir.path()).await;
-    let token = dir.path().join("token");
-    std::fs::write(&token, "tok").unwrap();
-    let backend = ExampleBackend::start("tok");
-    let providers = dir.path().join("providers.yaml");
-    std::fs::write(&providers, providers_yaml(&backend, &token, "")).unwrap();
-    let Some(mut op) = start_operator_limited(
+    let Some((_backend, mut op)) = example_operator(
         &plugin_dir,
-        &providers,
-        &kubeconfig,
         dir.path(),
-        &[
-            "--probe-target",
-            "127.0.0.1:9",
-            "--http-header-timeout",
-            "2s",
-        ],
-        &[],
-        Limits::Deployment,
+        &kubeconfig,
+        "",
+        &["--http-header-timeout", "2s"],
     ) else {
         return;
     };

@@ -7,53 +7,30 @@
 
 use crate::support;
 
-use super::harness::{Limits, fake_cluster, providers_yaml, start_operator_limited, wait_for};
-use egress_emulators::example::ExampleBackend;
+use super::harness::{example_operator, fake_cluster, sample, wait_for};
 use kube::api::{Api, PostParams};
 use proxy_operator::api::{ProviderHealth, Proxy};
 use std::time::{Duration, Instant};
 
 const PROXIES: usize = 600;
 
-/// The value of the one sample of `name{labels}` in a Prometheus text page (0 if absent).
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_of_600_proxies_runs_within_the_deployments_memory_and_creates_each_once() {
     let plugin_dir = plugins_or_skip!();
     let dir = tempfile::tempdir().unwrap();
     let (_fake, client, kubeconfig) = fake_cluster(dir.path()).await;
-    let token = dir.path().join("token");
-    std::fs::write(&token, "tok").unwrap();
-    let backend = ExampleBackend::start("tok");
-    // Instances boot in half a second, as a cloud's do, seen by lists and Gets alike.
-    backend.set_boot_time(Duration::from_millis(500));
-    let providers = dir.path().join("providers.yaml");
     // A budget the rollout does not exhaust: what queues is the provider's two call slots.
-    std::fs::write(
-        &providers,
-        providers_yaml(
-            &backend,
-            &token,
-            "  budget: {requestsPerHour: 3600000, burst: 1000}\n",
-        ),
-    )
-    .unwrap();
-    let Some(mut op) = start_operator_limited(
+    let Some((backend, mut op)) = example_operator(
         &plugin_dir,
-        &providers,
-        &kubeconfig,
         dir.path(),
-        &["--probe-target", "127.0.0.1:9", "--drift-poll", "2s"],
-        &[],
-        Limits::Deployment,
+        &kubeconfig,
+        "  budget: {requestsPerHour: 3600000, burst: 1000}\n",
+        &["--drift-poll", "2s"],
     ) else {
         return;
     };
+    // Instances boot in half a second, as a cloud's do, seen by lists and Gets alike.
+    backend.set_boot_time(Duration::from_millis(500));
     wait_for("/readyz", Duration::from_secs(60), async || {
         (op.get("/readyz").await.0 == 200).then_some(())
     })

@@ -11,8 +11,7 @@
 
 use crate::support;
 
-use super::harness::{Limits, fake_cluster, providers_yaml, start_operator_limited};
-use egress_emulators::example::ExampleBackend;
+use super::harness::{example_operator, fake_cluster, sample};
 use fake_kube::FakeApi;
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -46,44 +45,23 @@ fn seed(fake: &FakeApi) {
     }
 }
 
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_annotations_on_a_tenants_proxies_and_secrets_do_not_take_the_operator_down() {
     let plugin_dir = plugins_or_skip!();
     let dir = tempfile::tempdir().unwrap();
     let (fake, _client, kubeconfig) = fake_cluster(dir.path()).await;
     seed(&fake);
-    let token = dir.path().join("token");
-    std::fs::write(&token, "tok").unwrap();
-    let backend = ExampleBackend::start("tok");
-    // Instances boot in half a second, seen by lists and Gets alike.
-    backend.set_boot_time(Duration::from_millis(500));
-    let providers = dir.path().join("providers.yaml");
-    std::fs::write(
-        &providers,
-        providers_yaml(
-            &backend,
-            &token,
-            "  budget: {requestsPerHour: 3600000, burst: 1000}\n",
-        ),
-    )
-    .unwrap();
-    let Some(mut op) = start_operator_limited(
+    let Some((backend, mut op)) = example_operator(
         &plugin_dir,
-        &providers,
-        &kubeconfig,
         dir.path(),
-        &["--probe-target", "127.0.0.1:9", "--drift-poll", "2s"],
-        &[],
-        Limits::Deployment,
+        &kubeconfig,
+        "  budget: {requestsPerHour: 3600000, burst: 1000}\n",
+        &["--drift-poll", "2s"],
     ) else {
         return;
     };
+    // Instances boot in half a second, seen by lists and Gets alike.
+    backend.set_boot_time(Duration::from_millis(500));
     let started = Instant::now();
     let pid = op.child.id();
     let mut peak_rss = 0;
@@ -186,19 +164,12 @@ async fn a_tenants_megabyte_cloud_init_secrets_are_not_held() {
         .unwrap();
     }
     drop(data);
-    let token = dir.path().join("token");
-    std::fs::write(&token, "tok").unwrap();
-    let backend = ExampleBackend::start("tok");
-    let providers = dir.path().join("providers.yaml");
-    std::fs::write(&providers, providers_yaml(&backend, &token, "")).unwrap();
-    let Some(mut op) = start_operator_limited(
+    let Some((backend, mut op)) = example_operator(
         &plugin_dir,
-        &providers,
-        &kubeconfig,
         dir.path(),
-        &["--probe-target", "127.0.0.1:9", "--drift-poll", "2s"],
-        &[],
-        Limits::Deployment,
+        &kubeconfig,
+        "",
+        &["--drift-poll", "2s"],
     ) else {
         return;
     };

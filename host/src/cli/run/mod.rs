@@ -36,9 +36,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // A providers file that cannot fit the pod is refused before anything starts.
     let (file, budget) = providers_that_fit(&args)?;
 
-    let client = kube::Client::try_default()
+    let config = kube::Config::infer()
         .await
         .context("connecting to the Kubernetes API")?;
+    let client =
+        proxy_operator::kube_client::client(config).context("connecting to the Kubernetes API")?;
     let installation = match &args.installation {
         Some(id) => id.clone(),
         None => proxy_operator::installation::default_identity(client.clone(), &args.namespace)
