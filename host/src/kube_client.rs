@@ -4,10 +4,13 @@
 //! kube builds its hyper pool with hyper's defaults: every idle connection kept for 90 s,
 //! as many as were ever open at once. A rollout opens one per status write in flight, and
 //! each keeps the read buffer it grew to (up to about 400 KiB for a list page): after
-//! 10,000 Proxies the leader held 23 connections to the API server at rest, about 6.8 MB
-//! of buffers (heaptrack, docs/benchmarks.md). Here at most [`MAX_IDLE`] stay idle, for
+//! 10,000 Proxies the leader held 23 connections to the API server at rest (heaptrack put
+//! 6.8 MB in their buffers at the peak). Here at most [`MAX_IDLE`] stay idle, for
 //! [`IDLE_FOR`], and a buffer grows to [`MAX_BUFFER`] at most (a larger answer streams
-//! through it). Watches hold their own connection for as long as they run, as before.
+//! through it): 8 connections at rest, watches included. The RSS this saves at 10,000 was
+//! within the run-to-run spread (docs/benchmarks.md); the sockets, and against a real API
+//! server their TLS state, are what it bounds for sure. Watches hold their own connection
+//! for as long as they run, as before.
 //!
 //! A cluster reached through a proxy (`proxy_url` in the kubeconfig) gets kube's default
 //! client: its tunnel connectors are not rebuilt here.

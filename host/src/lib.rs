@@ -44,12 +44,11 @@ pub mod registry;
 /// Reloading providers without a restart, when the mounted providers file or a plugin file changes.
 pub mod reload;
 
-/// What the watches read and keep of the objects users write: list pages, trimmed metadata.
-pub mod watched;
-
 /// Logging and tracing setup shared by the binary and the tests.
 pub mod telemetry;
 /// Test support (fakes, a span recorder, a headless-browser driver): for tests and the
 /// demo only, behind the `test-support` feature, so the operator never ships it.
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
+/// What the watches read and keep of the objects users write: list pages, trimmed metadata.
+pub mod watched;

@@ -183,9 +183,6 @@ pub fn trim_for_cache(proxy: &mut Proxy) {
     }
 }
 
-#[cfg(test)]
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
 /// A new, not yet synced pair.
 pub fn channel() -> (MarkSynced, Synced) {
     let (tx, rx) = watch::channel(false);
@@ -220,6 +217,8 @@ mod tests {
     use super::*;
     use kube::ResourceExt;
     use std::time::Duration;
+
+    const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
     type Event = Result<watcher::Event<String>, watcher::Error>;
 

@@ -332,9 +332,6 @@ pub enum CredentialsError {
     },
 }
 
-/// The credentials in a Secret's `username` and `password` values: non-empty UTF-8 without
-/// control characters or blanks (they go into config lines and the `Proxy-Authorization`
-/// header), and a username without `:` (Basic authentication splits on the first one).
 /// The longest username or password a Proxy takes. Each is redacted from everything a
 /// plugin prints in four forms and written into the instance's cloud-init: a password of
 /// a megabyte (a Secret allows it) would cost that many times over, for one Proxy.
@@ -343,6 +340,10 @@ pub const MAX_CREDENTIAL_BYTES: usize = 256;
 // The error says "256 bytes".
 const _: () = assert!(MAX_CREDENTIAL_BYTES == 256);
 
+/// The credentials in a Secret's `username` and `password` values: non-empty UTF-8 without
+/// control characters or blanks (they go into config lines and the `Proxy-Authorization`
+/// header), a username without `:` (Basic authentication splits on the first one), each at
+/// most [`MAX_CREDENTIAL_BYTES`].
 pub fn from_values(
     secret: &str,
     field: &'static str,
