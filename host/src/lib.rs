@@ -50,5 +50,11 @@ pub mod telemetry;
 /// demo only, behind the `test-support` feature, so the operator never ships it.
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
+/// The test binary's allocator: counts heap bytes per thread
+/// (`egress_plugin_host::thread_heap::live`).
+#[cfg(test)]
+#[global_allocator]
+static HEAP: egress_plugin_host::thread_heap::Counting = egress_plugin_host::thread_heap::Counting;
+
 /// What the watches read and keep of the objects users write: list pages, trimmed metadata.
 pub mod watched;

@@ -26,8 +26,10 @@ pub mod sensitive;
 /// Heap bytes allocated and not yet freed by the current thread, in test builds: what a
 /// test on a current-thread runtime measures of the work it drives (its futures, and the
 /// tasks it spawns there), whatever other tests do on other threads at the same time.
-#[cfg(test)]
-pub(crate) mod thread_heap {
+/// The operator's tests count with it too (feature `thread-heap`, a dev-dependency only:
+/// a test binary declares [`thread_heap::Counting`] its allocator).
+#[cfg(any(test, feature = "thread-heap"))]
+pub mod thread_heap {
     use std::alloc::{GlobalAlloc, Layout, System};
     use std::cell::Cell;
 
@@ -40,7 +42,8 @@ pub(crate) mod thread_heap {
         LIVE.with(Cell::get)
     }
 
-    struct Counting;
+    /// The system allocator, counting per thread.
+    pub struct Counting;
 
     fn add(n: isize) {
         // `try_with`: a thread being torn down has no counter left; nothing to count.
@@ -67,6 +70,7 @@ pub(crate) mod thread_heap {
         }
     }
 
+    #[cfg(test)]
     #[global_allocator]
     static COUNTING: Counting = Counting;
 }
