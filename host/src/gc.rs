@@ -18,7 +18,7 @@ use crate::registry::ProviderRegistry;
 use egress_plugin_host::provider::Priority;
 use egress_plugin_host::provider::{Class, Instance, Provider};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -159,6 +159,22 @@ pub struct ProviderSweep {
     pub delete_errors: usize,
 }
 
+/// A provider's instances as a sweep reads them: the inventory's list in place, or a list
+/// of its own when there is no inventory.
+enum Listed {
+    Kept(Arc<crate::inventory::Listing>),
+    Fresh(Vec<Instance>),
+}
+
+impl Listed {
+    fn iter(&self) -> Box<dyn Iterator<Item = &Instance> + Send + '_> {
+        match self {
+            Listed::Kept(l) => Box::new(l.instances.values()),
+            Listed::Fresh(v) => Box::new(v.iter()),
+        }
+    }
+}
+
 /// Why a sweep did not run.
 #[derive(Debug, thiserror::Error)]
 pub enum GcError {
@@ -191,7 +207,7 @@ impl Sweeper {
             registry,
             settings,
             metrics,
-            page_size: 500,
+            page_size: crate::watched::LIST_PAGE,
             inventory: None,
         }
     }
@@ -231,11 +247,15 @@ impl Sweeper {
         .await
     }
 
+    /// The UIDs of every Proxy, read as metadata only and in the watches' small pages
+    /// ([`crate::watched::list_params`]): pages of 500 whole Proxies were about a megabyte
+    /// each to receive and parse for 500 UIDs, every interval, and a tenant's Proxies with
+    /// large annotations made a page of them 125 MiB.
     async fn live_uids(&self) -> Result<HashSet<String>, kube::Error> {
         let mut live = HashSet::new();
-        let mut params = ListParams::default().limit(self.page_size);
+        let mut params = crate::watched::list_params().limit(self.page_size);
         loop {
-            let page = self.proxies.list(&params).await?;
+            let page = self.proxies.list_metadata(&params).await?;
             live.extend(page.items.iter().filter_map(|p| p.uid()));
             match page.metadata.continue_.filter(|c| !c.is_empty()) {
                 Some(token) => params = params.continue_token(&token),
@@ -259,23 +279,23 @@ impl Sweeper {
             .as_ref()
             .and_then(|inv| inv.listing(name, provider, SystemTime::now()));
         let at = SystemTime::now();
+        // Read in place, never copied: the inventory's list of a large fleet is megabytes,
+        // and a copy of it every interval was the largest thing the operator allocated.
         let result = match listed {
             Some(l) => {
                 debug!(age = ?l.age(at), "instances from the inventory");
-                Ok(l.instances.values().cloned().collect())
+                Ok(Listed::Kept(l))
             }
-            None => {
-                let r = provider
-                    .list_by_tag_at(&self.settings.installation, Priority::Background)
-                    .await;
-                if let (Some(inv), Ok(list)) = (&self.inventory, &r) {
-                    inv.record(name, provider, at, list.clone());
-                }
-                r
-            }
+            None => provider
+                .list_by_tag_at(&self.settings.installation, Priority::Background)
+                .await
+                .map(|list| match &self.inventory {
+                    Some(inv) => Listed::Kept(inv.record(name, provider, at, list)),
+                    None => Listed::Fresh(list),
+                }),
         };
-        let instances: Vec<Instance> = match result {
-            Ok(list) => list,
+        let instances = match result {
+            Ok(listed) => listed,
             Err(e) => {
                 warn!(error = %e, "listing failed; provider skipped this round");
                 self.metrics.skip(name, "list_failed");
@@ -284,7 +304,7 @@ impl Sweeper {
             }
         };
         let now = SystemTime::now();
-        for instance in &instances {
+        for instance in instances.iter() {
             out.swept += 1;
             GcMetrics::provider(&self.metrics.swept, name);
             match verdict(instance, live, now, self.settings.min_age) {

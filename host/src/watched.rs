@@ -9,8 +9,8 @@
 //!   three times its size at once (kube collects the body, copies it into a string, then
 //!   parses it). kube's default page is 500 objects: 500 Proxies with 256 KiB of
 //!   annotations each are 125 MiB a page, several times the Deployment's memory left
-//!   over. Every watch pages at [`LIST_PAGE`], so a page is at most 24 MiB whatever users
-//!   write (4 MiB with annotations at their limit).
+//!   over. Every watch and list pages at [`LIST_PAGE`], so a page is at most 24 MiB
+//!   whatever users write (4 MiB with annotations at their limit).
 //! - **A cached copy** keeps only the metadata the operator reads ([`trim_metadata`]):
 //!   without it, one tenant's Proxies with large annotations held a quarter of a MiB each
 //!   in the leader's cache for as long as they existed.
@@ -47,6 +47,12 @@ pub const TRIMMED: &str = "egress.proxy-operator.dev/cache-trimmed";
 /// Every watch of the operator lists with this configuration.
 pub fn watcher_config() -> watcher::Config {
     watcher::Config::default().page_size(LIST_PAGE)
+}
+
+/// Every list the operator makes outside a watch (the orphan GC's live set) pages the
+/// same way: its pages carry what users wrote just as a watch's do.
+pub fn list_params() -> kube::api::ListParams {
+    kube::api::ListParams::default().limit(LIST_PAGE)
 }
 
 /// What to keep of an object's metadata besides its identity (name, namespace, uid,
@@ -301,6 +307,7 @@ mod tests {
                 {
                     let text = std::fs::read_to_string(&path).unwrap();
                     if text.contains("watcher::Config::default()")
+                        || text.contains("ListParams::default()")
                         || text.contains("Controller::new(")
                         || text.contains("Controller::new_with(")
                     {
@@ -311,7 +318,7 @@ mod tests {
         }
         assert!(
             offenders.is_empty(),
-            "watches not paged by watched::watcher_config: {offenders:?}"
+            "watches or lists not paged by watched::watcher_config or list_params: {offenders:?}"
         );
     }
 }

@@ -6,8 +6,9 @@
 //! Secrets, 269 MiB in all. kube's default list page (500 objects) read the Secrets in two
 //! pages of up to 122 MiB, each held twice while read, and the Proxy cache kept every
 //! annotation: the operator was OOM-killed under the Deployment's 328 MiB. The operator
-//! stays up (no OOM kill), lists everything in small pages, keeps its memory far below what
-//! the tenant wrote, and runs the tenant's Proxies.
+//! stays up (no OOM kill), lists everything in small pages (its watches, and the orphan
+//! GC's list of live Proxies, which read the 300 Proxies in one page of 75 MiB before),
+//! keeps its memory far below what the tenant wrote, and runs the tenant's Proxies.
 
 use crate::support;
 
@@ -56,7 +57,8 @@ async fn large_annotations_on_a_tenants_proxies_and_secrets_do_not_take_the_oper
         dir.path(),
         &kubeconfig,
         "  budget: {requestsPerHour: 3600000, burst: 1000}\n",
-        &["--drift-poll", "2s"],
+        // The orphan GC lists every Proxy for its live set: each second here.
+        &["--drift-poll", "2s", "--gc-interval", "1s"],
     ) else {
         return;
     };
@@ -111,21 +113,31 @@ async fn large_annotations_on_a_tenants_proxies_and_secrets_do_not_take_the_oper
         "operator RSS {:.1} MiB with the tenant's Proxies cached",
         mib(rss)
     );
-    // The Secrets' metadata was listed too, in pages: every Secret list asked for a page.
-    let secret_lists: Vec<_> = fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.verb == "list" && r.resource.as_deref() == Some("secrets"))
-        .collect();
+    // The Secrets' metadata was listed too, and the Proxies by the watch and by the GC's
+    // sweeps, all in pages: every list asked for a small page.
+    let lists = |resource: &str| -> Vec<_> {
+        fake.requests()
+            .into_iter()
+            .filter(|r| r.verb == "list" && r.resource.as_deref() == Some(resource))
+            .collect()
+    };
+    let (secret_lists, proxy_lists) = (lists("secrets"), lists("proxies"));
     assert!(
         secret_lists.len() >= SECRETS / 16,
         "the Secret watch listed {SECRETS} Secrets in {} requests",
         secret_lists.len()
     );
-    for r in &secret_lists {
+    // The watch's first list and at least one sweep's.
+    assert!(
+        proxy_lists.len() >= 2 * PROXIES / 16,
+        "{PROXIES} Proxies listed in {} requests: no GC sweep ran",
+        proxy_lists.len()
+    );
+    for r in secret_lists.iter().chain(&proxy_lists) {
         assert!(
             r.query.contains("limit=16"),
-            "a Secret list without a small page: {}",
+            "a list without a small page: {:?} {}",
+            r.resource,
             r.query
         );
     }
