@@ -144,10 +144,10 @@ pub async fn run(
             close.close();
         })
         .run(
-            // Boxed, so that a reconcile waiting for its turn holds only its small
-            // `in_turn` state: with every due Proxy in the runner at once (`concurrency(0)`)
-            // that is one future per Proxy of a rollout. kube's runner kept them inline in
-            // a hash map that never shrank (patched: vendor/kube-runtime/PATCHES.md).
+            // Boxed because kube's runner takes only futures it can move (`Unpin`). With
+            // every due Proxy in the runner at once (`concurrency(0)`), a rollout holds one
+            // per Proxy: `in_turn` keeps that small until the turn comes, and the runner
+            // gives their room back (patched: vendor/kube-runtime/PATCHES.md).
             move |proxy, ctx| Box::pin(in_turn(turns.clone(), store.clone(), proxy, ctx)),
             error_policy,
             ctx,
@@ -369,10 +369,6 @@ mod queue_memory {
     use egress_plugin_host::thread_heap::live;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    #[derive(Debug, thiserror::Error)]
-    #[error("never")]
-    struct Never;
-
     fn proxy(i: usize) -> Proxy {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "egress.proxy-operator.dev/v1alpha1",
@@ -428,10 +424,10 @@ mod queue_memory {
                             open.as_mut().poll(cx)
                         })
                         .await;
-                        Ok::<_, Never>(Action::await_change())
+                        Ok::<_, std::convert::Infallible>(Action::await_change())
                     })
                 },
-                |_, _: &Never, _| Action::await_change(),
+                |_, _: &std::convert::Infallible, _| Action::await_change(),
                 Arc::new(()),
             )
             .boxed();
