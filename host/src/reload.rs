@@ -460,6 +460,10 @@ impl Reloader {
             let why = format!("{}: {e}", self.providers_file.display());
             return self.file_error(text, why, publish);
         }
+        self.rt.set_room(
+            &file,
+            egress_plugin_host::config::fit::left_over(&file, &self.budget),
+        );
         self.errors.remove("");
         // An `oci://` plugin's digest: its own, or its tag's pin (no I/O); "" for a tag not
         // resolved yet, which never matches what runs.

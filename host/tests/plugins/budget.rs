@@ -20,6 +20,7 @@ const PER_HOUR: u32 = 14_400;
 const BURST: u32 = 5;
 
 struct Setup {
+    rt: Arc<egress_plugin_host::plugin::Runtime>,
     emu: HetznerEmulator,
     p: WasmProvider,
     metrics: PluginMetrics,
@@ -60,6 +61,7 @@ async fn setup_with(host_budget: &str, limits: &str) -> Setup {
     );
     let p = support::provider(&rt, "hetzner.wasm", &yaml).await;
     Setup {
+        rt,
         emu,
         p,
         metrics,
@@ -244,6 +246,101 @@ async fn a_429_is_counted_and_empties_the_bucket() {
         start.elapsed() >= Duration::from_millis(800),
         "{:?}",
         start.elapsed()
+    );
+}
+
+/// Issue 29: a provider's own slots carry its budget only while calls are quick. With
+/// requests of 100 ms and a budget of 100 a second, the budget calls for 11 slots; the
+/// provider has 1 of its own (`limits.concurrency`) and borrows the rest from the room the
+/// pod's fit leaves over, as far as that room holds (3 calls here) and within
+/// `limits.maxConcurrency`, and gives it back when the calls end. With no room left it keeps
+/// to its own slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_calls_borrow_slots_from_the_pods_left_over_room_and_give_them_back() {
+    use egress_emulators::control::{Fault, FaultKind, FaultOp};
+    use egress_plugin_host::config::{Limits, ProvidersFile, fit::LeftOver};
+    let _dir = plugins_or_skip!();
+    const GETS: usize = 16;
+    let s = setup_with(
+        "{requestsPerHour: 360000, burst: 1000}",
+        "{concurrency: 1, maxConcurrency: 8, timeout: 30s}",
+    )
+    .await;
+    let ids: Vec<String> = (0..GETS).map(|i| plant(&s.emu, i)).collect();
+    let per_call = Limits::default().memory_bytes_per_call();
+    // Runs GETS slow gets at once; returns how long they took and the most slots held.
+    let run = |room_calls: u64| {
+        let (p, ids, emu, rt) = (s.p.clone(), ids.clone(), &s.emu, s.rt.clone());
+        async move {
+            rt.set_room(
+                &ProvidersFile::default(),
+                LeftOver {
+                    memory: Some(room_calls * per_call),
+                    ..LeftOver::default()
+                },
+            );
+            emu.inject(Fault {
+                op: FaultOp::Get,
+                kind: FaultKind::Slow { delay_ms: 100 },
+                count: GETS as u32 + 1,
+            });
+            // One call first, so that the provider knows what a request takes.
+            p.get(&ids[0]).await.expect("get");
+            let most = Arc::new(Mutex::new((0, 0)));
+            let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let sampler = tokio::spawn({
+                let (p, most, done) = (p.clone(), most.clone(), done.clone());
+                async move {
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        let held = p.slots_held();
+                        {
+                            let mut m = most.lock().unwrap();
+                            *m = (m.0.max(held.0), m.1.max(held.1));
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            });
+            let started = Instant::now();
+            let gets: Vec<_> = ids
+                .iter()
+                .map(|id| {
+                    let (p, id) = (p.clone(), id.clone());
+                    tokio::spawn(async move { p.get_at(&id, Priority::Transition).await })
+                })
+                .collect();
+            for g in gets {
+                g.await.unwrap().expect("get");
+            }
+            let took = started.elapsed();
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            sampler.await.unwrap();
+            let most = *most.lock().unwrap();
+            (took, most)
+        }
+    };
+    let (alone, most) = run(0).await;
+    assert_eq!(most, (1, 0), "no room: the own slot only");
+    assert!(
+        alone >= Duration::from_millis(100 * GETS as u64),
+        "{alone:?}"
+    );
+    let (borrowing, most) = run(3).await;
+    assert_eq!(most, (4, 3), "the own slot and 3 borrowed");
+    assert_eq!(s.p.slots_held(), (0, 0), "all given back");
+    assert!(
+        borrowing * 2 < alone,
+        "4 calls at once took {borrowing:?}, 1 at a time {alone:?}"
+    );
+    let text = exposition(&s);
+    assert_eq!(
+        sample(
+            &text,
+            "proxy_operator_plugin_call_slots",
+            "provider=\"hz\",kind=\"wanted\""
+        ),
+        8.0,
+        "100 a second x 0.1 s + 1 = 11, within maxConcurrency 8\n{text}"
     );
 }
 

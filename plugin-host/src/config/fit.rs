@@ -383,6 +383,36 @@ pub fn check(file: &ProvidersFile, budget: &PodResources) -> Result<Need, FitErr
     }
 }
 
+/// What the pod has left once every provider's own calls, the load-time call and the
+/// operator's reserve are counted: the room that providers borrow further calls from, one
+/// call's worst case at a time (`plugin::headroom`). `None` where the budget is not known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeftOver {
+    pub memory: Option<u64>,
+    pub scratch: Option<u64>,
+    pub descriptors: Option<u64>,
+}
+
+/// The [`LeftOver`] of `file` in `budget`: zero, not negative, for a part that does not fit
+/// (such a file is refused by [`check`] anyway).
+pub fn left_over(file: &ProvidersFile, budget: &PodResources) -> LeftOver {
+    LeftOver {
+        memory: budget.memory_bytes.map(|limit| {
+            limit
+                .saturating_sub(budget.reserve_bytes)
+                .saturating_sub(memory_need(file).total())
+        }),
+        scratch: budget
+            .scratch_bytes
+            .map(|limit| limit.saturating_sub(scratch_need(file).total())),
+        descriptors: budget.descriptors.map(|nofile| {
+            nofile
+                .saturating_sub(crate::fdlimit::OPERATOR_FD_RESERVE)
+                .saturating_sub(super::descriptors::plugin_descriptors(file))
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -687,5 +717,43 @@ providers:
             )),
             "{e}"
         );
+    }
+
+    #[test]
+    fn what_is_left_over_is_the_budget_less_every_providers_own_calls() {
+        let f = file(TWO);
+        let budget = PodResources {
+            memory_bytes: Some(512 * MIB),
+            reserve_bytes: 96 * MIB,
+            scratch_bytes: Some(128 * MIB),
+            descriptors: Some(4096),
+        };
+        assert!(check(&f, &budget).is_ok());
+        let left = left_over(&f, &budget);
+        assert_eq!(
+            left.memory,
+            Some(416 * MIB - memory_need(&f).total()),
+            "{left:?}"
+        );
+        assert_eq!(left.scratch, Some(128 * MIB - scratch_need(&f).total()));
+        assert_eq!(
+            left.descriptors,
+            Some(
+                4096 - crate::fdlimit::OPERATOR_FD_RESERVE
+                    - super::super::descriptors::plugin_descriptors(&f)
+            )
+        );
+        // Unknown parts bound nothing; a part that does not fit leaves nothing.
+        let unknown = left_over(&f, &PodResources::default());
+        assert_eq!(unknown, LeftOver::default());
+        let small = left_over(
+            &f,
+            &PodResources {
+                memory_bytes: Some(100 * MIB),
+                reserve_bytes: 96 * MIB,
+                ..PodResources::default()
+            },
+        );
+        assert_eq!(small.memory, Some(0));
     }
 }

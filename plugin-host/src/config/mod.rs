@@ -104,8 +104,13 @@ pub struct Limits {
     pub fuel: u64,
     /// Linear memory of one instance, in MiB.
     pub memory_mib: u32,
-    /// Concurrent calls into this provider; further calls wait.
+    /// Calls into this provider at once that the pod's fit reserves for it; further
+    /// calls wait, or borrow room the fit leaves over (up to `max_concurrency`).
     pub concurrency: u32,
+    /// Most calls at once, its own and borrowed from the room the pod's fit leaves over
+    /// while the request budget calls for them (`plugin::headroom`). Unset:
+    /// [`DEFAULT_MAX_CONCURRENCY`], or `concurrency` when that is more.
+    pub max_concurrency: Option<u32>,
     /// Bytes a call may write to its `/tmp`, in MiB: every byte written counts (also to
     /// files later unlinked or overwritten), plus 4 KiB per file, directory or link created.
     pub tmp_mib: u32,
@@ -121,6 +126,22 @@ pub struct Limits {
     pub http: HttpLimits,
 }
 
+/// Most calls at once of a provider whose entry does not set `limits.maxConcurrency`:
+/// what the busiest shipped budget needs for calls of half a second (vultr's 30
+/// requests a second: `ceil(30 x 0.5) + 1`), borrowed only while the budget calls for it
+/// and the pod has the room.
+pub const DEFAULT_MAX_CONCURRENCY: u32 = 16;
+
+impl Limits {
+    /// Most calls at once, own and borrowed: `maxConcurrency`, or its default, never
+    /// fewer than `concurrency`.
+    pub fn most_calls(&self) -> u32 {
+        self.max_concurrency
+            .unwrap_or(DEFAULT_MAX_CONCURRENCY)
+            .max(self.concurrency)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -131,6 +152,7 @@ impl Default for Limits {
             // (328Mi minus a 96 MiB reserve; a 64Mi /tmp).
             memory_mib: 32,
             concurrency: 2,
+            max_concurrency: None,
             tmp_mib: 8,
             open_files: 32,
             handles: 256,
@@ -412,6 +434,15 @@ impl ProviderEntry {
         if !(1..=256).contains(&l.concurrency) {
             return Err(limit("concurrency", l.concurrency.to_string(), "1 to 256"));
         }
+        if let Some(most) = l.max_concurrency
+            && !(l.concurrency..=256).contains(&most)
+        {
+            return Err(limit(
+                "maxConcurrency",
+                most.to_string(),
+                "limits.concurrency to 256",
+            ));
+        }
         if l.tmp_mib > 1024 {
             return Err(limit("tmpMib", l.tmp_mib.to_string(), "0 to 1024"));
         }
@@ -625,6 +656,14 @@ providers:
             (
                 "providers: [{name: a, plugin: a.wasm, limits: {concurrency: 0}}]",
                 "limits.concurrency = 0",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, limits: {concurrency: 4, maxConcurrency: 3}}]",
+                "limits.maxConcurrency = 3 is out of range (limits.concurrency to 256)",
+            ),
+            (
+                "providers: [{name: a, plugin: a.wasm, limits: {maxConcurrency: 257}}]",
+                "limits.maxConcurrency = 257",
             ),
             (
                 "providers: [{name: a, plugin: a.wasm, secrets: {'a/b': /x}}]",

@@ -391,7 +391,7 @@ impl Runtime {
             sensitive: sensitive.clone(),
         });
         let permits = match entry {
-            Some(_) => self.permits(name, limits.concurrency),
+            Some(_) => self.permits(name, &limits),
             None => super::slots::Slots::new(limits.concurrency as usize),
         };
         let scratch =
@@ -405,6 +405,7 @@ impl Runtime {
             permits,
             last_list_requests: Default::default(),
             last_recent_requests: Default::default(),
+            per_request: Default::default(),
         }
     }
 

@@ -90,6 +90,15 @@ pub struct PluginMetrics {
     traps: Family<TrapLabels, Counter>,
     budget: BudgetMetrics,
     slot_wait: Family<PriorityLabels, Histogram>,
+    slots: Family<SlotLabels, Gauge>,
+}
+
+/// A provider's call slots of one kind (`wanted`: what its budget calls for, at least its
+/// own `limits.concurrency`; `borrowed`: held on the pod's left-over room).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SlotLabels {
+    pub provider: String,
+    pub kind: &'static str,
 }
 
 /// The request budget's families, fed by the HTTP hooks.
@@ -199,6 +208,12 @@ impl PluginMetrics {
             "Time plugin calls waited for one of their provider's call slots (limits.concurrency), by provider and priority",
             slot_wait.clone(),
         );
+        let slots = Family::<SlotLabels, Gauge>::default();
+        registry.register(
+            "proxy_operator_plugin_call_slots",
+            "Each provider's call slots as of its last call: wanted (what its request budget calls for, within limits.concurrency and limits.maxConcurrency) and borrowed (held on the room the pod's fit leaves over)",
+            slots.clone(),
+        );
         registry.register(
             "proxy_operator_plugin_budget_wait_seconds",
             "Time backend requests waited for a token of their provider's request budget, by provider and priority",
@@ -221,6 +236,19 @@ impl PluginMetrics {
             traps,
             budget,
             slot_wait,
+            slots,
+        }
+    }
+
+    /// A provider's slots after a call: how many its budget wants, how many are borrowed.
+    pub fn slots(&self, provider: &str, wanted: usize, borrowed: usize) {
+        for (kind, n) in [("wanted", wanted), ("borrowed", borrowed)] {
+            self.slots
+                .get_or_create(&SlotLabels {
+                    provider: provider.to_string(),
+                    kind,
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 

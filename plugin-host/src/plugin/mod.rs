@@ -15,6 +15,7 @@ mod engine;
 mod fs;
 mod guest;
 mod h2;
+pub mod headroom;
 mod host_services;
 mod http;
 mod interfaces;
@@ -155,6 +156,28 @@ impl RuntimeOptions {
     }
 }
 
+/// What sizes a provider's call slots; a change makes new ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlotsKey {
+    own: u32,
+    most: u32,
+    cost: headroom::Cost,
+}
+
+impl SlotsKey {
+    fn of(limits: &Limits) -> Self {
+        SlotsKey {
+            own: limits.concurrency,
+            most: limits.most_calls(),
+            cost: headroom::Cost {
+                memory: limits.memory_bytes_per_call(),
+                scratch: limits.tmp_bytes_per_call(),
+                descriptors: crate::config::descriptors::descriptors_per_call(limits),
+            },
+        }
+    }
+}
+
 /// The process-wide plugin runtime.
 pub struct Runtime {
     engine: Engine,
@@ -173,7 +196,9 @@ pub struct Runtime {
     /// Each provider name's call slots, kept across reloads so that calls still running on
     /// the previous generation of a provider count against the same `limits.concurrency`
     /// (what the pod's memory fit assumes). A new concurrency gets a new semaphore.
-    permits: Mutex<std::collections::BTreeMap<String, (u32, Arc<Slots>)>>,
+    permits: Mutex<std::collections::BTreeMap<String, (SlotsKey, Arc<Slots>)>>,
+    /// What the pod's fit leaves over, lent to providers for calls beyond their own slots.
+    headroom: Arc<headroom::Headroom>,
     /// The slot every load-time call (`info`, `validate-config`) runs on, whichever provider
     /// it is for: never a provider's own call slots, which calls waiting on a slow backend
     /// may hold for their whole `limits.timeout` (a reload would wait behind them, at
@@ -221,6 +246,7 @@ impl Runtime {
             metrics: std::sync::OnceLock::new(),
             sensitive: crate::sensitive::SensitiveByProvider::new(opts.redaction_memory_bytes),
             permits: Mutex::default(),
+            headroom: Arc::default(),
             load_slots: Slots::new(crate::config::fit::LOAD_SLOTS as usize),
             budgets: Mutex::default(),
             calls_cancelled: tokio_util::sync::CancellationToken::new(),
@@ -228,18 +254,50 @@ impl Runtime {
         }))
     }
 
-    /// The call slots of provider `name` with `concurrency` slots, shared with its earlier
-    /// generations while the concurrency stays the same.
-    fn permits(&self, name: &str, concurrency: u32) -> Arc<Slots> {
+    /// The call slots of provider `name` at `limits`, shared with its earlier generations
+    /// while the limits that size them stay the same: its own slots, and the calls it may
+    /// borrow from the pod's left-over room, each at its worst case.
+    fn permits(&self, name: &str, limits: &Limits) -> Arc<Slots> {
+        let key = SlotsKey::of(limits);
         let mut all = self.permits.lock().unwrap_or_else(|e| e.into_inner());
         match all.get(name) {
-            Some((n, s)) if *n == concurrency => s.clone(),
+            Some((k, s)) if *k == key => s.clone(),
             _ => {
-                let s = Slots::new(concurrency as usize);
-                all.insert(name.to_string(), (concurrency, s.clone()));
+                let s = Slots::lending(
+                    limits.concurrency as usize,
+                    slots::Lender {
+                        headroom: self.headroom.clone(),
+                        cost: key.cost,
+                        most: key.most as usize,
+                    },
+                );
+                all.insert(name.to_string(), (key, s.clone()));
                 s
             }
         }
+    }
+
+    /// Sets the room providers borrow calls from, for a providers file that fits: what
+    /// the fit leaves over (`left`), and the pool's instance slots that the file's own
+    /// calls do not reserve. Call it at start and on every reload that applies a file.
+    pub fn set_room(&self, file: &ProvidersFile, left: crate::config::fit::LeftOver) {
+        let room = headroom::Room {
+            memory: left.memory,
+            scratch: left.scratch,
+            descriptors: left.descriptors,
+            instances: u64::from(
+                self.max_instances
+                    .saturating_sub(pool_instances_needed(file)),
+            ),
+        };
+        tracing::info!(
+            memory = %left.memory.map_or_else(|| "unbounded".into(), |m| crate::config::fit::Mib(m).to_string()),
+            tmp = %left.scratch.map_or_else(|| "unbounded".into(), |m| crate::config::fit::Mib(m).to_string()),
+            descriptors = ?left.descriptors,
+            instances = room.instances,
+            "room left over for calls beyond the providers' own slots"
+        );
+        self.headroom.set_room(room);
     }
 
     /// The request budget of provider `name` at `spec`, shared with its earlier
@@ -353,6 +411,9 @@ pub struct WasmProvider {
     last_list_requests: Arc<std::sync::atomic::AtomicU32>,
     /// The same for the last list of recent instances (`created-since` set).
     last_recent_requests: Arc<std::sync::atomic::AtomicU32>,
+    /// Seconds a request of its calls takes, budget waits left out (a moving average),
+    /// from which its slots follow the budget ([`slots::budget_slots`]).
+    per_request: Arc<Mutex<slots::Average>>,
 }
 
 /// A Proxy's cloud-init a call hands the plugin, and whose it is (the Proxy's UID).
@@ -545,6 +606,9 @@ impl WasmProvider {
             requests: state.hooks.budget.sent(),
             memory_bytes: state.limiter.total,
         };
+        if op != Op::Load {
+            self.follow_budget(&stats, clock.waited(Instant::now()));
+        }
         // The first limit that tripped is the one reported, whatever the guest did after
         // (a refused request it ignored still ends the call). The error is built before
         // the output is flushed: a panic message is read from the captured stderr.
@@ -640,6 +704,37 @@ impl WasmProvider {
             limit: None,
             remaining: None,
         });
+    }
+
+    /// Sets how many slots the provider's calls want, from what a request of this call
+    /// took without its budget waits: as many as keep the budget's rate busy
+    /// ([`slots::budget_slots`]). Without a budget there is no rate to follow, and the
+    /// provider keeps to its own slots.
+    fn follow_budget(&self, stats: &CallStats, budget_waited: Duration) {
+        let Some(budget) = self.http.budget.as_ref() else {
+            return;
+        };
+        if stats.requests == 0 {
+            return;
+        }
+        let own = stats.duration.saturating_sub(budget_waited).as_secs_f64();
+        let per_request = self
+            .per_request
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(own / f64::from(stats.requests));
+        let wanted = self.permits.set_want(slots::budget_slots(
+            budget.rate_per_hour() / 3600.0,
+            per_request,
+        ));
+        if let Some(m) = self.runtime.metrics.get() {
+            m.slots(&self.shared.name, wanted, self.permits.held().1);
+        }
+    }
+
+    /// Its call slots held now, and of those borrowed from the pod's left-over room.
+    pub fn slots_held(&self) -> (usize, usize) {
+        self.permits.held()
     }
 
     /// The request budget in force, if any.
