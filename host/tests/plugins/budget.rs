@@ -37,14 +37,25 @@ async fn setup(host_budget: &str, concurrency: u32) -> Setup {
 }
 
 async fn setup_with(host_budget: &str, limits: &str) -> Setup {
+    setup_on(
+        Some(RateLimit {
+            per_hour: PER_HOUR,
+            burst: BURST,
+        }),
+        host_budget,
+        limits,
+    )
+    .await
+}
+
+/// An emulator limited to `backend` (none: never limited, its headers show 3,600/h with
+/// a full bucket), and the provider with `host_budget` and `limits`.
+async fn setup_on(backend: Option<RateLimit>, host_budget: &str, limits: &str) -> Setup {
     let secrets = tempfile::tempdir().unwrap();
     let token = secrets.path().join("token");
     std::fs::write(&token, TOKEN).unwrap();
     let emu = HetznerEmulator::start(HetznerConfig {
-        rate_limit: Some(RateLimit {
-            per_hour: PER_HOUR,
-            burst: BURST,
-        }),
+        rate_limit: backend,
         ..HetznerConfig::new(TOKEN)
     });
     let url = emu.url();
@@ -261,7 +272,14 @@ async fn slow_calls_borrow_slots_from_the_pods_left_over_room_and_give_them_back
     use egress_plugin_host::config::{Limits, ProvidersFile, fit::LeftOver};
     let _dir = plugins_or_skip!();
     const GETS: usize = 16;
-    let s = setup_with(
+    // The backend allows what the host's budget does: its RateLimit headers bring the
+    // budget down to the backend's (an unlimited emulator's say 3,600/h), and at 1 or 4 a
+    // second the budget would call for 2 slots.
+    let s = setup_on(
+        Some(RateLimit {
+            per_hour: 360_000,
+            burst: 1000,
+        }),
         "{requestsPerHour: 360000, burst: 1000}",
         "{concurrency: 1, maxConcurrency: 8, timeout: 30s}",
     )

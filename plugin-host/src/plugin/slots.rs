@@ -529,10 +529,10 @@ mod tests {
     fn the_slots_a_budget_calls_for() {
         // (requests a second, seconds a request takes, slots)
         let cases = [
-            (1.0, 0.3, 2),      // hetzner's 3,600/h: its own 2 slots
-            (20.0, 0.3, 7),     // ec2's 72,000/h
-            (30.0, 0.5, 16),    // vultr's 108,000/h at half a second
-            (60.0, 0.08, 6),    // the scale run's compressed budget
+            (1.0, 0.3, 2),   // hetzner's 3,600/h: its own 2 slots
+            (20.0, 0.3, 7),  // ec2's 72,000/h
+            (30.0, 0.5, 16), // vultr's 108,000/h at half a second
+            (60.0, 0.08, 6), // the scale run's compressed budget
             // docs/operations.md's table: the shipped default budgets at 0.25 s
             (5000.0 / 3600.0, 0.25, 2),
             (10800.0 / 3600.0, 0.25, 2),
