@@ -195,7 +195,8 @@ pub struct Runtime {
     sensitive: crate::sensitive::SensitiveByProvider,
     /// Each provider name's call slots, kept across reloads so that calls still running on
     /// the previous generation of a provider count against the same `limits.concurrency`
-    /// (what the pod's memory fit assumes). A new concurrency gets a new semaphore.
+    /// (what the pod's memory fit assumes). A change of what sizes them ([`SlotsKey`])
+    /// gets new slots.
     permits: Mutex<std::collections::BTreeMap<String, (SlotsKey, Arc<Slots>)>>,
     /// What the pod's fit leaves over, lent to providers for calls beyond their own slots.
     headroom: Arc<headroom::Headroom>,
@@ -290,9 +291,15 @@ impl Runtime {
                     .saturating_sub(pool_instances_needed(file)),
             ),
         };
+        let mib = |b: Option<u64>| {
+            b.map_or_else(
+                || "unbounded".into(),
+                |m| crate::config::fit::Mib(m).to_string(),
+            )
+        };
         tracing::info!(
-            memory = %left.memory.map_or_else(|| "unbounded".into(), |m| crate::config::fit::Mib(m).to_string()),
-            tmp = %left.scratch.map_or_else(|| "unbounded".into(), |m| crate::config::fit::Mib(m).to_string()),
+            memory = %mib(left.memory),
+            tmp = %mib(left.scratch),
             descriptors = ?left.descriptors,
             instances = room.instances,
             "room left over for calls beyond the providers' own slots"

@@ -416,20 +416,24 @@ mod tests {
         assert_eq!(slots.free(), 2);
     }
 
-    fn lender(room: super::super::headroom::Room, most: usize) -> (Arc<Headroom>, Lender) {
+    /// A headroom holding `room`.
+    fn headroom(room: super::super::headroom::Room) -> Arc<Headroom> {
         let headroom = Arc::new(Headroom::default());
         headroom.set_room(room);
-        let cost = Cost {
-            memory: 10,
-            scratch: 1,
-            descriptors: 1,
-        };
-        let lender = Lender {
+        headroom
+    }
+
+    /// Borrowing from `headroom`, 10 bytes of memory a call, up to `most` calls.
+    fn lender(headroom: &Arc<Headroom>, most: usize) -> Lender {
+        Lender {
             headroom: headroom.clone(),
-            cost,
+            cost: Cost {
+                memory: 10,
+                scratch: 1,
+                descriptors: 1,
+            },
             most,
-        };
-        (headroom, lender)
+        }
     }
 
     fn room(memory: u64) -> super::super::headroom::Room {
@@ -443,8 +447,8 @@ mod tests {
     #[tokio::test]
     async fn calls_beyond_the_own_slots_borrow_only_what_the_budget_wants_and_the_room_holds() {
         // 2 own slots, up to 8 in all, room for 3 calls.
-        let (headroom, lender) = lender(room(30), 8);
-        let slots = Slots::lending(2, lender);
+        let headroom = headroom(room(30));
+        let slots = Slots::lending(2, lender(&headroom, 8));
         let mut held = vec![
             slots.acquire(Priority::Urgent).await,
             slots.acquire(Priority::Urgent).await,
@@ -494,20 +498,9 @@ mod tests {
 
     #[tokio::test]
     async fn room_given_back_by_one_provider_serves_anothers_waiting_call() {
-        let (headroom, a_lender) = lender(room(10), 4);
-        let a = Slots::lending(1, a_lender);
-        let b = Slots::lending(
-            1,
-            Lender {
-                headroom: headroom.clone(),
-                cost: Cost {
-                    memory: 10,
-                    scratch: 1,
-                    descriptors: 1,
-                },
-                most: 4,
-            },
-        );
+        let headroom = headroom(room(10));
+        let a = Slots::lending(1, lender(&headroom, 4));
+        let b = Slots::lending(1, lender(&headroom, 4));
         a.set_want(4);
         b.set_want(4);
         let _a_own = a.acquire(Priority::Urgent).await;
