@@ -62,7 +62,7 @@ use std::time::Duration;
 use crate::control::{Emulator, Fault};
 use crate::control::{FaultKind, FaultOp, Plant, RateLimit, Refusal};
 use crate::framework::{
-    Adapter, Cloud, Deletion, Effect, Fleet, Record, Schedule, Served, Shared, States,
+    Adapter, Cloud, Deletion, Effect, EveryNth, Fleet, Record, Schedule, Served, Shared, States,
 };
 use crate::tls::TestCa;
 
@@ -353,6 +353,28 @@ impl Served<Backend> {
         replace_fault(&mut self.lock(), Effect::delay(delay), count);
     }
 
+    /// From now on every `period`-th API call gets the next of `faults`, in turn, until
+    /// [`reset`](Self::reset) (replacing any such cycle set before). Chaos at an exact
+    /// rate: unlike a fault injected when a watcher sees calls go by, the share of calls
+    /// hit does not depend on how they bunch up in time.
+    pub fn inject_every(&self, period: u32, faults: &[Injected]) {
+        let effects = faults
+            .iter()
+            .map(|f| match *f {
+                Injected::Status(status) => {
+                    Effect::fail(ApiError::for_status(status, "injected fault"))
+                }
+                Injected::Delay(delay) => Effect::delay(delay),
+            })
+            .collect();
+        self.lock().traffic.every = EveryNth::new(period, effects);
+    }
+
+    /// How many calls [`inject_every`](Self::inject_every)'s cycle has hit.
+    pub fn every_hits(&self) -> u64 {
+        self.lock().traffic.every.as_ref().map_or(0, EveryNth::hits)
+    }
+
     /// Force an instance's status (`running` also sets the IP, anything else clears it).
     /// Returns false when there is no such instance.
     pub fn set_status(&self, id: &str, status: &str) -> bool {
@@ -383,6 +405,15 @@ impl Served<Backend> {
     pub fn reset(&self) {
         crate::framework::Model::reset(&mut *self.lock());
     }
+}
+
+/// One fault of [`ExampleBackend::inject_every`]'s cycle.
+#[derive(Debug, Clone, Copy)]
+pub enum Injected {
+    /// An error answer with this status, as [`ExampleBackend::inject_fault`] gives.
+    Status(u16),
+    /// A normal answer, this late.
+    Delay(Duration),
 }
 
 /// The older single-fault API: replaces whatever was injected before.

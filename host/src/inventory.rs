@@ -231,6 +231,22 @@ impl Inventory {
         self.made_between(name, id).map(|(_, at)| at)
     }
 
+    /// How long until a provisioning poll (`poll`) has passed since this process's create
+    /// of `id` returned: the first Get of its Proxy waits for that. `None` once it has, or
+    /// when the create is not remembered (made before a restart, or already listed: its
+    /// Proxy then takes the list's answer).
+    pub fn first_look_in(
+        &self,
+        name: &str,
+        id: &str,
+        now: SystemTime,
+        poll: Duration,
+    ) -> Option<Duration> {
+        let at = self.made_at(name, id)?;
+        let since = now.duration_since(at).unwrap_or_default();
+        poll.checked_sub(since).filter(|d| !d.is_zero())
+    }
+
     /// Forgets the creates `listing` shows (their Proxies take its answer from now on)
     /// and those older than [`MADE_KEPT`].
     fn forget_made(&self, name: &str, listing: &Listing) {
@@ -1803,6 +1819,43 @@ mod tests {
         inv.record_for("a", &a, t0 + s(12), vec![booting.clone()], s(600));
         assert_eq!(ask(t0 + s(13)), ByList::Listed(booting));
         assert_eq!(inv.made_at("a", "i-1"), None);
+    }
+
+    /// A create this process saw return holds its Proxy's first Get until a provisioning
+    /// poll after it; one it does not remember (before a restart, of another provider,
+    /// or already listed) holds nothing.
+    #[test]
+    fn the_first_look_comes_a_poll_after_the_create_returned() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let (ms, s) = (Duration::from_millis, Duration::from_secs);
+        let inv = Inventory::new(s(600));
+        let a = provider("a");
+        let look = |id: &str, name: &str, now| inv.first_look_in(name, id, now, s(10));
+        assert_eq!(look("i-1", "a", t0), None, "not made here");
+        inv.created("a", "i-1", t0);
+        let cases = [
+            (t0 - s(1), Some(s(10))),
+            (t0, Some(s(10))),
+            (t0 + ms(3), Some(ms(9_997))),
+            (t0 + s(10), None),
+            (t0 + s(60), None),
+        ];
+        for (now, want) in cases {
+            assert_eq!(look("i-1", "a", now), want, "{now:?}");
+        }
+        assert_eq!(look("i-1", "b", t0 + ms(3)), None, "another provider's");
+        inv.record_for(
+            "a",
+            &a,
+            t0 + s(1),
+            vec![inst("i-1", State::Provisioning, "")],
+            s(600),
+        );
+        assert_eq!(
+            look("i-1", "a", t0 + s(2)),
+            None,
+            "listed: the list answers"
+        );
     }
 
     #[test]

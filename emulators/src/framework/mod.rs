@@ -75,4 +75,4 @@ pub use cloud::{Adapter, Cloud};
 pub use fleet::{Deletion, Fleet, Record, Schedule, States, backend_id, marks};
 pub use gate::{Api, gated};
 pub use served::{Handle, Model, Served, Shared, bind};
-pub use traffic::{Effect, RateLimits, Traffic};
+pub use traffic::{Effect, EveryNth, RateLimits, Traffic};

@@ -72,7 +72,47 @@ pub struct Traffic<E> {
     /// each with the number of calls it still hits: a test's way to fail one step of a
     /// multi-call operation (the power-on after a create) that no shared operation names.
     pub call_faults: Vec<(String, u32, Effect<E>)>,
+    /// A fault on every n-th call, for as long as it is set: chaos at an exact rate, so a
+    /// test's share of failed calls does not depend on how its calls bunch up in time.
+    pub every: Option<EveryNth<E>>,
     pub limits: RateLimits,
+}
+
+/// Every `period`-th call that reaches the faults gets the next of `effects`, in turn.
+#[derive(Debug, Clone)]
+pub struct EveryNth<E> {
+    period: u64,
+    effects: Vec<Effect<E>>,
+    calls: u64,
+    hits: u64,
+}
+
+impl<E: Clone> EveryNth<E> {
+    /// `None` when there is nothing to inject (`period` 0 or no effects).
+    pub fn new(period: u32, effects: Vec<Effect<E>>) -> Option<Self> {
+        (period > 0 && !effects.is_empty()).then(|| EveryNth {
+            period: u64::from(period),
+            effects,
+            calls: 0,
+            hits: 0,
+        })
+    }
+
+    /// How many calls it has hit so far.
+    pub fn hits(&self) -> u64 {
+        self.hits
+    }
+
+    fn take(&mut self) -> Option<Effect<E>> {
+        self.calls += 1;
+        if !self.calls.is_multiple_of(self.period) {
+            return None;
+        }
+        let len = self.effects.len() as u64;
+        let effect = self.effects[(self.hits % len) as usize].clone();
+        self.hits += 1;
+        Some(effect)
+    }
 }
 
 impl<E: Clone> Traffic<E> {
@@ -82,6 +122,7 @@ impl<E: Clone> Traffic<E> {
             stats: RequestStats::default(),
             faults: FaultQueue::default(),
             call_faults: Vec::new(),
+            every: None,
             limits: RateLimits::new(limit),
         }
     }
@@ -93,12 +134,15 @@ impl<E: Clone> Traffic<E> {
     }
 
     /// The fault that hits a call of `op` named `call`, if any: an injected fault of the
-    /// operation first, then one for the call by name.
+    /// operation first, then one for the call by name, then the every-n-th one (which
+    /// counts only the calls the others left alone).
     pub fn take_fault(&mut self, op: Option<FaultOp>, call: &str) -> Option<Effect<E>> {
         if let Some(effect) = self.faults.take(op) {
             return Some(effect);
         }
-        let i = self.call_faults.iter().position(|(c, n, _)| c == call && *n > 0)?;
+        let Some(i) = self.call_faults.iter().position(|(c, n, _)| c == call && *n > 0) else {
+            return self.every.as_mut().and_then(EveryNth::take);
+        };
         let (_, left, effect) = &mut self.call_faults[i];
         *left -= 1;
         let effect = effect.clone();
@@ -136,5 +180,24 @@ mod tests {
         t.limits.set(None);
         assert_eq!(t.limits.take("a", now), None);
         assert!(t.limits.bucket("a", now).is_none());
+    }
+
+    #[test]
+    fn every_nth_call_gets_the_next_effect_in_turn() {
+        let mut t: Traffic<&str> = Traffic::new(None);
+        assert!(EveryNth::<&str>::new(0, vec![Effect::fail("a")]).is_none());
+        assert!(EveryNth::<&str>::new(3, vec![]).is_none());
+        t.every = EveryNth::new(3, vec![Effect::fail("a"), Effect::fail("b")]);
+        let got: Vec<Option<&str>> =
+            (0..9).map(|_| t.take_fault(None, "GET /x").and_then(|e| e.fail)).collect();
+        let want = [None, None, Some("a"), None, None, Some("b"), None, None, Some("a")];
+        assert_eq!(got, want);
+        // A queued fault takes its call without counting towards the period.
+        t.faults.push(FaultOp::Any, Effect::fail("q"), 1);
+        assert_eq!(t.take_fault(None, "GET /x").and_then(|e| e.fail), Some("q"));
+        assert_eq!(t.take_fault(None, "GET /x").and_then(|e| e.fail), None);
+        assert_eq!(t.every.as_ref().map(EveryNth::hits), Some(3));
+        t.reset();
+        assert!(t.every.is_none(), "a reset forgets the chaos");
     }
 }

@@ -155,6 +155,9 @@ pub struct Observed {
     /// For a Proxy in transition: whether the provider's lists answer for it instead of a
     /// Get (see [`crate::inventory::by_list_view`]).
     pub by_list: crate::inventory::ByList,
+    /// For a Proxy in transition whose create this process saw return: how long until a
+    /// provisioning poll has passed since (`None`: it has, or the create is not known).
+    pub first_look_in: Option<Duration>,
     /// `spec.auth` asks for neither credentials nor an allow-list: the proxy is open.
     pub open: bool,
     /// `spec.ipFamily`: which of the instance's addresses clients get.
@@ -603,6 +606,15 @@ fn plan(o: &Observed, t: &Timings) -> Decision {
                 }
                 crate::inventory::ByList::No => {}
             }
+            // The first Get comes a provisioning poll after the create, as the create's
+            // own requeue asks. The reconcile that the create's status write sets off
+            // comes milliseconds after it: no instance has booted yet, and the list loop
+            // has not yet counted the rollout this Proxy starts, whose lists would answer
+            // for it. A Get there cost one request per Proxy of a small rollout, and made
+            // how many Proxies of a larger one Get depend on when the loop last woke.
+            if let Some(wait) = o.first_look_in {
+                return Decision::next(Next::Requeue(wait));
+            }
         }
         return Decision::next(Next::Call(Call::Get {
             id: id.clone(),
@@ -1046,6 +1058,7 @@ mod tests {
             listed: None,
             list_pending: None,
             by_list: crate::inventory::ByList::No,
+            first_look_in: None,
             open: false,
             ip_family: IpFamily::V4,
         }
@@ -2617,6 +2630,54 @@ mod tests {
         assert_eq!(
             decide(&running, None, &t),
             Decision::next(get(GetPurpose::Observe))
+        );
+    }
+
+    /// A Proxy whose create returned less than a provisioning poll ago does not Get yet:
+    /// the reconcile its status write sets off comes back when the poll is up. A list's
+    /// answer still counts at once, and so does a Running Proxy's drift check.
+    #[test]
+    fn the_first_get_waits_a_provisioning_poll_after_the_create() {
+        use crate::inventory::ByList;
+        let t = t();
+        let soon = Duration::from_millis(7_500);
+        let fresh = |by_list: ByList, first_look_in: Option<Duration>| {
+            with(|o| {
+                o.provisioned = Some(cond("False", reason::PROVISIONING, 1));
+                o.by_list = by_list;
+                o.first_look_in = first_look_in;
+            })
+        };
+        let cases = [
+            (ByList::No, Some(soon), Decision::next(Next::Requeue(soon))),
+            (ByList::No, None, Decision::next(get(GetPurpose::Observe))),
+            (
+                ByList::Wait,
+                Some(soon),
+                Decision::next(Next::Requeue(t.provisioning_poll)),
+            ),
+        ];
+        for (by_list, first_look_in, want) in cases {
+            let o = fresh(by_list.clone(), first_look_in);
+            assert_eq!(decide(&o, None, &t), want, "{by_list:?} {first_look_in:?}");
+        }
+        let running = inst(State::Running, "192.0.2.1");
+        let listed = decide(
+            &fresh(ByList::Listed(running.clone()), Some(soon)),
+            None,
+            &t,
+        );
+        let got = decide(
+            &fresh(ByList::No, None),
+            Some(&Answer::Got(GetPurpose::Observe, Ok(running))),
+            &t,
+        );
+        assert_eq!(listed, got, "a list's answer is taken at once");
+        let drift = with(|o| o.first_look_in = Some(soon));
+        assert_eq!(
+            decide(&drift, None, &t),
+            Decision::next(get(GetPurpose::Observe)),
+            "Running as recorded: the drift check"
         );
     }
 }

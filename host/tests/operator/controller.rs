@@ -1469,10 +1469,13 @@ async fn a_rollout_is_confirmed_by_lists_of_the_recent_instances() {
         sizes.iter().all(|n| *n <= batch),
         "a list of recent instances never shows the {batch} Running before: {sizes:?}"
     );
-    // The first Proxies of a batch Get before there are enough in transition for a list
-    // to pay (`confirm_by_list`), and so does the last: 6 to 9 of 30 here.
+    // No Proxy Gets before a provisioning poll has passed since its create; by then the
+    // list loop has counted the batch (it wakes every poll), and lists answer. 0 of 30 in
+    // 8 runs here; a Proxy whose poll came before the loop's count Gets. Before the
+    // first Get waited, the reconcile that each create's status write set off Got at once,
+    // and 10 to 22 of 30 did, by how far the loop's last wake lay behind the batch.
     assert!(
-        gets <= batch / 2,
+        gets <= batch / 5,
         "lists, not a Get per Proxy, confirmed the rollout: {gets} Gets for {batch}"
     );
 }

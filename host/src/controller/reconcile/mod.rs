@@ -143,6 +143,7 @@ impl<'a> Shell<'a> {
                 crate::inventory::ByList::Listed(_) | crate::inventory::ByList::Wait
             );
             observed.by_list = by_list;
+            observed.first_look_in = self.first_look_in(&status);
             let reported = match &answer {
                 Some(Answer::Got(_, Ok(i))) => i.hourly_price.clone(),
                 _ => None,
@@ -270,6 +271,20 @@ impl<'a> Shell<'a> {
             provider,
             id,
             since,
+            std::time::SystemTime::now(),
+            self.ctx.settings.timings.provisioning_poll,
+        )
+    }
+
+    /// For a Proxy in transition, how long until its first Get is due (see
+    /// [`crate::inventory::Inventory::first_look_in`]).
+    fn first_look_in(&self, status: &ProxyStatus) -> Option<std::time::Duration> {
+        let inventory = self.ctx.inventory.as_ref()?;
+        let deleting = self.proxy.metadata.deletion_timestamp.is_some();
+        let id = crate::inventory::transition_id(deleting, status)?;
+        inventory.first_look_in(
+            &self.proxy.spec.provider,
+            id,
             std::time::SystemTime::now(),
             self.ctx.settings.timings.provisioning_poll,
         )
@@ -578,6 +593,7 @@ pub fn observe(
         listed,
         list_pending,
         by_list: crate::inventory::ByList::No,
+        first_look_in: None,
         open: proxy
             .metadata
             .name
