@@ -226,9 +226,16 @@ fn default_overlay_renders_valid_hardened_manifests() {
     );
     let limits = c.resources.clone().unwrap().limits.unwrap();
     assert_eq!(
-        limits["memory"].0, "328Mi",
-        "sized in shipped_manifests_fit_the_pod"
+        pod::parse_quantity(&limits["memory"].0).unwrap(),
+        crate::harness::DEPLOYMENT_MEMORY_LIMIT,
+        "sized in shipped_manifests_fit_the_pod; the hostile tests run under this limit"
     );
+    for flag in crate::harness::DEPLOYMENT_ARGS {
+        assert!(
+            c.args.iter().flatten().any(|a| a == flag),
+            "the hostile tests run with {flag}, as the Deployment must"
+        );
+    }
     let args = c.args.clone().unwrap();
     assert_eq!(args[0], "run");
     assert!(
@@ -299,7 +306,10 @@ fn default_overlay_renders_valid_hardened_manifests() {
             .and_then(|e| e.size_limit.clone())
             .map(|q| q.0)
             .as_deref(),
-        Some("64Mi")
+        crate::harness::DEPLOYMENT_ARGS
+            .iter()
+            .find_map(|a| a.strip_prefix("--scratch-limit=")),
+        "the hostile tests' scratch limit is the Deployment's /tmp"
     );
     let mut secret_dirs = Vec::new();
     for v in &volumes {
@@ -499,6 +509,57 @@ fn shipped_manifests_fit_the_pod() {
     ] {
         assert!(err.contains(&needle), "{err:?} lacks {needle:?}");
     }
+}
+
+/// The shipped Deployment leaves the room aws's default budget calls for beyond its own
+/// calls: 72,000 requests an hour (ec2's `defaultBudget`, docs/providers/ec2.md) at a
+/// quarter of a second a request keep 6 calls busy, and the fit's left-over holds the 4
+/// beyond the 2 own, in memory and in /tmp. At 328Mi it held none: aws ran 2 calls, about
+/// 8 requests a second of its 20. Its `--concurrency` lets that many creates run: a
+/// provider's creates take at most half the reconcile turns (`controller::turns`).
+#[test]
+fn the_shipped_deployment_leaves_room_for_aws_to_follow_its_budget() {
+    let budget = deployment_budget();
+    let file = shipped_providers();
+    let left = fit::left_over(&file, &budget);
+    let aws = file
+        .providers
+        .iter()
+        .find(|p| p.name == "aws")
+        .expect("aws in the shipped providers file");
+    let calls_in = |room: Option<u64>, per_call: u64| room.map_or(u64::MAX, |r| r / per_call);
+    let borrowable = calls_in(left.memory, aws.limits.memory_bytes_per_call())
+        .min(calls_in(left.scratch, aws.limits.tmp_bytes_per_call()));
+    let wanted = egress_plugin_host::plugin::budget_slots(72_000.0 / 3_600.0, 0.25) as u64;
+    let own = u64::from(aws.limits.concurrency);
+    eprintln!(
+        "shipped room: memory {}, /tmp {}: {borrowable} calls of aws beyond its {own}; it wants {wanted}",
+        Mib(left.memory.unwrap()),
+        Mib(left.scratch.unwrap()),
+    );
+    assert_eq!(wanted, 6, "docs/operations.md's table");
+    assert!(
+        own + borrowable >= wanted,
+        "the shipped Deployment leaves room for {borrowable} borrowed calls; aws wants {wanted} in all"
+    );
+    assert!(u64::from(aws.limits.most_calls()) >= wanted);
+    let text = std::fs::read_to_string(root().join("config/manager/manager.yaml")).unwrap();
+    let dep: Deployment = serde_yaml::from_str(&text).unwrap();
+    let args = dep.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap_or_default();
+    let turns: u64 = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--concurrency="))
+        .expect("--concurrency in the Deployment")
+        .parse()
+        .unwrap();
+    assert!(
+        turns.div_ceil(2) >= wanted,
+        "--concurrency={turns} lets a provider run {} creates at once; aws wants {wanted}",
+        turns.div_ceil(2)
+    );
 }
 
 /// Every shipped cloud-init (the documents in config/samples/cloud-init/, every provider

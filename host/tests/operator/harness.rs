@@ -2,7 +2,7 @@
 //! tests that watch a replica from outside: its HTTP endpoints, its log, its memory.
 //!
 //! [`Limits::deployment`] runs it as `config/manager/manager.yaml` does: the same resource
-//! flags and a memory cgroup with the Deployment's limit (328Mi), so a hostile input that
+//! flags and a memory cgroup with the Deployment's limit (512Mi), so a hostile input that
 //! would take a real pod down (OOM kill, a crash loop) does the same here instead of
 //! passing on a 24 GiB test machine. The operator reads that limit from its cgroup, as in a
 //! pod, and sizes its fit from it.
@@ -20,9 +20,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The Deployment's memory limit (`config/manager/manager.yaml`, `resources.limits.memory`).
-pub const DEPLOYMENT_MEMORY_LIMIT: u64 = 328 << 20;
-/// The Deployment's resource flags, in the same order.
-pub const DEPLOYMENT_ARGS: &[&str] = &["--memory-reserve=96Mi", "--scratch-limit=64Mi"];
+pub const DEPLOYMENT_MEMORY_LIMIT: u64 = 512 << 20;
+/// The Deployment's resource and reconcile flags, in the same order.
+pub const DEPLOYMENT_ARGS: &[&str] = &[
+    "--memory-reserve=96Mi",
+    "--scratch-limit=96Mi",
+    "--concurrency=16",
+];
 
 pub struct Operator {
     pub child: Child,

@@ -233,7 +233,12 @@ async fn the_image_runs_as_the_deployment_and_a_proxy_goes_ready_through_it() {
         &name,
     ])
     .args(["--network", "host", "--read-only", "--user", "65532:65532"])
-    .args(["--memory", "328m", "--cap-drop", "ALL"])
+    .arg("--memory")
+    .arg(format!(
+        "{}m",
+        crate::harness::DEPLOYMENT_MEMORY_LIMIT >> 20
+    ))
+    .args(["--cap-drop", "ALL"])
     .args(["--security-opt", "no-new-privileges"])
     .args([
         "--ulimit",
@@ -241,9 +246,16 @@ async fn the_image_runs_as_the_deployment_and_a_proxy_goes_ready_through_it() {
         "--ulimit",
         "nproc=32768:32768",
     ]);
-    // The Deployment's emptyDir on /tmp, 64 MiB.
-    cmd.arg("--tmpfs")
-        .arg(format!("{}:rw,size=64m,mode=1777", mount(&manager, "tmp")));
+    // The Deployment's emptyDir on /tmp, as large as its `--scratch-limit` says.
+    let scratch = crate::harness::DEPLOYMENT_ARGS
+        .iter()
+        .find_map(|a| a.strip_prefix("--scratch-limit="))
+        .and_then(|q| q.strip_suffix("Mi"))
+        .expect("the Deployment's --scratch-limit in Mi");
+    cmd.arg("--tmpfs").arg(format!(
+        "{}:rw,size={scratch}m,mode=1777",
+        mount(&manager, "tmp")
+    ));
     for (volume, host) in &volumes {
         cmd.arg("--volume")
             .arg(format!("{}:{}:ro", host.display(), mount(&manager, volume)));

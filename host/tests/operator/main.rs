@@ -28,6 +28,7 @@ mod registry;
 mod run;
 mod spot;
 mod status_page;
+mod threat_borrow;
 mod threat_compile;
 mod threat_contract;
 mod threat_credentials;

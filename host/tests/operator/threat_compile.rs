@@ -3,7 +3,7 @@
 //! without limits; see `support/bomb.rs`) used to be compiled with no limit at all, and
 //! the wait for it blocked the task that also served `/healthz` and `/readyz`.
 //!
-//! Here, the real operator under the Deployment's limits (a 328Mi memory cgroup): provider
+//! Here, the real operator under the Deployment's limits (a 512Mi memory cgroup): provider
 //! `ex` serves a Running Proxy, and provider `other` another. Then `ex`'s plugin file is
 //! replaced, first by a slow compile (tens of seconds of CPU: the CPU-time limit ends it),
 //! then by the bomb (the memory limit, or the pod's memory, ends it). Throughout, `/healthz`
@@ -131,7 +131,7 @@ async fn a_compile_bomb_is_refused_within_its_limits_while_everything_else_serve
     )
     .unwrap();
     // The compile's memory asked for is more than the pod has: the operator takes what the
-    // pod leaves (328 MiB minus the 96 MiB reserve), so the slow compile below meets its
+    // pod leaves (its limit minus the 96 MiB reserve), so the slow compile below meets its
     // CPU-time limit (the default, 20 s) before any memory limit.
     let Some(mut op) = start_operator_limited(
         &plugins,
@@ -159,9 +159,13 @@ async fn a_compile_bomb_is_refused_within_its_limits_while_everything_else_serve
     .await;
     assert!(body.contains("2 provider(s) serving (ex, other)"), "{body}");
     let log = op.log();
+    // The pod's limit less the 96 MiB reserve.
+    let cap_mib = (super::harness::DEPLOYMENT_MEMORY_LIMIT >> 20) - 96;
+    let capped = format!("memory={cap_mib} MiB");
+    let cap_refused = format!("memory limit of {cap_mib} MiB");
     assert!(
         log.lines().any(|l| l.contains("plugin compile limits")
-            && l.contains("memory=232 MiB")
+            && l.contains(&capped)
             && l.contains("memory_capped_by_the_pod=true")),
         "the compile's memory is capped by the pod: {log}"
     );
@@ -187,7 +191,7 @@ async fn a_compile_bomb_is_refused_within_its_limits_while_everything_else_serve
             // On a machine too busy to give it 20 s of CPU in 40 s.
             || refused.contains("compile exceeded its wall-time limit of 40s (--plugin-compile-timeout)")
             // Its memory grows with its CPU time: near 20 s it can reach the pod's cap first.
-            || refused.contains("compile exceeded its memory limit of 232 MiB (--plugin-compile-memory)"),
+            || refused.contains(&format!("compile exceeded its {cap_refused} (--plugin-compile-memory)")),
         "{refused}"
     );
     let log = op.log();
@@ -207,7 +211,7 @@ async fn a_compile_bomb_is_refused_within_its_limits_while_everything_else_serve
     wait_running(&proxies, "e2", Duration::from_secs(20)).await;
 
     // 2. The bomb: its memory grows by hundreds of MiB a second. The compile's own limit
-    // (232 MiB here) or, if the pod's memory runs out first, the OOM killer (whose first
+    // (the pod's limit less the reserve here) or, if the pod's memory runs out first, the OOM killer (whose first
     // choice the compile is) ends it.
     replace(
         &plugins.join("example.wasm"),
@@ -225,7 +229,7 @@ async fn a_compile_bomb_is_refused_within_its_limits_while_everything_else_serve
             let line = readyz
                 .lines()
                 .find(|l| l.starts_with("[!] provider ex failed"))?;
-            (line.contains("memory limit of 232 MiB") || line.contains("out-of-memory killer"))
+            (line.contains(&cap_refused) || line.contains("out-of-memory killer"))
                 .then(|| line.to_string())
         },
     )
@@ -249,8 +253,9 @@ async fn a_compile_bomb_is_refused_within_its_limits_while_everything_else_serve
         .as_ref()
         .expect("started under the Deployment's limits");
     eprintln!(
-        "the pod's memory peaked at {} MiB of 328; OOM kills in it: {} (never the operator's)",
+        "the pod's memory peaked at {} MiB of {}; OOM kills in it: {} (never the operator's)",
         cgroup.peak() >> 20,
+        super::harness::DEPLOYMENT_MEMORY_LIMIT >> 20,
         cgroup.oom_kills()
     );
 }

@@ -5,7 +5,7 @@
 //! server allows 256 KiB an object) before the operator starts: 300 Proxies and 800
 //! Secrets, 269 MiB in all. kube's default list page (500 objects) read the Secrets in two
 //! pages of up to 122 MiB, each held twice while read, and the Proxy cache kept every
-//! annotation: the operator was OOM-killed under the Deployment's 328 MiB. The operator
+//! annotation: the operator was OOM-killed under the Deployment's limit (328 MiB then). The operator
 //! stays up (no OOM kill), lists everything in small pages (its watches, and the orphan
 //! GC's list of live Proxies, which read the 300 Proxies in one page of 75 MiB before),
 //! keeps its memory far below what the tenant wrote, and runs the tenant's Proxies.
@@ -147,7 +147,7 @@ async fn large_annotations_on_a_tenants_proxies_and_secrets_do_not_take_the_oper
 /// The "a referenced Secret's size" row: a tenant points each of 300 Proxies at its own
 /// cloud-init Secret of 1 MiB (the API server's limit), labelled for cloud-init. Holding
 /// each referenced Secret's data between reads kept them all in the leader: 356 MiB
-/// resident, over the Deployment's 328 MiB limit. Secrets over the render limit are read at
+/// resident, over the Deployment's limit (328 MiB then). Secrets over the render limit are read at
 /// each use and never held, so the operator stays up (52 MiB) and refuses each Proxy's
 /// cloud-init by its size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

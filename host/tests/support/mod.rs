@@ -159,11 +159,14 @@ pub async fn provider(rt: &Arc<Runtime>, file: &str, yaml: &str) -> WasmProvider
 
 /// A minimal HTTP/1.1 server on 127.0.0.1 with a few fixed routes:
 /// `/ok` (200, "hello"), `/big` (200, 20 MiB), `/slow` (no answer for 30 s),
-/// `/drip` (headers at once, then one byte every 2 s). Stops when dropped.
+/// `/drip` (headers at once, then one byte every 2 s), `/second` (200 after a second,
+/// counted in [`TestServer::most_at_once`]). Stops when dropped.
 pub struct TestServer {
     pub port: u16,
     /// Requests received so far.
     pub hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The most `/second` requests waiting at once so far.
+    pub most_at_once: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -179,12 +182,18 @@ impl TestServer {
         let port = listener.local_addr().unwrap().port();
         let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = hits.clone();
+        let most_at_once = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (most, at_once) = (
+            most_at_once.clone(),
+            std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        );
         let task = tokio::spawn(async move {
             loop {
                 let Ok((mut sock, _)) = listener.accept().await else {
                     return;
                 };
                 let counter = counter.clone();
+                let (most, at_once) = (most.clone(), at_once.clone());
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 8192];
                     let mut got = Vec::new();
@@ -223,6 +232,16 @@ impl TestServer {
                             }
                         }
                         "/slow" => tokio::time::sleep(std::time::Duration::from_secs(30)).await,
+                        "/second" => {
+                            use std::sync::atomic::Ordering::SeqCst;
+                            let now = at_once.fetch_add(1, SeqCst) + 1;
+                            most.fetch_max(now, SeqCst);
+                            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                            at_once.fetch_sub(1, SeqCst);
+                            let _ = sock
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello")
+                                .await;
+                        }
                         "/drip" => {
                             let _ = sock
                                 .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\nconnection: close\r\n\r\n")
@@ -243,7 +262,12 @@ impl TestServer {
                 });
             }
         });
-        TestServer { port, hits, task }
+        TestServer {
+            port,
+            hits,
+            most_at_once,
+            task,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -659,9 +659,9 @@ providers:
             reserve_bytes: 96 * MIB,
             ..PodResources::default()
         };
-        // The shipped Deployment: 328 MiB minus 96 leaves 232, above the default 128.
+        // The shipped Deployment: 512 MiB minus 96 leaves 416, above the default 128.
         assert_eq!(
-            compile_memory(&budget(Some(328 * MIB)), 128 * MIB),
+            compile_memory(&budget(Some(512 * MIB)), 128 * MIB),
             (128 * MIB, false)
         );
         assert_eq!(

@@ -147,9 +147,10 @@ impl Default for Limits {
         Limits {
             timeout: Duration::from_secs(60),
             fuel: 5_000_000_000,
-            // The two shipped providers at these defaults need up to about 224 MiB of
+            // The two shipped providers at these defaults need up to about 229 MiB of
             // memory and 48 MiB of /tmp (config::fit): they fit the shipped Deployment
-            // (328Mi minus a 96 MiB reserve; a 64Mi /tmp).
+            // (512Mi minus a 96 MiB reserve; a 96Mi /tmp), with room left for 4 calls
+            // borrowed beyond the providers' own.
             memory_mib: 32,
             concurrency: 2,
             max_concurrency: None,

@@ -38,6 +38,8 @@ pub use http::tls_config;
 pub use load::{LoadError, LoadReport, LoadedPlugin, ProviderLoadError};
 pub use metrics::{PluginMetrics, TrapKind};
 pub use reply::MAX_LIFT_BYTES;
+/// The calls a request budget keeps busy; what a provider borrows slots up to.
+pub use slots::budget_slots;
 
 use crate::config::{Limits, ProviderEntry, ProvidersFile};
 use crate::provider::{Class, Op, Priority, ProviderError};

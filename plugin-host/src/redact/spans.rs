@@ -5,7 +5,7 @@
 //! patterns, that is several spans per byte: a plugin that marked eight values made of one
 //! byte (`aaaaaaaa` to `aaaaaaaaaaaaaaa`, `host.mark-sensitive`) and then logged 3 MiB of
 //! it made the host collect 25 million spans for one log line, 389 MiB at the peak (the
-//! Deployment's limit is 328 MiB). A user's cloud-init lines of one byte at many lengths
+//! Deployment's limit was 328 MiB). A user's cloud-init lines of one byte at many lengths
 //! did the same with any plugin that echoes its input.
 //!
 //! So the spans are merged as they come (memory: the disjoint runs found, plus as many

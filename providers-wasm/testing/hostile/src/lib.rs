@@ -29,7 +29,10 @@
 //!   `unlink-write:<bytes>` (written to a file already unlinked), `deep-tmp:<levels>:<bytes>`
 //!   (a chain of directories with 100-byte names, each entered through its descriptor, so
 //!   far past `PATH_MAX`; then `<bytes>` written at the bottom), `many-dirs` (directories
-//!   until stopped), `grow-tmp:<bytes>` (a file grown by `set-size`).
+//!   until stopped), `grow-tmp:<bytes>` (a file grown by `set-size`),
+//!   `hoard-http:<mib>:<url>` (`<mib>` MiB of linear memory touched and held through a GET
+//!   of `<url>`; instance `ok` after: slow calls at their memory in full, so the host
+//!   borrows slots for them).
 //! - `create`: by `placement.machine-type`: `get:<attack>` (runs that `get` attack and
 //!   returns its ID), `stash` (keeps the cloud-init in the host cache
 //!   and succeeds), `id-cloud-init` (returns the cloud-init as the ID), `creds-id:<form>`
@@ -248,6 +251,19 @@ fn eat_memory() -> ! {
         }
         hoard.push(black_box(chunk));
     }
+}
+
+/// `mib` MiB, every page touched, so that each counts in the process's memory.
+fn hoard(mib: usize) -> Vec<Vec<u8>> {
+    (0..mib)
+        .map(|_| {
+            let mut chunk = vec![0u8; 1 << 20];
+            for i in (0..chunk.len()).step_by(4096) {
+                chunk[i] = 1;
+            }
+            black_box(chunk)
+        })
+        .collect()
 }
 
 #[allow(unconditional_recursion)]
@@ -707,6 +723,16 @@ impl Provider for Hostile {
                 Ok(report("slept"))
             }
             "memory" => eat_memory(),
+            "hoard-http" => {
+                let (mib, url) = arg.split_once(':').unwrap_or(("", arg));
+                let mib = mib.parse().map_err(|_| {
+                    ProviderError::permanent(format!("hoard-http needs <mib>:<url>, got {arg:?}"))
+                })?;
+                let held = hoard(mib);
+                let fetched = fetch(url, false);
+                black_box(&held);
+                fetched.map(|_| report("ok"))
+            }
             "recurse" => {
                 let n = recurse(0);
                 Ok(report(n.to_string()))
