@@ -321,6 +321,29 @@ pub async fn hostile_operator(
     Some(HostileOperator { fake, client, op })
 }
 
+/// Creates Proxies `p0` to `p{n-1}` in `default` on the hostile provider, each with
+/// `machine_type` (which picks the plugin's `create` attack); returns their API.
+pub async fn hostile_proxies(
+    client: &kube::Client,
+    n: usize,
+    machine_type: &str,
+) -> Api<api::Proxy> {
+    let proxies: Api<api::Proxy> = Api::namespaced(client.clone(), "default");
+    for i in 0..n {
+        let p: api::Proxy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "egress.proxy-operator.dev/v1alpha1",
+            "kind": "Proxy",
+            "metadata": {"name": format!("p{i}"), "namespace": "default"},
+            "spec": {"provider": "hostile",
+                     "placement": {"region": "r1", "machineType": machine_type},
+                     "cloudInit": {"inline": "#cloud-config\n"}, "port": 3128},
+        }))
+        .unwrap();
+        proxies.create(&PostParams::default(), &p).await.unwrap();
+    }
+    proxies
+}
+
 /// A memory cgroup of its own (v1 `memory` hierarchy, or v2), removed on drop with every
 /// process still in it killed first (the operator's compile children included).
 pub struct MemoryCgroup {

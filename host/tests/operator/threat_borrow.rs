@@ -5,13 +5,10 @@
 //! it borrows only the calls the fit's left-over room holds, each at its whole worst case,
 //! so the pod stays within its limit with every borrowed call at its memory in full.
 
-use crate::harness::{DEPLOYMENT_ARGS, DEPLOYMENT_MEMORY_LIMIT, HostileOperator, hostile_operator};
-use crate::harness::{sample, wait_for};
+use crate::harness::{DEPLOYMENT_ARGS, DEPLOYMENT_MEMORY_LIMIT, HostileOperator};
+use crate::harness::{hostile_operator, hostile_proxies, sample, wait_for};
 use crate::support;
 use egress_plugin_host::config::{PodResources, ProvidersFile, fit, pod};
-use kube::api::{Api, PostParams};
-use proxy_operator::api::Proxy;
-use serde_json::json;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
@@ -63,20 +60,8 @@ async fn slow_calls_at_full_memory_borrow_only_the_room_the_fit_leaves() {
         "the test needs a room between 2 calls and maxConcurrency: {room}"
     );
 
-    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
     let machine_type = format!("get:hoard-http:{HOARD_MIB}:{}", server.url("/second"));
-    for i in 0..PROXIES {
-        let p: Proxy = serde_json::from_value(json!({
-            "apiVersion": "egress.proxy-operator.dev/v1alpha1",
-            "kind": "Proxy",
-            "metadata": {"name": format!("p{i}"), "namespace": "default"},
-            "spec": {"provider": "hostile",
-                     "placement": {"region": "r1", "machineType": machine_type},
-                     "cloudInit": {"inline": "#cloud-config\n"}, "port": 3128},
-        }))
-        .unwrap();
-        proxies.create(&PostParams::default(), &p).await.unwrap();
-    }
+    hostile_proxies(&client, PROXIES, &machine_type).await;
     let started = std::time::Instant::now();
     wait_for(
         "every create's request answered",

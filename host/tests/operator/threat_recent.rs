@@ -7,11 +7,8 @@
 //! asked 46,854 times in 2 s before lists that fail were paced), stay within its memory, and
 //! keep the Proxies waiting rather than judge them by a list it never got.
 
-use crate::harness::{HostileOperator, hostile_operator, wait_for};
+use crate::harness::{HostileOperator, hostile_operator, hostile_proxies, wait_for};
 use crate::support;
-use kube::api::{Api, PostParams};
-use proxy_operator::api::Proxy;
-use serde_json::json;
 use std::time::Duration;
 
 const PROXIES: usize = 20;
@@ -34,19 +31,7 @@ async fn hostile_lists_of_recent_instances_are_paced_and_bounded_in_a_running_op
     };
 
     // Every create returns instance `ok`, which reports Provisioning: all stay in transition.
-    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
-    for i in 0..PROXIES {
-        let p: Proxy = serde_json::from_value(json!({
-            "apiVersion": "egress.proxy-operator.dev/v1alpha1",
-            "kind": "Proxy",
-            "metadata": {"name": format!("p{i}"), "namespace": "default"},
-            "spec": {"provider": "hostile",
-                     "placement": {"region": "r1", "machineType": "get:ok"},
-                     "cloudInit": {"inline": "#cloud-config\n"}, "port": 3128},
-        }))
-        .unwrap();
-        proxies.create(&PostParams::default(), &p).await.unwrap();
-    }
+    let proxies = hostile_proxies(&client, PROXIES, "get:ok").await;
     let in_transition = || async {
         let list = proxies.list(&Default::default()).await.ok()?;
         let n = list
