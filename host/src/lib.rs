@@ -13,6 +13,8 @@ pub mod discovery;
 pub mod endpoints;
 /// Orphan GC: instances of this installation that no Proxy owns.
 pub mod gc;
+/// The heap's free pages given back to the kernel every few seconds.
+pub mod heap_trim;
 /// The operator's one HTTP port, with its connection and request bounds.
 pub mod http_server;
 /// The installation identity that marks this operator's instances.

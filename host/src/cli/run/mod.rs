@@ -86,6 +86,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone(), args.shutdown_grace, rt));
     tokio::spawn(ready_once_synced(cache.synced.clone(), readiness.clone()));
+    tokio::spawn(proxy_operator::heap_trim::run(shutdown.clone()));
 
     // Discovery API, metrics and probes on one port, serving before the first plugin load:
     // compiling the plugins may take a while (each within its compile limits), and
