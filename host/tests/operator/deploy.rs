@@ -306,9 +306,7 @@ fn default_overlay_renders_valid_hardened_manifests() {
             .and_then(|e| e.size_limit.clone())
             .map(|q| q.0)
             .as_deref(),
-        crate::harness::DEPLOYMENT_ARGS
-            .iter()
-            .find_map(|a| a.strip_prefix("--scratch-limit=")),
+        Some(crate::harness::deployment_flag("scratch-limit")),
         "the hostile tests' scratch limit is the Deployment's /tmp"
     );
     let mut secret_dirs = Vec::new();
@@ -417,13 +415,18 @@ fn default_overlay_renders_valid_hardened_manifests() {
     }
 }
 
+/// The Deployment's pod, as config/manager/manager.yaml has it.
+fn shipped_pod() -> k8s_openapi::api::core::v1::PodSpec {
+    let text = std::fs::read_to_string(root().join("config/manager/manager.yaml")).unwrap();
+    let dep: Deployment = serde_yaml::from_str(&text).unwrap();
+    dep.spec.unwrap().template.spec.unwrap()
+}
+
 /// What the pod gives the sandboxes, read from config/manager/manager.yaml as written:
 /// the container's memory limit, `--memory-reserve` (or its default), and the /tmp
 /// emptyDir's sizeLimit, which `--scratch-limit` must repeat.
 fn deployment_budget() -> PodResources {
-    let text = std::fs::read_to_string(root().join("config/manager/manager.yaml")).unwrap();
-    let dep: Deployment = serde_yaml::from_str(&text).unwrap();
-    let pod = dep.spec.unwrap().template.spec.unwrap();
+    let pod = shipped_pod();
     let c = &pod.containers[0];
     let limit = &c.resources.as_ref().unwrap().limits.as_ref().unwrap()["memory"].0;
     let args = c.args.clone().unwrap_or_default();
@@ -543,12 +546,7 @@ fn the_shipped_deployment_leaves_room_for_aws_to_follow_its_budget() {
         "the shipped Deployment leaves room for {borrowable} borrowed calls; aws wants {wanted} in all"
     );
     assert!(u64::from(aws.limits.most_calls()) >= wanted);
-    let text = std::fs::read_to_string(root().join("config/manager/manager.yaml")).unwrap();
-    let dep: Deployment = serde_yaml::from_str(&text).unwrap();
-    let args = dep.spec.unwrap().template.spec.unwrap().containers[0]
-        .args
-        .clone()
-        .unwrap_or_default();
+    let args = shipped_pod().containers[0].args.clone().unwrap_or_default();
     let turns: u64 = args
         .iter()
         .find_map(|a| a.strip_prefix("--concurrency="))

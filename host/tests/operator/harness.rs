@@ -28,6 +28,14 @@ pub const DEPLOYMENT_ARGS: &[&str] = &[
     "--concurrency=16",
 ];
 
+/// The value of the Deployment's flag `--name=value` in [`DEPLOYMENT_ARGS`].
+pub fn deployment_flag(name: &str) -> &'static str {
+    DEPLOYMENT_ARGS
+        .iter()
+        .find_map(|a| a.strip_prefix("--")?.strip_prefix(name)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("--{name} is not among the Deployment's flags"))
+}
+
 pub struct Operator {
     pub child: Child,
     pub addr: std::net::SocketAddr,

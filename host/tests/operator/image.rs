@@ -247,10 +247,8 @@ async fn the_image_runs_as_the_deployment_and_a_proxy_goes_ready_through_it() {
         "nproc=32768:32768",
     ]);
     // The Deployment's emptyDir on /tmp, as large as its `--scratch-limit` says.
-    let scratch = crate::harness::DEPLOYMENT_ARGS
-        .iter()
-        .find_map(|a| a.strip_prefix("--scratch-limit="))
-        .and_then(|q| q.strip_suffix("Mi"))
+    let scratch = crate::harness::deployment_flag("scratch-limit")
+        .strip_suffix("Mi")
         .expect("the Deployment's --scratch-limit in Mi");
     cmd.arg("--tmpfs").arg(format!(
         "{}:rw,size={scratch}m,mode=1777",

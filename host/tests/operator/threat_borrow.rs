@@ -5,7 +5,7 @@
 //! it borrows only the calls the fit's left-over room holds, each at its whole worst case,
 //! so the pod stays within its limit with every borrowed call at its memory in full.
 
-use crate::harness::{DEPLOYMENT_ARGS, DEPLOYMENT_MEMORY_LIMIT, HostileOperator};
+use crate::harness::{DEPLOYMENT_MEMORY_LIMIT, HostileOperator, deployment_flag};
 use crate::harness::{hostile_operator, hostile_proxies, sample, wait_for};
 use crate::support;
 use egress_plugin_host::config::{PodResources, ProvidersFile, fit, pod};
@@ -37,13 +37,7 @@ async fn slow_calls_at_full_memory_borrow_only_the_room_the_fit_leaves() {
         "providers:\n- name: hostile\n  plugin: hostile.wasm\n{entry}"
     ))
     .unwrap();
-    let flag = |name: &str| {
-        let q = DEPLOYMENT_ARGS
-            .iter()
-            .find_map(|a| a.strip_prefix(&format!("--{name}=")))
-            .unwrap();
-        pod::parse_quantity(q).unwrap()
-    };
+    let flag = |name: &str| pod::parse_quantity(deployment_flag(name)).unwrap();
     let budget = PodResources {
         memory_bytes: Some(DEPLOYMENT_MEMORY_LIMIT),
         reserve_bytes: flag("memory-reserve"),

@@ -142,8 +142,11 @@ impl<'a> Shell<'a> {
                 by_list,
                 crate::inventory::ByList::Listed(_) | crate::inventory::ByList::Wait
             );
+            // Looked up only where it counts: a Proxy that lists answer for never Gets.
+            observed.first_look_in = matches!(by_list, crate::inventory::ByList::No)
+                .then(|| self.first_look_in(&status))
+                .flatten();
             observed.by_list = by_list;
-            observed.first_look_in = self.first_look_in(&status);
             let reported = match &answer {
                 Some(Answer::Got(_, Ok(i))) => i.hourly_price.clone(),
                 _ => None,
